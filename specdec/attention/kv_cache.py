@@ -1,0 +1,63 @@
+"""KVCache: per-layer K and V buffers indexed by KV slot.
+
+Slot ``s`` holds the K/V of one token; which request and position it belongs to is recorded in
+the host's request-to-token table. Target and draft keep separate KVCache objects that share the
+slot numbering (the draft's may have extra scratch slots past the host's capacity).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_slots, num_kv_heads, head_dim)
+        # [num_slots, num_kv_heads, head_dim] per layer
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k_buffers)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.k_buffers + self.v_buffers)
+
+    def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+    def set_kv(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,  # [n]
+        k: torch.Tensor,  # [n, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [n, num_kv_heads, head_dim]
+    ) -> None:
+        self.k_buffers[layer_id][loc] = k.to(self.dtype)
+        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+
+    def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:
+        """Copy every layer's K/V from ``src_locs`` to ``dst_locs`` ([n] each).
+
+        NOTE: all sources are read before any destination is written, so overlapping moves
+        (for example compacting accepted tree nodes towards the prefix) are safe.
+        """
+        if src_locs.numel() == 0:
+            return
+        for k_buf, v_buf in zip(self.k_buffers, self.v_buffers):
+            k_buf[dst_locs] = k_buf[src_locs]
+            v_buf[dst_locs] = v_buf[src_locs]

@@ -1,0 +1,123 @@
+"""RaggedLayout: which KV slots each query row reads, in the form every backend can consume.
+
+The batch is split into attention *sequences*. Usually a sequence is one request: its query rows
+are its new tokens and its KV list is ``req_to_token[row, :prefix_len]`` followed by the new
+tokens' own slots. A draft decode step instead makes every branch its own sequence: one query row
+whose KV list is the request's prefix followed by that branch's ancestors (itself last).
+
+Visibility inside a sequence with q query rows and kv entries: when ``mask`` is None it is
+causal aligned to the end (row j sees kv entries [0, kv - q + j]); TARGET_VERIFY gives an explicit
+mask: every row sees the whole prefix, and tree node i sees tree node j iff ``tree_mask[i, j]``.
+
+Worked example, verify with prefix 2 and a 3-node tree (root 0 with children 1 and 2):
+    kv entries:   p0 p1 n0 n1 n2
+    row n0:        1  1  1  0  0
+    row n1:        1  1  1  1  0
+    row n2:        1  1  1  0  1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specdec.forward import ForwardBatch, ForwardMode
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedLayout:
+    # [num_seqs + 1] query rows of sequence s are packed rows qo_indptr[s]:qo_indptr[s+1]
+    qo_indptr: torch.Tensor
+    # [num_seqs + 1] KV entries of sequence s are kv_indices[kv_indptr[s]:kv_indptr[s+1]]
+    kv_indptr: torch.Tensor
+    # [total_kv] int64 KV slots, in position order within each sequence
+    kv_indices: torch.Tensor
+    # [sum_s q_s * kv_s] bool, row-major [q_s, kv_s] per sequence; None = causal aligned to the end
+    mask: torch.Tensor | None
+    # [num_seqs + 1] start of each sequence's block in ``mask``; None when mask is None
+    mask_indptr: torch.Tensor | None
+    # host copies of the per-sequence lengths (planning happens on the host once per forward)
+    q_lens: list[int]
+    kv_lens: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)
+
+
+def _indptr(lens: list[int], device: torch.device) -> torch.Tensor:
+    out = torch.zeros(len(lens) + 1, dtype=torch.int64, device=device)
+    if lens:
+        out[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64, device=device), 0)
+    return out
+
+
+def _prefix_slots(batch: ForwardBatch, rows: torch.Tensor, lens: list[int]) -> list[torch.Tensor]:
+    table = batch.req_to_token
+    return [table[r, :n].to(torch.int64) for r, n in zip(rows.tolist(), lens)]
+
+
+def build_ragged_layout(batch: ForwardBatch) -> RaggedLayout:
+    device = batch.input_ids.device
+    prefix_lens = batch.host_prefix_lens()
+    extend_lens = batch.host_extend_lens()
+    if batch.draft_ancestors is not None:
+        return _draft_layout(batch, prefix_lens, extend_lens, device)
+
+    prefixes = _prefix_slots(batch, batch.req_pool_indices, prefix_lens)
+    own = torch.split(batch.out_cache_loc.to(torch.int64), extend_lens)
+    kv_lists = [torch.cat([p, o]) for p, o in zip(prefixes, own)]
+    kv_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    mask = mask_indptr = None
+    if batch.forward_mode == ForwardMode.TARGET_VERIFY:
+        mask, mask_indptr = _verify_mask(batch, prefix_lens, extend_lens, device)
+    return RaggedLayout(
+        qo_indptr=_indptr(extend_lens, device),
+        kv_indptr=_indptr(kv_lens, device),
+        kv_indices=torch.cat(kv_lists) if kv_lists else torch.zeros(0, dtype=torch.int64, device=device),
+        mask=mask,
+        mask_indptr=mask_indptr,
+        q_lens=list(extend_lens),
+        kv_lens=kv_lens,
+    )
+
+
+def _verify_mask(
+    batch: ForwardBatch, prefix_lens: list[int], extend_lens: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if batch.tree_mask is None:
+        raise ValueError("TARGET_VERIFY batch needs tree_mask")
+    blocks = []
+    offset = 0
+    for p, n in zip(prefix_lens, extend_lens):
+        tree = batch.tree_mask[offset : offset + n * n].view(n, n).to(torch.bool)
+        offset += n * n
+        blocks.append(torch.cat([torch.ones(n, p, dtype=torch.bool, device=device), tree], 1).flatten())
+    sizes = [n * (p + n) for p, n in zip(prefix_lens, extend_lens)]
+    return torch.cat(blocks), _indptr(sizes, device)
+
+
+def _draft_layout(
+    batch: ForwardBatch, prefix_lens: list[int], extend_lens: list[int], device: torch.device
+) -> RaggedLayout:
+    ancestors = batch.draft_ancestors  # [bs * topk, depth]
+    topk = extend_lens[0] if extend_lens else 1
+    if any(e != topk for e in extend_lens) or ancestors.shape[0] != batch.num_tokens:
+        raise ValueError("draft decode batch needs topk tokens per request and one ancestor row each")
+    depth = int(ancestors.shape[1])
+    prefixes = _prefix_slots(batch, batch.req_pool_indices, prefix_lens)
+    kv_lists = []
+    for b, prefix in enumerate(prefixes):
+        for j in range(topk):
+            kv_lists.append(torch.cat([prefix, ancestors[b * topk + j].to(torch.int64)]))
+    kv_lens = [p + depth for p in prefix_lens for _ in range(topk)]
+    return RaggedLayout(
+        qo_indptr=_indptr([1] * len(kv_lens), device),
+        kv_indptr=_indptr(kv_lens, device),
+        kv_indices=torch.cat(kv_lists) if kv_lists else torch.zeros(0, dtype=torch.int64, device=device),
+        mask=None,
+        mask_indptr=None,
+        q_lens=[1] * len(kv_lens),
+        kv_lens=kv_lens,
+    )

@@ -1,0 +1,126 @@
+"""SpecConfig: the speculative-decoding settings, named after SGLang's server flags.
+
+Flags map one to one: ``--speculative-num-steps`` is ``SpecConfig.num_steps`` and so on
+(see ``SpecConfig.from_flags``). The config is frozen and validates itself; derive a changed
+one with ``dataclasses.replace``.
+
+Glossary (shared with docs/architecture.md):
+    num_steps (S)        depth of the draft tree = draft forwards per decode step.
+    topk (K)             children kept per expanded node, and frontier width.
+    num_draft_tokens (N) tree nodes verified per request, the root included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+DEFAULT_NUM_STEPS = 5
+DEFAULT_TOPK = 4
+DEFAULT_NUM_DRAFT_TOKENS = 8
+
+
+class SpecAlgorithm(str, enum.Enum):
+    EAGLE = "EAGLE"
+    EAGLE3 = "EAGLE3"
+
+    @classmethod
+    def parse(cls, name: str) -> "SpecAlgorithm":
+        try:
+            return cls(name.upper())
+        except ValueError:
+            choices = ", ".join(a.value for a in cls)
+            raise ValueError(
+                f"--speculative-algorithm: unknown algorithm {name!r}; choose one of {choices}"
+            ) from None
+
+
+class ConfigError(ValueError):
+    """A speculative-decoding setting is invalid; the message names the flag."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    algorithm: SpecAlgorithm
+    draft_model_path: str | None
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    accept_threshold_single: float = 1.0
+    accept_threshold_acc: float = 1.0
+    token_map: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.algorithm, SpecAlgorithm):
+            object.__setattr__(self, "algorithm", SpecAlgorithm.parse(str(self.algorithm)))
+        _check_int("--speculative-num-steps", self.num_steps, low=1)
+        _check_int("--speculative-eagle-topk", self.topk, low=1)
+        _check_int("--speculative-num-draft-tokens", self.num_draft_tokens, low=2)
+        max_nodes = 1 + self.topk + (self.num_steps - 1) * self.topk * self.topk
+        if self.num_draft_tokens > max_nodes:
+            raise ConfigError(
+                f"--speculative-num-draft-tokens={self.num_draft_tokens} exceeds the "
+                f"{max_nodes} nodes a tree with --speculative-num-steps={self.num_steps} and "
+                f"--speculative-eagle-topk={self.topk} can hold"
+            )
+        if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ConfigError(
+                "--speculative-eagle-topk=1 is a chain: --speculative-num-draft-tokens must be "
+                f"--speculative-num-steps + 1 = {self.num_steps + 1}, got {self.num_draft_tokens}"
+            )
+        for flag, value in (
+            ("--speculative-accept-threshold-single", self.accept_threshold_single),
+            ("--speculative-accept-threshold-acc", self.accept_threshold_acc),
+        ):
+            if not 0.0 < value <= 1.0:
+                raise ConfigError(f"{flag} must be in (0, 1], got {value}")
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+    @property
+    def is_eagle3(self) -> bool:
+        return self.algorithm is SpecAlgorithm.EAGLE3
+
+    @classmethod
+    def from_flags(
+        cls,
+        speculative_algorithm: str,
+        *,
+        speculative_draft_model_path: str | None = None,
+        speculative_num_steps: int | None = None,
+        speculative_eagle_topk: int | None = None,
+        speculative_num_draft_tokens: int | None = None,
+        speculative_accept_threshold_single: float = 1.0,
+        speculative_accept_threshold_acc: float = 1.0,
+        speculative_token_map: str | None = None,
+    ) -> "SpecConfig":
+        """Resolve SGLang's flag semantics: all three unset -> (5, 4, 8); topk=1 -> chain."""
+        steps, topk, ntok = speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens
+        if steps is None and topk is None and ntok is None:
+            steps, topk, ntok = DEFAULT_NUM_STEPS, DEFAULT_TOPK, DEFAULT_NUM_DRAFT_TOKENS
+        else:
+            steps = DEFAULT_NUM_STEPS if steps is None else steps
+            topk = DEFAULT_TOPK if topk is None else topk
+            if topk == 1:
+                ntok = steps + 1
+            elif ntok is None:
+                ntok = min(DEFAULT_NUM_DRAFT_TOKENS, 1 + topk + (steps - 1) * topk * topk)
+        return cls(
+            algorithm=SpecAlgorithm.parse(speculative_algorithm),
+            draft_model_path=speculative_draft_model_path,
+            num_steps=steps,
+            topk=topk,
+            num_draft_tokens=ntok,
+            accept_threshold_single=speculative_accept_threshold_single,
+            accept_threshold_acc=speculative_accept_threshold_acc,
+            token_map=speculative_token_map,
+        )
+
+
+def _check_int(flag: str, value: object, *, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag} must be an integer, got {value!r}")
+    if value < low:
+        raise ConfigError(f"{flag} must be >= {low}, got {value}")

@@ -1,0 +1,106 @@
+"""The vocabulary shared by a host engine and specdec: forward modes and one forward's inputs/outputs.
+
+A ``ForwardBatch`` describes one model forward over packed tokens. Attention is described per
+request: request ``b`` reads the ``prefix_lens[b]`` KV slots cached in its row of the
+request-to-token table, plus the KV of its own new tokens (``out_cache_loc``, written by the
+forward itself). Among the new tokens of a request the mask is causal, except:
+
+* TARGET_VERIFY: ``tree_mask`` says which tree nodes each node sees (its ancestors and itself);
+* DRAFT decode (``draft_ancestors`` set): each of the ``topk`` rows of a request is its own branch
+  that sees the prefix plus the KV slots of its ancestors (itself last), nothing else.
+
+Glossary: bs = requests in the batch; num_tokens = packed tokens in the forward; N =
+num_draft_tokens (tree nodes per request); S = num_steps; K = topk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import torch
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = 1  # prefill: new prompt tokens after an optional cached prefix
+    DECODE = 2  # one new token per request (also one draft step, one token per branch)
+    TARGET_VERIFY = 3  # target over the N tree nodes of each request
+    DRAFT_EXTEND = 4  # draft head over the committed tokens of each request
+    IDLE = 5  # nothing to run
+
+    def is_extend(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+
+class CaptureHiddenMode(enum.IntEnum):
+    NULL = 0  # return no hidden states
+    LAST = 1  # the hidden state of each request's last token
+    FULL = 2  # the hidden state of every token
+
+
+class LogitsMode(enum.IntEnum):
+    LAST = 1  # logits of each request's last token: [bs, vocab]
+    ALL = 2  # logits of every token: [num_tokens, vocab]
+
+
+@dataclasses.dataclass
+class ForwardBatch:
+    """Inputs of one forward. Built once by whoever runs the forward, then only read."""
+
+    forward_mode: ForwardMode
+    # [num_tokens]
+    input_ids: torch.Tensor
+    # [num_tokens] absolute position of each token in its sequence
+    positions: torch.Tensor
+    # [num_tokens] KV slot each token's K/V is written to
+    out_cache_loc: torch.Tensor
+    # [bs] row of each request in the request-to-token table
+    req_pool_indices: torch.Tensor
+    # [bs] tokens already in each request's KV cache (visible to all its new tokens)
+    prefix_lens: torch.Tensor
+    # [bs] new tokens of each request in this forward (topk for a draft step)
+    extend_lens: torch.Tensor
+    # [max_reqs, max_context] int32 KV slot of each (request row, position)
+    req_to_token: torch.Tensor
+    # the KV cache this forward reads and writes, and the backend that computes attention
+    kv_cache: Any
+    attn_backend: Any
+    logits_mode: LogitsMode = LogitsMode.LAST
+    capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
+    # TARGET_VERIFY only: [bs * N * N] bool, row-major [N, N] per request, True = may attend
+    tree_mask: torch.Tensor | None = None
+    # draft decode only: [bs * topk, depth] int64 KV slots of each branch's ancestors, itself last
+    draft_ancestors: torch.Tensor | None = None
+    # draft forwards only: [num_tokens, hidden] features the draft head conditions on
+    spec_hidden_states: torch.Tensor | None = None
+    # host-side copies (lists) of prefix_lens / extend_lens, so backends plan without a sync
+    prefix_lens_cpu: list[int] | None = None
+    extend_lens_cpu: list[int] | None = None
+    # backend-built metadata (set by attn_backend.init_forward_metadata, read by its forward)
+    attn_metadata: Any = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_pool_indices.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def host_prefix_lens(self) -> list[int]:
+        return self.prefix_lens_cpu if self.prefix_lens_cpu is not None else self.prefix_lens.tolist()
+
+    def host_extend_lens(self) -> list[int]:
+        return self.extend_lens_cpu if self.extend_lens_cpu is not None else self.extend_lens.tolist()
+
+
+@dataclasses.dataclass
+class LogitsOutput:
+    # [bs, vocab] (LogitsMode.LAST) or [num_tokens, vocab] (LogitsMode.ALL)
+    next_token_logits: torch.Tensor
+    # [bs or num_tokens, hidden_features] per CaptureHiddenMode; None for NULL.
+    # For a target these are the features a draft head conditions on (the final normed hidden
+    # state for EAGLE, the concatenated auxiliary layer inputs for EAGLE-3); for a draft head, the
+    # hidden state it feeds to its next step.
+    hidden_states: torch.Tensor | None = None

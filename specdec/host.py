@@ -1,0 +1,70 @@
+"""The host contract: what a serving engine provides so the EAGLE worker can drive its decode steps.
+
+specdec never imports a host engine. A host hands the worker objects that satisfy these Protocols
+(``specdec.engine`` is the reference implementation). The worker shares the host's
+request-to-token table and KV slot allocator with its draft head: a KV slot index means the same
+token position in the target's KV cache and in the draft's.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdec.forward import ForwardBatch, LogitsOutput
+
+
+class OutOfKVSlots(RuntimeError):
+    """The KV allocator cannot provide the slots a forward needs."""
+
+
+@runtime_checkable
+class KVMemory(Protocol):
+    """Request-to-token table plus the paged KV slot allocator behind it."""
+
+    page_size: int
+    # [max_reqs, max_context] int32: KV slot of each (request row, position)
+    req_to_token: torch.Tensor
+
+    def alloc_extend(
+        self, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor
+    ) -> torch.Tensor:
+        """Give positions [prefix_len, prefix_len + extend_len) of each request KV slots.
+
+        Fills each request's partially used last page first, writes the slots into
+        ``req_to_token`` and returns them packed request by request: [sum(extend_lens)].
+        Raises ``OutOfKVSlots`` (allocating nothing) when there is not enough room.
+        """
+
+    def truncate(
+        self, req_pool_indices: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
+    ) -> None:
+        """Release positions [new_len, old_len) of each request (whole pages only are freed)."""
+
+    def available_size(self) -> int:
+        """Free KV slots."""
+
+
+@runtime_checkable
+class TargetKVCache(Protocol):
+    def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:
+        """Copy K/V of every layer from slots ``src_locs`` to ``dst_locs`` ([n] each)."""
+
+
+@runtime_checkable
+class TargetModelRunner(Protocol):
+    """Runs the target model; the worker builds TARGET_VERIFY batches and calls ``forward``."""
+
+    kv_cache: TargetKVCache
+    attn_backend: object
+    # [vocab, hidden] embedding and lm_head weights (EAGLE-1 heads share them with the target)
+    embed_weight: torch.Tensor
+    lm_head_weight: torch.Tensor
+    hidden_size: int
+    vocab_size: int
+    # target layers whose inputs EAGLE-3 captures, or None when the target captures the final state
+    aux_hidden_layers: tuple[int, ...] | None
+
+    def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        """One forward. Fills ``batch.attn_metadata`` via its backend, then runs the model."""

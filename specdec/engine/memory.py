@@ -1,0 +1,266 @@
+"""PagedKVMemory: the reference host's request-to-token table and paged KV slot allocator.
+
+Implements ``specdec.host.KVMemory``. KV slots are grouped into pages of ``page_size`` consecutive
+slots: page ``p`` owns slots ``p * page_size .. p * page_size + page_size - 1``. Position ``i`` of
+a request lives in the request's ``i // page_size``-th page at offset ``i % page_size``, so the
+slots of a request's positions that share a page are consecutive. With page_size = 4::
+
+    positions     0  1  2  3 | 4  5  6  7 | 8  9
+    page          7  7  7  7 | 2  2  2  2 | 5  5      (pages handed out lowest-free-first)
+    req_to_token 28 29 30 31 | 8  9 10 11 |20 21
+
+    alloc_extend(prefix_len=10, extend_len=3) fills positions 10, 11 into page 5 (slots 22, 23)
+    and takes one fresh page for position 12.
+    truncate(old_len=13, new_len=9) frees only the page holding position 12: position 8 still
+    uses page 5.
+
+Glossary: page_size = slots per page; a request *row* is its row in ``req_to_token``.
+
+Allocator state (which pages and rows are free) lives on the CPU as bool masks and is changed
+only by whole validated operations: every call either succeeds or raises having changed nothing.
+``req_to_token`` lives on ``device``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specdec.host import OutOfKVSlots
+
+Lens = torch.Tensor | Sequence[int]
+
+
+class OutOfRequestSlots(RuntimeError):
+    """Every row of the request-to-token table is taken."""
+
+
+class PagedKVMemory:
+    def __init__(
+        self,
+        *,
+        num_slots: int,
+        page_size: int,
+        max_reqs: int,
+        max_context_len: int,
+        device: torch.device | str,
+    ) -> None:
+        for name, value in (
+            ("num_slots", num_slots),
+            ("page_size", page_size),
+            ("max_reqs", max_reqs),
+            ("max_context_len", max_context_len),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PagedKVMemory: {name} must be an int >= 1, got {value!r}")
+        if num_slots % page_size != 0:
+            raise ValueError(
+                f"PagedKVMemory: num_slots={num_slots} must be a multiple of page_size={page_size}"
+            )
+        self.page_size = page_size
+        self.num_pages = num_slots // page_size
+        self.max_reqs = max_reqs
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        # [max_reqs, max_context_len] int32: KV slot of each (request row, position)
+        self.req_to_token = torch.zeros(
+            (max_reqs, max_context_len), dtype=torch.int32, device=self.device
+        )
+        # [num_pages] True = free (CPU). Lowest free page first keeps allocation deterministic.
+        self._page_free = torch.ones(self.num_pages, dtype=torch.bool)
+        self._num_free_pages = self.num_pages
+        # [max_reqs] True = free row (CPU)
+        self._row_free = torch.ones(max_reqs, dtype=torch.bool)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def capacity(self) -> int:
+        """Total KV slots (free or not)."""
+        return self.num_pages * self.page_size
+
+    def available_size(self) -> int:
+        """Free KV slots (= free pages * page_size)."""
+        return self._num_free_pages * self.page_size
+
+    def num_free_pages(self) -> int:
+        return self._num_free_pages
+
+    def num_free_reqs(self) -> int:
+        return int(self._row_free.sum())
+
+    def pages_needed(self, prefix_lens: Lens, extend_lens: Lens) -> int:
+        """Fresh pages ``alloc_extend`` would take for these requests ([bs] each)."""
+        prefix, extend = _cpu_lens(prefix_lens), _cpu_lens(extend_lens)
+        return int(self._new_pages_per_req(prefix, prefix + extend).sum())
+
+    def can_alloc(self, prefix_lens: Lens, extend_lens: Lens) -> bool:
+        """Whether ``alloc_extend`` with these lengths would succeed for lack of pages."""
+        return self.pages_needed(prefix_lens, extend_lens) <= self._num_free_pages
+
+    # ------------------------------------------------------------ request rows
+    def alloc_req(self) -> int:
+        """Take the lowest free row of ``req_to_token``."""
+        free = torch.nonzero(self._row_free).flatten()
+        if free.numel() == 0:
+            raise OutOfRequestSlots(f"all {self.max_reqs} request rows are in use")
+        row = int(free[0])
+        self._row_free[row] = False
+        return row
+
+    def free_req(self, row: int) -> None:
+        """Return a row. Its KV pages are released separately (``free_request_tokens``)."""
+        if not 0 <= row < self.max_reqs:
+            raise ValueError(f"request row {row} is out of range [0, {self.max_reqs})")
+        if bool(self._row_free[row]):
+            raise RuntimeError(f"request row {row} is already free (double free)")
+        self._row_free[row] = True
+
+    def free_request_tokens(self, row: int, seq_len: int) -> None:
+        """Release every page holding positions [0, seq_len) of request ``row``."""
+        self.truncate(torch.tensor([row]), torch.tensor([seq_len]), torch.tensor([0]))
+
+    # ---------------------------------------------------------------- KVMemory
+    def alloc_extend(
+        self, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor
+    ) -> torch.Tensor:
+        """Give positions [prefix_len, prefix_len + extend_len) of each request KV slots.
+
+        Fills each request's partially used last page first, then takes fresh pages (lowest
+        first), writes the slots into ``req_to_token`` and returns them packed request by request:
+        [sum(extend_lens)] int64 on ``device``. Raises ``OutOfKVSlots`` having changed nothing.
+        """
+        rows, prefix, extend = (_cpu_lens(x) for x in (req_pool_indices, prefix_lens, extend_lens))
+        self._check_rows(rows, prefix, extend)
+        end = prefix + extend
+        if bool((end > self.max_context_len).any()):
+            raise ValueError(
+                f"alloc_extend: a request would reach {int(end.max())} tokens, past "
+                f"max_context_len={self.max_context_len}"
+            )
+        new_per_req = self._new_pages_per_req(prefix, end)  # [bs]
+        total_new = int(new_per_req.sum())
+        if total_new > self._num_free_pages:
+            raise OutOfKVSlots(
+                f"need {total_new} pages ({total_new * self.page_size} slots) but only "
+                f"{self._num_free_pages} pages ({self.available_size()} slots) are free"
+            )
+        new_pages = torch.nonzero(self._page_free).flatten()[:total_new]  # [total_new]
+        slots = self._slots_for(rows, prefix, extend, new_pages, new_per_req)
+        # All checks passed: commit.
+        self._page_free[new_pages] = False
+        self._num_free_pages -= total_new
+        token_rows = torch.repeat_interleave(rows, extend)
+        positions = _packed_positions(prefix, extend)
+        slots = slots.to(self.device)
+        self.req_to_token[token_rows.to(self.device), positions.to(self.device)] = slots.to(
+            torch.int32
+        )
+        return slots
+
+    def truncate(
+        self, req_pool_indices: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
+    ) -> None:
+        """Release positions [new_len, old_len) of each request: frees the pages no position
+        < new_len uses, i.e. the request's pages ceil(new_len / ps) .. ceil(old_len / ps) - 1.
+
+        NOTE: the page holding position new_len - 1 stays even if positions after it are
+        released; a later ``alloc_extend`` refills it. The pages are found through
+        ``req_to_token``, so old_len must not exceed what was allocated for the row.
+        """
+        rows, old, new = (_cpu_lens(x) for x in (req_pool_indices, old_lens, new_lens))
+        if not rows.shape == old.shape == new.shape:
+            raise ValueError(
+                f"truncate: req_pool_indices, old_lens, new_lens must all be [bs], got "
+                f"{tuple(rows.shape)}, {tuple(old.shape)}, {tuple(new.shape)}"
+            )
+        if rows.numel() == 0:
+            return
+        if bool((new > old).any()) or bool((new < 0).any()):
+            raise ValueError(f"truncate: need 0 <= new_len <= old_len, got {new=} {old=}")
+        if bool((old > self.max_context_len).any()):
+            raise ValueError(f"truncate: old_len past max_context_len={self.max_context_len}")
+        ps = self.page_size
+        first = (new + ps - 1) // ps  # [bs] first request page to free
+        count = (old + ps - 1) // ps - first  # [bs] pages to free
+        total = int(count.sum())
+        if total == 0:
+            return
+        # The k-th freed page of a request is the page of its position (first + k) * ps.
+        page_rows = torch.repeat_interleave(rows, count)
+        page_idx = torch.repeat_interleave(first, count) + _packed_positions(
+            torch.zeros_like(count), count
+        )
+        first_slots = self.req_to_token[page_rows.to(self.device), (page_idx * ps).to(self.device)]
+        pages = first_slots.to(device="cpu", dtype=torch.int64) // ps  # [total]
+        if bool((pages < 0).any()) or bool((pages >= self.num_pages).any()):
+            raise RuntimeError("truncate: req_to_token holds a slot outside the pool")
+        if torch.unique(pages).numel() != total or bool(self._page_free[pages].any()):
+            raise RuntimeError("truncate: a page would be freed twice (double free)")
+        self._page_free[pages] = True
+        self._num_free_pages += total
+
+    # ---------------------------------------------------------------- helpers
+    def _new_pages_per_req(self, prefix: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        ps = self.page_size
+        return (end + ps - 1) // ps - (prefix + ps - 1) // ps
+
+    def _check_rows(self, rows: torch.Tensor, prefix: torch.Tensor, extend: torch.Tensor) -> None:
+        if not rows.shape == prefix.shape == extend.shape:
+            raise ValueError(
+                f"alloc_extend: req_pool_indices, prefix_lens, extend_lens must all be [bs], got "
+                f"{tuple(rows.shape)}, {tuple(prefix.shape)}, {tuple(extend.shape)}"
+            )
+        if bool((prefix < 0).any()) or bool((extend < 0).any()):
+            raise ValueError("alloc_extend: prefix_lens and extend_lens must be >= 0")
+        if bool((rows < 0).any()) or bool((rows >= self.max_reqs).any()):
+            raise ValueError(f"alloc_extend: request row out of range [0, {self.max_reqs})")
+        if rows.numel() and bool(self._row_free[rows].any()):
+            raise ValueError("alloc_extend: a request row was not taken with alloc_req")
+
+    def _slots_for(
+        self,
+        rows: torch.Tensor,
+        prefix: torch.Tensor,
+        extend: torch.Tensor,
+        new_pages: torch.Tensor,
+        new_per_req: torch.Tensor,
+    ) -> torch.Tensor:
+        """Slots of the packed new positions ([sum(extend)] int64, CPU)."""
+        ps = self.page_size
+        bs = rows.numel()
+        # Page of each request's partially filled last page (-1 when its prefix ends on a page
+        # boundary): found through the slot of its last cached position.
+        partial = (prefix % ps) != 0  # [bs]
+        last_pos = (prefix - 1).clamp(min=0)
+        last_slot = self.req_to_token[rows.to(self.device), last_pos.to(self.device)]
+        partial_page = torch.where(partial, last_slot.to("cpu", torch.int64) // ps, -1)  # [bs]
+
+        req = torch.repeat_interleave(torch.arange(bs), extend)  # [num_tokens]
+        positions = _packed_positions(prefix, extend)  # [num_tokens]
+        page_idx = positions // ps  # request-local page index of each token
+        first_new = (prefix + ps - 1) // ps  # [bs] request-local index of its first fresh page
+        new_offset = torch.cumsum(new_per_req, 0) - new_per_req  # [bs] into new_pages
+        in_partial = page_idx < first_new[req]
+        fresh_idx = (new_offset[req] + page_idx - first_new[req]).clamp(min=0)
+        fresh = new_pages[fresh_idx] if new_pages.numel() else torch.zeros_like(fresh_idx)
+        page = torch.where(in_partial, partial_page[req], fresh)
+        return page * ps + positions % ps
+
+
+def _cpu_lens(x: Lens) -> torch.Tensor:
+    """[bs] int64 CPU tensor from a tensor or a sequence of ints."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device="cpu", dtype=torch.int64).flatten()
+    return torch.tensor(list(x), dtype=torch.int64)
+
+
+def _packed_positions(start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """Concatenation of arange(start[b], start[b] + length[b]) over b: [sum(length)].
+
+    Example: start = [5, 0], length = [2, 3] -> [5, 6, 0, 1, 2].
+    """
+    total = int(length.sum())
+    offsets = torch.cumsum(length, 0) - length  # [bs] where each run starts in the packed output
+    run = torch.repeat_interleave(torch.arange(length.numel()), length)
+    return start[run] + torch.arange(total) - offsets[run]

@@ -1,0 +1,236 @@
+"""Sampling parameters (SGLang's ``sampling_params`` keys) and batched sampling from logits.
+
+Filters, applied to p = softmax(logits / temperature) of each row, all on the original p and
+therefore order-independent (each keeps a prefix of the tokens sorted by p, descending):
+
+    top_k   keep the k most likely tokens (-1 = all).
+    top_p   keep the smallest prefix whose mass reaches top_p: token i (sorted) is kept iff the
+            mass strictly before it is < top_p. The most likely token is always kept.
+    min_p   keep tokens with p >= min_p * max(p).
+
+The kept probabilities are renormalised. A greedy row (temperature < 1e-5, or top_k == 1) is a
+one-hot at argmax(logits).
+
+Example, p = [0.5, 0.25, 0.125, 0.125] (already sorted):
+    top_k=2     -> [0.5, 0.25] / 0.75
+    top_p=0.75  -> [0.5, 0.25] / 0.75   (the mass before the third token is 0.75: not < 0.75)
+    top_p=0.7   -> [0.5, 0.25] / 0.75
+    top_p=0.8   -> [0.5, 0.25, 0.125] / 0.875
+    min_p=0.3   -> [0.5, 0.25] / 0.75   (0.125 < 0.3 * 0.5)
+
+Glossary: bs = requests; V = vocab size; n = logits rows (n = bs, or bs * N in verify where
+``row_to_request`` maps each row to its request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# SGLang treats temperatures below this as greedy.
+GREEDY_EPS = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check_float("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"sampling_params.temperature must be >= 0, got {self.temperature}")
+        _check_float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
+        _check_int("top_k", self.top_k)
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"sampling_params.top_k must be -1 (all) or >= 1, got {self.top_k}")
+        _check_float("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"sampling_params.min_p must be in [0, 1], got {self.min_p}")
+        _check_int("max_new_tokens", self.max_new_tokens)
+        if self.max_new_tokens < 0:
+            raise ValueError(
+                f"sampling_params.max_new_tokens must be >= 0, got {self.max_new_tokens}"
+            )
+        ids = self.stop_token_ids
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise ValueError(f"sampling_params.stop_token_ids must be a list of ints, got {ids!r}")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(
+                    f"sampling_params.stop_token_ids must be a list of ints >= 0, got {list(ids)!r}"
+                )
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"sampling_params.ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
+        """Build from a request's ``sampling_params`` JSON object. A key set to null (None)
+        takes its default; unknown keys are rejected."""
+        if d is None:
+            return cls()
+        if not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"sampling_params: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys are {', '.join(sorted(known))}"
+            )
+        return cls(**{k: v for k, v in d.items() if v is not None})
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS or self.top_k == 1
+
+
+def _check_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"sampling_params.{name} must be a finite number, got {value!r}")
+
+
+def _check_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"sampling_params.{name} must be an int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingBatch:
+    """Per-request sampling parameters of a batch as tensors. Built once, then only read."""
+
+    # [bs] fp32; 1.0 for greedy rows (their temperature is never divided by)
+    temperatures: torch.Tensor
+    # [bs] fp32
+    top_ps: torch.Tensor
+    # [bs] int64; -1 = all
+    top_ks: torch.Tensor
+    # [bs] fp32
+    min_ps: torch.Tensor
+    # [bs] bool
+    is_greedy: torch.Tensor
+    # host-side summaries, so the hot path skips work without a sync
+    all_greedy: bool
+    need_top_k: bool
+    need_top_p: bool
+    need_min_p: bool
+
+    @classmethod
+    def from_params(
+        cls, params: Sequence[SamplingParams], device: torch.device | str
+    ) -> "SamplingBatch":
+        greedy = [p.is_greedy for p in params]
+
+        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperatures=tensor(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32
+            ),
+            top_ps=tensor([p.top_p for p in params], torch.float32),
+            top_ks=tensor([p.top_k for p in params], torch.int64),
+            min_ps=tensor([p.min_p for p in params], torch.float32),
+            is_greedy=tensor(greedy, torch.bool),
+            all_greedy=all(greedy),
+            need_top_k=any(p.top_k != -1 and not g for p, g in zip(params, greedy)),
+            need_top_p=any(p.top_p < 1.0 and not g for p, g in zip(params, greedy)),
+            need_min_p=any(p.min_p > 0.0 and not g for p, g in zip(params, greedy)),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.temperatures.shape[0])
+
+
+def probs_from_logits(
+    logits: torch.Tensor,
+    sampling: SamplingBatch,
+    row_to_request: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sampling distribution of each row: [n, V] fp32 (see the module docstring).
+
+    logits: [n, V]; row_to_request: [n] request of each row (None: row b is request b).
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [n, V], got shape {tuple(logits.shape)}")
+    n, vocab = logits.shape
+    if row_to_request is None:
+        if n != sampling.batch_size:
+            raise ValueError(
+                f"logits has {n} rows but the sampling batch has {sampling.batch_size} requests; "
+                "pass row_to_request"
+            )
+        row_to_request = torch.arange(n, device=logits.device)
+    elif tuple(row_to_request.shape) != (n,):
+        raise ValueError(f"row_to_request must be [{n}], got {tuple(row_to_request.shape)}")
+    rows = row_to_request.to(device=logits.device, dtype=torch.long)
+    logits = logits.float()
+    greedy = sampling.is_greedy[rows]  # [n]
+    onehot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
+    if sampling.all_greedy:
+        return onehot
+    probs = torch.softmax(logits / sampling.temperatures[rows, None], dim=1)  # [n, V]
+    if sampling.need_top_k or sampling.need_top_p or sampling.need_min_p:
+        probs = restrict_probs(
+            probs,
+            top_ks=sampling.top_ks[rows],
+            top_ps=sampling.top_ps[rows],
+            min_ps=sampling.min_ps[rows],
+        )
+    return torch.where(greedy[:, None], onehot, probs)
+
+
+def restrict_probs(
+    probs: torch.Tensor,
+    *,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+) -> torch.Tensor:
+    """Apply top-k, top-p and min-p to each row of ``probs`` and renormalise: [n, V] fp32.
+
+    probs: [n, V]; top_ks, top_ps, min_ps: [n] (top_k -1 = all).
+    """
+    n, vocab = probs.shape
+    # NOTE: a stable sort keeps ties in vocab order, so the kept set is deterministic.
+    sorted_probs, order = probs.float().sort(dim=1, descending=True, stable=True)  # [n, V]
+    rank = torch.arange(vocab, device=probs.device)[None, :]  # [1, V]
+    k = torch.where(top_ks < 0, vocab, top_ks)[:, None]  # [n, 1]
+    mass_before = torch.cumsum(sorted_probs, dim=1) - sorted_probs  # [n, V]
+    # NOTE: top_p = 1 keeps everything even where fp32 rounding lifts mass_before to 1.
+    keep = (rank < k) & ((mass_before < top_ps[:, None]) | (top_ps[:, None] >= 1.0))
+    keep &= sorted_probs >= min_ps[:, None] * sorted_probs[:, :1]
+    keep[:, 0] = True
+    kept = torch.where(keep, sorted_probs, 0.0)
+    kept = kept / kept.sum(dim=1, keepdim=True)
+    return torch.zeros_like(kept).scatter_(1, order, kept)
+
+
+def sample(
+    logits: torch.Tensor,
+    sampling: SamplingBatch,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per request: [bs] int64. logits: [bs, V].
+
+    Greedy rows take argmax(logits); the others draw from ``probs_from_logits``.
+    """
+    argmax = logits.argmax(dim=1)  # [bs]
+    if sampling.all_greedy:
+        return argmax
+    probs = probs_from_logits(logits, sampling)
+    drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return torch.where(sampling.is_greedy, argmax, drawn)

@@ -24,6 +24,8 @@ class KVMemory(Protocol):
     """Request-to-token table plus the paged KV slot allocator behind it."""
 
     page_size: int
+    # KV slots in the cache: every slot index the allocator hands out is < capacity
+    capacity: int
     # [max_reqs, max_context] int32: KV slot of each (request row, position)
     req_to_token: torch.Tensor
 
@@ -68,3 +70,21 @@ class TargetModelRunner(Protocol):
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         """One forward. Fills ``batch.attn_metadata`` via its backend, then runs the model."""
+
+
+@runtime_checkable
+class SamplingInfo(Protocol):
+    """Per-request sampling settings of one batch, as the worker needs them."""
+
+    # True when every request decodes greedily (the worker then verifies with exact argmax)
+    is_all_greedy: bool
+
+    def probs(self, logits: torch.Tensor, row_to_request: torch.Tensor) -> torch.Tensor:
+        """Target distribution after temperature / top-k / top-p: [n, vocab] fp32.
+
+        Row i of ``logits`` belongs to request ``row_to_request[i]``. Greedy requests get a
+        one-hot row at the argmax.
+        """
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """One token per request from ``logits`` [bs, vocab]: [bs] int64."""

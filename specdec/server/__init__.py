@@ -1,1 +1,1 @@
-"""server."""
+"""HTTP serving and the engine flags."""

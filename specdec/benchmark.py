@@ -1,0 +1,143 @@
+"""The throughput benchmark (main job): the same prompts with and without speculation.
+
+Prints ``Throughput: X token/s``, ``Acceptance length: Y``, ``Speedup: Z`` and the acceptance
+histogram, and writes everything as JSON. Baseline and speculative runs share the prompts, the
+sampling settings and the seed, in one process; each gets one warm-up request first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL, add_engine_args, engine_kwargs
+
+PROMPT_DIR = Path(__file__).resolve().parent / "data" / "prompts"
+DATASETS = sorted(p.stem for p in PROMPT_DIR.glob("*.jsonl"))
+
+
+def load_prompts(dataset: str, num_prompts: int) -> list[str]:
+    path = PROMPT_DIR / f"{dataset}.jsonl"
+    if not path.exists():
+        raise ValueError(f"--dataset: unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["turns"][0] for r in rows[:num_prompts]]
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser, default_model=DEFAULT_MODEL)
+    b = parser.add_argument_group("benchmark")
+    b.add_argument("--dataset", default=None, help=f"prompt set: {', '.join(DATASETS)} "
+                   "(default: tinystories for the embedded model, mt_bench otherwise)")
+    b.add_argument("--num-prompts", type=int, default=16)
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--output", default="bench_throughput.json", help="JSON results file")
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _run(engine, prompts: list[str], params: dict) -> dict:
+    engine.generate(prompts[:1], {**params, "max_new_tokens": 4})  # warm-up
+    start = time.perf_counter()
+    results = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
+    committed = [k + 1 for r in results for k in r["meta_info"]["spec_accept_lengths"]]
+    return {
+        "seconds": seconds,
+        "completion_tokens": tokens,
+        "throughput_tok_s": tokens / seconds,
+        "verify_steps": len(committed),
+        "acceptance_length": sum(committed) / len(committed) if committed else None,
+        "acceptance_histogram": dict(sorted(collections.Counter(committed).items())),
+        "output_ids": [r["output_ids"] for r in results],
+    }
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    from specdec.engine.engine import Engine
+
+    kwargs = engine_kwargs(args)
+    embedded = args.model_path == DEFAULT_MODEL
+    note = None
+    if "speculative_algorithm" not in kwargs:
+        if not embedded:
+            raise ValueError("--speculative-algorithm is required unless the embedded default model is used")
+        kwargs.update(speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT)
+    if embedded and kwargs.get("speculative_draft_model_path") == DEFAULT_DRAFT:
+        note = ("embedded default: stories260K target with its EAGLE head from "
+                "specdec/data/stories260K/eagle_head (see that folder's README for how it was made)")
+    dataset = args.dataset or ("tinystories" if embedded else "mt_bench")
+    prompts = load_prompts(dataset, args.num_prompts)
+    params = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
+    base_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("speculative_")}
+    baseline = _run(Engine(**base_kwargs), prompts, params)
+    spec_engine = Engine(**kwargs)
+    spec = _run(spec_engine, prompts, params)
+    cfg = spec_engine.spec_config
+    identical = sum(a == b for a, b in zip(baseline["output_ids"], spec["output_ids"]))
+    return {
+        "date": datetime.date.today().isoformat(),
+        "commit": _git_commit(),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "note": note,
+        "model_path": args.model_path,
+        "dataset": dataset,
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "algorithm": cfg.algorithm.value,
+        "num_steps": cfg.num_steps,
+        "topk": cfg.topk,
+        "num_draft_tokens": cfg.num_draft_tokens,
+        "attention_backend": args.attention_backend,
+        "baseline": {k: v for k, v in baseline.items() if k != "output_ids"},
+        "speculative": {k: v for k, v in spec.items() if k != "output_ids"},
+        "speedup": spec["throughput_tok_s"] / baseline["throughput_tok_s"],
+        "identical_outputs": identical if args.temperature == 0 else None,
+    }
+
+
+def print_report(res: dict) -> None:
+    if res["note"]:
+        print(f"Note: {res['note']}")
+    print(f"Model: {res['model_path']}  dataset: {res['dataset']} ({res['num_prompts']} prompts, "
+          f"{res['max_new_tokens']} new tokens, temperature {res['temperature']})")
+    print(f"Speculative: {res['algorithm']} steps={res['num_steps']} topk={res['topk']} "
+          f"draft_tokens={res['num_draft_tokens']}  backend={res['attention_backend']}")
+    print(f"Baseline throughput: {res['baseline']['throughput_tok_s']:.1f} token/s")
+    print(f"Throughput: {res['speculative']['throughput_tok_s']:.1f} token/s")
+    print(f"Acceptance length: {res['speculative']['acceptance_length']:.2f}")
+    print(f"Speedup: {res['speedup']:.2f}")
+    if res["identical_outputs"] is not None:
+        print(f"Greedy outputs identical to the baseline: {res['identical_outputs']}/{res['num_prompts']}")
+    hist = res["speculative"]["acceptance_histogram"]
+    total = sum(hist.values()) or 1
+    print("Acceptance histogram (tokens committed per verify step):")
+    for length, count in hist.items():
+        print(f"  {length:>2} | {'#' * round(40 * count / total):<40} {count}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec bench", description=__doc__.splitlines()[0])
+    add_bench_args(parser)
+    args = parser.parse_args(argv)
+    res = run_benchmark(args)
+    print_report(res)
+    Path(args.output).write_text(json.dumps(res, indent=2))
+    print(f"Wrote {args.output}")

@@ -1,0 +1,142 @@
+"""DraftRunner: the draft head's two jobs, extending its KV cache and expanding the draft tree.
+
+Tree expansion for one decode step (S = num_steps, K = topk):
+
+    select step 0       root's top-K children (kept from the last draft extend)   -> frontier F1
+    forward 1..S-1      draft head over the K frontier nodes of each request (one token each,
+                        position = seq_len + i - 1), then keep the K best of their K*K children
+                        by cumulative probability                                 -> frontier F(i+1)
+
+Every frontier node writes its draft K/V into a scratch slot owned by the worker (past the host's
+KV capacity), and attends to the request's prefix plus the scratch slots of its own ancestors,
+nothing else: ``ancestors`` is re-gathered from each new node's parent branch every step.
+Example with K=2: after step 2, branch 0 may extend F2[1] and branch 1 extend F2[1] too; both
+then see [prefix, F1[p], F2[1], self], never the KV of F2[0].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.eagle.heads import DraftHeadAdapter
+from specdec.eagle.tree import organize_draft_results, select_top_k_tokens
+from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
+
+
+class DraftRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        adapter: DraftHeadAdapter,
+        *,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        kv_cache,
+        attn_backend,
+        req_to_token: torch.Tensor,
+        scratch_base: int,
+    ) -> None:
+        self.model = model
+        self.adapter = adapter
+        self.num_steps = num_steps
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens
+        self.kv_cache = kv_cache
+        self.attn_backend = attn_backend
+        self.req_to_token = req_to_token
+        self.scratch_base = scratch_base
+
+    def _forward(self, batch: ForwardBatch) -> LogitsOutput:
+        self.attn_backend.init_forward_metadata(batch)
+        return self.model(batch)
+
+    def _root_topk(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(logits.float(), dim=-1)
+        topk_p, topk_index = probs.topk(self.topk, dim=-1)
+        return topk_p, self.adapter.to_target_ids(topk_index)
+
+    def extend(
+        self,
+        *,
+        input_ids: torch.Tensor,  # [num_tokens] committed tokens, shifted one ahead of `features`
+        features: torch.Tensor,  # [num_tokens, target_features] target features at those positions
+        positions: torch.Tensor,  # [num_tokens]
+        out_cache_loc: torch.Tensor,  # [num_tokens] the same slots the target used
+        req_pool_indices: torch.Tensor,  # [bs]
+        prefix_lens: torch.Tensor,  # [bs]
+        extend_lens_cpu: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft KV for the new tokens; returns the root expansion (topk_p, topk_index, hidden)."""
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=req_pool_indices,
+            prefix_lens=prefix_lens,
+            extend_lens=torch.tensor(extend_lens_cpu, dtype=torch.int64, device=input_ids.device),
+            req_to_token=self.req_to_token,
+            kv_cache=self.kv_cache,
+            attn_backend=self.attn_backend,
+            logits_mode=LogitsMode.LAST,
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+            spec_hidden_states=features,
+            extend_lens_cpu=extend_lens_cpu,
+        )
+        out = self._forward(batch)
+        topk_p, topk_index = self._root_topk(out.next_token_logits)
+        return topk_p, topk_index, out.hidden_states
+
+    def expand(
+        self,
+        root_topk_p: torch.Tensor,  # [bs, K]
+        root_topk_index: torch.Tensor,  # [bs, K]
+        root_hidden: torch.Tensor,  # [bs, hidden]
+        *,
+        req_pool_indices: torch.Tensor,  # [bs]
+        seq_lens: torch.Tensor,  # [bs] tokens in KV (the root itself is not)
+        seq_lens_cpu: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Grow the draft tree; returns organize_draft_results' (parent_list, top_scores_index, draft_tokens)."""
+        bs, k = root_topk_p.shape
+        device = root_topk_p.device
+        score_list, token_list, parents_list = [], [], []
+        sel = select_top_k_tokens(0, root_topk_p, root_topk_index, root_hidden, None, k)
+        ancestors = torch.empty(bs * k, 0, dtype=torch.int64, device=device)  # [bs*K, depth]
+        branch_base = torch.arange(bs, device=device).repeat_interleave(k) * k  # [bs*K]
+        for step in range(self.num_steps):
+            score_list.append(sel.tree_info[0])
+            token_list.append(sel.tree_info[1])
+            parents_list.append(sel.tree_info[2])
+            if step == self.num_steps - 1:
+                break
+            # [bs*K] scratch slots of this step: scratch_base + (b * (S-1) + step) * K + j
+            slots = self.scratch_base + (
+                (torch.arange(bs, device=device).repeat_interleave(k) * (self.num_steps - 1) + step) * k
+                + torch.arange(k, device=device).repeat(bs)
+            )
+            parent_rows = branch_base + sel.parent_branch.reshape(-1)
+            ancestors = torch.cat([ancestors[parent_rows], slots[:, None]], dim=1)
+            batch = ForwardBatch(
+                forward_mode=ForwardMode.DECODE,
+                input_ids=sel.input_ids,
+                positions=(seq_lens + step).repeat_interleave(k),
+                out_cache_loc=slots,
+                req_pool_indices=req_pool_indices,
+                prefix_lens=seq_lens,
+                extend_lens=torch.full((bs,), k, dtype=torch.int64, device=device),
+                req_to_token=self.req_to_token,
+                kv_cache=self.kv_cache,
+                attn_backend=self.attn_backend,
+                logits_mode=LogitsMode.ALL,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                draft_ancestors=ancestors,
+                spec_hidden_states=sel.hidden_states,
+                prefix_lens_cpu=seq_lens_cpu,
+                extend_lens_cpu=[k] * bs,
+            )
+            out = self._forward(batch)
+            topk_p, topk_index = self._root_topk(out.next_token_logits)  # [bs*K, K]
+            sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
+        return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)

@@ -1,0 +1,55 @@
+"""How a draft head plugs into the worker, resolved once at construction (EAGLE vs EAGLE-3).
+
+EAGLE-1/2 heads condition on the target's final hidden state and predict over the target vocab.
+EAGLE-3 heads condition on the concatenated inputs of three target layers and predict over a
+reduced draft vocab that ``d2t`` maps back to target ids (``target = draft + d2t[draft]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from specdec.config import SpecConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftHeadAdapter:
+    # features per token the head expects from the target (H for EAGLE, 3H for EAGLE-3)
+    target_feature_size: int
+    # maps draft-vocab ids to target-vocab ids (identity for EAGLE)
+    to_target_ids: Callable[[torch.Tensor], torch.Tensor]
+
+
+def resolve_head(
+    config: SpecConfig,
+    draft_model: torch.nn.Module,
+    *,
+    hidden_size: int,
+    target_aux_layers: tuple[int, ...] | None,
+) -> DraftHeadAdapter:
+    """Check that target capture and draft head agree, and say how to talk to the head."""
+    d2t = getattr(draft_model, "d2t", None)
+    if config.is_eagle3:
+        if d2t is None:
+            raise ValueError(
+                "--speculative-algorithm EAGLE3 needs an EAGLE-3 draft head "
+                f"(LlamaForCausalLMEagle3); got {type(draft_model).__name__}"
+            )
+        if not target_aux_layers:
+            raise ValueError("EAGLE3: the target must capture auxiliary hidden states (aux_hidden_layers)")
+        d2t = d2t.to(torch.int64)
+
+        def to_target(ids: torch.Tensor) -> torch.Tensor:
+            return ids + d2t[ids]
+
+        return DraftHeadAdapter(len(target_aux_layers) * hidden_size, to_target)
+    if d2t is not None:
+        raise ValueError(
+            "--speculative-algorithm EAGLE got an EAGLE-3 draft head; use --speculative-algorithm EAGLE3"
+        )
+    if target_aux_layers:
+        raise ValueError("EAGLE: the target must capture its final hidden state, not auxiliary layers")
+    return DraftHeadAdapter(hidden_size, lambda ids: ids)

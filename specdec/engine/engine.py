@@ -1,0 +1,207 @@
+"""Engine: the reference host's public API (``specdec.Engine``), SGLang's keyword names.
+
+    engine = Engine("path/to/model", speculative_algorithm="EAGLE3",
+                    speculative_draft_model_path="path/to/head")
+    engine.generate("Once upon a time", {"temperature": 0, "max_new_tokens": 32})
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.attention import KVCache, create_attention_backend
+from specdec.config import SpecConfig
+from specdec.engine.memory import PagedKVMemory
+from specdec.engine.model_runner import ModelRunner
+from specdec.engine.request import Request
+from specdec.engine.sampling import SamplingParams
+from specdec.engine.scheduler import Scheduler
+
+DEFAULT_CPU_KV_TOKENS = 32768
+
+
+def _parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"--dtype: unknown dtype {dtype!r}; choose one of {', '.join(table)}")
+    return table[dtype]
+
+
+def _eagle3_aux_layers(draft_path: str, num_layers: int) -> tuple[int, ...]:
+    from specdec.models.llama import default_eagle3_layers
+
+    cfg_file = Path(draft_path) / "config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return tuple(ids) if ids else tuple(default_eagle3_layers(num_layers))
+
+
+class Engine:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        speculative_algorithm: str | None = None,
+        speculative_draft_model_path: str | None = None,
+        speculative_num_steps: int | None = None,
+        speculative_eagle_topk: int | None = None,
+        speculative_num_draft_tokens: int | None = None,
+        speculative_accept_threshold_single: float = 1.0,
+        speculative_accept_threshold_acc: float = 1.0,
+        speculative_token_map: str | None = None,
+        attention_backend: str = "torch_native",
+        page_size: int = 1,
+        device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+        max_total_tokens: int | None = None,
+        max_running_requests: int = 64,
+        context_length: int | None = None,
+        random_seed: int = 0,
+        target_model: torch.nn.Module | None = None,
+        draft_model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        """Load a target (``model_path``) or take one built in memory (``target_model``)."""
+        from specdec.models.loaders import load_draft_head, load_target, read_num_layers
+        from specdec.models.tokenizer import load_tokenizer
+
+        torch_dtype = _parse_dtype(dtype, device)
+        self.spec_config = None
+        if speculative_algorithm is not None:
+            self.spec_config = SpecConfig.from_flags(
+                speculative_algorithm,
+                speculative_draft_model_path=speculative_draft_model_path,
+                speculative_num_steps=speculative_num_steps,
+                speculative_eagle_topk=speculative_eagle_topk,
+                speculative_num_draft_tokens=speculative_num_draft_tokens,
+                speculative_accept_threshold_single=speculative_accept_threshold_single,
+                speculative_accept_threshold_acc=speculative_accept_threshold_acc,
+                speculative_token_map=speculative_token_map,
+            )
+            if draft_model is None and speculative_draft_model_path is None:
+                raise ValueError("--speculative-draft-model-path is required with --speculative-algorithm")
+        if target_model is None:
+            if model_path is None:
+                raise ValueError("--model-path is required")
+            aux = None
+            if self.spec_config is not None and self.spec_config.is_eagle3 and draft_model is None:
+                aux = _eagle3_aux_layers(speculative_draft_model_path, read_num_layers(model_path))
+            target_model = load_target(model_path, dtype=torch_dtype, device=device, aux_hidden_layers=aux)
+            if tokenizer is None:
+                tokenizer = load_tokenizer(model_path)
+        if self.spec_config is not None and draft_model is None:
+            draft_model = load_draft_head(
+                speculative_draft_model_path, target_model, dtype=torch_dtype, device=device
+            )
+        self.tokenizer = tokenizer
+        self.target_model = target_model
+        self.draft_model = draft_model
+        self._build(target_model, draft_model, attention_backend=attention_backend, page_size=page_size,
+                    device=device, max_total_tokens=max_total_tokens,
+                    max_running_requests=max_running_requests, context_length=context_length,
+                    random_seed=random_seed)
+
+    def _build(self, target_model, draft_model, *, attention_backend, page_size, device, max_total_tokens,
+               max_running_requests, context_length, random_seed) -> None:
+        from specdec.eagle.worker import EAGLEWorker
+
+        cfg = target_model.config
+        self.context_length = int(context_length or min(cfg.max_position_embeddings, 8192))
+        tree = self.spec_config.num_draft_tokens if self.spec_config else 1
+        num_slots = int(max_total_tokens or DEFAULT_CPU_KV_TOKENS)
+        num_slots = -(-num_slots // page_size) * page_size
+        self.memory = PagedKVMemory(
+            num_slots=num_slots, page_size=page_size, max_reqs=max_running_requests + 1,
+            max_context_len=self.context_length + tree + page_size, device=device,
+        )
+        weight = next(target_model.parameters())
+        kv = KVCache(num_layers=cfg.num_hidden_layers, num_slots=num_slots,
+                     num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                     dtype=weight.dtype, device=device)
+        self.runner = ModelRunner(target_model, kv, create_attention_backend(attention_backend))
+        self.generator = torch.Generator(device=device).manual_seed(random_seed)
+        worker = None
+        if self.spec_config is not None:
+            worker = EAGLEWorker(self.spec_config, self.runner, self.memory, draft_model,
+                                 attention_backend=attention_backend,
+                                 max_running_requests=max_running_requests, generator=self.generator)
+        self.worker = worker
+        self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
+                                   max_running_requests=max_running_requests, tree_tokens=tree,
+                                   generator=self.generator)
+        self._ids = itertools.count()
+        self._finished: dict[str, Request] = {}
+
+    # ------------------------------------------------------------ requests
+    def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            eos = getattr(self.target_model.config, "eos_token_id", None)
+            if self.tokenizer is not None and getattr(self.tokenizer, "eos_token_id", None) is not None:
+                eos = self.tokenizer.eos_token_id
+            stops.update(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+        return frozenset(stops)
+
+    def make_request(self, prompt: str | None = None, input_ids: list[int] | None = None,
+                     sampling_params: dict | SamplingParams | None = None, rid: str | None = None) -> Request:
+        """Validate one request; raises ValueError naming the problem (nothing is queued)."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of prompt (text) or input_ids")
+        if input_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: send input_ids instead of text")
+            input_ids = self.tokenizer.encode(prompt)
+        vocab = self.target_model.config.vocab_size
+        if not input_ids or any((not isinstance(t, int)) or t < 0 or t >= vocab for t in input_ids):
+            raise ValueError(f"input_ids must be a non-empty list of token ids in [0, {vocab})")
+        params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
+        total = len(input_ids) + params.max_new_tokens
+        if total > self.context_length:
+            raise ValueError(
+                f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                f"exceeds the context length {self.context_length}"
+            )
+        req = Request(rid=rid or f"req-{next(self._ids)}", prompt_ids=list(input_ids), params=params,
+                      stop_ids=self._stop_ids(params))
+        need = self.scheduler.worst_case_tokens(len(input_ids), params.max_new_tokens)
+        if need > self.memory.capacity:
+            raise ValueError(f"request needs {need} KV slots; the KV cache holds {self.memory.capacity}")
+        return req
+
+    def add_request(self, req: Request) -> None:
+        self.scheduler.add(req)
+
+    def abort(self, rid: str) -> Request | None:
+        return self.scheduler.abort(rid)
+
+    def step(self) -> list[Request]:
+        return self.scheduler.step()
+
+    def generate(self, prompt: str | list[str] | None = None, sampling_params: dict | list[dict] | None = None,
+                 input_ids: list[int] | list[list[int]] | None = None) -> dict | list[dict]:
+        """Run requests to completion; one dict (``output_ids``, ``text``, ``meta_info``) each."""
+        single = isinstance(prompt, str) or (input_ids is not None and input_ids and isinstance(input_ids[0], int))
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        ids = [input_ids] if single and input_ids is not None else input_ids
+        n = len(prompts) if prompts is not None else len(ids or [])
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * n
+        if len(params) != n:
+            raise ValueError(f"got {len(params)} sampling_params for {n} prompts")
+        reqs = [self.make_request(prompts[i] if prompts is not None else None,
+                                  ids[i] if ids is not None else None, params[i]) for i in range(n)]
+        for req in reqs:
+            self.add_request(req)
+        while any(not r.finished for r in reqs):
+            self.step()
+        results = [r.result(self.tokenizer) for r in reqs]
+        return results[0] if single else results

@@ -1,0 +1,68 @@
+"""Request: one generation request inside the reference host engine, and its stop conditions."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from specdec.engine.sampling import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # a stop token (EOS or stop_token_ids) was emitted
+    LENGTH = "length"  # max_new_tokens reached
+    ABORT = "abort"  # the client aborted it
+
+
+@dataclasses.dataclass
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    # tokens that end the request: EOS (unless ignore_eos) and stop_token_ids
+    stop_ids: frozenset[int]
+    # KV slots reserved for this request's worst case (admission control)
+    reserved_tokens: int = 0
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    row: int = -1  # request-pool row while running
+    kv_len: int = 0  # tokens in the KV cache (the last output token is not yet)
+    finish_reason: FinishReason | None = None
+    spec_verify_ct: int = 0
+    accept_lengths: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1]
+
+    def append(self, tokens: list[int]) -> None:
+        """Append committed tokens one by one; never one past a stop token or max_new_tokens."""
+        for token in tokens:
+            if len(self.output_ids) >= self.params.max_new_tokens:
+                self.finish_reason = FinishReason.LENGTH
+                return
+            self.output_ids.append(token)
+            if token in self.stop_ids:
+                self.finish_reason = FinishReason.STOP
+                return
+        if len(self.output_ids) >= self.params.max_new_tokens:
+            self.finish_reason = FinishReason.LENGTH
+
+    def result(self, tokenizer=None) -> dict:
+        meta = {
+            "id": self.rid,
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": len(self.output_ids),
+            "finish_reason": self.finish_reason.value if self.finish_reason else None,
+            "spec_verify_ct": self.spec_verify_ct,
+            "spec_accept_lengths": list(self.accept_lengths),
+        }
+        if self.spec_verify_ct:
+            meta["spec_accept_length"] = len(self.output_ids) / self.spec_verify_ct
+        out = {"output_ids": list(self.output_ids), "meta_info": meta}
+        if tokenizer is not None:
+            out["text"] = tokenizer.decode(self.output_ids)
+        return out

@@ -1,0 +1,192 @@
+"""Scheduler: continuous batching over the paged KV cache, with or without speculation.
+
+Each ``step`` runs one batch: a prefill of newly admitted requests when there are any, otherwise
+one decode step of every running request (plain: one token each; EAGLE: k + 1 tokens each).
+Requests join and leave between steps. Admission reserves a request's worst case (prompt +
+max_new_tokens + one draft tree), so a running request never runs out of KV slots mid-decode.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from specdec.engine.memory import PagedKVMemory
+from specdec.engine.model_runner import ModelRunner
+from specdec.engine.request import FinishReason, Request
+from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
+from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
+
+
+class BatchSampling:
+    """The host's per-batch sampling settings, shaped as specdec.host.SamplingInfo."""
+
+    def __init__(self, requests: list[Request], device, generator: torch.Generator | None) -> None:
+        self.batch = SamplingBatch.from_params([r.params for r in requests], device)
+        self.is_all_greedy = bool(self.batch.all_greedy)
+        self.generator = generator
+
+    def probs(self, logits: torch.Tensor, row_to_request: torch.Tensor) -> torch.Tensor:
+        return probs_from_logits(logits, self.batch, row_to_request)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        return sample(logits, self.batch, generator=self.generator)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        memory: PagedKVMemory,
+        *,
+        worker=None,
+        max_running_requests: int,
+        tree_tokens: int,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.runner = runner
+        self.memory = memory
+        self.worker = worker
+        self.max_running_requests = max_running_requests
+        # KV positions a decode step may hold beyond the committed ones (a whole draft tree)
+        self.tree_tokens = tree_tokens
+        self.generator = generator
+        self.device = memory.req_to_token.device
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.reserved = 0
+
+    # ------------------------------------------------------------ bookkeeping
+    def worst_case_tokens(self, prompt_len: int, max_new_tokens: int) -> int:
+        page = self.memory.page_size
+        need = prompt_len + max_new_tokens + self.tree_tokens
+        return -(-need // page) * page + page
+
+    def add(self, req: Request) -> None:
+        req.reserved_tokens = self.worst_case_tokens(len(req.prompt_ids), req.params.max_new_tokens)
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> Request | None:
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finish_reason = FinishReason.ABORT
+                return req
+        for req in self.running:
+            if req.rid == rid:
+                req.finish_reason = FinishReason.ABORT
+                self._release([req])
+                return req
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _release(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            self.memory.free_request_tokens(req.row, req.kv_len)
+            self.memory.free_req(req.row)
+            self.reserved -= req.reserved_tokens
+            req.row = -1
+            req.kv_len = 0
+        done = {id(r) for r in reqs}
+        self.running = [r for r in self.running if id(r) not in done]
+
+    def _admit(self) -> list[Request]:
+        admitted = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
+            req = self.waiting[0]
+            if self.reserved + req.reserved_tokens > self.memory.capacity:
+                break
+            self.waiting.popleft()
+            req.row = self.memory.alloc_req()
+            self.reserved += req.reserved_tokens
+            admitted.append(req)
+        return admitted
+
+    # ------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """Run one batch; returns the requests that finished in it."""
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted)
+            batch = admitted
+        elif self.running:
+            batch = list(self.running)
+            self._decode(batch)
+        else:
+            return []
+        finished = [r for r in batch if r.finished]
+        self._release(finished)
+        return finished
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        device = self.device
+        lens = [len(r.prompt_ids) for r in reqs]
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=device)
+        zeros = torch.zeros(len(reqs), dtype=torch.int64, device=device)
+        extend_lens = torch.tensor(lens, dtype=torch.int64, device=device)
+        out_cache_loc = self.memory.alloc_extend(rows, zeros, extend_lens)
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=torch.tensor([t for r in reqs for t in r.prompt_ids], dtype=torch.int64, device=device),
+            positions=torch.cat([torch.arange(n, device=device) for n in lens]),
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=rows,
+            prefix_lens=zeros,
+            extend_lens=extend_lens,
+            req_to_token=self.memory.req_to_token,
+            kv_cache=self.runner.kv_cache,
+            attn_backend=self.runner.attn_backend,
+            logits_mode=LogitsMode.LAST,
+            capture_hidden_mode=CaptureHiddenMode.FULL if self.worker else CaptureHiddenMode.NULL,
+            prefix_lens_cpu=[0] * len(reqs),
+            extend_lens_cpu=lens,
+        )
+        sampling = BatchSampling(reqs, device, self.generator)
+        if self.worker is not None:
+            next_ids = self.worker.prefill(batch, sampling)
+        else:
+            next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)
+        for req, n, token in zip(reqs, lens, next_ids.tolist()):
+            req.kv_len = n
+            req.append([token])
+        self.running.extend(reqs)
+
+    def _decode(self, reqs: list[Request]) -> None:
+        device = self.device
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=device)
+        seq_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=device)
+        last = torch.tensor([r.last_token for r in reqs], dtype=torch.int64, device=device)
+        sampling = BatchSampling(reqs, device, self.generator)
+        if self.worker is not None:
+            out = self.worker.decode(rows, seq_lens, last, sampling)
+            for req, tokens, kv_len, k in zip(reqs, out.tokens, out.seq_lens.tolist(), out.accept_lengths):
+                req.kv_len = kv_len
+                req.spec_verify_ct += 1
+                req.accept_lengths.append(k)
+                req.append(tokens)
+            return
+        ones = torch.ones(len(reqs), dtype=torch.int64, device=device)
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=last,
+            positions=seq_lens,
+            out_cache_loc=self.memory.alloc_extend(rows, seq_lens, ones),
+            req_pool_indices=rows,
+            prefix_lens=seq_lens,
+            extend_lens=ones,
+            req_to_token=self.memory.req_to_token,
+            kv_cache=self.runner.kv_cache,
+            attn_backend=self.runner.attn_backend,
+            logits_mode=LogitsMode.LAST,
+            prefix_lens_cpu=[r.kv_len for r in reqs],
+            extend_lens_cpu=[1] * len(reqs),
+        )
+        next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)
+        for req, token in zip(reqs, next_ids.tolist()):
+            req.kv_len += 1
+            req.append([token])

@@ -1,0 +1,77 @@
+"""Shared builders for end-to-end tests: tiny models, engines, and plain-greedy references."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.engine.engine import Engine
+from specdec.models.testing import make_perfect_draft_pair, make_random_eagle3_head, make_random_eagle_head, \
+    make_random_target, tiny_llama_config
+from specdec.models.llama import default_eagle3_layers
+
+# (num_steps, topk, num_draft_tokens) of the core issue
+TREE_SHAPES = [(1, 1, 2), (3, 1, 4), (5, 4, 8), (4, 8, 32), (6, 10, 60)]
+
+
+@torch.no_grad()
+def perturb_target(target, scale: float, seed: int):
+    """Give a perfect-draft target real attention and MLP, so the draft is right only sometimes."""
+    gen = torch.Generator().manual_seed(seed)
+    for layer in target.model.layers:
+        for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+            noise = torch.randn(w.shape, generator=gen) * scale / w.shape[-1] ** 0.5
+            w.copy_(noise.to(w.dtype))
+    return target
+
+
+@torch.no_grad()
+def sharpen(target, draft, factor: float) -> None:
+    """Scale target and draft logits alike: argmaxes stay, the draft becomes confident.
+
+    A perfect draft must also be confident for the tree to keep its whole greedy path: the tree
+    keeps the N-1 best cumulative scores, and a flat draft lets shallow siblings outrank deep
+    path nodes. The fixture's smallest top-2 logit gap is ~0.004, so x2000 makes top-1 > 0.98.
+    """
+    target.lm_head_weight.mul_(factor)
+    own_head = getattr(draft, "lm_head", None)
+    if own_head is not None and own_head.weight.data_ptr() != target.lm_head_weight.data_ptr():
+        own_head.weight.mul_(factor)
+
+
+def make_pair(algorithm: str, kind: str, *, dtype=torch.float32, seed=0, **config_overrides):
+    """kind: 'random' (draft rarely right), 'perfect' (always right), 'mixed' (often right)."""
+    config = tiny_llama_config(**config_overrides)
+    if kind == "random":
+        aux = default_eagle3_layers(config.num_hidden_layers) if algorithm == "EAGLE3" else None
+        target = make_random_target(config, seed, dtype, aux_hidden_layers=aux)
+        if algorithm == "EAGLE3":
+            return target, make_random_eagle3_head(target, seed + 1, draft_vocab_size=config.vocab_size - 20)
+        return target, make_random_eagle_head(target, seed + 1)
+    target, draft = make_perfect_draft_pair(config, algorithm, seed=seed, dtype=dtype)
+    if kind == "perfect":
+        sharpen(target, draft, 2000.0)
+    if kind == "mixed":
+        perturb_target(target, 0.6, seed + 3)
+    return target, draft
+
+
+def engine(target, draft=None, *, algorithm=None, shape=None, page_size=1, **kw) -> Engine:
+    spec = {}
+    if draft is not None:
+        steps, topk, ntok = shape
+        spec = dict(speculative_algorithm=algorithm, speculative_num_steps=steps,
+                    speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok)
+    kw.setdefault("max_total_tokens", 8192)
+    kw.setdefault("max_running_requests", 16)
+    return Engine(target_model=target, draft_model=draft, page_size=page_size, **spec, **kw)
+
+
+def prompts_of(lengths, vocab, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def assert_no_leak(eng: Engine) -> None:
+    assert not eng.scheduler.running and not eng.scheduler.waiting
+    assert eng.memory.available_size() == eng.memory.capacity
+    assert eng.scheduler.reserved == 0

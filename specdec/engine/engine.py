@@ -8,8 +8,6 @@
 from __future__ import annotations
 
 import itertools
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,15 +33,6 @@ def _parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype not in table:
         raise ValueError(f"--dtype: unknown dtype {dtype!r}; choose one of {', '.join(table)}")
     return table[dtype]
-
-
-def _eagle3_aux_layers(draft_path: str, num_layers: int) -> tuple[int, ...]:
-    from specdec.models.llama import default_eagle3_layers
-
-    cfg_file = Path(draft_path) / "config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return tuple(ids) if ids else tuple(default_eagle3_layers(num_layers))
 
 
 class Engine:
@@ -72,7 +61,7 @@ class Engine:
         tokenizer: Any = None,
     ) -> None:
         """Load a target (``model_path``) or take one built in memory (``target_model``)."""
-        from specdec.models.loaders import load_draft_head, load_target, read_num_layers
+        from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers
         from specdec.models.tokenizer import load_tokenizer
 
         torch_dtype = _parse_dtype(dtype, device)
@@ -95,7 +84,7 @@ class Engine:
                 raise ValueError("--model-path is required")
             aux = None
             if self.spec_config is not None and self.spec_config.is_eagle3 and draft_model is None:
-                aux = _eagle3_aux_layers(speculative_draft_model_path, read_num_layers(model_path))
+                aux = draft_aux_hidden_layers(speculative_draft_model_path, read_num_layers(model_path))
             target_model = load_target(model_path, dtype=torch_dtype, device=device, aux_hidden_layers=aux)
             if tokenizer is None:
                 tokenizer = load_tokenizer(model_path)

@@ -1,0 +1,100 @@
+"""EAGLE-1/2 draft head (checkpoint architecture ``LlamaForCausalLMEagle``, SGLang ``llama_eagle.py``).
+
+    x      = fc(cat(embed(token), hidden))        fc: Linear(2H -> H, bias=True)
+    x      = decoder layers (layer 0's input norm is the identity)
+    logits = lm_head(x)                            no final norm; lm_head shared with the target
+
+``hidden`` is the target's final normed hidden state at the previous position for the first draft
+step, then the head's own output ``x`` (which this forward returns as ``hidden_states``).
+Checkpoint weight names: ``fc.weight``, ``fc.bias``, ``layers.{i}.self_attn.q_proj.weight``, ...,
+``layers.{i}.post_attention_layernorm.weight`` (no ``layers.0.input_layernorm``), and optionally
+``embed_tokens.weight`` (then the head uses its own embedding instead of the target's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.forward import ForwardBatch, LogitsOutput
+from specdec.models.llama import KVLayout, LlamaConfig, LlamaDecoderLayer, logits_and_hidden
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedWeights:
+    """Target weights a draft head reads but does not own (not registered, never saved).
+
+    NOTE: holding the Parameter / Module objects (not their data) keeps the sharing intact when
+    the target is later moved with ``.to()``.
+    """
+
+    embed_tokens: nn.Embedding | None
+    # [vocab, H]
+    lm_head_weight: torch.Tensor | None
+
+
+class EagleDraftModel(nn.Module):
+    architecture = "LlamaForCausalLMEagle"
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        embed_tokens: nn.Embedding | None,
+        lm_head_weight: torch.Tensor,
+        own_embedding: bool = False,
+        fc_bias: bool = True,
+        dtype: torch.dtype = torch.float32,
+        device: Any = "cpu",
+    ) -> None:
+        """``embed_tokens`` / ``lm_head_weight`` come from the target; ``own_embedding`` gives the
+        head its own ``embed_tokens`` (when its checkpoint has one) instead of the target's."""
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(config.vocab_size, h, dtype=dtype, device=device)
+        elif embed_tokens is None:
+            raise ValueError("EagleDraftModel needs the target's embed_tokens unless own_embedding=True")
+        self.shared = SharedWeights(None if own_embedding else embed_tokens, lm_head_weight)
+        self.fc = nn.Linear(2 * h, h, bias=fc_bias, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, dtype=dtype, device=device, input_norm=i != 0)
+            for i in range(config.num_hidden_layers)
+        )
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.shared.embed_tokens if self.shared.embed_tokens is not None else self.embed_tokens
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [vocab, H]
+        return self.shared.lm_head_weight
+
+    @property
+    def hidden_feature_size(self) -> int:
+        """Features per token this head reads from the target (the final hidden state)."""
+        return self.config.hidden_size
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        c = self.config
+        return KVLayout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+
+    def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        hidden_in = batch.spec_hidden_states  # [T, H]
+        if hidden_in is None:
+            raise ValueError("EAGLE draft forward needs batch.spec_hidden_states")
+        e = self.embedding(batch.input_ids)  # [T, H]
+        if hidden_in.shape != e.shape:
+            raise ValueError(
+                f"EAGLE draft: spec_hidden_states has shape {tuple(hidden_in.shape)}, expected {tuple(e.shape)}"
+            )
+        h = self.fc(torch.cat([e, hidden_in.to(e.dtype)], dim=-1))
+        if batch.num_tokens > 0:
+            for layer in self.layers:
+                h = layer(batch.positions, h, batch)
+        return logits_and_hidden(h, h, self.lm_head_weight, batch)

@@ -1,0 +1,134 @@
+"""EAGLE-3 draft head (checkpoint architecture ``LlamaForCausalLMEagle3``, SGLang ``llama_eagle3.py``).
+
+    h      = fc(hidden) if hidden has 3H features (the target's captured layers) else hidden
+    a      = attn(cat(input_layernorm(embed(token)), hidden_norm(h)))     q/k/v read 2H features
+    h      = h + a
+    h      = h + mlp(post_attention_layernorm(h))          <- returned hidden (next step's input)
+    logits = lm_head(norm(h))                              over the draft vocab
+
+Draft ids map to target ids through ``d2t``: ``target = draft + d2t[draft]``; ``t2d[target]`` says
+whether a target id is in the draft vocab. Checkpoint names: ``fc.weight``, ``midlayer.*``,
+``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` (and optionally ``embed_tokens.weight``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.forward import ForwardBatch, LogitsOutput
+from specdec.models.eagle import SharedWeights
+from specdec.models.llama import KVLayout, LlamaAttention, LlamaConfig, LlamaMLP, RMSNorm, logits_and_hidden
+
+
+class Eagle3MidLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
+        self.hidden_norm = RMSNorm(h, eps, dtype=dtype, device=device)
+        # SGLang builds the 2H-input qkv without bias whatever the config says.
+        self.self_attn = LlamaAttention(config, 0, dtype=dtype, device=device, in_features=2 * h, qkv_bias=False)
+        self.post_attention_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
+        self.mlp = LlamaMLP(config, dtype=dtype, device=device)
+
+    def forward(
+        self, positions: torch.Tensor, embeds: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)  # [T, 2H]
+        h = h + self.self_attn(positions, x, batch)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3DraftModel(nn.Module):
+    architecture = "LlamaForCausalLMEagle3"
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        aux_hidden_layers: tuple[int, ...],
+        embed_tokens: nn.Embedding | None,
+        draft_vocab_size: int | None = None,
+        target_hidden_size: int | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+        own_embedding: bool = False,
+        fc_bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: Any = "cpu",
+    ) -> None:
+        """``aux_hidden_layers``: the target capture indices this head was trained on (see llama.py).
+        ``lm_head_weight``: share the target's lm_head instead of owning one (then the draft vocab
+        is the full vocab). ``own_embedding``: use a checkpoint embedding instead of the target's."""
+        super().__init__()
+        if config.num_hidden_layers != 1:
+            raise ValueError(f"EAGLE-3 draft: num_hidden_layers={config.num_hidden_layers} is not supported (only 1)")
+        self.config = config
+        h, vocab = config.hidden_size, config.vocab_size
+        self.draft_vocab_size = int(draft_vocab_size or vocab)
+        if lm_head_weight is not None and self.draft_vocab_size != vocab:
+            raise ValueError(
+                f"EAGLE-3 draft: a shared lm_head needs draft_vocab_size={self.draft_vocab_size} == vocab_size={vocab}"
+            )
+        self.target_hidden_size = int(target_hidden_size or h)
+        self.aux_hidden_layers = tuple(aux_hidden_layers)
+        kw = dict(dtype=dtype, device=device)
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(vocab, h, **kw)
+        elif embed_tokens is None:
+            raise ValueError("Eagle3DraftModel needs the target's embed_tokens unless own_embedding=True")
+        self.shared = SharedWeights(None if own_embedding else embed_tokens, lm_head_weight)
+        self.fc = nn.Linear(len(self.aux_hidden_layers) * self.target_hidden_size, h, bias=fc_bias, **kw)
+        self.midlayer = Eagle3MidLayer(config, **kw)
+        self.norm = RMSNorm(h, config.rms_norm_eps, **kw)
+        if lm_head_weight is None:
+            self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False, **kw)
+        # [draft_vocab] target_id - draft_id; [vocab] True where the target id is in the draft vocab
+        self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64, device=device))
+        self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool, device=device))
+        if self.draft_vocab_size == vocab:
+            self.t2d.fill_(True)
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.shared.embed_tokens if self.shared.embed_tokens is not None else self.embed_tokens
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:  # [draft_vocab, H]
+        return self.shared.lm_head_weight if self.shared.lm_head_weight is not None else self.lm_head.weight
+
+    @property
+    def hidden_feature_size(self) -> int:
+        """Features per token this head reads from the target (the concatenated captured layers)."""
+        return self.fc.in_features
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        c = self.config
+        return KVLayout(1, c.num_key_value_heads, c.head_dim)
+
+    def map_draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids -> target-vocab ids (``ids + d2t[ids]``), any shape."""
+        return ids + self.d2t[ids]
+
+    def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        hidden_in = batch.spec_hidden_states  # [T, 3H] from the target or [T, H] from this head
+        if hidden_in is None:
+            raise ValueError("EAGLE-3 draft forward needs batch.spec_hidden_states")
+        e = self.embedding(batch.input_ids)  # [T, H]
+        hidden_in = hidden_in.to(e.dtype)
+        features = hidden_in.shape[-1]
+        if features == self.config.hidden_size:
+            h = hidden_in
+        elif features == self.fc.in_features:
+            h = self.fc(hidden_in)
+        else:
+            raise ValueError(
+                f"EAGLE-3 draft: spec_hidden_states has {features} features; expected "
+                f"{self.fc.in_features} (target layers) or {self.config.hidden_size} (own output)"
+            )
+        if batch.num_tokens > 0:
+            h = self.midlayer(batch.positions, e, h, batch)
+        return logits_and_hidden(self.norm(h), h, self.lm_head_weight, batch)

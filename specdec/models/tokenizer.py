@@ -1,0 +1,115 @@
+"""Tokenizers: SentencePiece (llama2.c's ``tok512.model``) and HF ``tokenizer.json``.
+
+Both give the same small interface: ``encode(text, add_bos=True)``, ``decode(ids)``,
+``bos_token_id``, ``eos_token_id``, ``vocab_size``. Optional packages are imported only when used.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_id: int | None
+    vocab_size: int
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def _require(package: str, extra: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError as e:
+        raise ImportError(f"{extra} needs the package {package!r}; install it with `pip install {package}`") from e
+
+
+class SentencePieceTokenizer:
+    def __init__(self, model_file: str | Path) -> None:
+        spm = _require("sentencepiece", f"the tokenizer {model_file}")
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        self.vocab_size = int(self.sp.get_piece_size())
+        self.bos_token_id = self.sp.bos_id() if self.sp.bos_id() >= 0 else None
+        self.eos_token_id = self.sp.eos_id() if self.sp.eos_id() >= 0 else None
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = list(self.sp.encode(text))
+        return ([self.bos_token_id] if add_bos and self.bos_token_id is not None else []) + ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+
+class HFTokenizer:
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        tokenizers = _require("tokenizers", f"the tokenizer {directory / 'tokenizer.json'}")
+        self.tok = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
+        meta = _read_json(directory / "tokenizer_config.json")
+        cfg = _read_json(directory / "config.json")
+        self.bos_token_id = self._special_id(meta.get("bos_token"), cfg.get("bos_token_id"))
+        eos = cfg.get("eos_token_id")
+        self.eos_token_id = self._special_id(meta.get("eos_token"), eos[0] if isinstance(eos, list) else eos)
+        self.add_bos = bool(meta.get("add_bos_token", self.bos_token_id is not None))
+
+    def _special_id(self, token: Any, fallback: int | None) -> int | None:
+        if isinstance(token, dict):
+            token = token.get("content")
+        if isinstance(token, str):
+            tid = self.tok.token_to_id(token)
+            if tid is not None:
+                return int(tid)
+        return fallback
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = list(self.tok.encode(text, add_special_tokens=False).ids)
+        if add_bos and self.add_bos and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def _sentencepiece_next_to(bin_file: Path) -> Path | None:
+    """llama2.c keeps ``tok{vocab}.model`` (or ``tokenizer.model``) next to the checkpoint."""
+    vocab = abs(int(np.fromfile(bin_file, dtype=np.int32, count=7)[5]))
+    for name in (f"tok{vocab}.model", "tokenizer.model"):
+        if (bin_file.parent / name).is_file():
+            return bin_file.parent / name
+    return None
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer | None:
+    """The tokenizer of a model path (HF directory, llama2.c ``.bin``) or a tokenizer file itself.
+
+    Returns None when the model has no tokenizer next to it.
+    """
+    path = Path(path)
+    if path.is_file():
+        if path.suffix == ".model":
+            return SentencePieceTokenizer(path)
+        if path.name == "tokenizer.json":
+            return HFTokenizer(path.parent)
+        if path.suffix == ".bin":
+            sp = _sentencepiece_next_to(path)
+            return SentencePieceTokenizer(sp) if sp is not None else None
+        raise ValueError(f"{path}: not a tokenizer (.model / tokenizer.json) or a llama2.c .bin")
+    if (path / "tokenizer.json").is_file():
+        return HFTokenizer(path)
+    if (path / "tokenizer.model").is_file():
+        return SentencePieceTokenizer(path / "tokenizer.model")
+    return None

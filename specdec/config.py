@@ -49,6 +49,8 @@ class SpecConfig:
     accept_threshold_single: float = 1.0
     accept_threshold_acc: float = 1.0
     token_map: str | None = None
+    # decode batches with more requests than this run without speculation (None: always speculate)
+    batch_size_threshold: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, SpecAlgorithm):
@@ -68,6 +70,8 @@ class SpecConfig:
                 "--speculative-eagle-topk=1 is a chain: --speculative-num-draft-tokens must be "
                 f"--speculative-num-steps + 1 = {self.num_steps + 1}, got {self.num_draft_tokens}"
             )
+        if self.batch_size_threshold is not None:
+            _check_int("--speculative-batch-size-threshold", self.batch_size_threshold, low=0)
         for flag, value in (
             ("--speculative-accept-threshold-single", self.accept_threshold_single),
             ("--speculative-accept-threshold-acc", self.accept_threshold_acc),
@@ -95,6 +99,7 @@ class SpecConfig:
         speculative_accept_threshold_single: float = 1.0,
         speculative_accept_threshold_acc: float = 1.0,
         speculative_token_map: str | None = None,
+        speculative_batch_size_threshold: int | None = None,
     ) -> "SpecConfig":
         """Resolve SGLang's flag semantics: all three unset -> (5, 4, 8); topk=1 -> chain."""
         steps, topk, ntok = speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens
@@ -116,6 +121,7 @@ class SpecConfig:
             accept_threshold_single=speculative_accept_threshold_single,
             accept_threshold_acc=speculative_accept_threshold_acc,
             token_map=speculative_token_map,
+            batch_size_threshold=speculative_batch_size_threshold,
         )
 
 

@@ -52,4 +52,8 @@ def resolve_head(
         )
     if target_aux_layers:
         raise ValueError("EAGLE: the target must capture its final hidden state, not auxiliary layers")
+    hot = getattr(draft_model, "hot_token_ids", None)
+    if hot is not None:  # EAGLE-2 reduced vocabulary (--speculative-token-map)
+        hot = hot.to(torch.int64)
+        return DraftHeadAdapter(hidden_size, lambda ids: hot[ids])
     return DraftHeadAdapter(hidden_size, lambda ids: ids)

@@ -150,6 +150,43 @@ class EAGLEWorker:
             accept_lengths=[c - 1 for c in commit.num_committed],
         )
 
+    def decode_plain(
+        self,
+        req_pool_indices: torch.Tensor,  # [bs]
+        seq_lens: torch.Tensor,  # [bs]
+        verified_ids: torch.Tensor,  # [bs]
+        sampling: SamplingInfo,
+    ) -> DecodeOutput:
+        """One target token per request without a draft tree; the draft cache is kept in step.
+
+        Used when speculation is off for these requests (per request, or above the batch-size
+        threshold): the target decodes the root, then the draft head extends over the one
+        committed token, so the requests can speculate again in any later step.
+        """
+        bs = int(req_pool_indices.shape[0])
+        ones = torch.ones(bs, dtype=torch.int64, device=seq_lens.device)
+        out_cache_loc = self.memory.alloc_extend(req_pool_indices, seq_lens, ones)
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=verified_ids,
+            positions=seq_lens,
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=req_pool_indices,
+            prefix_lens=seq_lens,
+            extend_lens=ones,
+            req_to_token=self.memory.req_to_token,
+            kv_cache=self.target.kv_cache,
+            attn_backend=self.target.attn_backend,
+            logits_mode=LogitsMode.LAST,
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+            extend_lens_cpu=[1] * bs,
+        )
+        out = self.target.forward(batch)
+        next_ids = sampling.sample(out.next_token_logits)
+        self._draft_extend(next_ids, out.hidden_states, seq_lens, out_cache_loc,
+                           req_pool_indices, seq_lens, [1] * bs)
+        return DecodeOutput(tokens=[[t] for t in next_ids.tolist()], seq_lens=seq_lens + 1, accept_lengths=[0] * bs)
+
     def _target_verify(self, req_pool_indices, seq_lens, seq_lens_cpu, tree) -> tuple[torch.Tensor, torch.Tensor]:
         bs, n = int(req_pool_indices.shape[0]), self.config.num_draft_tokens
         extend_lens = torch.full((bs,), n, dtype=torch.int64, device=seq_lens.device)

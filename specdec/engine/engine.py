@@ -48,6 +48,7 @@ class Engine:
         speculative_accept_threshold_single: float = 1.0,
         speculative_accept_threshold_acc: float = 1.0,
         speculative_token_map: str | None = None,
+        speculative_batch_size_threshold: int | None = None,
         attention_backend: str = "torch_native",
         page_size: int = 1,
         device: str = "cpu",
@@ -76,6 +77,7 @@ class Engine:
                 speculative_accept_threshold_single=speculative_accept_threshold_single,
                 speculative_accept_threshold_acc=speculative_accept_threshold_acc,
                 speculative_token_map=speculative_token_map,
+                speculative_batch_size_threshold=speculative_batch_size_threshold,
             )
             if draft_model is None and speculative_draft_model_path is None:
                 raise ValueError("--speculative-draft-model-path is required with --speculative-algorithm")
@@ -90,7 +92,8 @@ class Engine:
                 tokenizer = load_tokenizer(model_path)
         if self.spec_config is not None and draft_model is None:
             draft_model = load_draft_head(
-                speculative_draft_model_path, target_model, dtype=torch_dtype, device=device
+                speculative_draft_model_path, target_model, dtype=torch_dtype, device=device,
+                token_map=speculative_token_map,
             )
         self.tokenizer = tokenizer
         self.target_model = target_model

@@ -44,6 +44,9 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # specdec extension: False decodes this request without speculation (its draft cache is
+    # still kept in step, so it can be switched back on by a later request of the same kind)
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         _check_float("temperature", self.temperature)
@@ -74,6 +77,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"sampling_params.ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.speculative, bool):
+            raise ValueError(f"sampling_params.speculative must be a bool, got {self.speculative!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":

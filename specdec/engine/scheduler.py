@@ -157,19 +157,38 @@ class Scheduler:
         self.running.extend(reqs)
 
     def _decode(self, reqs: list[Request]) -> None:
-        device = self.device
-        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=device)
-        seq_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64, device=device)
-        last = torch.tensor([r.last_token for r in reqs], dtype=torch.int64, device=device)
-        sampling = BatchSampling(reqs, device, self.generator)
-        if self.worker is not None:
-            out = self.worker.decode(rows, seq_lens, last, sampling)
-            for req, tokens, kv_len, k in zip(reqs, out.tokens, out.seq_lens.tolist(), out.accept_lengths):
-                req.kv_len = kv_len
+        if self.worker is None:
+            self._decode_plain(reqs)
+            return
+        threshold = self.worker.config.batch_size_threshold
+        speculate = threshold is None or len(reqs) <= threshold
+        spec = [r for r in reqs if speculate and r.params.speculative]
+        plain = [r for r in reqs if not (speculate and r.params.speculative)]
+        if spec:
+            self._decode_with_worker(spec, self.worker.decode, speculative=True)
+        if plain:
+            self._decode_with_worker(plain, self.worker.decode_plain, speculative=False)
+
+    def _decode_inputs(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[bs] request rows, tokens in KV, and last committed tokens."""
+        def column(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        return column([r.row for r in reqs]), column([r.kv_len for r in reqs]), column([r.last_token for r in reqs])
+
+    def _decode_with_worker(self, reqs: list[Request], step, *, speculative: bool) -> None:
+        rows, seq_lens, last = self._decode_inputs(reqs)
+        out = step(rows, seq_lens, last, BatchSampling(reqs, self.device, self.generator))
+        for req, tokens, kv_len, k in zip(reqs, out.tokens, out.seq_lens.tolist(), out.accept_lengths):
+            req.kv_len = kv_len
+            if speculative:
                 req.spec_verify_ct += 1
                 req.accept_lengths.append(k)
-                req.append(tokens)
-            return
+            req.append(tokens)
+
+    def _decode_plain(self, reqs: list[Request]) -> None:
+        device = self.device
+        rows, seq_lens, last = self._decode_inputs(reqs)
         ones = torch.ones(len(reqs), dtype=torch.int64, device=device)
         batch = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
@@ -186,7 +205,7 @@ class Scheduler:
             prefix_lens_cpu=[r.kv_len for r in reqs],
             extend_lens_cpu=[1] * len(reqs),
         )
-        next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)
+        next_ids = BatchSampling(reqs, device, self.generator).sample(self.runner.forward(batch).next_token_logits)
         for req, token in zip(reqs, next_ids.tolist()):
             req.kv_len += 1
             req.append([token])

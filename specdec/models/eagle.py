@@ -47,11 +47,16 @@ class EagleDraftModel(nn.Module):
         lm_head_weight: torch.Tensor,
         own_embedding: bool = False,
         fc_bias: bool = True,
+        hot_token_ids: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         device: Any = "cpu",
     ) -> None:
         """``embed_tokens`` / ``lm_head_weight`` come from the target; ``own_embedding`` gives the
-        head its own ``embed_tokens`` (when its checkpoint has one) instead of the target's."""
+        head its own ``embed_tokens`` (when its checkpoint has one) instead of the target's.
+
+        ``hot_token_ids`` ([draft_vocab] target ids, EAGLE-2's ``--speculative-token-map``): the
+        head predicts over these tokens only; ``lm_head_weight`` then holds just their rows.
+        """
         super().__init__()
         self.config = config
         h = config.hidden_size
@@ -61,6 +66,10 @@ class EagleDraftModel(nn.Module):
             raise ValueError("EagleDraftModel needs the target's embed_tokens unless own_embedding=True")
         self.shared = SharedWeights(None if own_embedding else embed_tokens, lm_head_weight)
         self.fc = nn.Linear(2 * h, h, bias=fc_bias, dtype=dtype, device=device)
+        if hot_token_ids is not None and hot_token_ids.shape[0] != lm_head_weight.shape[0]:
+            raise ValueError("hot_token_ids and lm_head_weight rows differ")
+        # not part of the checkpoint format: it comes from the token-map file
+        self.register_buffer("hot_token_ids", hot_token_ids, persistent=False)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype=dtype, device=device, input_norm=i != 0)
             for i in range(config.num_hidden_layers)

@@ -271,8 +271,13 @@ def load_draft_head(
     *,
     dtype: torch.dtype = torch.float32,
     device: Any = "cpu",
+    token_map: str | Path | None = None,
 ) -> DraftModel:
-    """An EAGLE-1/2 or EAGLE-3 head from a checkpoint directory, sharing ``target``'s weights."""
+    """An EAGLE-1/2 or EAGLE-3 head from a checkpoint directory, sharing ``target``'s weights.
+
+    ``token_map`` (EAGLE-1/2 only): a torch file holding the [draft_vocab] target ids the head
+    may propose (SGLang's ``--speculative-token-map``); its lm_head keeps just those rows.
+    """
     path = Path(path)
     cfg = _read_config(path)
     state = read_state_dict(path)
@@ -296,15 +301,30 @@ def load_draft_head(
         state.pop("lm_head.weight", None)  # EAGLE-1 heads use the target's lm_head (as SGLang does)
         # An EAGLE-1 head reads the target's final hidden state, not captured layer inputs.
         _check(path, "aux_hidden_layers", None, target.aux_hidden_layers)
+        hot = load_token_map(token_map, tc.vocab_size) if token_map is not None else None
+        lm_head = target.lm_head_weight if hot is None else target.lm_head_weight[hot.to(target.lm_head_weight.device)]
         with torch.device("meta"):
             model: DraftModel = EagleDraftModel(
-                config, embed_tokens=target.embed_tokens, lm_head_weight=target.lm_head_weight,
+                config, embed_tokens=target.embed_tokens, lm_head_weight=lm_head,
                 own_embedding=own_embedding, fc_bias=True, dtype=dtype, device="meta",
+                hot_token_ids=None if hot is None else hot.to(device),  # a real tensor: not in state
             )
     else:
+        if token_map is not None:
+            raise ValueError("--speculative-token-map applies to EAGLE heads; an EAGLE-3 head carries its own d2t map")
         model = _build_eagle3(path, cfg, config, state, target, own_embedding, dtype)
     _assign(model, state, what=f"draft head {path}", dtype=dtype, device=device)
     return model.eval()
+
+
+def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
+    """[draft_vocab] int64 target ids from a token-map file (a saved tensor or list of ids)."""
+    ids = torch.as_tensor(torch.load(Path(path), map_location="cpu", weights_only=True), dtype=torch.int64).flatten()
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(f"--speculative-token-map {path}: ids must be a non-empty list in [0, {vocab_size})")
+    if torch.unique(ids).numel() != ids.numel():
+        raise ValueError(f"--speculative-token-map {path}: ids must be distinct")
+    return ids
 
 
 def _build_eagle3(

@@ -38,6 +38,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, default_model: str | Non
     s.add_argument("--speculative-accept-threshold-acc", type=float, default=1.0,
                    help="divide the accumulated acceptance probability by this (1.0 = lossless)")
     s.add_argument("--speculative-token-map", default=None, help="reduced draft vocabulary file (EAGLE-2 style)")
+    s.add_argument("--speculative-batch-size-threshold", type=int, default=None,
+                   help="decode without speculation while more than this many requests run "
+                   "(the draft cache stays in step); default: always speculate")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -58,5 +61,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             speculative_accept_threshold_single=args.speculative_accept_threshold_single,
             speculative_accept_threshold_acc=args.speculative_accept_threshold_acc,
             speculative_token_map=args.speculative_token_map,
+            speculative_batch_size_threshold=args.speculative_batch_size_threshold,
         )
     return kwargs

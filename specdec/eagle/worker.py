@@ -86,7 +86,7 @@ class EAGLEWorker:
             dtype=weight.dtype,
             device=weight.device,
         )
-        self.max_running_requests = max_running_requests
+        self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
 
     # ---------------------------------------------------------------- prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo) -> torch.Tensor:
@@ -116,6 +116,8 @@ class EAGLEWorker:
     ) -> DecodeOutput:
         cfg = self.config
         bs, n = int(req_pool_indices.shape[0]), cfg.num_draft_tokens
+        if bs > self.max_batch_size:
+            raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
         seq_lens_cpu = seq_lens.tolist()
         parent_list, top_index, draft_tokens = self.draft.expand(
             *self.state.load(req_pool_indices),

@@ -1,0 +1,30 @@
+"""On the GPU: greedy speculative output equals plain greedy output (every available backend)."""
+
+import pytest
+import torch
+
+from specdec.attention import available_backends
+
+from .helpers import TREE_SHAPES, assert_no_leak, engine, make_pair, prompts_of
+
+pytestmark = pytest.mark.gpu
+
+GPU_BACKENDS = [b for b in ("torch_native", "triton", "flashinfer", "fa3") if b in available_backends()]
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("shape", TREE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_lossless(backend, shape, algorithm, dtype):
+    target, draft = make_pair(algorithm, "mixed", dtype=dtype)
+    target, draft = target.to("cuda"), draft.to("cuda")
+    prompts = prompts_of([1, 9, 4, 23, 2, 15, 6], target.config.vocab_size)
+    params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in [17, 5, 30, 12, 1, 24, 9]]
+    for page_size in (1, 16):
+        kw = dict(page_size=page_size, device="cuda", attention_backend=backend)
+        expected = engine(target, **kw).generate(input_ids=prompts, sampling_params=params)
+        spec = engine(target, draft, algorithm=algorithm, shape=shape, **kw)
+        got = spec.generate(input_ids=prompts, sampling_params=params)
+        assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+        assert_no_leak(spec)

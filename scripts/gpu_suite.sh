@@ -21,6 +21,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
+  export SPECDEC_COMMIT="${SPECDEC_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}"
   for b in benchmarks/bench_kernels.py benchmarks/bench_attention.py; do
     [ -f "$b" ] && python3 "$b" --output-dir "$OUT" 2>&1 | tail -40
   done

@@ -15,6 +15,7 @@ from specdec.attention.kv_cache import KVCache
 # name -> (module, class, optional package the backend needs)
 _REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "torch_native": ("specdec.attention.torch_native", "TorchNativeBackend", None),
+    "triton": ("specdec.attention.triton_backend", "TritonBackend", "triton"),
 }
 
 

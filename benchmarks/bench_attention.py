@@ -1,0 +1,208 @@
+"""Attention microbenchmark: time per layer call of decode and target verify, per backend.
+
+Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), bf16, page_size 1 with the slots
+of every request shuffled over the cache. For bs in {1, 8, 64} and context in {512, 4096}: DECODE
+(one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes (random trees). Every
+backend runs on the same inputs in the same process; ``forward`` is timed (metadata is planned
+once per forward, outside the per-layer time), warm-up then median of CUDA-event timings.
+
+The floor is the KV bytes a call must read (K and V of every visible entry, once) divided by the
+bandwidth of a large device-to-device copy measured in the same run.
+
+    python benchmarks/bench_attention.py --output-dir benchmarks/results/attention
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from common import metadata_line, run_metadata
+from specdec.attention import AttentionLayer, KVCache, available_backends, create_attention_backend
+from specdec.forward import ForwardBatch, ForwardMode
+
+HQ, HKV, D = 32, 8, 128
+DTYPE = torch.bfloat16
+BATCH_SIZES = (1, 8, 64)
+CONTEXTS = (512, 4096)
+TREE_SIZES = (4, 8, 64)
+# torch_native materialises fp32 gathers and scores; skip it where they would pass this many bytes
+TORCH_NATIVE_MAX_BYTES = 12 * 2**30
+
+
+def copy_bandwidth(num_bytes: int = 2 * 2**30, iters: int = 10) -> float:
+    """Bytes moved per second (read + write) by a large device-to-device copy."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=3, iters=iters)
+    del src, dst
+    return 2 * num_bytes / (ms * 1e-3)
+
+
+def time_ms(fn, *, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def graph_ms(fn, *, warmup: int, iters: int) -> float:
+    """Median time of ``fn`` replayed from a CUDA graph: the GPU time without launch overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, warmup=warmup, iters=iters)
+
+
+def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
+    """[n, n] bool ancestors-and-self mask of a random tree (node i's parent is uniform in 0..i-1)."""
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
+def make_batch(mode: ForwardMode, bs: int, ctx: int, n: int, seed: int = 0):
+    """(batch, layer, q, k, v): bs requests of ``ctx`` cached tokens and ``n`` new ones each."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = bs * (ctx + n)
+    table = torch.randperm(num_slots, generator=gen).view(bs, ctx + n).to(torch.int32).cuda()
+    cache = KVCache(num_layers=1, num_slots=num_slots, num_kv_heads=HKV, head_dim=D, dtype=DTYPE, device="cuda")
+    cache.k_buffers[0].normal_()
+    cache.v_buffers[0].normal_()
+    kw = {}
+    if mode == ForwardMode.TARGET_VERIFY:
+        kw["tree_mask"] = torch.cat([random_tree_mask(n, gen).flatten() for _ in range(bs)]).cuda()
+    batch = ForwardBatch(
+        forward_mode=mode,
+        input_ids=torch.zeros(bs * n, dtype=torch.int64, device="cuda"),
+        positions=torch.zeros(bs * n, dtype=torch.int64, device="cuda"),
+        out_cache_loc=table[:, ctx:].reshape(-1).long(),
+        req_pool_indices=torch.arange(bs, device="cuda"),
+        prefix_lens=torch.full((bs,), ctx, device="cuda"),
+        extend_lens=torch.full((bs,), n, device="cuda"),
+        req_to_token=table,
+        kv_cache=cache,
+        attn_backend=None,
+        prefix_lens_cpu=[ctx] * bs,
+        extend_lens_cpu=[n] * bs,
+        **kw,
+    )
+    layer = AttentionLayer(layer_id=0, num_heads=HQ, num_kv_heads=HKV, head_dim=D, scaling=D**-0.5)
+    q = torch.randn(bs * n, HQ * D, dtype=DTYPE, device="cuda")
+    k = torch.randn(bs * n, HKV * D, dtype=DTYPE, device="cuda")
+    v = torch.randn(bs * n, HKV * D, dtype=DTYPE, device="cuda")
+    return batch, layer, q, k, v
+
+
+def torch_native_bytes(bs: int, ctx: int, n: int) -> int:
+    kv = ctx + n
+    return bs * kv * HKV * D * 4 * 2 + bs * HQ * n * kv * 4 * 3
+
+
+def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str], args) -> dict:
+    batch, layer, q, k, v = make_batch(mode, bs, ctx, n)
+    kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
+    row = {"mode": mode.name, "bs": bs, "context": ctx, "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None,
+           "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}}
+    for name in backends:
+        if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
+            row["us"][name] = None
+            continue
+        backend = create_attention_backend(name)
+        b = dataclasses.replace(batch, attn_backend=backend, attn_metadata=None)
+        backend.init_forward_metadata(b)
+        iters = args.iters if name != "torch_native" else max(3, args.iters // 5)
+        call = lambda: backend.forward(q, k, v, layer, b)  # noqa: E731
+        row["us"][name] = 1e3 * time_ms(call, warmup=args.warmup, iters=iters)
+        if name == "triton":  # forward plans nothing on the host, so it can be captured
+            row["us"]["triton_graph"] = 1e3 * graph_ms(call, warmup=args.warmup, iters=iters)
+        del b, backend
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
+    others = [b for b in backends if b != "triton"]
+    head = ["mode", "bs", "ctx", "N", "KV MB", "floor us", "triton us", "triton graph us"]
+    head += [f"{b} us" for b in others] + ["graph GB/s", "graph / floor"] + [f"{b} / triton" for b in others]
+    lines = [f"Copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s. Llama-3-8B heads (32/8/128), bf16, "
+             "page_size 1, one layer's `forward` (K/V write + attention). `us`: eager call, launch overhead "
+             "included; `graph us`: CUDA-graph replay (GPU time). `x / triton` compares eager calls; > 1 means "
+             "triton is faster.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def fmt(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    for r in rows:
+        us = r["us"]
+        t, g = us.get("triton"), us.get("triton_graph")
+        cells = [r["mode"], str(r["bs"]), str(r["context"]), fmt(r["num_draft_tokens"], "d"),
+                 f"{r['kv_bytes'] / 1e6:.1f}", f"{r['floor_us']:.1f}", fmt(t, ".1f"), fmt(g, ".1f")]
+        cells += [fmt(us.get(b), ".1f") for b in others]
+        cells += [fmt(r["kv_bytes"] / (g * 1e-6) / 1e9 if g else None, ".0f"), fmt(g / r["floor_us"] if g else None, ".2f")]
+        cells += [fmt(us[b] / t if us.get(b) and t else None, ".2f") for b in others]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results/attention"))
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_attention needs a CUDA device")
+    start = time.time()
+    args.bandwidth = copy_bandwidth()
+    backends = ["triton", "torch_native"] + [b for b in available_backends() if "flashinfer" in b]
+    cases = [(ForwardMode.DECODE, bs, ctx, 1) for bs in BATCH_SIZES for ctx in CONTEXTS]
+    cases += [(ForwardMode.TARGET_VERIFY, bs, ctx, n) for bs in BATCH_SIZES for ctx in CONTEXTS for n in TREE_SIZES]
+    try:
+        from tqdm import tqdm
+
+        cases_iter = tqdm(cases, desc="attention")
+    except ImportError:
+        cases_iter = cases
+    rows = [bench_case(*case, backends, args) for case in cases_iter]
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    result = {**run_metadata(),
+              "copy_bandwidth_bytes_per_s": args.bandwidth, "backends": backends,
+              "heads": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D}, "dtype": str(DTYPE),
+              "page_size": 1, "rows": rows, "wall_s": time.time() - start}
+    (args.output_dir / "bench_attention.json").write_text(json.dumps(result, indent=1))
+    table = markdown(rows, backends, args.bandwidth)
+    (args.output_dir / "bench_attention.md").write_text(
+        f"# Attention microbenchmark ({result['device']})\n\n{metadata_line(result)}\n\n" + table)
+    print(table)
+    print(f"wrote {args.output_dir} in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Triton attention over the paged KV cache: our own decode and extend kernels.
+
+``init_forward_metadata`` turns the batch's ``RaggedLayout`` into the int32 index arrays and host
+ints the kernels take, once per forward; ``forward`` (once per layer) only writes K/V and launches.
+One query row per sequence and no mask (DECODE, a draft decode step whose branches are sequences,
+a one-token DRAFT_EXTEND) runs the split-KV decode kernel; everything else runs the extend kernel
+(prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask).
+
+On CPU tensors the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before
+this module is imported), which is how the CPU tests run them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specdec.attention.base import AttentionBackend, AttentionLayer
+from specdec.attention.layout import build_ragged_layout
+from specdec.attention.triton_kernels import decode_attention, extend_attention
+from specdec.attention.triton_kernels.common import check_device
+from specdec.forward import ForwardBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonMetadata:
+    # [num_seqs + 1] int32 query rows of sequence s: qo_indptr[s]:qo_indptr[s+1]
+    qo_indptr: torch.Tensor
+    # [num_seqs + 1] int32 KV entries of sequence s: kv_indices[kv_indptr[s]:kv_indptr[s+1]]
+    kv_indptr: torch.Tensor
+    # [total_kv] int32 KV slots, in position order per sequence
+    kv_indices: torch.Tensor
+    # [sum_s q_s * kv_s] uint8 row-major [q_s, kv_s] per sequence; None = causal aligned to the end
+    mask: torch.Tensor | None
+    # [num_seqs + 1] int64 start of each sequence's block in ``mask``; None when mask is None
+    mask_indptr: torch.Tensor | None
+    # host ints that size grids and split plans without a device sync
+    max_q_len: int
+    max_kv_len: int
+    max_prefix_len: int
+    # every sequence has one query row and no mask: the decode kernel
+    use_decode: bool
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, *, num_splits: int | None = None) -> None:
+        """``num_splits`` forces the split-KV count (default: planned from the grid and lengths)."""
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits={num_splits}: expected >= 1 or None")
+        self.num_splits = num_splits
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        check_device(batch.input_ids.device)
+        layout = build_ragged_layout(batch)
+        prefix_lens = [kv - q for q, kv in zip(layout.q_lens, layout.kv_lens)]
+        batch.attn_metadata = TritonMetadata(
+            qo_indptr=layout.qo_indptr.to(torch.int32),
+            kv_indptr=layout.kv_indptr.to(torch.int32),
+            kv_indices=layout.kv_indices.to(torch.int32),
+            # NOTE: a bool tensor viewed as uint8 is the same bytes; the kernel tests != 0
+            mask=layout.mask.contiguous().view(torch.uint8) if layout.mask is not None else None,
+            mask_indptr=layout.mask_indptr,
+            max_q_len=max(layout.q_lens, default=0),
+            max_kv_len=max(layout.kv_lens, default=0),
+            max_prefix_len=max(prefix_lens, default=0),
+            use_decode=layout.mask is None and all(q == 1 for q in layout.q_lens),
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads * head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
+        layer: AttentionLayer,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+        md: TritonMetadata = batch.attn_metadata
+        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        batch.kv_cache.set_kv(layer.layer_id, batch.out_cache_loc, k.view(-1, hkv, d), v.view(-1, hkv, d))
+        k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
+        q3 = q.reshape(-1, hq, d)  # [num_tokens, hq, d]
+        out = torch.empty_like(q3, memory_format=torch.contiguous_format)
+        if md.use_decode:
+            # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n)
+            decode_attention(q3, k_buf, v_buf, md.kv_indptr, md.kv_indices, out,
+                             sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits)
+        else:
+            extend_attention(q3, k_buf, v_buf, md.qo_indptr, md.kv_indptr, md.kv_indices, md.mask,
+                             md.mask_indptr, out, sm_scale=layer.scaling, max_q_len=md.max_q_len,
+                             max_prefix_len=md.max_prefix_len, num_splits=self.num_splits)
+        return out.view(-1, hq * d)

@@ -1,0 +1,31 @@
+"""Triton attention kernels over the paged KV cache (GQA, fp32 accumulation).
+
+* ``decode.py`` — one query row per sequence, split-KV (flash-decoding) over the sequence's slots.
+* ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
+  causal or under an explicit mask (TARGET_VERIFY trees), optionally split over the prefix.
+* ``merge.py`` — combines split-KV partial outputs by their log-sum-exp; shared by both.
+
+Every kernel reads KV through an explicit per-sequence slot list (``kv_indptr`` / ``kv_indices``
+of a ``RaggedLayout``), so any page size works. This package imports nothing else of specdec
+except ``specdec.kernels`` (input checks).
+"""
+
+from specdec.attention.triton_kernels.decode import decode_attention, decode_attention_ref
+from specdec.attention.triton_kernels.extend import extend_attention, extend_attention_ref
+from specdec.attention.triton_kernels.merge import (
+    merge_partials,
+    merge_partials_ref,
+    plan_num_splits,
+    triton_can_run_on,
+)
+
+__all__ = [
+    "decode_attention",
+    "decode_attention_ref",
+    "extend_attention",
+    "extend_attention_ref",
+    "merge_partials",
+    "merge_partials_ref",
+    "plan_num_splits",
+    "triton_can_run_on",
+]

@@ -1,0 +1,156 @@
+"""Pieces shared by the decode and extend kernels: the online-softmax step, the split-KV plan,
+tile sizes, and whether Triton can run on a device.
+
+Scores are kept in log2 units (``q·k * sm_scale * log2(e)``) so the kernels use ``exp2``; the
+log-sum-exp a split writes is in the same units, and ``merge.py`` combines with ``exp2`` too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# a split of the KV list is at least this many entries on a GPU: below it the merge costs more
+# than the parallelism buys
+MIN_SPLIT_LEN = 256
+
+
+@triton.jit
+def mma(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """``a @ b (+ acc)`` in fp32; "upcast" multiplies in fp32 (the interpreter's bf16 dot is wrong)."""
+    if DOT_PRECISION == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif DOT_PRECISION == "ieee":
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one KV tile into the running (max, sum, acc) of each query row.
+
+    qk [M, N] fp32 log2-scaled scores, -inf where not visible; v [N, D]. A row that has seen
+    nothing visible yet keeps m = -inf, l = 0, acc = 0 (``m_safe`` avoids -inf - -inf = nan).
+    """
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, o_mask, row_mask, DIRECT: tl.constexpr):
+    """Write normalised rows: straight to the output (DIRECT), or as a split's partial + lse."""
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if DIRECT:
+        tl.store(o_ptrs, out.to(o_ptrs.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(o_ptrs, out, mask=o_mask)
+        tl.store(lse_ptrs, tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf")), mask=row_mask)
+
+
+def triton_can_run_on(device: torch.device) -> bool:
+    """CUDA always; CPU tensors only when the kernels were built by the interpreter."""
+    if device.type == "cuda":
+        return True
+    from specdec.attention.triton_kernels.decode import _decode_kernel
+
+    # NOTE: TRITON_INTERPRET is read when @triton.jit runs (module import), not at launch.
+    return type(_decode_kernel).__name__ == "InterpretedFunction"
+
+
+def check_device(device: torch.device) -> None:
+    if not triton_can_run_on(device):
+        raise RuntimeError(
+            f"the triton backend needs a CUDA device (or TRITON_INTERPRET=1); got tensors on {device}"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: few programs are fastest, but keep some parallel shape
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class LaunchConfig(NamedTuple):
+    block_n: int  # KV entries per tile
+    num_warps: int
+    num_stages: int
+
+
+# shared memory a config may plan for (an H100 SM has 228 KiB; leave room for the compiler)
+SMEM_BUDGET = 180 * 1024
+
+
+def launch_config(device: torch.device, *, block_m: int, head_dim: int, elem_size: int) -> LaunchConfig:
+    """Tile and pipeline of a kernel whose tiles are [block_m, head_dim] queries x block_n KV entries.
+
+    Measured on an H100 (bf16, Llama-3-8B heads, CUDA-graph replay): 128-entry KV tiles with 3
+    pipeline stages beat 64 x 2 by 1.1-2x for decode and verify; 8 warps pay off from 128 rows.
+    Stages, then tile width, shrink until the K and V buffers fit SMEM_BUDGET (fp32, head_dim 256).
+    NOTE: on CPU (the interpreter) tiles are small so tiny tests still loop over several tiles.
+    """
+    if device.type != "cuda":
+        return LaunchConfig(block_n=16, num_warps=4, num_stages=1)
+    d = triton.next_power_of_2(head_dim)
+    block_n, stages = 128, 3
+    while stages * 2 * block_n * d * elem_size + block_m * d * elem_size > SMEM_BUDGET:
+        if stages > 2:
+            stages -= 1
+        elif block_n > 16:
+            block_n //= 2
+        else:
+            break
+    return LaunchConfig(block_n=block_n, num_warps=8 if block_m >= 128 else 4, num_stages=stages)
+
+
+def max_block_m(device: torch.device) -> int:
+    """Most (query row, head) pairs per extend tile: 128 on a GPU, 32 in the interpreter."""
+    return 128 if device.type == "cuda" else 32
+
+
+def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
+    """How ``mma`` multiplies tiles of ``dtype``; products are accumulated in fp32 either way.
+
+    NOTE: fp32 inputs would otherwise use TF32 on the GPU (~1e-3 relative error), and the
+    interpreter (CPU) computes bf16 ``tl.dot`` wrongly (triton 3.9), so there bf16 tiles are upcast
+    first: the products of bf16 values are exact in fp32, so the result matches a bf16 MMA.
+    """
+    if dtype == torch.float32:
+        return "ieee"
+    if dtype == torch.bfloat16 and device.type != "cuda":
+        return "upcast"
+    return "native"
+
+
+def plan_num_splits(
+    num_ctas: int, split_len: int, *, device: torch.device, tile: int, num_splits: int | None = None
+) -> tuple[int, int]:
+    """(num_splits, chunk_len): cut a KV range of up to ``split_len`` entries into chunks.
+
+    Without a forced ``num_splits``, split only while the grid (``num_ctas`` programs before
+    splitting) has fewer than two programs per SM, and keep chunks >= MIN_SPLIT_LEN entries.
+    ``chunk_len`` is a multiple of ``tile``; the returned count is what that chunk length needs.
+    """
+    if split_len <= 0:
+        return 1, tile
+    if num_splits is None:
+        target = 2 * _sm_count(device)
+        num_splits = 1
+        if num_ctas < target:
+            num_splits = min(math.ceil(target / max(num_ctas, 1)), max(1, split_len // MIN_SPLIT_LEN))
+    chunk = math.ceil(math.ceil(split_len / max(num_splits, 1)) / tile) * tile
+    return math.ceil(split_len / chunk), chunk

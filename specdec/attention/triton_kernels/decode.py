@@ -1,0 +1,178 @@
+"""``decode_attention``: one query row per sequence over its listed KV slots (flash-decoding).
+
+Grid ``(num_seqs, num_kv_heads, num_splits)``. A program loads the ``group = num_heads /
+num_kv_heads`` query heads that share its KV head as the rows of one tile (padded to 16 rows for
+``tl.dot``), so each K/V tile is read once per KV head, not once per query head. Split ``s`` covers
+KV entries ``[s * chunk, (s + 1) * chunk)`` of its sequence; with one split the program writes the
+output directly, otherwise partials that ``merge_partials`` combines.
+
+Example, 2 sequences with kv lens 5 and 2, chunk 4 (2 splits):
+    kv_indptr = [0, 5, 7]    kv_indices = [40 41 9 3 12 | 7 8]
+    seq 0: split 0 reads slots 40 41 9 3, split 1 reads slot 12
+    seq 1: split 0 reads slots 7 8, split 1 is empty (writes lse = -inf, weight 0 in the merge)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.attention.triton_kernels.common import (
+    LOG2E,
+    check_device,
+    dot_precision,
+    launch_config,
+    mma,
+    online_softmax_step,
+    plan_num_splits,
+    store_rows,
+)
+from specdec.attention.triton_kernels.merge import merge_partials
+from specdec.kernels.tree_build import check_tensor
+
+
+@triton.jit
+def _decode_kernel(
+    Q, K, V, O, LSE, kv_indptr, kv_indices, sm_scale_log2, chunk_len,
+    stride_qs, stride_qh,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_os, stride_oh, stride_osplit,
+    stride_ls, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    kv_start = tl.load(kv_indptr + seq)
+    kv_len = tl.load(kv_indptr + seq + 1) - kv_start
+    lo = split * chunk_len
+    hi = tl.minimum(lo + chunk_len, kv_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_valid = offs_h < GROUP
+    d_valid = offs_d < HEAD_DIM
+    head = kv_head * GROUP + offs_h  # [BLOCK_H] query heads of this KV head
+    q_mask = h_valid[:, None] & d_valid[None, :]
+    q = tl.load(Q + seq.to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
+    q = q.to(K.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < hi
+        # NOTE: slot * stride overflows int32 past 2^31 / (num_kv_heads * head_dim) slots.
+        slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
+        k = tl.load(
+            K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
+            mask=n_valid[None, :] & d_valid[:, None], other=0.0,
+        )  # [BLOCK_D, BLOCK_N]
+        qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
+        qk = tl.where(n_valid[None, :], qk, float("-inf"))
+        v = tl.load(
+            V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+            mask=n_valid[:, None] & d_valid[None, :], other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+
+    o_ptrs = O + seq.to(tl.int64) * stride_os + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
+    lse_ptrs = LSE + seq.to(tl.int64) * stride_ls + head * stride_lh + split
+    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid, DIRECT)
+
+
+def _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out) -> None:
+    device = q.device
+    check_device(device)
+    if q.dim() != 3 or q.stride(-1) != 1:
+        raise ValueError(f"q: expected [rows, num_heads, head_dim] with unit last stride, got {tuple(q.shape)}")
+    if out.shape != q.shape or out.stride(-1) != 1 or out.device != device:
+        raise ValueError(f"out: expected shape {tuple(q.shape)} on {device} with unit last stride")
+    check_tensor("k_buffer", k_buffer, dim=3, device=device)
+    check_tensor("v_buffer", v_buffer, dtype=k_buffer.dtype, shape=k_buffer.shape, device=device)
+    if k_buffer.shape[2] != q.shape[2] or q.shape[1] % k_buffer.shape[1]:
+        raise ValueError(
+            f"q heads/dim {tuple(q.shape[1:])} do not fit the KV cache's {tuple(k_buffer.shape[1:])}"
+        )
+    check_tensor("kv_indptr", kv_indptr, dtype=torch.int32, dim=1, device=device)
+    check_tensor("kv_indices", kv_indices, dtype=torch.int32, dim=1, device=device)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    v_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    kv_indptr: torch.Tensor,  # [num_seqs + 1] int32
+    kv_indices: torch.Tensor,  # [total_kv] int32 KV slots, in position order per sequence
+    out: torch.Tensor,  # [num_seqs, num_heads, head_dim] (written)
+    *,
+    sm_scale: float,
+    max_kv_len: int,
+    num_splits: int | None = None,
+) -> None:
+    """Attention of each sequence's single query row over all its KV entries.
+
+    ``max_kv_len`` (a host int, no sync) sizes the split plan; ``num_splits`` forces a split count.
+    """
+    _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
+    num_seqs, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    if kv_indptr.shape[0] != num_seqs + 1:
+        raise ValueError(f"kv_indptr: expected {num_seqs + 1} entries, got {kv_indptr.shape[0]}")
+    if num_seqs == 0:
+        return
+    block_h = max(16, triton.next_power_of_2(hq // hkv))
+    cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size())
+    splits, chunk = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
+                                    num_splits=num_splits)
+    direct = splits == 1
+    if direct:
+        partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT
+    else:
+        partial = torch.empty(num_seqs, hq, splits, d, dtype=torch.float32, device=q.device)
+        lse = torch.empty(num_seqs, hq, splits, dtype=torch.float32, device=q.device)
+    group = hq // hkv
+    _decode_kernel[(num_seqs, hkv, splits)](
+        q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, sm_scale * LOG2E, chunk,
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+        DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if not direct:
+        merge_partials(partial, lse, out)
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    sm_scale: float,
+    max_kv_len: int,
+    num_splits: int | None = None,
+) -> None:
+    """Specification of ``decode_attention``: softmax(q k^T * sm_scale) v per sequence, in fp32.
+
+    Query head h reads KV head ``h // (num_heads // num_kv_heads)``. The plan arguments
+    (``max_kv_len``, ``num_splits``) do not change the result.
+    """
+    group = q.shape[1] // k_buffer.shape[1]
+    indptr = kv_indptr.tolist()
+    for s in range(q.shape[0]):
+        slots = kv_indices[indptr[s] : indptr[s + 1]].long()
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,khd->hk", q[s].float(), k) * sm_scale
+        out[s] = torch.einsum("hk,khd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)

@@ -1,0 +1,230 @@
+"""``extend_attention``: several query rows per sequence over its listed KV slots.
+
+A sequence with q query rows and kv entries has a prefix of ``p = kv - q`` entries that every row
+sees (cached tokens), then the q new tokens' own entries, visible causally (row i sees new entries
+0..i) or per an explicit mask (TARGET_VERIFY trees). The two parts run as two loops of one
+program: the prefix loop needs no mask at all, and only the prefix is split across programs
+(split-KV) when the grid alone would leave SMs idle; the last split also runs the new block.
+
+Grid ``(num_seqs, num_kv_heads, m_blocks * num_splits)``. The tile's rows are (query row, query
+head) pairs of one KV head, row-major by query row, so each K/V tile is read once per KV head:
+
+    group = 2 (query heads 2k, 2k+1 share KV head k), q = 3, BLOCK_M = 4
+    m_block 0 rows: (row 0, head 2k) (row 0, head 2k+1) (row 1, head 2k) (row 1, head 2k+1)
+    m_block 1 rows: (row 2, head 2k) (row 2, head 2k+1) -- --
+
+Mask form (``HAS_MASK``): the RaggedLayout's flattened ``[q, kv]`` block per sequence starting at
+``mask_indptr[s]``; only its last q columns are read. NOTE: the prefix columns are assumed all
+True (the RaggedLayout contract for TARGET_VERIFY) and are not read.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.attention.triton_kernels.common import (
+    LOG2E,
+    check_device,
+    dot_precision,
+    launch_config,
+    max_block_m,
+    mma,
+    online_softmax_step,
+    plan_num_splits,
+    store_rows,
+)
+from specdec.attention.triton_kernels.decode import _check_inputs
+from specdec.attention.triton_kernels.merge import merge_partials
+from specdec.kernels.tree_build import check_tensor
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr,
+    sm_scale_log2, chunk_len, num_splits,
+    stride_qt, stride_qh,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_osplit,
+    stride_lt, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    m_block = tl.program_id(2) // num_splits
+    split = tl.program_id(2) % num_splits
+    q_start = tl.load(qo_indptr + seq)
+    q_len = tl.load(qo_indptr + seq + 1) - q_start
+    if m_block * BLOCK_M >= q_len * GROUP:
+        return
+    kv_start = tl.load(kv_indptr + seq)
+    kv_len = tl.load(kv_indptr + seq + 1) - kv_start
+    prefix_len = kv_len - q_len
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row = offs_m // GROUP  # [BLOCK_M] query row within the sequence
+    head = kv_head * GROUP + offs_m % GROUP  # [BLOCK_M] query head
+    row_valid = row < q_len
+    d_valid = offs_d < HEAD_DIM
+    q_mask = row_valid[:, None] & d_valid[None, :]
+    token = (q_start + row).to(tl.int64)  # [BLOCK_M] packed query row
+    q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
+    q = q.to(K.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # prefix: every row sees every entry of this split's chunk
+    lo = split * chunk_len
+    hi = tl.minimum(lo + chunk_len, prefix_len)
+    for start in range(lo, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < hi
+        slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
+        k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
+                    mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2
+        qk = tl.where(n_valid[None, :], qk, float("-inf"))
+        v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+
+    # new tokens: causal or masked; only the last split runs them
+    if split == num_splits - 1:
+        if HAS_MASK:
+            hi = kv_len
+            mask_start = tl.load(mask_indptr + seq)
+        else:
+            last_row = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+            hi = prefix_len + last_row + 1
+        for start in range(prefix_len, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < hi
+            slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
+            k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
+                        mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+            qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2
+            if HAS_MASK:
+                bits = tl.load(MASK + mask_start + row[:, None].to(tl.int64) * kv_len + offs_n[None, :],
+                               mask=row_valid[:, None] & n_valid[None, :], other=0)
+                visible = bits != 0
+            else:
+                visible = (offs_n[None, :] - prefix_len) <= row[:, None]
+            visible = visible & n_valid[None, :]
+            qk = tl.where(visible, qk, float("-inf"))
+            v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                        mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+
+    o_ptrs = O + token[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
+    lse_ptrs = LSE + token * stride_lt + head * stride_lh + split
+    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, row_valid, DIRECT)
+
+
+def extend_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    v_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    qo_indptr: torch.Tensor,  # [num_seqs + 1] int32
+    kv_indptr: torch.Tensor,  # [num_seqs + 1] int32
+    kv_indices: torch.Tensor,  # [total_kv] int32 KV slots: prefix, then the new tokens' own
+    mask: torch.Tensor | None,  # [sum_s q_s * kv_s] uint8 row-major [q_s, kv_s]; None = causal
+    mask_indptr: torch.Tensor | None,  # [num_seqs + 1] int64; None when mask is None
+    out: torch.Tensor,  # [num_tokens, num_heads, head_dim] (written)
+    *,
+    sm_scale: float,
+    max_q_len: int,
+    max_prefix_len: int,
+    num_splits: int | None = None,
+) -> None:
+    """Attention of each sequence's query rows over its prefix and (causal / masked) new tokens.
+
+    ``max_q_len`` and ``max_prefix_len`` are host ints (no sync) that size the grid and the split
+    plan; ``num_splits`` forces a split count of the prefix.
+    """
+    _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
+    num_tokens, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    num_seqs = kv_indptr.shape[0] - 1
+    check_tensor("qo_indptr", qo_indptr, dtype=torch.int32, shape=(num_seqs + 1,), device=q.device)
+    if (mask is None) != (mask_indptr is None):
+        raise ValueError("mask and mask_indptr: give both or neither")
+    if mask is not None:
+        check_tensor("mask", mask, dtype=torch.uint8, dim=1, device=q.device)
+        check_tensor("mask_indptr", mask_indptr, dtype=torch.int64, shape=(num_seqs + 1,), device=q.device)
+    if num_seqs == 0 or num_tokens == 0:
+        return
+    group = hq // hkv
+    # NOTE: tl.dot needs >= 16 rows; a verify tile (N nodes x group heads) is often smaller than the cap
+    block_m = max(16, min(max_block_m(q.device), triton.next_power_of_2(max(1, max_q_len * group))))
+    cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
+    m_blocks = triton.cdiv(max_q_len * group, block_m)
+    splits, chunk = plan_num_splits(num_seqs * hkv * m_blocks, max_prefix_len, device=q.device,
+                                    tile=cfg.block_n, num_splits=num_splits)
+    direct = splits == 1
+    if direct:
+        partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT
+    else:
+        partial = torch.empty(num_tokens, hq, splits, d, dtype=torch.float32, device=q.device)
+        lse = torch.empty(num_tokens, hq, splits, dtype=torch.float32, device=q.device)
+    has_mask = mask is not None
+    _extend_kernel[(num_seqs, hkv, m_blocks * splits)](
+        q, k_buffer, v_buffer, partial, lse, qo_indptr, kv_indptr, kv_indices,
+        mask if has_mask else kv_indices, mask_indptr if has_mask else kv_indptr,
+        sm_scale * LOG2E, chunk, splits,
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if not direct:
+        merge_partials(partial, lse, out)
+
+
+def extend_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    out: torch.Tensor,
+    *,
+    sm_scale: float,
+    max_q_len: int,
+    max_prefix_len: int,
+    num_splits: int | None = None,
+) -> None:
+    """Specification of ``extend_attention``, one sequence at a time in fp32.
+
+    Row i of a sequence (q rows, kv entries, prefix p = kv - q) sees entries 0..p-1 and new entry
+    j iff ``j <= i`` (mask None) or ``mask[i, p + j]``; the mask's prefix columns are not read.
+    The plan arguments do not change the result.
+    """
+    group = q.shape[1] // k_buffer.shape[1]
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    mp = mask_indptr.tolist() if mask_indptr is not None else None
+    for s in range(len(qo) - 1):
+        n, kv = qo[s + 1] - qo[s], kvp[s + 1] - kvp[s]
+        p = kv - n
+        slots = kv_indices[kvp[s] : kvp[s + 1]].long()
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        visible = torch.ones(n, kv, dtype=torch.bool, device=q.device)
+        if mp is None:
+            visible[:, p:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        else:
+            visible[:, p:] = mask[mp[s] : mp[s + 1]].view(n, kv)[:, p:] != 0
+        scores = torch.einsum("qhd,khd->hqk", q[qo[s] : qo[s + 1]].float(), k) * sm_scale
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[qo[s] : qo[s + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).to(out.dtype)

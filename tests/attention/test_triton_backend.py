@@ -1,0 +1,423 @@
+"""The triton backend against torch_native, for every forward mode, slot layout and dtype.
+
+Tolerances are derived, not picked (flash-attention's rule): ``ref`` is torch_native in fp32 on
+the very values the test dtype holds, ``lowp`` is the same algebra with its two matmuls and the
+probabilities rounded to the test dtype (what any flash kernel rounds). Triton must satisfy
+
+    max |triton - ref| <= FACTOR * max |lowp - ref| + FLOOR
+
+Observed on the CPU cases: |triton - ref| / |lowp - ref| <= 2.0 for bf16 and <= 1.0 for fp16, so
+FACTOR = 4 leaves a 2x margin for other seeds and sizes. FLOOR = 1e-5 covers fp32, where lowp is
+ref and only the summation order differs (observed errors <= 7e-7); a single wrongly seen or
+missed KV entry moves an fp32 output by far more.
+
+On CPU the kernels run in the Triton interpreter, so CPU shapes are tiny (4 query / 2 KV heads,
+head_dim 16, contexts < 64); the same comparisons at real sizes, and an end-to-end lossless test,
+are marked ``gpu``.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: set before the kernels are imported: @triton.jit reads TRITON_INTERPRET when it runs.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+from specdec.attention import AttentionLayer, KVCache, create_attention_backend  # noqa: E402
+from specdec.attention.torch_native import TorchNativeBackend  # noqa: E402
+from specdec.forward import ForwardBatch, ForwardMode  # noqa: E402
+
+pytest.importorskip("triton")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+FACTOR, FLOOR = 4.0, 1e-5
+
+
+# ----------------------------------------------------------------------------- trees
+def tree_mask(parents: tuple[int, ...]) -> torch.Tensor:
+    """[N, N] bool: node i sees node j iff j is i or one of its ancestors (parents[root] = -1)."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
+def random_tree(n: int, seed: int) -> tuple[int, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return (-1,) + tuple(int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n))
+
+
+ROOT_ONLY = (-1,)
+# 0 - 1 - 2 - 3 - 4
+CHAIN = (-1, 0, 1, 2, 3)
+#        0
+#       / \
+#      1   2
+#     / \   \
+#    3   4   5
+#    |
+#    6
+TOPK2 = (-1, 0, 0, 1, 1, 2, 3)
+# root 0 with 10 children 1..10; 1 -> {11, 12}, 2 -> 13, 5 -> 14, 11 -> 15
+WIDE10 = (-1,) + (0,) * 10 + (1, 1, 2, 5, 11)
+
+
+def test_tree_mask_worked_example():
+    """Tree 0 -> {1, 2}, 1 -> 3: rows are ancestors-and-self."""
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(tree_mask((-1, 0, 0, 1)), expected)
+
+
+# ----------------------------------------------------------------------------- batches
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    mode: ForwardMode
+    prefix: tuple[int, ...]  # [bs] cached tokens per request
+    extend: tuple[int, ...]  # [bs] new tokens per request (topk for draft decode, N for verify)
+    trees: tuple[tuple[int, ...], ...] | None = None  # verify: parents of each request's tree
+    depth: int = 0  # draft decode: ancestors per branch, itself last
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    batch: ForwardBatch
+    layer: AttentionLayer
+    cache: KVCache
+    q: torch.Tensor  # [num_tokens, hq * d]
+    k: torch.Tensor  # [num_tokens, hkv * d]
+    v: torch.Tensor  # [num_tokens, hkv * d]
+
+
+def _rand(shape, gen, dtype, device):
+    return torch.randn(shape, generator=gen).to(dtype).to(device)
+
+
+def make_problem(sc: Scenario, *, page_size: int, dtype: torch.dtype, hq: int = 4, hkv: int = 2,
+                 d: int = 16, seed: int = 0, device: torch.device = DEVICE) -> Problem:
+    """A batch whose request rows own shuffled pages (page_size 1: every slot shuffled)."""
+    gen = torch.Generator().manual_seed(seed)
+    bs = len(sc.prefix)
+    ctx = max(p + (0 if sc.depth else e) for p, e in zip(sc.prefix, sc.extend))
+    pages_per_req = max(1, math.ceil(ctx / page_size))
+    max_reqs = bs + 2
+    num_pages = max_reqs * pages_per_req
+    scratch_base = num_pages * page_size
+    num_branches = sum(sc.extend) if sc.depth else 0
+    num_slots = scratch_base + num_branches * sc.depth + 1
+    pages = torch.randperm(num_pages, generator=gen).view(max_reqs, pages_per_req)
+    pos = torch.arange(pages_per_req * page_size)
+    table = (pages[:, pos // page_size] * page_size + pos % page_size).to(torch.int32)  # [max_reqs, ctx]
+    rows = torch.randperm(max_reqs, generator=gen)[:bs]
+
+    kw = {}
+    if sc.depth:  # each branch: depth - 1 random earlier scratch slots, then its own
+        own = scratch_base + torch.randperm(num_branches * sc.depth, generator=gen)[:num_branches]
+        earlier = scratch_base + torch.randint(0, num_branches * sc.depth, (num_branches, sc.depth - 1), generator=gen)
+        kw["draft_ancestors"] = torch.cat([earlier, own[:, None]], 1).to(device)
+        out_cache_loc = own
+    else:
+        out_cache_loc = torch.cat([table[r, p : p + e].long() for r, p, e in zip(rows.tolist(), sc.prefix, sc.extend)])
+    if sc.trees is not None:
+        assert tuple(len(t) for t in sc.trees) == sc.extend
+        kw["tree_mask"] = torch.cat([tree_mask(t).flatten() for t in sc.trees]).to(device)
+
+    cache = KVCache(num_layers=1, num_slots=num_slots, num_kv_heads=hkv, head_dim=d, dtype=dtype, device=device)
+    cache.k_buffers[0].copy_(_rand(cache.k_buffers[0].shape, gen, dtype, device))
+    cache.v_buffers[0].copy_(_rand(cache.v_buffers[0].shape, gen, dtype, device))
+    n = sum(sc.extend)
+    batch = ForwardBatch(
+        forward_mode=sc.mode,
+        input_ids=torch.zeros(n, dtype=torch.int64, device=device),
+        positions=torch.zeros(n, dtype=torch.int64, device=device),
+        out_cache_loc=out_cache_loc.to(device),
+        req_pool_indices=rows.to(device),
+        prefix_lens=torch.tensor(sc.prefix, device=device),
+        extend_lens=torch.tensor(sc.extend, device=device),
+        req_to_token=table.to(device),
+        kv_cache=None,
+        attn_backend=None,
+        prefix_lens_cpu=list(sc.prefix),
+        extend_lens_cpu=list(sc.extend),
+        **kw,
+    )
+    layer = AttentionLayer(layer_id=0, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=d**-0.5)
+    return Problem(batch, layer, cache, _rand((n, hq * d), gen, dtype, device),
+                   _rand((n, hkv * d), gen, dtype, device), _rand((n, hkv * d), gen, dtype, device))
+
+
+def _copy_cache(cache: KVCache, dtype: torch.dtype) -> KVCache:
+    k, v = cache.get_kv(0)
+    out = KVCache(num_layers=1, num_slots=cache.num_slots, num_kv_heads=cache.num_kv_heads,
+                  head_dim=cache.head_dim, dtype=dtype, device=k.device)
+    out.k_buffers[0].copy_(k)
+    out.v_buffers[0].copy_(v)
+    return out
+
+
+def run_backend(backend, pb: Problem, dtype: torch.dtype | None = None):
+    """(output, cache after the forward) of ``backend`` on a fresh copy of the problem's cache."""
+    dtype = dtype or pb.cache.dtype
+    cache = _copy_cache(pb.cache, dtype)
+    batch = dataclasses.replace(pb.batch, kv_cache=cache, attn_backend=backend)
+    backend.init_forward_metadata(batch)
+    out = backend.forward(pb.q.to(dtype), pb.k.to(dtype), pb.v.to(dtype), pb.layer, batch)
+    return out, cache
+
+
+def torch_lowp(pb: Problem) -> torch.Tensor:
+    """torch_native's algebra with q·k, the probabilities and p·v rounded to the cache dtype."""
+    native = TorchNativeBackend()
+    _, cache = run_backend(native, pb)  # writes the new K/V the same way
+    batch = dataclasses.replace(pb.batch, kv_cache=cache, attn_backend=native)
+    native.init_forward_metadata(batch)
+    md, layer, dtype = batch.attn_metadata, pb.layer, pb.cache.dtype
+    hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    k_buf, v_buf = cache.get_kv(0)
+    qs = pb.q.view(-1, hq, d)[md.q_rows]  # [s, q, hq, d]
+    qs = qs.view(qs.shape[0], qs.shape[1], hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)  # [s, hkv, g, q, d]
+    scores = torch.einsum("shgqd,skhd->shgqk", qs, k_buf[md.kv_slots]).float() * layer.scaling
+    probs = torch.softmax(scores.masked_fill(~md.allowed[:, None, None], float("-inf")), -1).to(dtype)
+    out = torch.einsum("shgqk,skhd->sqhgd", probs, v_buf[md.kv_slots]).reshape(qs.shape[0], -1, hq * d)
+    return out[md.q_valid].float()[torch.argsort(md.q_rows[md.q_valid])]
+
+
+def check_against_torch(pb: Problem, **backend_kw) -> tuple[float, float]:
+    """Triton vs fp32 torch_native within the derived tolerance; returns (error, tolerance)."""
+    ours, our_cache = run_backend(create_attention_backend("triton", **backend_kw), pb)
+    ref, _ = run_backend(TorchNativeBackend(), pb, torch.float32)
+    lowp = torch_lowp(pb)
+    tol = FACTOR * (lowp - ref).abs().max().item() + FLOOR
+    assert ours.dtype == pb.q.dtype and ours.shape == pb.q.shape
+    assert torch.isfinite(ours).all()
+    err = (ours.float() - ref).abs().max().item()
+    assert err <= tol, f"max |triton - torch_fp32| = {err:.3g} > tol {tol:.3g}"
+    loc = pb.batch.out_cache_loc
+    assert torch.equal(our_cache.k_buffers[0][loc], pb.k.view(-1, pb.layer.num_kv_heads, pb.layer.head_dim))
+    return err, tol
+
+
+# ----------------------------------------------------------------------------- CPU-size cases
+E, D, V, DE = ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND
+SCENARIOS = {
+    # bs 3, one request without prefix, one with a single new token
+    "extend_prefix": Scenario(E, (7, 0, 13), (5, 3, 1)),
+    # 20 rows x 2 heads = 40 tile rows: two row blocks, causal skipping of the second's tiles
+    "extend_long": Scenario(E, (37,), (20,)),
+    "decode_bs5": Scenario(D, (7, 1, 13, 40, 0), (1, 1, 1, 1, 1)),
+    "draft_extend": Scenario(DE, (9, 30, 4), (3, 1, 2)),
+    "verify_root_only": Scenario(V, (5, 17), (1, 1), trees=(ROOT_ONLY, ROOT_ONLY)),
+    "verify_chain": Scenario(V, (9, 2), (5, 5), trees=(CHAIN, CHAIN)),
+    "verify_topk2": Scenario(V, (11, 0, 23), (7, 7, 7), trees=(TOPK2, TOPK2, TOPK2)),
+    "verify_wide10": Scenario(V, (20,), (16,), trees=(WIDE10,)),
+    "verify_mixed": Scenario(V, (3, 30), (7, 12), trees=(TOPK2, random_tree(12, 3))),
+    "draft_decode_k1": Scenario(D, (6, 0), (1, 1), depth=1),
+    "draft_decode_k3": Scenario(D, (5, 11), (3, 3), depth=2),
+    "draft_decode_k10": Scenario(D, (13,), (10,), depth=4),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_matches_torch_native(name, page_size, dtype):
+    check_against_torch(make_problem(SCENARIOS[name], page_size=page_size, dtype=dtype, seed=len(name)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["extend_prefix", "decode_bs5", "verify_mixed", "draft_decode_k3"])
+def test_split_kv_matches_torch_native(name, dtype):
+    """Forced splits: prefixes cut into 16-entry chunks, some empty, merged by log-sum-exp."""
+    check_against_torch(make_problem(SCENARIOS[name], page_size=16, dtype=dtype, seed=1), num_splits=3)
+
+
+def test_group_of_one_and_head_dim_32():
+    """hq == hkv (no GQA) and a wider head."""
+    pb = make_problem(SCENARIOS["verify_topk2"], page_size=1, dtype=torch.bfloat16, hq=2, hkv=2, d=32)
+    check_against_torch(pb)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only error path")
+def test_cpu_without_interpreter_names_the_requirement():
+    code = (
+        "import torch\n"
+        "from specdec.attention import create_attention_backend\n"
+        "from specdec.forward import ForwardBatch, ForwardMode\n"
+        "b = ForwardBatch(ForwardMode.DECODE, *[torch.zeros(1, dtype=torch.int64)] * 6,\n"
+        "                 req_to_token=torch.zeros(1, 1, dtype=torch.int32), kv_cache=None, attn_backend=None)\n"
+        "try:\n"
+        "    create_attention_backend('triton').init_forward_metadata(b)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    res = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert "needs a CUDA device (or TRITON_INTERPRET=1)" in res.stdout, res.stdout + res.stderr
+
+
+# ----------------------------------------------------------------------------- kernels vs refs
+from specdec.attention import triton_kernels as tk  # noqa: E402
+
+
+def _indptr(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7])
+def test_decode_kernel_matches_ref(num_splits):
+    gen = torch.Generator().manual_seed(num_splits)
+    lens = [5, 1, 37, 20, 2]
+    k = _rand((120, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((120, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((len(lens), 4, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(120, generator=gen)[: sum(lens)].to(torch.int32).to(DEVICE)
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    args = (q, k, v, _indptr(lens), slots)
+    kw = dict(sm_scale=0.3, max_kv_len=max(lens), num_splits=num_splits)
+    tk.decode_attention(*args, out, **kw)
+    tk.decode_attention_ref(*args, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_extend_kernel_matches_ref(masked, num_splits):
+    """Random masks (prefix columns all True, as the layout promises); a sequence without prefix."""
+    gen = torch.Generator().manual_seed(7)
+    q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
+    kv_lens = [a + b for a, b in zip(q_lens, prefix)]
+    k = _rand((150, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((150, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((sum(q_lens), 4, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(150, generator=gen)[: sum(kv_lens)].to(torch.int32).to(DEVICE)
+    mask = mask_indptr = None
+    if masked:
+        blocks = []
+        for n, kv in zip(q_lens, kv_lens):
+            m = torch.rand(n, kv, generator=gen) < 0.5
+            m[:, : kv - n] = True
+            m[:, kv - n :] |= torch.eye(n, dtype=torch.bool)
+            blocks.append(m.flatten())
+        mask = torch.cat(blocks).to(torch.uint8).to(DEVICE)
+        mask_indptr = _indptr([n * kv for n, kv in zip(q_lens, kv_lens)]).long()
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    args = (q, k, v, _indptr(q_lens), _indptr(kv_lens), slots, mask, mask_indptr)
+    kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=max(prefix), num_splits=num_splits)
+    tk.extend_attention(*args, out, **kw)
+    tk.extend_attention_ref(*args, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+def test_merge_kernel_matches_ref_with_empty_splits():
+    gen = torch.Generator().manual_seed(3)
+    partial = _rand((5, 3, 4, 16), gen, torch.float32, DEVICE)
+    lse = _rand((5, 3, 4), gen, torch.float32, DEVICE) * 4
+    lse[:, :, 3] = float("-inf")  # an empty last split
+    lse[0, 0, 1:] = float("-inf")  # only one split saw anything
+    out, ref = (torch.full((5, 3, 16), float("nan"), device=DEVICE) for _ in range(2))
+    tk.merge_partials(partial, lse, out)
+    tk.merge_partials_ref(partial, lse, ref)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out[0, 0], partial[0, 0, 0])
+
+
+def test_kernel_wrappers_check_inputs():
+    q = torch.randn(2, 4, 16, device=DEVICE)
+    kv = torch.randn(10, 2, 16, device=DEVICE)
+    indptr = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="kv_indices"):
+        tk.decode_attention(q, kv, kv, indptr, torch.zeros(2, dtype=torch.int64, device=DEVICE),
+                            torch.empty_like(q), sm_scale=1.0, max_kv_len=1)
+    with pytest.raises(ValueError, match="do not fit"):
+        tk.decode_attention(q[:, :3], kv, kv, indptr, indptr[:2], torch.empty_like(q[:, :3]),
+                            sm_scale=1.0, max_kv_len=1)
+
+
+# ----------------------------------------------------------------------------- GPU: real sizes
+GPU_SCENARIOS = {
+    "decode_bs8": Scenario(D, (512, 4096, 777, 1500, 2048, 3001, 600, 4000), (1,) * 8),
+    "decode_bs1_long": Scenario(D, (4096,), (1,)),
+    "extend_prefix": Scenario(E, (1024, 0), (512, 300)),
+    "draft_extend": Scenario(DE, (2000, 513, 4095), (5, 1, 3)),
+    "verify_n8": Scenario(V, (512, 4096, 1000, 2222), (8,) * 4, trees=tuple(random_tree(8, s) for s in range(4))),
+    "verify_n64": Scenario(V, (4096, 700), (64, 64), trees=(random_tree(64, 1), random_tree(64, 2))),
+    "verify_chain_bs1": Scenario(V, (3000,), (5,), trees=(CHAIN,)),
+    "draft_decode_k8": Scenario(D, (2048, 512, 4000), (8, 8, 8), depth=5),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 1, 64)], ids=["llama3_d128", "g8_d64"])
+@pytest.mark.parametrize("name", list(GPU_SCENARIOS))
+def test_gpu_matches_torch_native(name, heads, dtype):
+    hq, hkv, d = heads
+    pb = make_problem(GPU_SCENARIOS[name], page_size=16 if "verify" in name else 1, dtype=dtype,
+                      hq=hq, hkv=hkv, d=d, seed=len(name))
+    check_against_torch(pb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("name", ["decode_bs8", "verify_n8", "draft_decode_k8"])
+def test_gpu_forced_splits(name, num_splits):
+    pb = make_problem(GPU_SCENARIOS[name], page_size=1, dtype=torch.bfloat16, hq=32, hkv=8, d=128)
+    check_against_torch(pb, num_splits=num_splits)
+
+
+# ----------------------------------------------------------------------------- GPU: end to end
+def _greedy(max_new):
+    return [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in max_new]
+
+
+def _pair(algorithm: str, kind: str, dtype: torch.dtype):
+    from specdec.models.llama import default_eagle3_layers
+    from specdec.models.testing import make_perfect_draft_pair, make_random_eagle3_head, \
+        make_random_eagle_head, make_random_target, tiny_llama_config
+
+    config = tiny_llama_config()
+    if kind == "perfect":
+        target, draft = make_perfect_draft_pair(config, algorithm, seed=0, dtype=dtype)
+        return target.to("cuda"), draft.to("cuda")
+    aux = default_eagle3_layers(config.num_hidden_layers) if algorithm == "EAGLE3" else None
+    target = make_random_target(config, 0, dtype, aux_hidden_layers=aux, device="cuda")
+    if algorithm == "EAGLE3":
+        return target, make_random_eagle3_head(target, 1, draft_vocab_size=config.vocab_size - 20)
+    return target, make_random_eagle_head(target, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 1, 2), (3, 1, 4), (5, 4, 8), (6, 10, 60)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("algorithm, kind", [("EAGLE", "random"), ("EAGLE3", "random"), ("EAGLE", "perfect")])
+@pytest.mark.parametrize("bs, page_size", [(1, 1), (7, 16)])
+def test_gpu_engine_lossless(shape, algorithm, kind, bs, page_size):
+    import specdec
+
+    target, draft = _pair(algorithm, kind, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    lengths = [11] if bs == 1 else [1, 9, 4, 23, 2, 15, 6]
+    max_new = [28] if bs == 1 else [17, 5, 30, 12, 1, 24, 9]
+    prompts = [torch.randint(3, target.config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    common = dict(target_model=target, attention_backend="triton", device="cuda", page_size=page_size,
+                  max_total_tokens=8192, max_running_requests=16)
+    plain = specdec.Engine(**common)
+    expected = [r["output_ids"] for r in plain.generate(input_ids=prompts, sampling_params=_greedy(max_new))]
+    steps, topk, ntok = shape
+    spec = specdec.Engine(**common, draft_model=draft, speculative_algorithm=algorithm, speculative_num_steps=steps,
+                          speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok)
+    results = spec.generate(input_ids=prompts, sampling_params=_greedy(max_new))
+    assert [r["output_ids"] for r in results] == expected

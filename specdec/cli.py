@@ -1,4 +1,4 @@
-"""Command line: ``specdec bench`` (throughput benchmark) and ``specdec generate``."""
+"""Command line: ``specdec serve``, ``specdec bench`` (throughput benchmark), ``specdec generate``."""
 
 from __future__ import annotations
 
@@ -26,13 +26,21 @@ def _generate(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"bench": "throughput benchmark, with and without speculation", "generate": "one prompt"}
+    commands = {
+        "serve": "HTTP server (SGLang-compatible API)",
+        "bench": "throughput benchmark, with and without speculation",
+        "generate": "one prompt",
+    }
     if not argv or argv[0] not in commands:
-        print("usage: specdec {bench,generate} [flags]   (specdec COMMAND --help for flags)")
+        print(f"usage: specdec {{{','.join(commands)}}} [flags]   (specdec COMMAND --help for flags)")
         for name, what in commands.items():
             print(f"  {name:<10} {what}")
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    if argv[0] == "bench":
+    if argv[0] == "serve":
+        from specdec.server.cli import main as serve_main
+
+        serve_main(argv[1:])
+    elif argv[0] == "bench":
         from specdec.benchmark import main as bench_main
 
         bench_main(argv[1:])

@@ -16,6 +16,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# Tiny models on a 2-core machine: one intra-op thread is faster and immune to oversubscription.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -1,0 +1,331 @@
+"""AsyncEngine: one background thread owns an Engine; asyncio code submits, streams and aborts.
+
+Threads:
+    loop thread   the only thread that calls the Engine. Between steps it drains the inbox
+                  (submit, abort, call, stop); while there is work it runs ``Engine.step()`` and
+                  hands every request the tokens that step committed, as one Event.
+    event loops   the HTTP server's asyncio code. It never calls the Engine: it puts commands in
+                  the inbox (a thread-safe ``queue.SimpleQueue``), awaits a concurrent Future the
+                  loop thread resolves, and reads Events from its request's asyncio.Queue, which
+                  the loop thread fills through ``loop.call_soon_threadsafe``.
+
+A speculative step commits k + 1 tokens of a request at once (accepted + bonus): one Event carries
+them. The last Event of a request has ``finished=True`` and either ``meta_info`` (Request.result()'s)
+or ``error`` (the server aborted it: shutdown, engine failure).
+
+Lifecycle: ``start()`` → submit/abort … → ``drain(timeout)`` (refuse new requests with
+EngineUnavailable, wait for in-flight ones, abort those left at the timeout so their clients get
+an error Event) → ``stop()`` (ends the thread; aborts anything still running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from specdec.engine.engine import Engine
+from specdec.engine.request import Request
+from specdec.server.metrics import EngineMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidRequest(ValueError):
+    """The engine rejected a request (HTTP 400); the message names the field."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is draining or stopped (HTTP 503)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    token_ids: list[int]  # tokens committed since the previous Event (may be empty)
+    finished: bool = False
+    meta_info: dict | None = None  # on the last Event of a request that ran to its end
+    error: str | None = None  # on the last Event of a request the server aborted
+    status: int = 200  # with error: 503 (shutdown) or 500 (engine failure), as an HTTP status
+
+
+class RequestStream:
+    """The asyncio side of one request: iterate for Events; ``cancel()`` when the client leaves."""
+
+    def __init__(self, owner: "AsyncEngine", rid: str, events: asyncio.Queue, prompt_tokens: int) -> None:
+        self.owner = owner
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self._events = events
+        self.finished = False
+
+    async def next_event(self) -> Event:
+        event = await self._events.get()
+        self.finished = self.finished or event.finished
+        return event
+
+    async def __aiter__(self):
+        while not self.finished:
+            yield await self.next_event()
+
+    def close(self, *, finish_reason: str = "abort") -> None:
+        """Stop reading: abort in the engine (frees its KV) unless it already finished.
+
+        ``finish_reason`` labels the metrics ("stop" when the server matched a stop string)."""
+        if not self.finished:
+            self.owner.abort(self.rid, finish_reason=finish_reason)
+            self.finished = True
+
+    def cancel(self, reason: str = "client disconnected") -> None:
+        """Abort in the engine (frees its KV) and end this stream with an error Event."""
+        if not self.finished:
+            self.owner.abort(self.rid)
+            self._events.put_nowait(Event([], finished=True, error=reason, status=499))
+
+
+@dataclasses.dataclass
+class _Tracked:
+    req: Request
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    sent: int = 0  # output tokens already delivered
+    verified: int = 0  # accept_lengths already counted in the metrics
+
+
+@dataclasses.dataclass
+class _Submit:
+    rid: str
+    text: str | None
+    input_ids: list[int] | None
+    sampling_params: dict | None
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    done: concurrent.futures.Future  # -> prompt length, or InvalidRequest
+
+
+@dataclasses.dataclass
+class _Abort:
+    rid: str
+    finish_reason: str
+
+
+@dataclasses.dataclass
+class _Call:
+    fn: Callable[[Engine], Any]
+    done: concurrent.futures.Future
+
+
+_STOP = object()
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, *, metrics: EngineMetrics | None = None) -> None:
+        self.engine = engine  # NOTE: only the loop thread may call it once start() ran
+        spec = engine.spec_config
+        self.metrics = metrics or EngineMetrics(num_draft_positions=spec.num_steps if spec else 0)
+        # static facts, read once here so the HTTP side never touches the engine
+        self.tokenizer = engine.tokenizer
+        self.context_length = engine.context_length
+        self.vocab_size = engine.target_model.config.vocab_size
+        self.speculative_algorithm = spec.algorithm.value if spec else None
+        self.accepting = False
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: dict[str, _Tracked] = {}  # loop thread only
+        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+
+    # ------------------------------------------------------------ asyncio side
+    def start(self) -> None:
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self.accepting = True
+            self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    async def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
+                     sampling_params: dict | None = None) -> RequestStream:
+        """Validate and queue one request; raises InvalidRequest (400) or EngineUnavailable (503)."""
+        if not (self.accepting and self.alive):
+            raise EngineUnavailable("the server is shutting down")
+        loop = asyncio.get_running_loop()
+        rid = uuid.uuid4().hex
+        events: asyncio.Queue = asyncio.Queue()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(_Submit(rid, text, input_ids, sampling_params, loop, events, done))
+        try:
+            prompt_tokens = await asyncio.wrap_future(done)
+        except asyncio.CancelledError:
+            self.abort(rid)  # the client left while the request was being validated
+            raise
+        return RequestStream(self, rid, events, prompt_tokens)
+
+    def abort(self, rid: str, *, finish_reason: str = "abort") -> None:
+        """Abort a request (no-op once it finished); its stream gets no further Events."""
+        self._inbox.put(_Abort(rid, finish_reason))
+
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run ``fn(engine)`` on the loop thread between steps (e.g. to read the KV allocator)."""
+        return await asyncio.wrap_future(self.call_future(fn))
+
+    def call_future(self, fn: Callable[[Engine], Any]) -> concurrent.futures.Future:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            done.set_result(fn(self.engine))  # no loop thread: nobody else touches the engine
+            return done
+        self._inbox.put(_Call(fn, done))
+        return done
+
+    async def num_in_flight(self) -> int:
+        return await self.call(lambda _: len(self._active))
+
+    async def drain(self, timeout: float, *, poll_s: float = 0.05) -> int:
+        """Refuse new requests, wait up to ``timeout`` s for in-flight ones, abort the rest.
+
+        Returns how many were aborted; their streams end with an error Event.
+        """
+        self.accepting = False
+        if not self.alive:
+            return 0
+        deadline = time.monotonic() + timeout
+        while await self.num_in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+        return await self.call(lambda _: self._abort_all("the server shut down before this request finished"))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop thread (aborting whatever still runs). Blocking; safe to call twice."""
+        self.accepting = False
+        if self.alive:
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ loop thread
+    def _run(self) -> None:
+        while True:
+            try:
+                if not self._iteration():
+                    return
+            except Exception:  # noqa: BLE001 — a bug must not leave clients waiting forever
+                logger.exception("engine loop failed; aborting all requests")
+                self._abort_all("internal engine error", status=500)
+
+    def _iteration(self) -> bool:
+        """Handle the inbox, then run one step if there is work; False once stopped."""
+        commands = self._take_commands(block=not self.engine.scheduler.has_work)
+        for i, cmd in enumerate(commands):
+            if cmd is _STOP:
+                for rest in commands[i + 1:]:
+                    self._handle(rest)
+                self._abort_all("the server stopped")
+                return False
+            try:
+                self._handle(cmd)
+            except Exception as e:  # noqa: BLE001 — answer this command, keep the others
+                logger.exception("engine command %s failed", type(cmd).__name__)
+                done = getattr(cmd, "done", None)
+                if done is not None and not done.done():
+                    done.set_exception(e)
+        if self.engine.scheduler.has_work:
+            self._step()
+        self.metrics.set_load(num_running=len(self.engine.scheduler.running),
+                              num_queue=len(self.engine.scheduler.waiting))
+        return True
+
+    def _take_commands(self, *, block: bool) -> list:
+        commands = [self._inbox.get()] if block else []
+        while True:
+            try:
+                commands.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _handle(self, cmd) -> None:
+        if isinstance(cmd, _Submit):
+            self._submit(cmd)
+        elif isinstance(cmd, _Abort):
+            if self._active.pop(cmd.rid, None) is not None:
+                self.engine.abort(cmd.rid)
+                self.metrics.requests.labels(finish_reason=cmd.finish_reason).inc()
+        elif isinstance(cmd, _Call) and cmd.done.set_running_or_notify_cancel():
+            try:
+                cmd.done.set_result(cmd.fn(self.engine))
+            except Exception as e:  # noqa: BLE001 — handed to the caller
+                cmd.done.set_exception(e)
+
+    def _submit(self, cmd: _Submit) -> None:
+        if not cmd.done.set_running_or_notify_cancel():
+            return  # the client left while this waited in the inbox
+        try:
+            req = self.engine.make_request(cmd.text, cmd.input_ids, cmd.sampling_params, rid=cmd.rid)
+        except (ValueError, TypeError) as e:
+            cmd.done.set_exception(InvalidRequest(str(e)))
+            return
+        self.engine.add_request(req)
+        self._active[cmd.rid] = _Tracked(req, cmd.loop, cmd.events)
+        self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+        cmd.done.set_result(len(req.prompt_ids))
+
+    def _step(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.engine.step()
+        except Exception:  # noqa: BLE001 — keep serving; fail the requests in flight, not the server
+            logger.exception("engine step failed; aborting all running requests")
+            self._abort_all("internal engine error", status=500)
+            return
+        self.metrics.observe_step(time.perf_counter() - start, num_running=len(self.engine.scheduler.running),
+                                  num_queue=len(self.engine.scheduler.waiting))
+        out: dict[asyncio.AbstractEventLoop, list] = {}
+        for rid, t in list(self._active.items()):
+            req = t.req
+            if len(req.accept_lengths) > t.verified:
+                self.metrics.observe_verify(req.accept_lengths[t.verified:])
+                t.verified = len(req.accept_lengths)
+            new = req.output_ids[t.sent:]
+            if not new and not req.finished:
+                continue
+            t.sent += len(new)
+            self.metrics.generation_tokens.inc(len(new))
+            if req.finished:
+                del self._active[rid]
+                self.metrics.requests.labels(finish_reason=req.finish_reason.value).inc()
+                event = Event(new, finished=True, meta_info=req.result()["meta_info"])
+            else:
+                event = Event(new)
+            out.setdefault(t.loop, []).append((t, event))
+        self._post(out)
+
+    def _abort_all(self, reason: str, *, status: int = 503) -> int:
+        out: dict[asyncio.AbstractEventLoop, list] = {}
+        for rid, t in list(self._active.items()):
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001 — the KV of a broken step is lost, the server is not
+                logger.exception("abort of %s failed", rid)
+            self.metrics.requests.labels(finish_reason="abort").inc()
+            out.setdefault(t.loop, []).append((t, Event([], finished=True, error=reason, status=status)))
+        n = len(self._active)
+        self._active.clear()
+        self._post(out)
+        return n
+
+    def _post(self, out: dict[asyncio.AbstractEventLoop, list]) -> None:
+        """One call_soon_threadsafe per event loop per step, not one per request."""
+        for loop, items in out.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, [(t.events, e) for t, e in items])
+            except RuntimeError:  # that event loop is closed: nobody listens, free the KV
+                for t, event in items:
+                    if not event.finished:
+                        self._active.pop(t.req.rid, None)
+                        self.engine.abort(t.req.rid)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    for events, event in items:
+        events.put_nowait(event)

@@ -1,0 +1,84 @@
+"""Prometheus metrics of one served engine, on a registry of its own (one per app, never global).
+
+Names follow SGLang's (``sglang:num_running_reqs`` → ``specdec:num_running_reqs``) so existing
+dashboards carry over. Speculative metrics, per verify step of one request, where k = accepted
+draft tokens (0..num_steps) and the step commits k + 1 tokens (accepted + bonus):
+
+    specdec:spec_verify_steps_total                 verify steps
+    specdec:spec_accept_length                      mean committed tokens per verify step = mean(k + 1)
+    specdec:spec_accepted_tokens_total{position=i}  verify steps whose draft token at depth i was accepted (k >= i)
+    specdec:spec_accept_rate{position=i}            accepted_tokens{i} / verify steps
+
+Example: three verify steps with k = 2, 0, 1 → accept_length (3 + 1 + 2) / 3 = 2.0,
+accept_rate{1} = 2/3, accept_rate{2} = 1/3, accept_rate{3..S} = 0.
+
+Only the engine's loop thread writes; prometheus_client's metric objects are thread-safe for the
+HTTP thread that reads them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "specdec:"
+# CPU steps of tiny models take ~1 ms, GPU steps of large models up to ~1 s
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class EngineMetrics:
+    def __init__(self, *, num_draft_positions: int = 0, registry: CollectorRegistry | None = None) -> None:
+        """``num_draft_positions``: the draft tree depth (0 without speculation)."""
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r, p = self.registry, PREFIX
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of accepted requests", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Generated (committed) tokens", registry=r)
+        self.requests = Counter(p + "requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
+        self.num_running = Gauge(p + "num_running_reqs", "Requests being decoded", registry=r)
+        self.num_queue = Gauge(p + "num_queue_reqs", "Requests waiting for admission", registry=r)
+        self.step_time = Histogram(p + "step_time_seconds", "Engine step (prefill or decode) wall time",
+                                   buckets=STEP_BUCKETS, registry=r)
+        self.verify_steps = Counter(p + "spec_verify_steps", "Speculative verify steps (one per request per step)",
+                                    registry=r)
+        self.accept_length = Gauge(p + "spec_accept_length",
+                                   "Mean committed tokens per verify step (accepted draft tokens + bonus)", registry=r)
+        self.accepted_at = Counter(p + "spec_accepted_tokens", "Verify steps that accepted the draft token at depth i",
+                                   ["position"], registry=r)
+        self.accept_rate = Gauge(p + "spec_accept_rate", "Accepted at depth i / verify steps", ["position"],
+                                 registry=r)
+        self._steps = 0
+        self._committed = 0
+        self._accepted: list[int] = [0] * num_draft_positions  # [num_steps], index i-1 = depth i
+        for i in range(1, num_draft_positions + 1):
+            self.accepted_at.labels(position=str(i))
+            self.accept_rate.labels(position=str(i)).set(0.0)
+
+    def observe_verify(self, accept_lengths: list[int]) -> None:
+        """Count verify steps that accepted ``k`` draft tokens each."""
+        if not accept_lengths:
+            return
+        for k in accept_lengths:
+            if k > len(self._accepted):
+                for i in range(len(self._accepted) + 1, k + 1):
+                    self.accept_rate.labels(position=str(i))
+                self._accepted.extend([0] * (k - len(self._accepted)))
+            for i in range(k):
+                self._accepted[i] += 1
+                self.accepted_at.labels(position=str(i + 1)).inc()
+            self._committed += k + 1
+        self._steps += len(accept_lengths)
+        self.verify_steps.inc(len(accept_lengths))
+        self.accept_length.set(self._committed / self._steps)
+        for i, n in enumerate(self._accepted):
+            self.accept_rate.labels(position=str(i + 1)).set(n / self._steps)
+
+    def observe_step(self, seconds: float, *, num_running: int, num_queue: int) -> None:
+        self.step_time.observe(seconds)
+        self.set_load(num_running=num_running, num_queue=num_queue)
+
+    def set_load(self, *, num_running: int, num_queue: int) -> None:
+        self.num_running.set(num_running)
+        self.num_queue.set(num_queue)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        return generate_latest(self.registry)

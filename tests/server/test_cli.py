@@ -1,0 +1,69 @@
+"""``specdec serve``: the flags, and the real command line serving the embedded stories260K model."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from specdec.server.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_flags_are_sglangs():
+    help_text = build_parser().format_help()
+    for flag in ["--model-path", "--host", "--port", "--device", "--dtype", "--speculative-algorithm",
+                 "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
+                 "--speculative-num-draft-tokens", "--attention-backend", "--page-size", "--shutdown-timeout"]:
+        assert flag in help_text
+    args = build_parser().parse_args(["--port", "1234", "--speculative-algorithm", "EAGLE",
+                                      "--speculative-num-steps", "3"])
+    assert (args.host, args.port, args.speculative_num_steps) == ("127.0.0.1", 1234, 3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_command_answers_and_drains_on_sigterm():
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.server.cli", "--port", str(port), "--log-level",
+                             "warning"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "specdec serve did not come up"
+            time.sleep(0.2)
+        body = {"text": "Once upon a time", "sampling_params": {"temperature": 0, "max_new_tokens": 48},
+                "stream": True}
+        chunks = []
+        with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+                    if len(chunks) == 1:
+                        proc.send_signal(signal.SIGTERM)  # in flight: must still finish
+        assert chunks[-1] == "[DONE]"
+        last = json.loads(chunks[-2])
+        assert last["meta_info"]["finish_reason"] in ("length", "stop") and last["text"].strip()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

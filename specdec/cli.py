@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         "serve": "HTTP server (SGLang-compatible API)",
         "bench": "throughput benchmark, with and without speculation",
         "generate": "one prompt",
+        "train-draft": "train an EAGLE / EAGLE-3 draft head for a target",
     }
     if not argv or argv[0] not in commands:
         print(f"usage: specdec {{{','.join(commands)}}} [flags]   (specdec COMMAND --help for flags)")
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
         from specdec.server.cli import main as serve_main
 
         serve_main(argv[1:])
+    elif argv[0] == "train-draft":
+        from specdec.train.cli import main as train_main
+
+        train_main(argv[1:])
     elif argv[0] == "bench":
         from specdec.benchmark import main as bench_main
 

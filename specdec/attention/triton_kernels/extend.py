@@ -26,7 +26,6 @@ import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
     LOG2E,
-    check_device,
     dot_precision,
     launch_config,
     max_block_m,

@@ -1,0 +1,274 @@
+"""Request/response plumbing for the HTTP server: errors, SSE framing, stop sequences, chat
+templates, prompt parsing, and ``Generation`` (one request's stream as the endpoints see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from specdec.server.async_engine import RequestStream
+
+FALLBACK_CHAT_TEMPLATE = "<role>: <content>\\n per message, then assistant:"
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+                413: "invalid_request_error", 503: "service_unavailable", 500: "internal_error"}
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_body(status: int, message: str) -> dict:
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "error"), "code": status}}
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(status, message), status_code=status)
+
+
+def error_handler(status_and_message):
+    """An async exception handler (a sync one would run in Starlette's thread pool)."""
+
+    async def handle(_: Request, e: Exception) -> JSONResponse:
+        return error_response(*status_and_message(e))
+
+    return handle
+
+
+def sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def json_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"malformed JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise HTTPError(400, f"the JSON body must be an object, got {type(body).__name__}")
+    return body
+
+
+# ------------------------------------------------------------------ stops and chat template
+@dataclasses.dataclass(frozen=True)
+class Stops:
+    token_ids: tuple[int, ...] = ()  # from integers
+    string_ids: tuple[int, ...] = ()  # from one-token strings: trimmed from the text like a string stop
+    strings: tuple[str, ...] = ()  # matched on the decoded text
+
+
+def parse_stops(stop: Any, tokenizer: Any, field: str = "stop") -> Stops:
+    if stop is None:
+        return Stops()
+    items = [stop] if isinstance(stop, (str, int)) else stop
+    if not isinstance(items, list):
+        raise HTTPError(400, f"{field} must be a string, a token id or a list of them")
+    ids, string_ids, strings = [], [], []
+    for s in items:
+        if isinstance(s, int) and not isinstance(s, bool) and s >= 0:
+            ids.append(s)
+        elif isinstance(s, str) and s:
+            if tokenizer is None:
+                raise HTTPError(400, f"{field}: string stops need a tokenizer; this model has none (use token ids)")
+            one = tokenizer.encode(s, add_bos=False)
+            if len(one) == 1 and tokenizer.decode(one) == s:
+                string_ids.append(one[0])
+            else:
+                strings.append(s)
+        else:
+            raise HTTPError(400, f"{field}: entries must be non-empty strings or token ids >= 0, got {s!r}")
+    return Stops(tuple(ids), tuple(string_ids), tuple(strings))
+
+
+def with_stop_ids(params: Any, stops: Stops) -> Any:
+    """sampling_params with the stop token ids added (left alone when malformed: the engine says why)."""
+    extra = [*stops.token_ids, *stops.string_ids]
+    if not extra or not isinstance(params, dict):
+        return params
+    own = params.get("stop_token_ids") or []
+    return {**params, "stop_token_ids": [*own, *extra]} if isinstance(own, (list, tuple)) else params
+
+
+def render_chat(messages: Any, tokenizer: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise HTTPError(400, "messages must be a non-empty list of {role, content} objects")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise HTTPError(400, f"messages[{i}] must be an object with a string role")
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise HTTPError(400, f"messages[{i}].content: only text parts are supported")
+            content = "".join(p["text"] for p in content)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise HTTPError(400, f"messages[{i}].content must be a string or a list of text parts")
+        clean.append({"role": m["role"], "content": content})
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise HTTPError(400, f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(template).render(
+            messages=clean, add_generation_prompt=True,
+            bos_token=getattr(tokenizer, "bos_token", "") or "", eos_token=getattr(tokenizer, "eos_token", "") or "")
+    return "".join(f"{m['role']}: {m['content']}\n" for m in clean) + "assistant:"
+
+
+# ------------------------------------------------------------------ one request's visible output
+class Generation:
+    """What the client sees of one request: ids, text cut at stop strings, and stream deltas."""
+
+    def __init__(self, stream: RequestStream, tokenizer: Any, stops: Stops) -> None:
+        self.stream = stream
+        self.tokenizer = tokenizer
+        self.stops = stops
+        self.ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.meta_info: dict | None = None
+        self.error: str | None = None
+        self.error_status = 200
+        self.sent_chars = 0
+        self.sent_ids = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    async def advance(self) -> None:
+        event = await self.stream.next_event()
+        self.ids.extend(event.token_ids)
+        if event.error is not None:
+            self.error, self.error_status = event.error, event.status
+            return
+        cut = False
+        if self.tokenizer is not None:
+            ids = self.ids
+            if event.finished and event.meta_info["finish_reason"] == "stop" and ids \
+                    and ids[-1] in self.stops.string_ids:
+                ids = ids[:-1]  # a one-token stop string is not part of the text
+            text = self.tokenizer.decode(ids)
+            hits = [i for i in (text.find(s) for s in self.stops.strings) if i >= 0]
+            cut = bool(hits)
+            self.text = text[: min(hits)] if hits else text
+        if cut and not event.finished:
+            self.stream.close(finish_reason="stop")  # the engine would keep generating past it
+            self.meta_info = self.partial_meta("stop")
+        elif event.finished:
+            self.meta_info = {**event.meta_info, **({"finish_reason": "stop"} if cut else {})}
+        if self.meta_info is not None:
+            self.finish_reason = self.meta_info["finish_reason"]
+
+    def partial_meta(self, finish_reason: str | None = None) -> dict:
+        return {"id": self.stream.rid, "prompt_tokens": self.stream.prompt_tokens,
+                "completion_tokens": len(self.ids), "finish_reason": finish_reason}
+
+    def visible_text(self) -> str:
+        """The text safe to show now: a tail that may still become a stop string, or an incomplete
+        UTF-8 character (U+FFFD), is held back until the request finishes."""
+        if self.finished:
+            return self.text
+        end = len(self.text)
+        while end and self.text[end - 1] == "\ufffd":
+            end -= 1
+        hold = 0
+        for s in self.stops.strings:
+            hold = max(hold, next((k for k in range(min(len(s) - 1, end), 0, -1)
+                                   if self.text[:end].endswith(s[:k])), 0))
+        return self.text[: end - hold]
+
+    def take_delta(self) -> tuple[str, list[int]]:
+        """Text and ids not streamed yet (OpenAI chunks)."""
+        text = self.visible_text()
+        delta, self.sent_chars = text[self.sent_chars:], max(self.sent_chars, len(text))
+        ids, self.sent_ids = self.ids[self.sent_ids:], len(self.ids)
+        return delta, ids
+
+
+async def each_update(gens: list[Generation]) -> AsyncIterator[int]:
+    """Yield the index of a generation after each of its Events, until all have finished."""
+    pending = {asyncio.ensure_future(g.advance()): i for i, g in enumerate(gens) if not g.finished}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                task.result()
+                yield i
+                if not gens[i].finished:
+                    pending[asyncio.ensure_future(gens[i].advance())] = i
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(request: Request, gens: list[Generation]):
+    """Abort the requests when the client goes away; abort unfinished ones on any exit."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        for g in gens:
+            g.stream.cancel("client disconnected")
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        for g in gens:
+            g.stream.close()
+
+
+# ------------------------------------------------------------------ the app
+def is_ids(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def native_prompts(body: dict) -> tuple[list[dict], bool]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise HTTPError(400, "give exactly one of text or input_ids")
+    if isinstance(text, str):
+        return [{"text": text}], True
+    if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+        return [{"text": t} for t in text], False
+    if text is not None:
+        raise HTTPError(400, "text must be a string or a non-empty list of strings")
+    if is_ids(ids) and ids:
+        return [{"input_ids": ids}], True
+    if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
+        return [{"input_ids": x} for x in ids], False
+    raise HTTPError(400, "input_ids must be a non-empty list of token ids or a list of such lists")
+
+
+def openai_prompts(prompt: Any) -> list[dict]:
+    if isinstance(prompt, str):
+        return [{"text": prompt}]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return [{"text": p} for p in prompt]
+        if is_ids(prompt):
+            return [{"input_ids": prompt}]
+        if all(isinstance(p, list) for p in prompt):
+            return [{"input_ids": p} for p in prompt]
+    raise HTTPError(400, "prompt is required: a string, a list of strings, a list of token ids, or a list of those")

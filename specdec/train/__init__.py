@@ -1,0 +1,14 @@
+"""Draft-head training: data, target regeneration, teacher-forced capture, EAGLE / EAGLE-3 trainer.
+
+    data.py        training text and prompts (TinyStories train, GSM8K train, Alpaca seeds), eval prompts excluded
+    regenerate.py  the target answers the training prompts itself (specdec.Engine, greedy or sampled)
+    capture.py     teacher-forced target run: features the head conditions on + target logits
+    attention.py   differentiable padded-batch attention with EAGLE-3's training-time-test mask
+    losses.py      one training forward over the TTT steps: soft CE to the target (+ EAGLE-1 hidden loss)
+    vocab.py       EAGLE-3 reduced draft vocab from token frequencies (d2t / t2d)
+    trainer.py     AdamW + cosine schedule, per-step accuracy, resumable checkpoints
+    cli.py         ``specdec train-draft`` (``main(argv)``); exports with ``save_draft_head``
+
+Training code sits at the edge like the CLI: it may import the engine (for regeneration), and
+nothing in the subsystem imports it.
+"""

@@ -1,0 +1,152 @@
+"""``specdec train-draft``: train an EAGLE / EAGLE-3 draft head for a target and export it.
+
+    specdec train-draft --algorithm EAGLE --output-dir heads/eagle          (embedded stories260K)
+    python -m specdec.train.cli --algorithm EAGLE3 --output-dir heads/e3 --draft-vocab-size 256
+
+Pipeline: training samples (data.py, evaluation prompts excluded) -> held-out split -> target
+regenerates a response to every prompt (regenerate.py, via specdec.Engine) -> train on human text +
+regenerated text (trainer.py) -> ``save_draft_head`` (config.json + model.safetensors, loadable by
+``load_draft_head`` and ``--speculative-draft-model-path``) and a README.md saying how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from specdec.server.args import DEFAULT_MODEL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec train-draft", description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default=DEFAULT_MODEL, help="target: HF directory or llama2.c .bin "
+                   "(default: the embedded stories260K)")
+    p.add_argument("--algorithm", default="EAGLE", choices=["EAGLE", "EAGLE3"])
+    p.add_argument("--output-dir", required=True, help="where the head (config.json, model.safetensors) goes")
+    p.add_argument("--dataset", default="tinystories",
+                   help="comma-separated: tinystories, gsm8k, alpaca, or .txt/.jsonl files (default tinystories)")
+    p.add_argument("--num-samples", type=int, default=None, help="training prompts/texts to use (default: all)")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=256, help="tokens per training sequence (truncated)")
+    p.add_argument("--ttt-steps", type=int, default=None,
+                   help="draft steps per training position, own hidden fed back (default 1 EAGLE, 5 EAGLE3)")
+    p.add_argument("--draft-vocab-size", type=int, default=None,
+                   help="EAGLE-3 reduced vocab: most frequent tokens (default min(vocab, 32000))")
+    p.add_argument("--aux-layers", default=None,
+                   help="EAGLE-3 target capture indices, comma-separated, as LlamaForCausalLM's "
+                   "aux_hidden_layers (default SGLang's [2, L//2, L-3])")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--resume", nargs="?", const="auto", default=None,
+                   help="continue from a trainer checkpoint (default: WORK_DIR/<output-dir name>-<algorithm>.pt)")
+    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("regeneration and details")
+    g.add_argument("--regen-temperatures", default="0,1",
+                   help="the target answers every prompt at each temperature ('' = human text only)")
+    g.add_argument("--regen-max-new-tokens", type=int, default=192)
+    g.add_argument("--no-human-text", action="store_true", help="train on regenerated text only")
+    g.add_argument("--val-fraction", type=float, default=0.05, help="prompts held out for the final accuracy")
+    g.add_argument("--hidden-weight", type=float, default=0.1, help="EAGLE-1 hidden regression weight")
+    g.add_argument("--step-decay", type=float, default=0.8, help="TTT step s weighs step_decay**s")
+    g.add_argument("--work-dir", default=None, help="trainer checkpoints and the regeneration cache "
+                   "(default ~/.cache/specdec/train)")
+    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    return p
+
+
+def _split(samples: list, val_fraction: float) -> tuple[list, list]:
+    n_val = int(round(len(samples) * val_fraction)) if len(samples) > 1 else 0
+    return samples[n_val:], samples[:n_val]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from specdec.models.llama import default_eagle3_layers
+    from specdec.models.loaders import load_target, read_num_layers, save_draft_head
+    from specdec.models.tokenizer import load_tokenizer
+    from specdec.train.data import load_samples
+    from specdec.train.regenerate import RegenSettings, regenerate
+    from specdec.train.trainer import DraftTrainer, TrainConfig, build_head
+    from specdec.train.vocab import build_draft_vocab, coverage, token_counts
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    out_dir = Path(args.output_dir)
+    work = Path(args.work_dir) if args.work_dir else Path.home() / ".cache" / "specdec" / "train"
+    ttt = args.ttt_steps or (5 if args.algorithm == "EAGLE3" else 1)
+    config = TrainConfig(algorithm=args.algorithm, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                         ttt_steps=ttt, step_decay=args.step_decay, hidden_weight=args.hidden_weight, seed=args.seed)
+    torch.manual_seed(args.seed)
+
+    tokenizer = load_tokenizer(args.model_path)
+    if tokenizer is None:
+        raise ValueError(f"--model-path {args.model_path}: no tokenizer found next to the model")
+    samples = load_samples(args.dataset, num_samples=args.num_samples, seed=args.seed)
+    train_samples, val_samples = _split(samples, args.val_fraction)
+    cut = lambda ids: ids[: args.max_len]  # noqa: E731
+    prompts = [cut(tokenizer.encode(s.prompt)) for s in train_samples + val_samples]
+    human = [[], []] if args.no_human_text else [[cut(tokenizer.encode(s.text)) for s in part]
+                                                  for part in (train_samples, val_samples)]
+    temps = tuple(float(t) for t in args.regen_temperatures.split(",") if t.strip())
+    regen_train, regen_val = [], []
+    if temps:
+        settings = RegenSettings(model_path=str(args.model_path), temperatures=temps,
+                                 max_new_tokens=args.regen_max_new_tokens, seed=args.seed)
+        key = hashlib.sha1(json.dumps([settings.__dict__, prompts]).encode()).hexdigest()[:12]
+        seqs = regenerate(prompts, settings, cache=work / f"regen-{key}.jsonl",
+                          engine_kwargs={"device": args.device})
+        n_train = len(train_samples)
+        for block in range(len(temps)):
+            rows = seqs[block * len(prompts) : (block + 1) * len(prompts)]
+            regen_train += [cut(s) for s in rows[:n_train]]
+            regen_val += [cut(s) for s in rows[n_train:]]
+    train_seqs, val_seqs = human[0] + regen_train, human[1] + regen_val
+    print(f"data: {len(train_samples)} train / {len(val_samples)} held-out prompts; "
+          f"{len(train_seqs)} train sequences ({sum(map(len, train_seqs))} tokens), {len(val_seqs)} held-out")
+
+    aux = None
+    if args.algorithm == "EAGLE3":
+        aux = (tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers
+               else default_eagle3_layers(read_num_layers(args.model_path)))
+    target = load_target(args.model_path, aux_hidden_layers=aux, device=args.device)
+    vocab, cov = None, 1.0
+    if args.algorithm == "EAGLE3":
+        counts = token_counts(train_seqs, target.config.vocab_size)
+        vocab = build_draft_vocab(counts, min(args.draft_vocab_size or 32000, target.config.vocab_size))
+        cov = coverage(counts, vocab)
+        print(f"draft vocab: {int(vocab.kept.shape[0])} of {target.config.vocab_size} ids cover {cov:.2%} of training tokens")
+    head = build_head(target, args.algorithm, vocab=vocab, seed=args.seed)
+    resume = args.resume is not None
+    ckpt = work / f"{out_dir.resolve().name}-{args.algorithm}.pt" if args.resume in (None, "auto") else Path(args.resume)
+    trainer = DraftTrainer(target, head, config, train_seqs, val_seqs, checkpoint_path=ckpt)
+    result = trainer.train(resume=resume)
+    save_draft_head(head.eval(), out_dir)
+    acc = ", ".join(f"{a:.3f}" for a in result.val_accuracy)
+    print(f"held-out top-1 accuracy per draft step: [{acc}]; rough chain acceptance "
+          f"{result.expected_acceptance:.2f}; {result.steps} steps in {result.seconds:.0f}s")
+    summary = {
+        "command": "specdec train-draft " + shlex.join(argv), "algorithm": args.algorithm,
+        "seed": args.seed, "epochs": args.epochs, "steps": result.steps, "train_seconds": round(result.seconds, 1),
+        "ttt_steps": ttt, "aux_hidden_layers": list(aux) if aux else None,
+        "draft_vocab_size": int(vocab.kept.shape[0]) if vocab is not None else None, "draft_vocab_coverage": cov,
+        "train_prompts": len(train_samples), "heldout_prompts": len(val_samples),
+        "train_sequences": len(train_seqs), "train_tokens": sum(map(len, train_seqs)),
+        "regen_temperatures": list(temps), "regen_max_new_tokens": args.regen_max_new_tokens,
+        "heldout_accuracy_per_step": [round(a, 4) for a in result.val_accuracy],
+        "heldout_loss_per_step": [round(a, 4) for a in result.val_loss],
+        "expected_chain_acceptance": round(result.expected_acceptance, 3),
+    }
+    (out_dir / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out_dir}/config.json, model.safetensors, training.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Training text and prompts for draft heads, kept disjoint from the evaluation prompts.
+
+Sources (all from ``../shared/datasets``, override with ``SPECDEC_DATASETS``; see its SOURCES.md):
+* ``tinystories``: the TinyStories TRAIN split head (``tinystories/tinystories_train_head.txt``),
+  paragraphs as samples, the first sentence of each paragraph as a story-opening prompt;
+* ``gsm8k``: GSM8K TRAIN questions (prompt) and worked answers (response);
+* ``alpaca``: the Alpaca self-instruct seed tasks (instruction + input, output).
+
+Evaluation prompts are ``specdec/data/prompts/*.jsonl`` (TinyStories VALIDATION first sentences,
+EAGLE's mt_bench / humaneval / gsm8k question files). They are never read as training text: any
+training sample that contains an evaluation prompt verbatim is dropped (short TinyStories
+sentences such as "Once upon a time, there was a little boy named Tim." recur across splits), and
+``overlapping_prompts`` checks the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+EVAL_PROMPT_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
+SOURCES = ("tinystories", "gsm8k", "alpaca")
+
+
+def datasets_dir() -> Path:
+    """``$SPECDEC_DATASETS`` or the workspace's ``shared/datasets`` next to the repository."""
+    env = os.environ.get("SPECDEC_DATASETS")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "datasets"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One training text: ``prompt`` (what a target would be asked) and the human ``response``."""
+
+    prompt: str
+    response: str
+    source: str
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.response
+
+
+def eval_prompts(prompt_dir: Path = EVAL_PROMPT_DIR) -> list[str]:
+    """Every turn of every evaluation prompt file (what must never be trained on)."""
+    out = []
+    for path in sorted(prompt_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                out.extend(t for t in json.loads(line).get("turns", []) if t.strip())
+    return out
+
+
+def overlapping_prompts(texts: list[str], prompts: list[str]) -> list[str]:
+    """The prompts that occur verbatim (after whitespace normalisation) inside any of ``texts``."""
+    norm = lambda s: " ".join(s.split())  # noqa: E731
+    corpus = "\n".join(norm(t) for t in texts)
+    return [p for p in dict.fromkeys(norm(p) for p in prompts) if p and p in corpus]
+
+
+def _drop_eval_overlap(samples: list[Sample], prompts: list[str]) -> list[Sample]:
+    norm = lambda s: " ".join(s.split())  # noqa: E731
+    # NOTE: search the joined corpus first; only the few prompts found there are checked per sample.
+    banned = overlapping_prompts([s.text for s in samples], prompts)
+    return [s for s in samples if not any(b in norm(s.text) for b in banned)]
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"']?\s")
+
+
+def first_sentence(text: str) -> str:
+    m = _SENTENCE_END.search(text)
+    return text[: m.end()].strip() if m else text.strip()
+
+
+def tinystories_samples(path: Path | None = None) -> list[Sample]:
+    """Paragraphs of the TinyStories TRAIN head: prompt = first sentence, response = the rest."""
+    path = path or datasets_dir() / "tinystories" / "tinystories_train_head.txt"
+    paragraphs = [p.strip() for p in path.read_text().split("\n\n") if p.strip()]
+    out = []
+    for p in paragraphs:
+        head = first_sentence(p)
+        out.append(Sample(prompt=head, response=p[len(head):], source="tinystories"))
+    return out
+
+
+def gsm8k_samples(path: Path | None = None) -> list[Sample]:
+    path = path or datasets_dir() / "gsm8k" / "train.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Sample(prompt=r["question"] + "\n", response=r["answer"], source="gsm8k") for r in rows]
+
+
+def alpaca_samples(path: Path | None = None) -> list[Sample]:
+    path = path or datasets_dir() / "alpaca" / "seed_tasks.jsonl"
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        for inst in row.get("instances", []):
+            prompt = row["instruction"] + ("\n" + inst["input"] if inst.get("input") else "") + "\n"
+            out.append(Sample(prompt=prompt, response=inst.get("output", ""), source="alpaca"))
+    return out
+
+
+def _from_file(path: Path) -> list[Sample]:
+    """A ``.txt`` (blank-line separated paragraphs) or ``.jsonl`` (``text`` or ``prompt``/``response``)."""
+    if path.suffix == ".jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [Sample(r.get("prompt", ""), r.get("response", r.get("text", "")), path.name) for r in rows]
+    return tinystories_samples(path)
+
+
+def load_samples(dataset: str, *, num_samples: int | None = None, seed: int = 0) -> list[Sample]:
+    """Samples of ``dataset`` (comma-separated sources or file paths), eval overlap removed, shuffled.
+
+    ``num_samples`` keeps that many after shuffling with ``seed`` (all when None).
+    """
+    loaders = {"tinystories": tinystories_samples, "gsm8k": gsm8k_samples, "alpaca": alpaca_samples}
+    samples: list[Sample] = []
+    for name in (n.strip() for n in dataset.split(",") if n.strip()):
+        if name in loaders:
+            samples.extend(loaders[name]())
+        elif Path(name).is_file():
+            samples.extend(_from_file(Path(name)))
+        else:
+            raise ValueError(f"--dataset: {name!r} is neither one of {', '.join(SOURCES)} nor a file")
+    samples = _drop_eval_overlap(samples, eval_prompts())
+    random.Random(seed).shuffle(samples)
+    return samples[:num_samples] if num_samples else samples

@@ -20,6 +20,7 @@ import torch
 
 from specdec.eagle.heads import DraftHeadAdapter
 from specdec.eagle.tree import organize_draft_results, select_top_k_tokens
+from specdec.kernels import draft_scratch_slots
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
 
@@ -103,21 +104,21 @@ class DraftRunner:
         device = root_topk_p.device
         score_list, token_list, parents_list = [], [], []
         sel = select_top_k_tokens(0, root_topk_p, root_topk_index, root_hidden, None, k)
-        ancestors = torch.empty(bs * k, 0, dtype=torch.int64, device=device)  # [bs*K, depth]
-        branch_base = torch.arange(bs, device=device).repeat_interleave(k) * k  # [bs*K]
+        # [bs*K, S-1] each frontier node's ancestor scratch slots, itself last; two buffers
+        # because a step reads its parents' rows while writing permuted rows.
+        width = max(self.num_steps - 1, 1)
+        ancestors_in, ancestors_out = (torch.empty(bs * k, width, dtype=torch.int64, device=device) for _ in range(2))
+        slots = torch.empty(bs * k, dtype=torch.int64, device=device)  # [bs*K] this step's scratch slots
         for step in range(self.num_steps):
             score_list.append(sel.tree_info[0])
             token_list.append(sel.tree_info[1])
             parents_list.append(sel.tree_info[2])
             if step == self.num_steps - 1:
                 break
-            # [bs*K] scratch slots of this step: scratch_base + (b * (S-1) + step) * K + j
-            slots = self.scratch_base + (
-                (torch.arange(bs, device=device).repeat_interleave(k) * (self.num_steps - 1) + step) * k
-                + torch.arange(k, device=device).repeat(bs)
-            )
-            parent_rows = branch_base + sel.parent_branch.reshape(-1)
-            ancestors = torch.cat([ancestors[parent_rows], slots[:, None]], dim=1)
+            draft_scratch_slots(sel.parent_branch, ancestors_in, ancestors_out, slots,
+                                scratch_base=self.scratch_base, num_steps=self.num_steps, step=step)
+            ancestors_in, ancestors_out = ancestors_out, ancestors_in
+            ancestors = ancestors_in[:, : step + 1]
             batch = ForwardBatch(
                 forward_mode=ForwardMode.DECODE,
                 input_ids=sel.input_ids,

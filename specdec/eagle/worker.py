@@ -23,9 +23,10 @@ from specdec.eagle.draft import DraftRunner
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.state import DraftState
 from specdec.eagle.tree import TreeMaskMode, build_tree
-from specdec.eagle.verify import committed_tokens, verify_greedy, verify_sampling
+from specdec.eagle.verify import VerifyResult, committed_tokens, verify_greedy, verify_sampling
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner
+from specdec.kernels import compact_accepted_kv_locs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +141,7 @@ class EAGLEWorker:
                 threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
             )
         commit = committed_tokens(result)
-        slots, positions = self._commit_kv(req_pool_indices, seq_lens, commit.source_nodes, commit.num_committed)
+        slots, positions = self._commit_kv(req_pool_indices, seq_lens, result)
         self._draft_extend(
             commit.tokens, features[commit.source_nodes], positions, slots,
             req_pool_indices, seq_lens, commit.num_committed,
@@ -217,31 +218,27 @@ class EAGLEWorker:
         self,
         req_pool_indices: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs]
-        nodes: torch.Tensor,  # [sum(k+1)] global node index of root + accepted nodes
-        num_committed: list[int],
+        result: VerifyResult,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Move accepted nodes' target K/V to consecutive positions; free the rest of the tree.
 
         Tree node t of request b was written at position seq_len + t; its i-th accepted node
         (root = 0th) belongs at seq_len + i. Since t >= i and moves read before they write,
         compaction never clobbers a node still to be moved. Returns the committed positions'
-        slots and positions ([sum(k+1)] each).
+        slots and positions, packed request by request ([sum(k+1)] each).
         """
+        shape = result.accept_index.shape  # [bs, S+1]
+        device = seq_lens.device
+        src, dst, positions = (torch.empty(shape, dtype=torch.int64, device=device) for _ in range(3))
+        compact_accepted_kv_locs(
+            self.memory.req_to_token, req_pool_indices, seq_lens, result.accept_index, result.accept_length,
+            src, dst, positions, num_draft_tokens=self.config.num_draft_tokens,
+        )
+        self.target.kv_cache.move(src.flatten(), dst.flatten())  # padding entries copy a slot onto itself
         n = self.config.num_draft_tokens
-        device = nodes.device
-        counts = torch.tensor(num_committed, device=device)
-        req = torch.arange(len(num_committed), device=device).repeat_interleave(counts)
-        starts = torch.cumsum(counts, 0) - counts
-        rank = torch.arange(nodes.shape[0], device=device) - starts.repeat_interleave(counts)
-        rows = req_pool_indices[req]
-        base = seq_lens[req]
-        table = self.memory.req_to_token
-        src = table[rows, base + nodes - req * n].long()
-        dst = table[rows, base + rank].long()
-        moved = src != dst
-        self.target.kv_cache.move(src[moved], dst[moved])
-        self.memory.truncate(req_pool_indices, seq_lens + n, seq_lens + counts)
-        return dst, base + rank
+        self.memory.truncate(req_pool_indices, seq_lens + n, seq_lens + result.accept_length + 1)
+        committed = positions >= 0  # [bs, S+1], row-major = request by request
+        return dst[committed], positions[committed]
 
     def _draft_extend(
         self, input_ids, features, positions, out_cache_loc, req_pool_indices, prefix_lens, extend_lens_cpu

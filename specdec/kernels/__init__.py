@@ -1,9 +1,22 @@
 """sgl_kernel-compatible ops: same names, signatures, dtypes and in-place writes as sgl_kernel.
 
-Each op validates its inputs and runs a Triton kernel on CUDA tensors when one is registered in
-``TRITON_IMPLS``, else its torch reference ``<op>_ref`` (the specification, any device).
+Each op validates its inputs and runs its Triton kernel (``specdec.kernels.triton``) on CUDA
+tensors, and on CPU tensors when TRITON_INTERPRET=1; else its torch reference ``<op>_ref`` (the
+specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker.
 """
 
+from specdec.kernels.cache_ops import (
+    assign_req_to_token,
+    assign_req_to_token_ref,
+    compact_accepted_kv_locs,
+    compact_accepted_kv_locs_ref,
+    create_kv_indices,
+    create_kv_indices_ref,
+    create_kv_page_indices,
+    create_kv_page_indices_ref,
+    draft_scratch_slots,
+    draft_scratch_slots_ref,
+)
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
 from specdec.kernels.tree_build import (
     TRITON_IMPLS,
@@ -23,6 +36,16 @@ from specdec.kernels.verify import (
 __all__ = [
     "TRITON_IMPLS",
     "TreeMaskMode",
+    "assign_req_to_token",
+    "assign_req_to_token_ref",
+    "compact_accepted_kv_locs",
+    "compact_accepted_kv_locs_ref",
+    "create_kv_indices",
+    "create_kv_indices_ref",
+    "create_kv_page_indices",
+    "create_kv_page_indices_ref",
+    "draft_scratch_slots",
+    "draft_scratch_slots_ref",
     "build_tree_kernel_efficient",
     "build_tree_kernel_efficient_ref",
     "reconstruct_indices_from_tree_mask",

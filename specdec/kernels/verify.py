@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specdec.kernels.residual import residual_draw_ref
+
 from specdec.kernels.tree_build import check_tensor, select_impl
 
 
@@ -294,16 +296,16 @@ def _sample_residual(
     num_spec: int,
     coins: torch.Tensor,  # [bs]
 ) -> list[int]:
-    """One draw per request from relu(q - p) at its last accepted node (p = 0 after a full path)."""
+    """One draw per request from relu(q - p) at its last accepted node (p = 0 after a full path).
+
+    The inverse-CDF search uses ``residual_draw_ref``'s fixed fp32 summation order, so the torch
+    reference and the Triton kernel pick the same token on every device.
+    """
     device = target_probs.device
     rows = torch.arange(len(last_node), device=device)
     nodes = torch.tensor(last_node, dtype=torch.int64, device=device)
     q = target_probs[rows, nodes]  # [bs, vocab]
     full_path = torch.tensor(num_accepted, device=device) == num_spec - 1
     p = torch.where(full_path[:, None], torch.zeros_like(q), draft_probs[rows, nodes])  # [bs, vocab]
-    residual = (q - p).clamp_min(0.0)
-    threshold = coins[:, None] * residual.sum(dim=-1, keepdim=True)  # [bs, 1]
-    hit = (residual > 0) & (residual.cumsum(dim=-1) > threshold)  # [bs, vocab]
-    first = hit.to(torch.int32).argmax(dim=-1)
-    vocab = target_probs.shape[2]
-    return torch.where(hit.any(dim=-1), first, torch.full_like(first, vocab - 1)).tolist()
+    residual = (q - p).clamp_min(0.0).float().cpu()
+    return [residual_draw_ref(residual[b], float(coins[b])) for b in range(len(last_node))]

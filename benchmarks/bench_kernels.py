@@ -1,0 +1,217 @@
+"""GPU microbenchmark of the speculative ops: Triton vs the torch reference on the same GPU and inputs,
+and vs each op's memory floor (tensor bytes read + written / measured device copy bandwidth).
+
+    python benchmarks/bench_kernels.py --output-dir benchmarks/results/kernels
+
+Writes kernels.json and kernels.md. Times are CUDA-event medians after warm-up, of the eager call and
+of a CUDA-graph replay of it (which also proves the op captures: no host sync inside). The reference ops
+plan on the host (``.tolist()``), so their time includes those syncs: that is what they cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import kernels as K
+
+BATCHES = (1, 16, 64, 256)
+NODES = (8, 64)
+VOCABS = (32000, 128256)
+# (topk, depth) with enough candidates for N nodes
+TREE = {8: (4, 3), 64: (8, 6)}
+
+
+def time_us(fn, *, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def graph_us(fn, *, reps: int) -> float | None:
+    """Device time of one op: replay it from a CUDA graph (no host launch overhead), or None."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up (and Triton compilation) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:
+        return None
+    return time_us(graph.replay, reps=reps)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
+    src = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src), reps=20)
+    return 2 * src.numel() / (us * 1e-6)
+
+
+def nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def tree_inputs(bs: int, n: int):
+    """A random draft tree per request (ascending selection closed under parents), on the GPU."""
+    topk, depth = TREE[n]
+    g = torch.Generator().manual_seed(bs * 1000 + n)
+    parent_list, selected = [], []
+    for _ in range(bs):
+        parents, prev, parent_of = [-1], list(range(topk)), {s: -1 for s in range(topk)}
+        for i in range(1, depth):
+            frontier = [prev[j] for j in torch.randperm(len(prev), generator=g)[:topk].tolist()]
+            prev = []
+            for r, f in enumerate(frontier):
+                parents.append(f)
+                for c in range(topk):
+                    s = topk + (i - 1) * topk * topk + r * topk + c
+                    parent_of[s], prev = f, prev + [s]
+        chosen, avail = [], sorted(s for s, p in parent_of.items() if p == -1)
+        while len(chosen) < n - 1:
+            s = avail.pop(int(torch.randint(len(avail), (1,), generator=g)))
+            chosen.append(s)
+            avail = sorted(set(avail) | {c for c, p in parent_of.items() if p == s})
+        parent_list.append(parents)
+        selected.append(sorted(chosen))
+    seq_lens = torch.randint(100, 2000, (bs,), generator=g)
+    return (torch.tensor(parent_list).cuda(), torch.tensor(selected).cuda().view(bs, n - 1), seq_lens.cuda(),
+            topk, depth)
+
+
+def tree_outputs(bs: int, n: int):
+    mask = torch.empty(bs * n * n, dtype=torch.bool, device="cuda")
+    positions = torch.empty(bs * n, dtype=torch.int64, device="cuda")
+    links = [torch.full((bs, n), -1, dtype=torch.int64, device="cuda") for _ in range(3)]
+    return mask, positions, links
+
+
+def cases():
+    """(op, shape label, triton fn, ref fn or None, floor bytes) for every benchmarked shape."""
+    for n in NODES:
+        for bs in BATCHES:
+            parent_list, selected, seq_lens, topk, depth = tree_inputs(bs, n)
+            mask, positions, links = tree_outputs(bs, n)
+            args = (parent_list, selected, seq_lens, mask, positions, *links, topk, depth, n, 1)
+            floor = nbytes(parent_list, selected, seq_lens, mask, positions, *links)
+            yield ("build_tree_kernel_efficient", dict(bs=bs, N=n),
+                   lambda a=args: K.build_tree_kernel_efficient(*a),
+                   lambda a=args: K.build_tree_kernel_efficient_ref(*a), floor)
+            K.build_tree_kernel_efficient(*args)
+            rargs = (mask, seq_lens, positions, *links, bs, n)
+            yield ("reconstruct_indices_from_tree_mask", dict(bs=bs, N=n),
+                   lambda a=rargs: K.reconstruct_indices_from_tree_mask(*a),
+                   lambda a=rargs: K.reconstruct_indices_from_tree_mask_ref(*a), nbytes(mask, seq_lens, positions, *links))
+            candidates = torch.randint(0, 4, (bs, n), device="cuda")
+            target = torch.randint(0, 4, (bs, n), device="cuda")
+            outs = (torch.empty(bs * n, dtype=torch.int32, device="cuda"),
+                    torch.full((bs, depth + 1), -1, dtype=torch.int32, device="cuda"),
+                    torch.empty(bs, dtype=torch.int32, device="cuda"))
+            vargs = (*outs, candidates, *links, target)
+            yield ("verify_tree_greedy", dict(bs=bs, N=n), lambda a=vargs: K.verify_tree_greedy(*a),
+                   lambda a=vargs: K.verify_tree_greedy_ref(*a), nbytes(*vargs))
+            for vocab in VOCABS:
+                if n == 64 and bs == 256:  # 2 x 8.4 GB of probabilities; the op reads 2 rows per request
+                    continue
+                probs = torch.rand(bs, n, vocab, device="cuda")
+                probs /= probs.sum(-1, keepdim=True)
+                draft = torch.zeros_like(probs)
+                sargs = (*outs, candidates, *links, torch.rand(bs, n, device="cuda"), torch.rand(bs, device="cuda"),
+                         probs, draft)
+                small = probs.numel() * 4 < 2**30  # the ref copies target_probs to the host
+                yield ("tree_speculative_sampling_target_only", dict(bs=bs, N=n, vocab=vocab),
+                       lambda a=sargs: K.tree_speculative_sampling_target_only(*a),
+                       (lambda a=sargs: K.tree_speculative_sampling_target_only_ref(*a)) if small else None,
+                       bs * 2 * vocab * 4)
+                del probs, draft, sargs
+            bits = torch.rand(bs * n * n, device="cuda") < 0.5
+            in_ptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * (n * n)
+            out_ptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * ((n * n + 7) // 8)
+            y = torch.empty(int(out_ptr[-1]), dtype=torch.uint8, device="cuda")
+            pargs = (bits, in_ptr, out_ptr, y, bs)
+            yield ("segment_packbits", dict(bs=bs, N=n), lambda a=pargs: K.segment_packbits(*a),
+                   lambda a=pargs: K.segment_packbits_ref(*a), nbytes(bits, y))
+    for bs in BATCHES:
+        ctx = 4096
+        table = torch.randint(0, 2**30, (bs, ctx), dtype=torch.int32, device="cuda")
+        rows = torch.arange(bs, device="cuda")
+        lens = torch.randint(1000, 3000, (bs,), device="cuda")
+        indptr = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), lens.cumsum(0)]).to(torch.int32)
+        kv = torch.empty(int(lens.sum()), dtype=torch.int32, device="cuda")
+        kargs = (table, rows, lens, indptr, None, kv)
+        yield ("create_kv_indices", dict(bs=bs, seq_len="1000-3000"), lambda a=kargs: K.create_kv_indices(*a),
+               lambda a=kargs: K.create_kv_indices_ref(*a), 2 * nbytes(kv))
+        n = 8
+        starts = lens
+        loc = torch.randint(0, 2**30, (bs * n,), device="cuda")
+        aargs = (table, rows, starts, starts + n, loc)
+        yield ("assign_req_to_token", dict(bs=bs, N=n), lambda a=aargs: K.assign_req_to_token(*a),
+               lambda a=aargs: K.assign_req_to_token_ref(*a), nbytes(loc) + bs * n * 4)
+        accept = (torch.arange(bs, device="cuda")[:, None] * n + torch.arange(4, device="cuda")).to(torch.int32)
+        outs = [torch.empty(bs, 4, dtype=torch.int64, device="cuda") for _ in range(3)]
+        cargs = (table, rows, lens, accept, torch.full((bs,), 3, dtype=torch.int32, device="cuda"), *outs)
+        yield ("compact_accepted_kv_locs", dict(bs=bs, N=n),
+               lambda a=cargs: K.compact_accepted_kv_locs(*a, num_draft_tokens=n),
+               lambda a=cargs: K.compact_accepted_kv_locs_ref(*a, num_draft_tokens=n), nbytes(accept, *outs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels needs a CUDA device")
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth()
+    rows, t0 = [], time.time()
+    for i, (op, shape, ours, ref, floor_bytes) in enumerate(cases()):
+        triton_us = time_us(ours, reps=args.reps)
+        replay_us = graph_us(ours, reps=args.reps)
+        ref_us = time_us(ref, reps=3, warmup=1) if ref is not None else None
+        floor_us = floor_bytes / bandwidth * 1e6
+        rows.append(dict(op=op, shape=shape, triton_us=triton_us, graph_us=replay_us, ref_us=ref_us,
+                         floor_us=floor_us, speedup_vs_ref=ref_us / triton_us if ref_us else None,
+                         graph_x_floor=replay_us / floor_us if replay_us else None))
+        print(f"\r[{i + 1} cases, {time.time() - t0:5.1f} s] {op} {shape}" + " " * 20, end="", file=sys.stderr)
+    print(file=sys.stderr)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_bandwidth_GBps=bandwidth / 1e9)
+    (args.output_dir / "kernels.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    lines = [f"# Kernel microbenchmark ({meta['device']}, copy bandwidth {bandwidth / 1e9:.0f} GB/s)", "",
+             "triton = eager call (host launch included); graph = CUDA-graph replay (device time).", "",
+             "| op | shape | triton µs | graph µs | ref µs | speedup | floor µs | graph / floor |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ref = f"{r['ref_us']:.1f}" if r["ref_us"] else "-"
+        speed = f"{r['speedup_vs_ref']:.0f}x" if r["speedup_vs_ref"] else "-"
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        graph = f"{r['graph_us']:.1f}" if r["graph_us"] else "capture failed"
+        ratio = f"{r['graph_x_floor']:.0f}x" if r["graph_x_floor"] else "-"
+        lines.append(f"| {r['op']} | {shape} | {r['triton_us']:.1f} | {graph} | {ref} | {speed} | "
+                     f"{r['floor_us']:.2f} | {ratio} |")
+    (args.output_dir / "kernels.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

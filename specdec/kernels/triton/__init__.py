@@ -1,0 +1,25 @@
+"""Triton implementations of ``specdec.kernels`` ops, bit-exact with their ``*_ref`` specifications.
+
+Importing this package does not import triton; ``load_impls`` does, and ``specdec.kernels``'
+``select_impl`` calls it the first time an op runs on CUDA (or on CPU under TRITON_INTERPRET=1).
+Each implementation has its reference's signature, runs as a ``torch.library`` custom op
+(``torch.ops.specdec.*``, with a fake impl) so torch.compile and CUDA-graph capture can trace it,
+and reports malformed input through an error-flag tensor:
+
+  CPU     the implementation reads the flag after the kernel and raises ValueError like the ref;
+  CUDA    no host sync: the flag is left on the device. Malformed input still cannot hang or read
+          out of bounds (every walk is bounded by N, every index clamped or masked), but the outputs
+          are meaningless. Callers that want the flag call the Triton function directly with
+          ``error_flag=`` (a [bs] int32 tensor, 0 = fine) and check it outside the captured region.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def load_impls() -> dict[str, Callable[..., None]]:
+    """Import triton and the kernels; returns op name -> implementation. Raises ImportError."""
+    from specdec.kernels.triton import cache_ops, packbits, tree_build, verify
+
+    return {**tree_build.IMPLS, **verify.IMPLS, **packbits.IMPLS, **cache_ops.IMPLS}

@@ -1,0 +1,234 @@
+"""Triton versions of ``specdec.kernels.cache_ops``: one program per request (per new node for
+``draft_scratch_slots``), BLOCK positions per iteration, every access masked to its tensor.
+
+Error codes (``error_flag[b]``, 0 = fine): 1 = row outside req_to_token, 2 = positions outside the
+row (or a bad accept_length / parent_branch), 3 = output or packed input range too small,
+4 = an accept_index entry that is not one of the request's nodes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.kernels.triton._common import error_flag_for, raise_on_cpu
+
+_ERRORS = {
+    1: "req_pool_indices: request {b} has a row outside req_to_token",
+    2: "request {b}: positions (or lengths) outside their range",
+    3: "request {b}: output / packed input too small",
+    4: "accept_index: request {b} has an entry that is not one of its nodes",
+}
+_BLOCK = 128
+
+
+def _check(flag: torch.Tensor, op: str) -> None:
+    raise_on_cpu(flag, lambda b, code: f"{op}: " + _ERRORS[code].format(b=b))
+
+
+def _custom_op(name: str, mutates: tuple[str, ...]):
+    """Register ``fn`` as torch.ops.specdec.<name> with a no-op fake (all its outputs are in place)."""
+    def wrap(fn):
+        op = torch.library.custom_op(f"specdec::{name}", mutates_args=mutates)(fn)
+        op.register_fake(lambda *args, **kwargs: None)
+        return op
+    return wrap
+
+
+# --------------------------------------------------------------------------- assign_req_to_token
+@triton.jit
+def _assign_kernel(table_ptr, rows_ptr, start_ptr, end_ptr, loc_ptr, error_ptr, max_reqs, ctx, loc_numel,
+                   BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    start = tl.load(start_ptr + b).to(tl.int64)
+    end = tl.load(end_ptr + b).to(tl.int64)
+    offset = row * 0  # packed offset: sum of the earlier requests' lengths
+    for i0 in range(0, b, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        lo = tl.load(start_ptr + i, mask=i < b, other=0).to(tl.int64)
+        hi = tl.load(end_ptr + i, mask=i < b, other=0).to(tl.int64)
+        offset += tl.sum(tl.maximum(hi - lo, 0))
+    err = tl.where((row < 0) | (row >= max_reqs), 1,
+                   tl.where((start < 0) | (end < start) | (end > ctx), 2,
+                            tl.where(offset + end - start > loc_numel, 3, 0)))
+    tl.store(error_ptr + b, err)
+    count = tl.where(err == 0, end - start, 0)
+    for p0 in range(0, count, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        m = p < count
+        loc = tl.load(loc_ptr + offset + p, mask=m, other=0)
+        tl.store(table_ptr + row * ctx + start + p, loc.to(table_ptr.dtype.element_ty), mask=m)
+
+
+@_custom_op("assign_req_to_token", ("req_to_token", "error_flag"))
+def _assign_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, start_offsets: torch.Tensor,
+               end_offsets: torch.Tensor, out_cache_loc: torch.Tensor, error_flag: torch.Tensor) -> None:
+    bs = req_pool_indices.shape[0]
+    if bs:
+        _assign_kernel[(bs,)](req_to_token, req_pool_indices, start_offsets, end_offsets, out_cache_loc, error_flag,
+                              req_to_token.shape[0], req_to_token.shape[1], out_cache_loc.numel(), BLOCK=_BLOCK)
+
+
+def assign_req_to_token(req_to_token, req_pool_indices, start_offsets, end_offsets, out_cache_loc, *,
+                        error_flag: torch.Tensor | None = None) -> None:
+    flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
+    torch.ops.specdec.assign_req_to_token(req_to_token, req_pool_indices, start_offsets, end_offsets,
+                                          out_cache_loc, flag)
+    _check(flag, "assign_req_to_token")
+
+
+# --------------------------------------------------------------------------- compact_accepted_kv_locs
+@triton.jit
+def _compact_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_length_ptr, src_ptr, dst_ptr,
+                    pos_ptr, error_ptr, max_reqs, ctx, n, num_spec, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    base = tl.load(seq_lens_ptr + b).to(tl.int64)
+    k = tl.load(accept_length_ptr + b).to(tl.int64)
+    err = tl.where((row < 0) | (row >= max_reqs), 1,
+                   tl.where((base < 0) | (base + n > ctx) | (k < 0) | (k >= num_spec), 2, 0))
+    # NOTE: request-level conditions enter masks as integer bounds (i < limit), never as a scalar
+    # bool & a vector: Triton's interpreter mis-types that mask.
+    i = tl.arange(0, BLOCK)
+    accepted = i <= tl.where(err == 0, k, -1)
+    node = tl.load(accept_index_ptr + b * num_spec + i, mask=accepted, other=0).to(tl.int64) - b * n
+    bad_node = accepted & ((node < 0) | (node >= n))
+    err = tl.where(err != 0, err, tl.where(tl.max(bad_node.to(tl.int32)) > 0, 4, 0))
+    accepted = i <= tl.where(err == 0, k, -1)
+    row_ptr = table_ptr + row * ctx + base
+    home = tl.load(row_ptr, mask=err == 0, other=-1).to(tl.int64)
+    src = tl.load(row_ptr + node, mask=accepted, other=0).to(tl.int64)
+    dst = tl.load(row_ptr + i, mask=accepted, other=0).to(tl.int64)
+    out = b * num_spec + i
+    written = i < tl.where(err == 0, num_spec, 0)
+    tl.store(src_ptr + out, tl.where(accepted, src, home), mask=written)
+    tl.store(dst_ptr + out, tl.where(accepted, dst, home), mask=written)
+    tl.store(pos_ptr + out, tl.where(accepted, base + i, -1), mask=written)
+    tl.store(error_ptr + b, err)
+
+
+@_custom_op("compact_accepted_kv_locs", ("src_locs", "dst_locs", "positions", "error_flag"))
+def _compact_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                accept_index: torch.Tensor, accept_length: torch.Tensor, src_locs: torch.Tensor,
+                dst_locs: torch.Tensor, positions: torch.Tensor, error_flag: torch.Tensor,
+                num_draft_tokens: int) -> None:
+    bs, num_spec = accept_index.shape
+    if bs:
+        _compact_kernel[(bs,)](req_to_token, req_pool_indices, seq_lens, accept_index, accept_length, src_locs,
+                               dst_locs, positions, error_flag, req_to_token.shape[0], req_to_token.shape[1],
+                               num_draft_tokens, num_spec, BLOCK=max(16, triton.next_power_of_2(num_spec)))
+
+
+def compact_accepted_kv_locs(req_to_token, req_pool_indices, seq_lens, accept_index, accept_length, src_locs,
+                             dst_locs, positions, *, num_draft_tokens: int,
+                             error_flag: torch.Tensor | None = None) -> None:
+    flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
+    torch.ops.specdec.compact_accepted_kv_locs(req_to_token, req_pool_indices, seq_lens, accept_index,
+                                               accept_length, src_locs, dst_locs, positions, flag,
+                                               num_draft_tokens)
+    _check(flag, "compact_accepted_kv_locs")
+
+
+# --------------------------------------------------------------------------- draft_scratch_slots
+@triton.jit
+def _scratch_kernel(branch_ptr, anc_in_ptr, anc_out_ptr, slots_ptr, error_ptr, k, in_width, out_width,
+                    scratch_base, num_steps, step, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)  # new node: request r // K, node r % K
+    b = r // k
+    branch = tl.load(branch_ptr + r).to(tl.int64)
+    ok = (branch >= 0) & (branch < k)
+    parent_row = b * k + tl.where(ok, branch, 0)
+    slot = scratch_base + (b * (num_steps - 1) + step) * k + r % k
+    tl.store(slots_ptr + r, slot)
+    for c0 in range(0, step, BLOCK):
+        c = c0 + tl.arange(0, BLOCK)
+        m = c < step
+        anc = tl.load(anc_in_ptr + parent_row * in_width + c, mask=m, other=0)
+        tl.store(anc_out_ptr + r * out_width + c, anc, mask=m)
+    tl.store(anc_out_ptr + r * out_width + step, slot)
+    tl.store(error_ptr + r, tl.where(ok, 0, 2))
+
+
+@_custom_op("draft_scratch_slots", ("ancestors_out", "slots_out", "error_flag"))
+def _scratch_op(parent_branch: torch.Tensor, ancestors_in: torch.Tensor, ancestors_out: torch.Tensor,
+                slots_out: torch.Tensor, error_flag: torch.Tensor, scratch_base: int, num_steps: int,
+                step: int) -> None:
+    rows = parent_branch.numel()
+    if rows:
+        # NOTE: an empty ancestors_in (step 0) may have a null data pointer; it is never read then.
+        anc_in = ancestors_in if ancestors_in.numel() else ancestors_out
+        _scratch_kernel[(rows,)](parent_branch, anc_in, ancestors_out, slots_out, error_flag,
+                                 parent_branch.shape[1], ancestors_in.shape[1], ancestors_out.shape[1],
+                                 scratch_base, num_steps, step, BLOCK=16)
+
+
+def draft_scratch_slots(parent_branch, ancestors_in, ancestors_out, slots_out, *, scratch_base: int,
+                        num_steps: int, step: int, error_flag: torch.Tensor | None = None) -> None:
+    flag = error_flag_for(parent_branch.numel(), parent_branch.device, error_flag)
+    torch.ops.specdec.draft_scratch_slots(parent_branch, ancestors_in, ancestors_out, slots_out, flag,
+                                          scratch_base, num_steps, step)
+    k = max(parent_branch.shape[1], 1)
+    raise_on_cpu(flag, lambda r, code: f"parent_branch: request {r // k} node {r % k} has a branch outside [0, {k})")
+
+
+# --------------------------------------------------------------------------- create_kv_indices
+@triton.jit
+def _gather_kernel(table_ptr, rows_ptr, lens_ptr, indptr_ptr, start_ptr, out_ptr, error_ptr, max_reqs, ctx,
+                   out_numel, page_size, HAS_START: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    length = tl.load(lens_ptr + b).to(tl.int64)
+    off = tl.load(indptr_ptr + b).to(tl.int64)
+    start = row * 0
+    if HAS_START:
+        start = tl.load(start_ptr + b).to(tl.int64)
+    count = (length + page_size - 1) // page_size
+    err = tl.where((row < 0) | (row >= max_reqs), 1,
+                   tl.where((start < 0) | (length < 0) | (start + length > ctx), 2,
+                            tl.where((off < 0) | (off + count > out_numel), 3, 0)))
+    tl.store(error_ptr + b, err)
+    count = tl.where(err == 0, count, 0)
+    for i0 in range(0, count, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < count
+        slot = tl.load(table_ptr + row * ctx + start + i * page_size, mask=m, other=0)
+        tl.store(out_ptr + off + i, (slot // page_size).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@_custom_op("create_kv_indices", ("kv_indices", "error_flag"))
+def _gather_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+               kv_indptr: torch.Tensor, kv_start_idx: torch.Tensor | None, kv_indices: torch.Tensor,
+               error_flag: torch.Tensor, page_size: int) -> None:
+    bs = req_pool_indices.shape[0]
+    if bs:
+        _gather_kernel[(bs,)](req_to_token, req_pool_indices, seq_lens, kv_indptr,
+                              kv_start_idx if kv_start_idx is not None else seq_lens, kv_indices, error_flag,
+                              req_to_token.shape[0], req_to_token.shape[1], kv_indices.numel(), page_size,
+                              HAS_START=kv_start_idx is not None, BLOCK=_BLOCK)
+
+
+def create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_start_idx, kv_indices, *,
+                      error_flag: torch.Tensor | None = None) -> None:
+    flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
+    torch.ops.specdec.create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_start_idx,
+                                        kv_indices, flag, 1)
+    _check(flag, "create_kv_indices")
+
+
+def create_kv_page_indices(req_to_token, req_pool_indices, seq_lens, page_indptr, page_indices, *,
+                           page_size: int, error_flag: torch.Tensor | None = None) -> None:
+    flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
+    torch.ops.specdec.create_kv_indices(req_to_token, req_pool_indices, seq_lens, page_indptr, None,
+                                        page_indices, flag, page_size)
+    _check(flag, "create_kv_page_indices")
+
+
+IMPLS = {
+    "assign_req_to_token": assign_req_to_token,
+    "compact_accepted_kv_locs": compact_accepted_kv_locs,
+    "draft_scratch_slots": draft_scratch_slots,
+    "create_kv_indices": create_kv_indices,
+    "create_kv_page_indices": create_kv_page_indices,
+}

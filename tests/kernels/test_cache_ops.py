@@ -1,0 +1,201 @@
+"""KV-slot bookkeeping ops: worked examples against the references, then Triton == reference exactly
+on random inputs (CPU through Triton's interpreter, CUDA compiled), and input validation.
+
+NOTE: as in test_triton_ops.py, TRITON_INTERPRET is set only while the kernels are imported and
+inside these tests, so other modules keep their CPU reference dispatch.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+_saved = os.environ.get("TRITON_INTERPRET")
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    triton_cache_ops = pytest.importorskip("specdec.kernels.triton.cache_ops")
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+from specdec import kernels as K  # noqa: E402
+
+_INTERPRETED = type(triton_cache_ops._assign_kernel).__name__ == "InterpretedFunction"
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")),
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+POISON = -7
+
+
+@pytest.fixture(autouse=True)
+def _interpret_cpu(monkeypatch):
+    if _INTERPRETED:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def run_both(op, ref, args: list, device: str, **kwargs) -> None:
+    ours = [a.clone().to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    theirs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    op(*ours, **kwargs)
+    ref(*theirs, **kwargs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a.cpu(), b), f"argument {i} differs"
+
+
+def random_table(rng: random.Random, max_reqs: int, ctx: int) -> torch.Tensor:
+    return torch.randperm(max_reqs * ctx * 2)[: max_reqs * ctx].view(max_reqs, ctx).to(torch.int32)
+
+
+# --------------------------------------------------------------------------- worked examples (refs)
+def test_assign_example():
+    table = torch.full((3, 6), POISON, dtype=torch.int32)
+    K.assign_req_to_token_ref(table, torch.tensor([2, 0]), torch.tensor([3, 0]), torch.tensor([5, 1]),
+                              torch.tensor([40, 41, 7]))
+    assert table[2, 3:5].tolist() == [40, 41] and table[0, 0] == 7
+    assert (table == POISON).sum() == 18 - 3
+
+
+def test_compact_example():
+    """N = 4, seq_len 10, row[10:14] = [50, 51, 52, 53], accept_index [0, 2, -1] (k = 1)."""
+    table = torch.zeros(1, 16, dtype=torch.int32)
+    table[0, 10:14] = torch.tensor([50, 51, 52, 53])
+    src, dst, pos = torch.full((3, 1, 3), POISON, dtype=torch.int64)
+    K.compact_accepted_kv_locs_ref(table, torch.tensor([0]), torch.tensor([10]), torch.tensor([[0, 2, -1]], dtype=torch.int32),
+                                   torch.tensor([1]), src, dst, pos, num_draft_tokens=4)
+    assert src.tolist() == [[50, 52, 50]] and dst.tolist() == [[50, 51, 50]] and pos.tolist() == [[10, 11, -1]]
+
+
+def test_scratch_example_matches_draft_runner():
+    """K = 2, S = 3, step 1, scratch_base 100, ancestors_in [[100], [101]], parent_branch [[1, 1]]."""
+    anc, slots = torch.full((2, 2), POISON), torch.full((2,), POISON)
+    K.draft_scratch_slots_ref(torch.tensor([[1, 1]]), torch.tensor([[100], [101]]), anc, slots,
+                              scratch_base=100, num_steps=3, step=1)
+    assert slots.tolist() == [102, 103] and anc.tolist() == [[101, 102], [101, 103]]
+
+
+def test_page_indices_example():
+    table = torch.zeros(1, 12, dtype=torch.int32)
+    table[0, :9] = torch.tensor([28, 29, 30, 31, 8, 9, 10, 11, 20])
+    out = torch.full((3,), POISON, dtype=torch.int32)
+    K.create_kv_page_indices_ref(table, torch.tensor([0]), torch.tensor([9]), torch.tensor([0, 3]), out, page_size=4)
+    assert out.tolist() == [7, 2, 5]
+
+
+# --------------------------------------------------------------------------- Triton == reference
+@pytest.mark.parametrize("device", DEVICES)
+def test_assign_random(device):
+    rng = random.Random(0)
+    for _ in range(4 if device == "cpu" else 40):
+        bs, ctx = rng.choice([1, 2, 7, 13]), rng.choice([5, 64, 300])
+        table = random_table(rng, bs + 2, ctx)
+        rows = torch.tensor(rng.sample(range(bs + 2), bs))
+        starts = [rng.randint(0, ctx) for _ in range(bs)]
+        ends = [rng.randint(s, ctx) for s in starts]
+        locs = torch.randint(0, 10**6, (sum(e - s for s, e in zip(starts, ends)),))
+        run_both(K.assign_req_to_token, K.assign_req_to_token_ref,
+                 [table, rows, torch.tensor(starts), torch.tensor(ends), locs], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compact_random(device):
+    rng = random.Random(1)
+    for _ in range(4 if device == "cpu" else 40):
+        bs, n, num_spec = rng.choice([1, 3, 7]), rng.randint(1, 16), rng.randint(1, 6)
+        ctx = 40
+        table = random_table(rng, bs + 1, ctx)
+        rows = torch.tensor(rng.sample(range(bs + 1), bs))
+        seq_lens = torch.tensor([rng.randint(0, ctx - n) for _ in range(bs)])
+        accept = torch.full((bs, num_spec), -1, dtype=torch.int32)
+        lengths = []
+        for b in range(bs):
+            k = rng.randint(0, min(num_spec - 1, n - 1))
+            nodes = [0] + sorted(rng.sample(range(1, n), k))
+            accept[b, : k + 1] = torch.tensor(nodes) + b * n
+            lengths.append(k)
+        outs = [torch.full((bs, num_spec), POISON) for _ in range(3)]
+        run_both(K.compact_accepted_kv_locs, K.compact_accepted_kv_locs_ref,
+                 [table, rows, seq_lens, accept, torch.tensor(lengths, dtype=torch.int32), *outs], device,
+                 num_draft_tokens=n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scratch_random(device):
+    rng = random.Random(2)
+    for _ in range(4 if device == "cpu" else 40):
+        bs, k, num_steps = rng.choice([1, 2, 5]), rng.randint(1, 4), rng.randint(2, 6)
+        step = rng.randrange(num_steps - 1)
+        branch = torch.randint(0, k, (bs, k))
+        anc_in = torch.randint(0, 10**5, (bs * k, step))
+        outs = [torch.full((bs * k, step + 1 + rng.randint(0, 2)), POISON), torch.full((bs * k,), POISON)]
+        run_both(K.draft_scratch_slots, K.draft_scratch_slots_ref, [branch, anc_in, *outs], device,
+                 scratch_base=rng.randint(0, 1000), num_steps=num_steps, step=step)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("device", DEVICES)
+def test_kv_indices_random(device, page_size):
+    rng = random.Random(3)
+    for case in range(4 if device == "cpu" else 40):
+        bs, ctx = rng.choice([1, 2, 7, 13]), rng.choice([17, 200])
+        table = random_table(rng, bs + 1, ctx)
+        rows = torch.tensor(rng.sample(range(bs + 1), bs))
+        starts = [rng.randint(0, ctx // 2) if case % 2 and page_size == 1 else 0 for _ in range(bs)]
+        lens = [rng.randint(0, ctx - s) for s in starts]
+        counts = [-(-length // page_size) for length in lens]
+        indptr = torch.tensor([0] + torch.tensor(counts).cumsum(0).tolist(), dtype=torch.int32)
+        out = torch.full((sum(counts) + 2,), POISON, dtype=torch.int32)
+        if page_size == 1:
+            start = torch.tensor(starts) if case % 2 else None
+            run_both(K.create_kv_indices, K.create_kv_indices_ref,
+                     [table, rows, torch.tensor(lens), indptr, start, out], device)
+        else:
+            run_both(K.create_kv_page_indices, K.create_kv_page_indices_ref,
+                     [table, rows, torch.tensor(lens), indptr, out], device, page_size=page_size)
+
+
+# --------------------------------------------------------------------------- validation and errors
+def test_validation_names_the_argument():
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    ok = dict(req_to_token=table, req_pool_indices=torch.tensor([0]), start_offsets=torch.tensor([0]),
+              end_offsets=torch.tensor([2]), out_cache_loc=torch.tensor([1, 2]))
+    for key, bad in [("req_to_token", table.float()), ("req_pool_indices", torch.tensor([[0]])),
+                     ("end_offsets", torch.tensor([2, 2])), ("out_cache_loc", torch.tensor([1.0, 2.0]))]:
+        with pytest.raises(ValueError, match=key):
+            K.assign_req_to_token(**{**ok, key: bad})
+    with pytest.raises(ValueError, match="src_locs"):
+        K.compact_accepted_kv_locs(table, torch.tensor([0]), torch.tensor([0]), torch.zeros(1, 2, dtype=torch.int32),
+                                   torch.tensor([0]), torch.zeros(1, 3, dtype=torch.int64),
+                                   torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 2, dtype=torch.int64),
+                                   num_draft_tokens=2)
+    with pytest.raises(ValueError, match="ancestors_out"):
+        K.draft_scratch_slots(torch.zeros(1, 2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64),
+                              torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64),
+                              scratch_base=0, num_steps=3, step=1)
+    with pytest.raises(ValueError, match="kv_indptr"):
+        K.create_kv_indices(table, torch.tensor([0]), torch.tensor([2]), torch.tensor([0], dtype=torch.int32), None,
+                            torch.zeros(2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_range_is_flagged(device):
+    """CPU: both raise ValueError. CUDA: no raise, no out-of-bounds write, flag set for request 1."""
+    table = torch.zeros(2, 8, dtype=torch.int32)
+    args = [table, torch.tensor([0, 1]), torch.tensor([0, 6]), torch.tensor([2, 9]), torch.tensor([1, 2, 3, 4, 5])]
+    with pytest.raises(ValueError):
+        K.assign_req_to_token_ref(*[a.clone() for a in args])
+    args = [a.to(device) for a in args]
+    if device == "cpu":
+        with pytest.raises(ValueError, match="request 1"):
+            K.assign_req_to_token(*args)
+    else:
+        flag = torch.zeros(2, dtype=torch.int32, device=device)
+        triton_cache_ops.assign_req_to_token(*args, error_flag=flag)
+        assert flag.tolist() == [0, 2] and args[0][1].eq(0).all()

@@ -1,0 +1,355 @@
+"""The Triton ops equal their torch references exactly (``torch.equal`` on every output) over random
+valid trees, and fail like them on malformed ones.
+
+CPU: Triton's interpreter. NOTE: triton reads TRITON_INTERPRET when it is imported, so this module
+sets it before importing the kernels and restores it afterwards (other modules keep dispatching
+CPU tensors to the references); each test here sets it again so the public ops pick Triton.
+With a GPU the module leaves the variable alone: CPU cases skip and the ``gpu`` cases run the
+compiled kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+_INTERPRET = not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+_saved = os.environ.get("TRITON_INTERPRET")
+if _INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    triton_verify = pytest.importorskip("specdec.kernels.triton.verify")
+    from specdec.kernels import residual as residual_draw
+    from specdec.kernels.triton import tree_build as triton_tree_build
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+from specdec import kernels as K  # noqa: E402
+from specdec.kernels.tree_build import TRITON_IMPLS, select_impl  # noqa: E402
+
+_INTERPRETED = type(triton_tree_build._build_tree_kernel).__name__ == "InterpretedFunction"
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")),
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+POISON = -7
+
+
+@pytest.fixture(autouse=True)
+def _interpret_cpu(monkeypatch):
+    if _INTERPRETED:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def cases(device: str, cpu: int, gpu: int) -> range:
+    return range(cpu if device == "cpu" else gpu)
+
+
+def test_dispatch(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert select_impl("verify_tree_greedy", K.verify_tree_greedy_ref, cpu) is triton_verify.verify_tree_greedy
+    assert set(TRITON_IMPLS) >= {"build_tree_kernel_efficient", "reconstruct_indices_from_tree_mask",
+                                 "verify_tree_greedy", "tree_speculative_sampling_target_only", "segment_packbits",
+                                 "assign_req_to_token", "compact_accepted_kv_locs", "draft_scratch_slots",
+                                 "create_kv_indices", "create_kv_page_indices"}
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert select_impl("verify_tree_greedy", K.verify_tree_greedy_ref, cpu) is K.verify_tree_greedy_ref
+
+
+def run_both(op, ref, args: list, device: str, **kwargs) -> None:
+    """Run the public op on ``device`` and its reference on CPU copies; every tensor must agree."""
+    ours = [a.clone().to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    theirs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    op(*ours, **kwargs)
+    ref(*theirs, **kwargs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a.cpu(), b), f"argument {i} differs"
+
+
+# --------------------------------------------------------------------------- random draft trees
+def random_draft(rng: random.Random, bs: int, topk: int, depth: int, n: int, *, shuffle: bool = False):
+    """parent_list [bs, topk*(depth-1)+1] and selected_index [bs, N-1] as the draft emits them:
+    step 0's candidates are children of the root; step i's frontier is topk of step i-1's candidates
+    and each branch gets topk children. Selected nodes are closed under parents (ascending, or
+    shuffled to exercise non-topological orders)."""
+    parent_lists, selected = [], []
+    for _ in range(bs):
+        parent_of = {s: -1 for s in range(topk)}
+        prev, parents = list(range(topk)), [-1]
+        for i in range(1, depth):
+            frontier = rng.sample(prev, topk)
+            prev = []
+            for r, f in enumerate(frontier):
+                parents.append(f)
+                for c in range(topk):
+                    s = topk + (i - 1) * topk * topk + r * topk + c
+                    parent_of[s] = f
+                    prev.append(s)
+        chosen, avail = [], {s for s, p in parent_of.items() if p == -1}
+        while len(chosen) < n - 1:
+            s = rng.choice(sorted(avail))
+            chosen.append(s)
+            avail.remove(s)
+            avail |= {c for c, p in parent_of.items() if p == s}
+        parent_lists.append(parents if depth > 1 or rng.random() < 0.5 else [-1])
+        selected.append(chosen if shuffle else sorted(chosen))
+    width = max(len(p) for p in parent_lists)
+    parent_lists = [p + [-1] * (width - len(p)) for p in parent_lists]
+    return torch.tensor(parent_lists, dtype=torch.int64), torch.tensor(selected, dtype=torch.int64).view(bs, n - 1)
+
+
+def tree_shape(rng: random.Random):
+    topk, depth = rng.choice([1, 2, 3, 4]), rng.randint(1, 5)
+    max_n = 1 + topk + (depth - 1) * topk * topk
+    return topk, depth, rng.randint(1, min(max_n, 32))
+
+
+def build_args(parent_list, selected, seq_lens, topk, depth, n, mode):
+    bs = seq_lens.shape[0]
+    if mode == K.TreeMaskMode.FULL_MASK:
+        mask = torch.rand(int(seq_lens.sum()) * n + bs * n * n) < 0.5
+    elif mode == K.TreeMaskMode.QLEN_ONLY:
+        mask = torch.rand(bs * n * n) < 0.5
+    else:
+        dtype = random.choice({1: [torch.uint8], 2: [torch.uint8, torch.uint16], 4: [torch.uint8, torch.uint32]}[
+            1 if n <= 8 else 2 if n <= 16 else 4])
+        nbytes = 1 if n <= 8 else 2 if n <= 16 else 4
+        mask = torch.randint(0, 256, (bs * n * nbytes,), dtype=torch.uint8).view(dtype)
+    out = torch.full((bs * n,), POISON, dtype=torch.int64)
+    links = [torch.full((bs, n), POISON, dtype=torch.int64) for _ in range(3)]
+    return [parent_list, selected, seq_lens, mask, out, *links, topk, depth, n, int(mode)]
+
+
+@pytest.mark.parametrize("mode", list(K.TreeMaskMode))
+@pytest.mark.parametrize("device", DEVICES)
+def test_build_tree_random(device, mode):
+    rng = random.Random(int(mode))
+    for case in cases(device, 6, 60):
+        topk, depth, n = tree_shape(rng)
+        bs = rng.choice([1, 2, 3, 7, 13])
+        parent_list, selected = random_draft(rng, bs, topk, depth, n, shuffle=case % 3 == 2)
+        seq_lens = torch.tensor([rng.randint(0, 40) for _ in range(bs)])
+        args = build_args(parent_list, selected, seq_lens, topk, depth, n, mode)
+        run_both(K.build_tree_kernel_efficient, K.build_tree_kernel_efficient_ref, args, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "parent_list, selected, n, message",
+    [
+        ([[-1, 0, 1, 8, 6]], [6, 8], 3, "cycle"),
+        ([[-1, 0, 1, 6, 4]], [6], 2, "cycle"),
+        ([[-1, 0, 1, 2, 4]], [6], 2, "not among the selected"),
+        ([[-1, 0, 1, 2, 4]], [40], 2, "past parent_list"),
+        ([[-1, 0, 1, 2, 4]], [-3], 2, "negative"),
+    ],
+)
+def test_build_tree_malformed(device, parent_list, selected, n, message):
+    """CPU: raises like the ref. CUDA: no sync and no raise; the flag names the problem, bounded."""
+    args = build_args(torch.tensor(parent_list), torch.tensor([selected]), torch.tensor([4]), 2, 3, n,
+                      K.TreeMaskMode.QLEN_ONLY)
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    if device == "cpu":
+        with pytest.raises(ValueError, match=f"invalid draft tree: .*{message}"):
+            K.build_tree_kernel_efficient(*args)
+    else:
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
+        triton_tree_build.build_tree_kernel_efficient(*args, error_flag=flag)
+        assert int(flag) != 0 and message in f"{triton_tree_build._BUILD_ERRORS[int(flag) & 15]} among the selected"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reconstruct_random(device):
+    rng = random.Random(1)
+    for case in cases(device, 6, 60):
+        topk, depth, n = tree_shape(rng)
+        bs = rng.choice([1, 2, 5, 11])
+        if case % 2:  # any mask, tree or not: reconstruct never walks
+            mask = torch.rand(bs * n * n) < 0.4
+        else:
+            parent_list, selected = random_draft(rng, bs, topk, depth, n)
+            args = build_args(parent_list, selected, torch.zeros(bs, dtype=torch.int64), topk, depth, n,
+                              K.TreeMaskMode.QLEN_ONLY)
+            K.build_tree_kernel_efficient_ref(*args)
+            mask = args[3]
+        seq_lens = torch.randint(0, 50, (bs,))
+        outs = [torch.full((bs * n,), POISON, dtype=torch.int64)] + [torch.full((bs, n), POISON) for _ in range(3)]
+        run_both(K.reconstruct_indices_from_tree_mask, K.reconstruct_indices_from_tree_mask_ref,
+                 [mask, seq_lens, *outs, bs, n], device)
+
+
+# --------------------------------------------------------------------------- verification
+def random_links(rng: random.Random, bs: int, n: int):
+    """Random trees in topological order: retrive_index / next_token / next_sibling [bs, N]."""
+    parents = [[-1] + [rng.randrange(t) for t in range(1, n)] for _ in range(bs)]
+    next_token, next_sibling = torch.full((2, bs, n), -1, dtype=torch.int64)
+    for b, par in enumerate(parents):
+        last = {}
+        for c in range(1, n):
+            if par[c] in last:
+                next_sibling[b, last[par[c]]] = c
+            else:
+                next_token[b, par[c]] = c
+            last[par[c]] = c
+    return parents, torch.arange(bs * n).view(bs, n), next_token, next_sibling
+
+
+def verify_outputs(bs: int, n: int, num_spec: int):
+    return [torch.full((bs * n,), POISON, dtype=torch.int32), torch.full((bs, num_spec), -1, dtype=torch.int32),
+            torch.full((bs,), POISON, dtype=torch.int32)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_greedy_random(device):
+    rng = random.Random(2)
+    for _ in cases(device, 8, 80):
+        bs = rng.choice([1, 2, 3, 7] if device == "cpu" else [1, 2, 7, 31, 64])
+        n, vocab = rng.randint(1, 10 if device == "cpu" else 24), rng.choice([3, 5, 11])
+        parents, index, next_token, next_sibling = random_links(rng, bs, n)
+        candidates = torch.randint(0, vocab, (bs, n))
+        target = torch.randint(0, vocab, (bs, n))
+        num_spec = rng.randint(1, n + 1)
+        args = [*verify_outputs(bs, n, num_spec), candidates, index, next_token, next_sibling, target]
+        run_both(K.verify_tree_greedy, K.verify_tree_greedy_ref, args, device)
+
+
+def sampling_case(rng: random.Random, nrng: np.random.Generator, bs: int, n: int, vocab: int):
+    parents, index, next_token, next_sibling = random_links(rng, bs, n)
+    # few distinct tokens among siblings so both accept and reject paths run
+    candidates = torch.from_numpy(nrng.integers(0, min(vocab, 6), (bs, n)))
+    probs = nrng.dirichlet(np.full(vocab, 0.3), size=(bs, n)).astype(np.float32)
+    coins = 1.0 - nrng.random((bs, n), dtype=np.float32)
+    final = 1.0 - nrng.random(bs, dtype=np.float32)
+    num_spec = rng.randint(1, n + 1)
+    return [*verify_outputs(bs, n, num_spec), candidates, index, next_token, next_sibling,
+            torch.from_numpy(coins), torch.from_numpy(final), torch.from_numpy(probs),
+            torch.zeros(bs, n, vocab, dtype=torch.float32)]
+
+
+def check_sampling(args, device, **thresholds):
+    """Walk outputs equal the public ref's; every bonus equals residual_draw_ref's token.
+
+    NOTE: the public ref draws the bonus with torch.cumsum, whose order is device dependent (see
+    specdec/kernels/triton/residual.py), so its bonus is compared only through residual_draw_ref.
+    """
+    ours = [a.clone().to(device) for a in args]
+    theirs = [a.clone() for a in args]
+    K.tree_speculative_sampling_target_only(*ours, **thresholds)
+    K.tree_speculative_sampling_target_only_ref(*theirs, **thresholds)
+    ours = [a.cpu() for a in ours]
+    for i in (1, 2, 10):  # accept_index, accept_token_num, draft_probs
+        assert torch.equal(ours[i], theirs[i]), f"argument {i} differs"
+    predicts, accept_index, accept_num, probs, draft = ours[0], ours[1], ours[2], ours[9], ours[10]
+    bs, n = args[3].shape
+    num_spec = accept_index.shape[1]
+    bonus_at = []
+    for b in range(bs):
+        k = int(accept_num[b])
+        last = int(accept_index[b, k])
+        node = last - b * n
+        residual = (probs[b, node] - (draft[b, node] if k < num_spec - 1 else 0)).clamp_min(0)
+        assert int(predicts[last]) == residual_draw.residual_draw_ref(residual, float(args[8][b]))
+        bonus_at.append(last)
+    walk = torch.ones_like(predicts, dtype=torch.bool)
+    walk[bonus_at] = False
+    assert torch.equal(predicts[walk], theirs[0][walk])
+
+
+def test_residual_draw_ref_is_sequential_for_small_vocab():
+    """V <= LANES: plain left-to-right fp32 sums (docstring example: threshold .15 -> token 3)."""
+    assert residual_draw.residual_draw_ref(torch.tensor([0.1, 0.0, 0.0, 0.1]), 0.75) == 3
+    r = torch.rand(100)
+    prefix = np.cumsum(r.numpy(), dtype=np.float32)
+    for coin in (0.0, 0.3, 0.999):
+        expected = int(np.flatnonzero(prefix > np.float32(np.float32(coin) * prefix[-1]))[0])
+        assert residual_draw.residual_draw_ref(r, coin) == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampling_random(device):
+    rng, nrng = random.Random(3), np.random.default_rng(3)
+    for case in cases(device, 6, 60):
+        bs, n = rng.choice([1, 2, 5] if device == "cpu" else [1, 5, 17, 64]), rng.randint(1, 12)
+        vocab = rng.choice([7, 13, 130, 1001] if device == "cpu" else [7, 130, 1001, 32000, 128256])
+        thresholds = {} if case % 3 else dict(threshold_single=rng.choice([0.2, 1.0]),
+                                              threshold_acc=rng.choice([0.3, 0.7]))
+        check_sampling(sampling_case(rng, nrng, bs, n, vocab), device, **thresholds)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_draw_edges(device):
+    """Every path ends in the residual draw: full path (p ignored), all rejected, coin 1.0 (no hit)."""
+    nrng = np.random.default_rng(4)
+    for vocab, coin in [(129, 1.0), (300, 0.5), (5, 0.999999)]:
+        args = sampling_case(random.Random(vocab), nrng, 3, 4, vocab)
+        args[8] = torch.full((3,), coin)
+        check_sampling(args, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("broken", ["sibling cycle", "next_token", "retrive_index", "token"])
+def test_walk_malformed(device, broken):
+    _, index, next_token, next_sibling = random_links(random.Random(5), 2, 4)
+    next_token[1], next_sibling[1] = torch.tensor([1, -1, -1, -1]), torch.tensor([-1, 2, 3, -1])  # root -> 1, 2, 3
+    candidates = torch.tensor([[0, 0, 0, 0], [0, 9, 8, 7]])
+    if broken == "sibling cycle":
+        next_sibling[1, 3] = 1
+    elif broken == "next_token":
+        next_token[1, 0] = 4
+    elif broken == "retrive_index":
+        index[1, 0] = 8
+    else:
+        candidates[1, 2] = 99
+    args = [*verify_outputs(2, 4, 3), candidates, index, next_token, next_sibling,
+            torch.ones(2, 4), torch.full((2,), 0.5), torch.full((2, 4, 10), 0.1), torch.zeros(2, 4, 10)]
+    args = [a.to(device) for a in args]
+    if device == "cpu":
+        with pytest.raises(ValueError, match=broken):
+            K.tree_speculative_sampling_target_only(*args)
+        if broken != "token":  # greedy compares tokens, it never indexes by them
+            with pytest.raises(ValueError, match=broken):
+                K.verify_tree_greedy(*args[:7], torch.full((2, 4), 5))
+    else:
+        flag = torch.zeros(2, dtype=torch.int32, device=device)
+        triton_verify.tree_speculative_sampling_target_only(*args, error_flag=flag)
+        assert flag.tolist()[0] == 0 and flag.tolist()[1] != 0
+
+
+# --------------------------------------------------------------------------- segment_packbits
+@pytest.mark.parametrize("device", DEVICES)
+def test_segment_packbits_random(device):
+    rng = random.Random(6)
+    for _ in cases(device, 4, 40):
+        bs = rng.choice([1, 2, 7, 13])
+        lengths = [rng.choice([0, 1, 7, 8, 9, 64, 1000, rng.randint(0, 3000)]) for _ in range(bs)]
+        in_ptr = torch.tensor([0] + np.cumsum(lengths).tolist(), dtype=torch.int32)
+        gaps = [rng.randint(0, 3) for _ in range(bs)]
+        out_starts = np.cumsum([0] + [(length + 7) // 8 + g for length, g in zip(lengths, gaps)])
+        out_ptr = torch.tensor(out_starts.tolist(), dtype=torch.int32)
+        x = torch.rand(int(in_ptr[-1])) < 0.5
+        y = torch.randint(0, 256, (int(out_ptr[-1]) + 3,), dtype=torch.uint8)
+        run_both(K.segment_packbits, K.segment_packbits_ref, [x, in_ptr, out_ptr, y, bs], device)
+
+
+# --------------------------------------------------------------------------- torch.library registration
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_ops_pass_opcheck(device):
+    """Schemas declare every mutated argument and the fake impls trace (torch.compile / graphs)."""
+    parent_list, selected = random_draft(random.Random(7), 2, 2, 3, 6)
+    args = build_args(parent_list, selected, torch.tensor([3, 5]), 2, 3, 6, K.TreeMaskMode.QLEN_ONLY)
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    flag = torch.zeros(2, dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.specdec.build_tree_kernel_efficient.default, (*args[:8], flag, *args[8:]))
+    _, index, next_token, next_sibling = random_links(random.Random(8), 2, 5)
+    vargs = [*verify_outputs(2, 5, 3), torch.randint(0, 3, (2, 5)), index, next_token, next_sibling,
+             torch.randint(0, 3, (2, 5)), flag.cpu()]
+    torch.library.opcheck(torch.ops.specdec.verify_tree_greedy.default, [a.to(device) for a in vargs])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from common import metadata_line, run_metadata
 from specdec import kernels as K
 
 BATCHES = (1, 16, 64, 256)
@@ -195,9 +196,10 @@ def main() -> None:
         print(f"\r[{i + 1} cases, {time.time() - t0:5.1f} s] {op} {shape}" + " " * 20, end="", file=sys.stderr)
     print(file=sys.stderr)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_bandwidth_GBps=bandwidth / 1e9)
+    meta = dict(**run_metadata(), copy_bandwidth_GBps=bandwidth / 1e9)
     (args.output_dir / "kernels.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     lines = [f"# Kernel microbenchmark ({meta['device']}, copy bandwidth {bandwidth / 1e9:.0f} GB/s)", "",
+             metadata_line(meta), "",
              "triton = eager call (host launch included); graph = CUDA-graph replay (device time).", "",
              "| op | shape | triton µs | graph µs | ref µs | speedup | floor µs | graph / floor |",
              "|---|---|---|---|---|---|---|---|"]

@@ -25,7 +25,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 -m specdec.cli bench --device cuda --attention-backend triton --output "$OUT/bench_throughput_gpu.json" 2>&1 | tail -16
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
+  # the server tests are CPU-only and need fastapi/uvicorn, which the device lacks
+  python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server --ignore=tests/test_bench_serving.py --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -30
   status=${PIPESTATUS[0]}
 fi
 exit "$status"

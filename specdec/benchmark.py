@@ -1,8 +1,11 @@
 """The throughput benchmark (main job): the same prompts with and without speculation.
 
 Prints ``Throughput: X token/s``, ``Acceptance length: Y``, ``Speedup: Z`` and the acceptance
-histogram, and writes everything as JSON. Baseline and speculative runs share the prompts, the
-sampling settings and the seed, in one process; each gets one warm-up request first.
+histogram, and writes everything as JSON (``--plot PATH``: the histogram as a PNG too, with
+matplotlib). Baseline and speculative runs share the prompts, the sampling settings and the seed, in
+one process; each gets one warm-up request first. A progress bar (tqdm, on stderr) counts finished
+requests. The online benchmark of a running server is ``specdec/bench_serving.py``; it shares the
+prompt sets, the histogram printer and the plot from here.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import datetime
 import json
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import torch
-
-from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL, add_engine_args, engine_kwargs
+# NOTE: torch and the engine are imported inside the functions that need them, so that the online
+# benchmark (an HTTP client) can import the prompt sets and the report helpers without loading torch.
 
 PROMPT_DIR = Path(__file__).resolve().parent / "data" / "prompts"
 DATASETS = sorted(p.stem for p in PROMPT_DIR.glob("*.jsonl"))
@@ -33,6 +36,8 @@ def load_prompts(dataset: str, num_prompts: int) -> list[str]:
 
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    from specdec.server.args import DEFAULT_MODEL, add_engine_args
+
     add_engine_args(parser, default_model=DEFAULT_MODEL)
     b = parser.add_argument_group("benchmark")
     b.add_argument("--dataset", default=None, help=f"prompt set: {', '.join(DATASETS)} "
@@ -41,9 +46,70 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--output", default="bench_throughput.json", help="JSON results file")
+    b.add_argument("--plot", default=None, metavar="PATH", help="also write the acceptance histogram as a PNG "
+                   "(needs matplotlib)")
+    b.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
 
-def _git_commit() -> str:
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, *, enabled: bool = True):
+    """A context-managed bar of finished requests on stderr (tqdm); a silent stand-in without tqdm."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return _NoBar()
+        return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True)
+    return _NoBar()
+
+
+def format_histogram(hist: dict[int, int]) -> list[str]:
+    """The text histogram of tokens committed per verify step: one ``length | ### count`` row each."""
+    total = sum(hist.values()) or 1
+    return [f"  {length:>2} | {'#' * round(40 * count / total):<40} {count}" for length, count in hist.items()]
+
+
+def plot_histogram(hist: dict[int, int], path: str, *, title: str) -> bool:
+    """Write the acceptance histogram as a PNG; False (and a message on stderr) when it cannot."""
+    if not hist:
+        print(f"--plot: no verify steps (no speculation), so no acceptance histogram for {path}", file=sys.stderr)
+        return False
+    try:
+        from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
+    except ImportError:
+        print(f"--plot: matplotlib is not installed, so {path} was not written (pip install matplotlib)",
+              file=sys.stderr)
+        return False
+    lengths = [int(k) for k in hist]
+    total = sum(hist.values())
+    mean = sum(int(k) * v for k, v in hist.items()) / total
+    fig = Figure(figsize=(6, 3.5), layout="constrained")
+    ax = fig.subplots()
+    bars = ax.bar(lengths, [v / total for v in hist.values()], color="tab:blue")
+    ax.bar_label(bars, labels=[str(v) for v in hist.values()], fontsize=8)
+    ax.axvline(mean, color="tab:red", linestyle="--", label=f"mean {mean:.2f}")
+    ax.set_xticks(range(1, max(lengths) + 1))
+    ax.set_xlabel("tokens committed per verify step (accepted + bonus)")
+    ax.set_ylabel(f"share of {total} verify steps")
+    ax.set_title(title, fontsize=9)
+    ax.margins(y=0.1)
+    ax.legend()
+    fig.savefig(path, dpi=120)
+    print(f"Wrote {path}")
+    return True
+
+
+def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
@@ -51,10 +117,25 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def _run(engine, prompts: list[str], params: dict) -> dict:
+def _generate(engine, prompts: list[str], params: dict, *, desc: str, progress: bool) -> list[dict]:
+    """``Engine.generate``'s loop (same requests, same order, same results) with a progress bar."""
+    reqs = [engine.make_request(p, None, params) for p in prompts]
+    for req in reqs:
+        engine.add_request(req)
+    done = 0
+    with progress_bar(len(reqs), desc, enabled=progress) as bar:
+        while done < len(reqs):
+            engine.step()
+            now = sum(r.finished for r in reqs)
+            bar.update(now - done)
+            done = now
+    return [r.result(engine.tokenizer) for r in reqs]
+
+
+def _run(engine, prompts: list[str], params: dict, *, desc: str, progress: bool) -> dict:
     engine.generate(prompts[:1], {**params, "max_new_tokens": 4})  # warm-up
     start = time.perf_counter()
-    results = engine.generate(prompts, params)
+    results = _generate(engine, prompts, params, desc=desc, progress=progress)
     seconds = time.perf_counter() - start
     tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
     committed = [k + 1 for r in results for k in r["meta_info"]["spec_accept_lengths"]]
@@ -70,7 +151,10 @@ def _run(engine, prompts: list[str], params: dict) -> dict:
 
 
 def run_benchmark(args: argparse.Namespace) -> dict:
+    import torch
+
     from specdec.engine.engine import Engine
+    from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL, engine_kwargs
 
     kwargs = engine_kwargs(args)
     embedded = args.model_path == DEFAULT_MODEL
@@ -86,14 +170,15 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     prompts = load_prompts(dataset, args.num_prompts)
     params = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
     base_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("speculative_")}
-    baseline = _run(Engine(**base_kwargs), prompts, params)
+    progress = not getattr(args, "disable_tqdm", False)
+    baseline = _run(Engine(**base_kwargs), prompts, params, desc="baseline", progress=progress)
     spec_engine = Engine(**kwargs)
-    spec = _run(spec_engine, prompts, params)
+    spec = _run(spec_engine, prompts, params, desc="speculative", progress=progress)
     cfg = spec_engine.spec_config
     identical = sum(a == b for a, b in zip(baseline["output_ids"], spec["output_ids"]))
     return {
         "date": datetime.date.today().isoformat(),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
         "note": note,
         "model_path": args.model_path,
@@ -126,11 +211,9 @@ def print_report(res: dict) -> None:
     print(f"Speedup: {res['speedup']:.2f}")
     if res["identical_outputs"] is not None:
         print(f"Greedy outputs identical to the baseline: {res['identical_outputs']}/{res['num_prompts']}")
-    hist = res["speculative"]["acceptance_histogram"]
-    total = sum(hist.values()) or 1
     print("Acceptance histogram (tokens committed per verify step):")
-    for length, count in hist.items():
-        print(f"  {length:>2} | {'#' * round(40 * count / total):<40} {count}")
+    for row in format_histogram(res["speculative"]["acceptance_histogram"]):
+        print(row)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,3 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     print_report(res)
     Path(args.output).write_text(json.dumps(res, indent=2))
     print(f"Wrote {args.output}")
+    if args.plot:
+        plot_histogram(res["speculative"]["acceptance_histogram"], args.plot,
+                       title=f"{Path(res['model_path']).name}, {res['dataset']}: {res['algorithm']} "
+                             f"steps={res['num_steps']} topk={res['topk']} draft_tokens={res['num_draft_tokens']}")

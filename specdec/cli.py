@@ -29,18 +29,23 @@ def main(argv: list[str] | None = None) -> None:
     commands = {
         "serve": "HTTP server (SGLang-compatible API)",
         "bench": "throughput benchmark, with and without speculation",
+        "bench-serving": "online benchmark of a running server: throughput, TTFT/TPOT/ITL, acceptance",
         "generate": "one prompt",
         "train-draft": "train an EAGLE / EAGLE-3 draft head for a target",
     }
     if not argv or argv[0] not in commands:
         print(f"usage: specdec {{{','.join(commands)}}} [flags]   (specdec COMMAND --help for flags)")
         for name, what in commands.items():
-            print(f"  {name:<10} {what}")
+            print(f"  {name:<14} {what}")
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
     if argv[0] == "serve":
         from specdec.server.cli import main as serve_main
 
         serve_main(argv[1:])
+    elif argv[0] == "bench-serving":
+        from specdec.bench_serving import main as bench_serving_main
+
+        bench_serving_main(argv[1:])
     elif argv[0] == "train-draft":
         from specdec.train.cli import main as train_main
 

@@ -28,3 +28,21 @@ def test_gpu_lossless(backend, shape, algorithm, dtype):
         got = spec.generate(input_ids=prompts, sampling_params=params)
         assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
         assert_no_leak(spec)
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_stories260k_trained_head_lossless(backend):
+    """A real model (head_dim 8) and its trained EAGLE head, on the GPU."""
+    from specdec.engine.engine import Engine
+    from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL
+
+    prompts = ["Once upon a time, there was a little dog.", "Lily and Ben went to the park.", "The sun"]
+    params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
+    kw = dict(device="cuda", dtype="float32", attention_backend=backend, max_total_tokens=8192)
+    expected = Engine(DEFAULT_MODEL, **kw).generate(prompts, params)
+    spec = Engine(DEFAULT_MODEL, speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT, **kw)
+    got = spec.generate(prompts, params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    accepted = [k for g in got for k in g["meta_info"]["spec_accept_lengths"]]
+    assert sum(accepted) / len(accepted) > 1.0  # the trained head really drafts
+    assert_no_leak(spec)

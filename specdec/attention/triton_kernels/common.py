@@ -154,3 +154,11 @@ def plan_num_splits(
             num_splits = min(math.ceil(target / max(num_ctas, 1)), max(1, split_len // MIN_SPLIT_LEN))
     chunk = math.ceil(math.ceil(split_len / max(num_splits, 1)) / tile) * tile
     return math.ceil(split_len / chunk), chunk
+
+
+def head_dim_block(head_dim: int) -> int:
+    """Tile width over the head dimension: a power of two, masked past ``head_dim``.
+
+    NOTE: at least 16, since ``tl.dot`` needs K >= 16 on GPUs (head_dim 8 models like stories260K).
+    """
+    return max(16, triton.next_power_of_2(head_dim))

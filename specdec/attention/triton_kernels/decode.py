@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
+    head_dim_block,
     LOG2E,
     check_device,
     dot_precision,
@@ -142,7 +143,7 @@ def decode_attention(
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
-        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
         BLOCK_H=block_h, BLOCK_N=cfg.block_n,
         DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
+    head_dim_block,
     LOG2E,
     dot_precision,
     launch_config,
@@ -180,7 +181,7 @@ def extend_attention(
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
-        GROUP=group, HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

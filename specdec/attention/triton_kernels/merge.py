@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.attention.triton_kernels.common import check_device, plan_num_splits, triton_can_run_on
+from specdec.attention.triton_kernels.common import head_dim_block, check_device, plan_num_splits, triton_can_run_on
 from specdec.kernels.tree_build import check_tensor
 
 __all__ = ["merge_partials", "merge_partials_ref", "plan_num_splits", "triton_can_run_on"]
@@ -63,7 +63,7 @@ def merge_partials(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=triton.next_power_of_2(splits),
+        HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_S=triton.next_power_of_2(splits),
     )
 
 

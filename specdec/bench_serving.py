@@ -1,0 +1,409 @@
+"""The online throughput benchmark: a workload of streamed ``/generate`` requests against a server.
+
+    specdec bench-serving --base-url http://127.0.0.1:30000 --dataset mt_bench --num-prompts 64 \\
+        --concurrency 8 [--request-rate 4] [--baseline-url http://127.0.0.1:30001]
+
+Prints ``Throughput: X token/s``, ``Acceptance length: Y``, ``Speedup: Z`` (with ``--baseline-url``:
+the same model served without speculation, given the same workload first), request throughput and
+TTFT / TPOT / ITL statistics, then writes JSON. Requests arrive as a Poisson process of
+``--request-rate`` per second (inf: all at once), at most ``--concurrency`` in flight.
+
+Per request, on this client's clock from the moment it is sent:
+    TTFT     time to the first streamed chunk that carries tokens
+    ITL      gaps between consecutive chunks that carry tokens. NOTE: a speculative step delivers
+             its k + 1 committed tokens in one chunk, so an ITL is a time per step, not per token
+    TPOT     (latency - TTFT) / (output tokens - 1): time per output token after the first
+    latency  time to the end of the stream
+Acceptance length: mean tokens committed (accepted + bonus = k + 1) per verify step, over every
+verify step of every successful request (``meta_info.spec_accept_lengths`` holds the k's).
+
+A failed request (HTTP 4xx/5xx, an error chunk, a timeout, a broken connection) is counted by
+reason and reported; it never stops the benchmark, and only successful requests enter the numbers.
+Every request is bounded by ``--timeout`` and every loop by the number of prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import datetime
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from specdec.benchmark import DATASETS, format_histogram, git_commit, load_prompts, plot_histogram, progress_bar
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One request of the workload: text or token ids (exactly one), and its output length."""
+
+    text: str | None = None
+    input_ids: tuple[int, ...] | None = None  # [prompt_len]
+    max_new_tokens: int = 64
+
+    def body(self, *, temperature: float, max_new_tokens: int | None = None) -> dict:
+        prompt = {"text": self.text} if self.text is not None else {"input_ids": list(self.input_ids)}
+        params = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "temperature": temperature,
+                  "ignore_eos": True}
+        return {**prompt, "sampling_params": params, "stream": True}
+
+
+@dataclasses.dataclass
+class RequestResult:
+    """What one request did; times in seconds. ``reason`` names the failure ("HTTP 400", "timeout")."""
+
+    sent_at: float = 0.0  # since the run began
+    ok: bool = False
+    reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float | None = None
+    latency: float = 0.0
+    itl: list[float] = dataclasses.field(default_factory=list)
+    accept_lengths: list[int] = dataclasses.field(default_factory=list)  # accepted draft tokens per verify step
+
+    def fail(self, reason: str, error: str) -> "RequestResult":
+        self.ok, self.reason, self.error = False, reason, error[:300]
+        return self
+
+
+# ------------------------------------------------------------------ one request
+async def _read_stream(response: httpx.Response, res: RequestResult, start: float) -> RequestResult:
+    """Fill ``res`` from the SSE chunks (cumulative ``output_ids``) until ``data: [DONE]``."""
+    if response.status_code != 200:
+        body = (await response.aread()).decode(errors="replace")
+        try:
+            body = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        return res.fail(f"HTTP {response.status_code}", body)
+    last_chunk_at, meta = None, None
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:  # the server aborted it mid-stream (shutdown, engine failure)
+            err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+            return res.fail(f"HTTP {err.get('code', 'error')}", str(err.get("message")))
+        now = time.perf_counter() - start
+        n = len(chunk.get("output_ids", ()))
+        if n > res.output_tokens:
+            if last_chunk_at is None:
+                res.ttft = now
+            else:
+                res.itl.append(now - last_chunk_at)
+            last_chunk_at, res.output_tokens = now, n
+        meta = chunk.get("meta_info") or meta
+    else:
+        return res.fail("stream cut", "the stream ended without data: [DONE]")
+    res.latency = time.perf_counter() - start
+    if not meta or meta.get("finish_reason") is None:
+        return res.fail("unfinished", f"the last chunk has no finish_reason: {meta}")
+    res.prompt_tokens = meta.get("prompt_tokens", 0)
+    res.accept_lengths = list(meta.get("spec_accept_lengths") or [])
+    res.ok = True
+    return res
+
+
+async def send_one(client: httpx.AsyncClient, prompt: Prompt, *, temperature: float, timeout: float,
+                   t0: float, max_new_tokens: int | None = None) -> RequestResult:
+    """Stream one ``/generate`` request; every failure comes back as a RequestResult, never raised."""
+    start = time.perf_counter()
+    res = RequestResult(sent_at=start - t0)
+
+    async def request() -> RequestResult:
+        body = prompt.body(temperature=temperature, max_new_tokens=max_new_tokens)
+        async with client.stream("POST", "/generate", json=body) as response:
+            return await _read_stream(response, res, start)
+
+    try:
+        return await asyncio.wait_for(request(), timeout)
+    except asyncio.TimeoutError:
+        return res.fail("timeout", f"no end of stream within --timeout {timeout} s")
+    except httpx.HTTPError as e:
+        return res.fail(type(e).__name__, str(e) or type(e).__name__)
+    except (ValueError, KeyError, TypeError) as e:  # a malformed chunk
+        return res.fail("bad chunk", f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 — e.g. httpx.StreamError: one request fails, not the benchmark
+        return res.fail(type(e).__name__, str(e) or type(e).__name__)
+
+
+# ------------------------------------------------------------------ the workload
+def arrival_gaps(n: int, request_rate: float, seed: int) -> list[float]:
+    """Seconds to wait before each request: exponential gaps (a Poisson process), 0 when rate is inf."""
+    if math.isinf(request_rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    return [rng.expovariate(request_rate) for _ in range(n)]
+
+
+async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: float, concurrency: int | None,
+                       request_rate: float, seed: int, timeout: float, desc: str = "requests",
+                       progress: bool = True, warmup: bool = True) -> tuple[list[RequestResult], float]:
+    """Send every prompt once (after one short warm-up request); returns the results and the seconds
+    from the first send to the last finish."""
+    limit = concurrency or len(prompts)
+    semaphore = asyncio.Semaphore(limit)
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout), limits=limits) as client:
+        if warmup and prompts:
+            first = prompts[0]
+            short = Prompt(text=first.text and first.text[:200], input_ids=first.input_ids and first.input_ids[:16])
+            await send_one(client, short, temperature=temperature, timeout=timeout, t0=0.0, max_new_tokens=4)
+        with progress_bar(len(prompts), desc, enabled=progress) as bar:
+            t0 = time.perf_counter()
+
+            async def one(prompt: Prompt) -> RequestResult:
+                async with semaphore:
+                    res = await send_one(client, prompt, temperature=temperature, timeout=timeout, t0=t0)
+                bar.update(1)
+                return res
+
+            tasks = []
+            for prompt, gap in zip(prompts, arrival_gaps(len(prompts), request_rate, seed)):
+                await asyncio.sleep(gap)
+                tasks.append(asyncio.ensure_future(one(prompt)))
+            results = list(await asyncio.gather(*tasks))
+            return results, time.perf_counter() - t0
+
+
+def _stats_ms(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    a = np.asarray(values) * 1e3
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99))}
+
+
+def summarize(results: list[RequestResult], seconds: float) -> dict:
+    ok = [r for r in results if r.ok]
+    failures = collections.Counter(r.reason for r in results if not r.ok)
+    tokens = sum(r.output_tokens for r in ok)
+    committed = [k + 1 for r in ok for k in r.accept_lengths]
+    return {
+        "seconds": seconds,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "failures": dict(failures.most_common()),
+        "first_error": next((r.error for r in results if not r.ok), None),
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "completion_tokens": tokens,
+        "throughput_tok_s": tokens / seconds if seconds > 0 else 0.0,
+        "request_throughput_req_s": len(ok) / seconds if seconds > 0 else 0.0,
+        "verify_steps": len(committed),
+        "acceptance_length": sum(committed) / len(committed) if committed else None,
+        "acceptance_histogram": dict(sorted(collections.Counter(committed).items())),
+        "ttft_ms": _stats_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": _stats_ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok
+                              if r.ttft is not None and r.output_tokens > 1]),
+        "itl_ms": _stats_ms([gap for r in ok for gap in r.itl]),
+        "latency_ms": _stats_ms([r.latency for r in ok]),
+        "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "itl"} for r in results],
+    }
+
+
+# ------------------------------------------------------------------ the benchmark
+def add_bench_serving_args(parser: argparse.ArgumentParser) -> None:
+    s = parser.add_argument_group("server")
+    s.add_argument("--base-url", default=None, help="the server to measure (default: http://HOST:PORT)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--baseline-url", default=None, help="the same model served without speculation: "
+                   "given the same workload first, for Speedup")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
+    w = parser.add_argument_group("workload")
+    w.add_argument("--dataset", default=None, help=f"prompt set: {', '.join(DATASETS)}, or random (token ids "
+                   "from the server's vocabulary; needs no tokenizer). Default: random when the server has no "
+                   "tokenizer, tinystories for the embedded model, mt_bench otherwise")
+    w.add_argument("--num-prompts", type=int, default=16, help="requests (a prompt set repeats when shorter)")
+    w.add_argument("--max-new-tokens", type=int, default=64)
+    w.add_argument("--temperature", type=float, default=0.0)
+    w.add_argument("--random-input-len", type=int, default=128, help="--dataset random: prompt tokens")
+    w.add_argument("--random-output-len", type=int, default=None,
+                   help="--dataset random: new tokens per request (default: --max-new-tokens)")
+    w.add_argument("--random-range-ratio", type=float, default=1.0,
+                   help="--dataset random: lengths are drawn uniformly from [ratio * len, len]")
+    w.add_argument("--concurrency", type=int, default=None, help="most requests in flight (default: no limit)")
+    w.add_argument("--request-rate", type=float, default=math.inf,
+                   help="requests per second, Poisson arrivals (default: inf, all at once)")
+    w.add_argument("--seed", type=int, default=0, help="random prompts and arrival times")
+    o = parser.add_argument_group("output")
+    o.add_argument("--output", default="bench_serving.json", help="JSON results file")
+    o.add_argument("--plot", default=None, metavar="PATH", help="also write the acceptance histogram as a PNG "
+                   "(needs matplotlib)")
+    o.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("num_prompts", "max_new_tokens", "random_input_len", "random_output_len", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not 0 < args.random_range_ratio <= 1:
+        raise ValueError(f"--random-range-ratio must be in (0, 1], got {args.random_range_ratio}")
+    if not args.request_rate > 0 or not args.timeout > 0:
+        raise ValueError("--request-rate and --timeout must be > 0")
+    if args.dataset not in (None, "random", *DATASETS):
+        raise ValueError(f"--dataset: unknown dataset {args.dataset!r}; choose random or one of {', '.join(DATASETS)}")
+
+
+def model_info(base_url: str, timeout: float) -> dict:
+    try:
+        r = httpx.get(f"{base_url}/get_model_info", timeout=min(timeout, 30.0))
+        r.raise_for_status()
+        return r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise SystemExit(f"cannot read {base_url}/get_model_info (is the server up?): {e}") from None
+
+
+def build_prompts(args: argparse.Namespace, info: dict) -> tuple[str, list[Prompt]]:
+    """The dataset's name and its prompts; ``random`` draws token ids from the server's vocabulary."""
+    dataset = args.dataset
+    if dataset is None:
+        embedded = str(info.get("model_path") or "").endswith("stories260K.bin")
+        dataset = "random" if not info.get("has_tokenizer", True) else "tinystories" if embedded else "mt_bench"
+    if dataset == "random":
+        if not isinstance(info.get("vocab_size"), int):
+            raise ValueError("--dataset random needs the vocab_size that /get_model_info reports")
+        rng = random.Random(args.seed)
+        out_len = args.random_output_len or args.max_new_tokens
+
+        def draw(n: int) -> int:
+            return rng.randint(max(1, int(n * args.random_range_ratio)), n)
+
+        return dataset, [Prompt(input_ids=tuple(rng.randrange(info["vocab_size"])
+                                                for _ in range(draw(args.random_input_len))),
+                                max_new_tokens=draw(out_len)) for _ in range(args.num_prompts)]
+    if not info.get("has_tokenizer", True):
+        raise ValueError(f"--dataset {dataset} sends text, but the server has no tokenizer: use --dataset random")
+    texts = load_prompts(dataset, args.num_prompts)
+    return dataset, [Prompt(text=texts[i % len(texts)], max_new_tokens=args.max_new_tokens)
+                     for i in range(args.num_prompts)]
+
+
+def run_benchmark(args: argparse.Namespace) -> dict:
+    _check(args)
+    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    baseline_url = args.baseline_url.rstrip("/") if args.baseline_url else None
+    info = model_info(base_url, args.timeout)
+    dataset, prompts = build_prompts(args, info)
+    run = dict(temperature=args.temperature, concurrency=args.concurrency, request_rate=args.request_rate,
+               seed=args.seed, timeout=args.timeout, progress=not args.disable_tqdm)
+    baseline = baseline_info = None
+    if baseline_url:
+        baseline_info = model_info(baseline_url, args.timeout)
+        if baseline_info.get("speculative_algorithm"):
+            print(f"Warning: the baseline server speculates too ({baseline_info['speculative_algorithm']})",
+                  file=sys.stderr)
+        if baseline_info.get("vocab_size") != info.get("vocab_size"):
+            print("Warning: the baseline server's vocabulary differs from the server's", file=sys.stderr)
+        baseline = summarize(*asyncio.run(run_workload(baseline_url, prompts, desc="baseline", **run)))
+    spec = summarize(*asyncio.run(run_workload(base_url, prompts, desc="server", **run)))
+    speedup = None
+    if baseline and baseline["throughput_tok_s"] > 0:
+        speedup = spec["throughput_tok_s"] / baseline["throughput_tok_s"]
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "base_url": base_url,
+        "baseline_url": baseline_url,
+        "server": info,
+        "baseline_server": baseline_info,
+        "dataset": dataset,
+        "num_prompts": len(prompts),
+        "max_new_tokens": [p.max_new_tokens for p in prompts] if dataset == "random" else args.max_new_tokens,
+        "input_lens": [len(p.input_ids) for p in prompts] if dataset == "random" else None,
+        "temperature": args.temperature,
+        "concurrency": args.concurrency,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "seed": args.seed,
+        "timeout_s": args.timeout,
+        "baseline": baseline,
+        "speculative": spec,
+        "speedup": speedup,
+    }
+
+
+def _table(rows: dict[str, dict | None]) -> list[str]:
+    lines = ["| ms | mean | median | p90 | p99 |", "|---|---:|---:|---:|---:|"]
+    for name, s in rows.items():
+        cells = [f"{s[k]:.2f}" for k in ("mean", "median", "p90", "p99")] if s else ["n/a"] * 4
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return lines
+
+
+def _span(values: int | list[int]) -> str:
+    if isinstance(values, int):
+        return str(values)
+    return str(min(values)) if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
+def print_report(res: dict) -> None:
+    info, spec, base = res["server"], res["speculative"], res["baseline"]
+    print(f"Server: {res['base_url']} ({info.get('served_model_name')}, speculative: "
+          f"{info.get('speculative_algorithm') or 'none'})" + (f"  baseline: {res['baseline_url']}" if base else ""))
+    shape = f"input {_span(res['input_lens'])} tokens, " if res["input_lens"] else ""
+    rate = "inf (all at once)" if res["request_rate"] == "inf" else f"{res['request_rate']}/s (Poisson)"
+    print(f"Workload: {res['dataset']} ({res['num_prompts']} prompts, {shape}{_span(res['max_new_tokens'])} new "
+          f"tokens, temperature {res['temperature']}), concurrency {res['concurrency'] or 'unlimited'}, "
+          f"request rate {rate}")
+    for name, r in (("Baseline", base), ("Server", spec)):
+        if r and r["failed"]:
+            failures = ", ".join(f"{k}: {v}" for k, v in r["failures"].items())
+            print(f"{name} failed requests: {r['failed']}/{res['num_prompts']} ({failures}); first: {r['first_error']}")
+    print(f"Successful requests: {spec['completed']}/{res['num_prompts']}")
+    print(f"Benchmark duration: {spec['seconds']:.2f} s")
+    if base:
+        print(f"Baseline throughput: {base['throughput_tok_s']:.1f} token/s")
+    print(f"Throughput: {spec['throughput_tok_s']:.1f} token/s")
+    print(f"Request throughput: {spec['request_throughput_req_s']:.2f} req/s")
+    accept = spec["acceptance_length"]
+    print(f"Acceptance length: {accept:.2f}" if accept is not None else
+          "Acceptance length: n/a (no verify steps: the server does not speculate, or nothing succeeded)")
+    if res["speedup"] is not None:
+        print(f"Speedup: {res['speedup']:.2f}")
+    else:
+        print("Speedup needs --baseline-url (the same model served without speculation)" if not base else
+              "Speedup: n/a (no baseline request succeeded)")
+    rows = {"TTFT": spec["ttft_ms"], "TPOT": spec["tpot_ms"], "ITL": spec["itl_ms"], "Latency": spec["latency_ms"]}
+    if base:
+        rows.update({"TTFT (baseline)": base["ttft_ms"], "TPOT (baseline)": base["tpot_ms"],
+                     "ITL (baseline)": base["itl_ms"]})
+    for line in _table(rows):
+        print(line)
+    if spec["acceptance_histogram"]:
+        print("Acceptance histogram (tokens committed per verify step):")
+        for row in format_histogram(spec["acceptance_histogram"]):
+            print(row)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec bench-serving", description=__doc__.splitlines()[0])
+    add_bench_serving_args(parser)
+    args = parser.parse_args(argv)
+    res = run_benchmark(args)
+    print_report(res)
+    Path(args.output).write_text(json.dumps(res, indent=2))
+    print(f"Wrote {args.output}")
+    if args.plot:
+        info = res["server"]
+        plot_histogram(res["speculative"]["acceptance_histogram"], args.plot,
+                       title=f"{Path(str(info.get('served_model_name'))).name} ({info.get('speculative_algorithm')}), "
+                             f"{res['dataset']}, concurrency {res['concurrency'] or 'unlimited'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""``specdec bench-serving`` over real HTTP: a speculative and a plain server on tiny models.
+
+Tiny models have no tokenizer, so the workload is ``--dataset random`` (token ids from the vocabulary
+/get_model_info reports). Checked: every request succeeds with exactly max_new_tokens tokens, the
+report lines and the JSON, TTFT <= latency, Speedup with --baseline-url; failures (400, timeouts, a
+server that is not there) are counted or named, never a crash.
+"""
+
+import asyncio
+import copy
+import json
+import socket
+
+import pytest
+
+from specdec.bench_serving import Prompt, main, run_workload, summarize
+
+from .e2e.helpers import engine, make_pair
+from .server.live import LiveServer
+
+SHAPE = (3, 2, 4)  # (num_steps, topk, num_draft_tokens)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    target, draft = make_pair("EAGLE", "mixed", seed=3)
+    plain_target = copy.deepcopy(target)  # NOTE: one model object per engine thread
+    with LiveServer(engine(target, draft, algorithm="EAGLE", shape=SHAPE)) as spec, \
+            LiveServer(engine(plain_target)) as plain:
+        yield spec, plain
+
+
+def _bench(tmp_path, url: str, *flags: str) -> dict:
+    output = tmp_path / "serving.json"
+    main(["--base-url", url, "--dataset", "random", "--output", str(output), *flags])
+    return json.loads(output.read_text())
+
+
+def test_online_bench_with_baseline(servers, tmp_path, capsys):
+    spec, plain = servers
+    n, new = 8, 16
+    res = _bench(tmp_path, spec.url, "--baseline-url", plain.url, "--num-prompts", str(n), "--max-new-tokens",
+                 str(new), "--random-input-len", "12", "--concurrency", "4",
+                 "--plot", str(tmp_path / "hist.png"))
+    captured = capsys.readouterr()
+    for line in ["Throughput:", "Baseline throughput:", "Acceptance length:", "Speedup:", "Request throughput:",
+                 "| TTFT |", "| TPOT |", "| ITL |", "Successful requests: 8/8", "Acceptance histogram"]:
+        assert line in captured.out, line
+    assert "needs --baseline-url" not in captured.out
+    assert "8/8" in captured.err  # the progress bar
+    for run in (res["speculative"], res["baseline"]):
+        assert run["completed"] == n and run["failed"] == 0
+        assert run["completion_tokens"] == n * new
+        assert all(r["ok"] and r["output_tokens"] == new for r in run["requests"])
+        assert all(0 < r["ttft"] <= r["latency"] for r in run["requests"])
+        assert run["ttft_ms"]["median"] <= run["latency_ms"]["median"]
+    spec_run = res["speculative"]
+    assert spec_run["acceptance_length"] >= 1
+    assert spec_run["verify_steps"] == sum(spec_run["acceptance_histogram"].values())
+    assert res["baseline"]["acceptance_length"] is None  # the plain server never verifies
+    assert res["speedup"] == pytest.approx(spec_run["throughput_tok_s"] / res["baseline"]["throughput_tok_s"])
+    assert res["server"]["speculative_algorithm"] == "EAGLE" and res["baseline_server"]["speculative_algorithm"] is None
+    assert res["date"] and res["commit"]
+    assert res["input_lens"] == [12] * n
+    assert (tmp_path / "hist.png").exists() or "matplotlib is not installed" in captured.err
+
+
+def test_poisson_arrivals_and_random_lengths_without_baseline(servers, tmp_path, capsys):
+    spec, _ = servers
+    res = _bench(tmp_path, spec.url, "--num-prompts", "4", "--max-new-tokens", "12", "--random-input-len", "8",
+                 "--random-range-ratio", "0.5", "--request-rate", "50", "--disable-tqdm")
+    out = capsys.readouterr().out
+    assert "Speedup needs --baseline-url" in out and "Throughput:" in out
+    assert res["speedup"] is None and res["baseline"] is None
+    sent = [r["sent_at"] for r in res["speculative"]["requests"]]
+    assert sent == sorted(sent) and sent[-1] > 0  # spread over time, not all at once
+    assert all(6 <= k <= 12 for k in res["max_new_tokens"]) and all(4 <= k <= 8 for k in res["input_lens"])
+    assert res["speculative"]["completion_tokens"] == sum(res["max_new_tokens"])
+
+
+def test_a_4xx_is_counted_not_fatal(servers, tmp_path, capsys):
+    spec, _ = servers
+    too_long = Prompt(input_ids=tuple([5] * 600), max_new_tokens=8)  # > the 512-token context
+    prompts = [Prompt(input_ids=(3, 4, 5), max_new_tokens=8), too_long, Prompt(input_ids=(6, 7), max_new_tokens=8)]
+    results, seconds = asyncio.run(run_workload(spec.url, prompts, temperature=0.0, concurrency=2,
+                                                request_rate=float("inf"), seed=0, timeout=60, progress=False))
+    summary = summarize(results, seconds)
+    assert summary["completed"] == 2 and summary["failures"] == {"HTTP 400": 1}
+    assert "context length" in summary["first_error"]
+    assert summary["completion_tokens"] == 16
+
+    res = _bench(tmp_path, spec.url, "--num-prompts", "3", "--random-input-len", "600", "--disable-tqdm")
+    out = capsys.readouterr().out
+    assert res["speculative"]["failures"] == {"HTTP 400": 3}
+    assert "Server failed requests: 3/3 (HTTP 400: 3)" in out and "Throughput: 0.0 token/s" in out
+    spec.wait_idle()
+
+
+def test_timeouts_are_counted(servers, tmp_path):
+    spec, _ = servers
+    res = _bench(tmp_path, spec.url, "--num-prompts", "2", "--max-new-tokens", "480", "--random-input-len", "8",
+                 "--timeout", "0.03", "--disable-tqdm")
+    assert res["speculative"]["failures"] == {"timeout": 2}
+    spec.wait_idle()  # the client hung up: the server aborted both
+
+
+def test_no_server_is_a_clear_error(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(SystemExit, match="get_model_info"):
+        main(["--port", str(port), "--output", str(tmp_path / "x.json")])

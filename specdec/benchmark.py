@@ -14,6 +14,7 @@ import argparse
 import collections
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -110,6 +111,9 @@ def plot_histogram(hist: dict[int, int], path: str, *, title: str) -> bool:
 
 
 def git_commit() -> str:
+    """The commit measured: $SPECDEC_COMMIT (set where the tree has no .git), else git's HEAD."""
+    if os.environ.get("SPECDEC_COMMIT"):
+        return os.environ["SPECDEC_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"

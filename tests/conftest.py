@@ -7,6 +7,16 @@ import torch
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
+_TRITON_INTERPRET_AT_START = os.environ.get("TRITON_INTERPRET")
+
+
+def pytest_collection_finish(session):
+    # A test module that switches the Triton interpreter on at import must switch it off again:
+    # left on, every CPU kernel call in every other test runs interpreted (minutes instead of ms).
+    if os.environ.get("TRITON_INTERPRET") != _TRITON_INTERPRET_AT_START:
+        raise pytest.UsageError("a test module changed TRITON_INTERPRET at import and did not restore it")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -1,1 +1,1 @@
-"""engine."""
+"""The reference host engine: paged KV memory, continuous-batching scheduler, sampling, ``Engine``."""

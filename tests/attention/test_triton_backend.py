@@ -16,26 +16,40 @@ head_dim 16, contexts < 64); the same comparisons at real sizes, and an end-to-e
 are marked ``gpu``.
 """
 
+import dataclasses
+import math
 import os
+import subprocess
+import sys
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # NOTE: set before the kernels are imported: @triton.jit reads TRITON_INTERPRET when it runs.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
+# NOTE: @triton.jit reads TRITON_INTERPRET when the kernels are imported, so it is set while they
+# are imported here and inside this module's tests only. Left set for the whole session, every
+# CPU op elsewhere would run through the (slow) interpreter too.
+_INTERPRET = not torch.cuda.is_available()
+_saved = os.environ.get("TRITON_INTERPRET")
+if _INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    pytest.importorskip("triton")
+    import specdec.attention.triton_backend  # noqa: F401  (compiles the kernels in the right mode)
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
 
 from specdec.attention import AttentionLayer, KVCache, create_attention_backend  # noqa: E402
 from specdec.attention.torch_native import TorchNativeBackend  # noqa: E402
 from specdec.forward import ForwardBatch, ForwardMode  # noqa: E402
 
-pytest.importorskip("triton")
+
+@pytest.fixture(autouse=True)
+def _interpret_on_cpu(monkeypatch):
+    if _INTERPRET:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

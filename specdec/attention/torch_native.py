@@ -1,7 +1,9 @@
 """Pure-torch attention over the paged KV cache: the reference every other backend is tested against.
 
-Runs on CPU and GPU. Sequences of the ragged layout are padded to one batched attention call;
-scores are computed in fp32 whatever the cache dtype.
+Runs on CPU and GPU. Sequences (requests, or draft branches) are padded to one batched attention
+call; scores are computed in fp32 whatever the cache dtype. Its metadata is derived from the batch
+directly, independently of ``layout.RaggedLayout`` that the Triton backend plans from, so the two
+backends cross-check each other's reading of the attention rules.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ import dataclasses
 import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
-from specdec.attention.layout import RaggedLayout, build_ragged_layout
-from specdec.forward import ForwardBatch
+from specdec.forward import ForwardBatch, ForwardMode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,38 +28,79 @@ class TorchNativeMetadata:
     allowed: torch.Tensor
 
 
-def _padded_metadata(layout: RaggedLayout, device: torch.device) -> TorchNativeMetadata:
-    n = layout.num_seqs
-    max_q = max(layout.q_lens, default=1) or 1
-    max_kv = max(layout.kv_lens, default=1) or 1
-    q_rows = torch.zeros(n, max_q, dtype=torch.int64, device=device)
-    q_valid = torch.zeros(n, max_q, dtype=torch.bool, device=device)
-    kv_slots = torch.zeros(n, max_kv, dtype=torch.int64, device=device)
-    allowed = torch.zeros(n, max_q, max_kv, dtype=torch.bool, device=device)
-    qo = layout.qo_indptr.tolist()
-    kvp = layout.kv_indptr.tolist()
-    mp = layout.mask_indptr.tolist() if layout.mask_indptr is not None else None
-    for s, (q, kv) in enumerate(zip(layout.q_lens, layout.kv_lens)):
-        q_rows[s, :q] = torch.arange(qo[s], qo[s] + q, device=device)
-        q_valid[s, :q] = True
-        kv_slots[s, :kv] = layout.kv_indices[kvp[s] : kvp[s] + kv]
-        if mp is not None:
-            allowed[s, :q, :kv] = layout.mask[mp[s] : mp[s + 1]].view(q, kv)
-        else:
-            rows = torch.arange(q, device=device).unsqueeze(1)
-            cols = torch.arange(kv, device=device).unsqueeze(0)
-            allowed[s, :q, :kv] = cols <= rows + (kv - q)
+def _padded_metadata(batch: ForwardBatch) -> TorchNativeMetadata:
+    """Padded per-sequence views of the batch, built with tensor ops (no per-sequence loop).
+
+    A sequence is a request, or one branch (row) of a draft decode step. Its KV entries are the
+    request's cached prefix followed by its own new slots (or, for a draft branch, its ancestors).
+    """
+    device = batch.input_ids.device
+    prefix = batch.prefix_lens.to(device=device, dtype=torch.int64)  # [bs]
+    extend = batch.extend_lens.to(device=device, dtype=torch.int64)  # [bs]
+    rows = batch.req_pool_indices.to(device=device, dtype=torch.int64)  # [bs]
+    starts = torch.cumsum(extend, 0) - extend  # [bs] first packed token of each request
+    max_prefix = max(batch.host_prefix_lens(), default=0)
+    if batch.draft_ancestors is not None:  # every token is its own sequence
+        topk = batch.num_tokens // max(batch.batch_size, 1)
+        seq_req = torch.arange(batch.batch_size, device=device).repeat_interleave(topk)  # [n]
+        own = batch.draft_ancestors.to(torch.int64)  # [n, depth]
+        own_len = torch.full_like(seq_req, own.shape[1])
+        q_rows = torch.arange(batch.num_tokens, device=device)[:, None]  # [n, 1]
+        q_valid = torch.ones_like(q_rows, dtype=torch.bool)
+    else:
+        seq_req = torch.arange(batch.batch_size, device=device)
+        max_q = max(batch.host_extend_lens(), default=1) or 1
+        col = torch.arange(max_q, device=device)[None]
+        q_valid = col < extend[:, None]  # [bs, max_q]
+        q_rows = torch.where(q_valid, starts[:, None] + col, 0)
+        own = batch.out_cache_loc.to(torch.int64)[q_rows]  # [bs, max_q] the new tokens' slots
+        own_len = extend
+    seq_prefix = prefix[seq_req]  # [n]
+    kv_len = seq_prefix + own_len
+    max_kv = max(max_prefix + own.shape[1], 1)
+    col = torch.arange(max_kv, device=device)[None]  # [1, max_kv]
+    in_prefix = col < seq_prefix[:, None]
+    table = batch.req_to_token[rows[seq_req][:, None], col.clamp(max=batch.req_to_token.shape[1] - 1)]
+    own_col = (col - seq_prefix[:, None]).clamp(0, max(own.shape[1] - 1, 0))
+    own_slots = own.gather(1, own_col) if own.shape[1] else torch.zeros_like(table, dtype=torch.int64)
+    kv_valid = col < kv_len[:, None]  # [n, max_kv]
+    kv_slots = torch.where(in_prefix, table.to(torch.int64), own_slots)
+    kv_slots = torch.where(kv_valid, kv_slots, 0)
+    # [n, max_q, max_kv] causal aligned to the end: row r of q rows sees entries c <= kv - q + r
+    q_len = q_valid.sum(dim=1)  # [n]
+    q_pos = torch.arange(q_rows.shape[1], device=device)[None, :, None]
+    allowed = col[:, None, :] <= ((kv_len - q_len)[:, None, None] + q_pos)
+    if batch.forward_mode == ForwardMode.TARGET_VERIFY:
+        allowed = in_prefix[:, None, :] | _tree_block(batch, extend, seq_prefix, q_rows.shape[1], max_kv)
+    allowed &= kv_valid[:, None, :] & q_valid[:, :, None]
     # NOTE: padded query rows get one visible column so softmax stays finite; they are dropped.
     allowed[:, :, 0] |= ~q_valid
     return TorchNativeMetadata(q_rows=q_rows, q_valid=q_valid, kv_slots=kv_slots, allowed=allowed)
+
+
+def _tree_block(batch: ForwardBatch, extend: torch.Tensor, prefix: torch.Tensor, max_q: int, max_kv: int) -> torch.Tensor:
+    """[bs, max_q, max_kv] each request's [n, n] tree mask placed after its prefix columns.
+
+    ``tree_mask`` is flat: request b's block (n_b = extend[b] nodes) starts at sum of n^2 before it.
+    """
+    if batch.tree_mask is None:
+        raise ValueError("TARGET_VERIFY batch needs tree_mask")
+    device = extend.device
+    flat = batch.tree_mask.to(torch.bool)
+    block_start = torch.cumsum(extend * extend, 0) - extend * extend  # [bs]
+    row = torch.arange(max_q, device=device)[None, :, None]  # [1, max_q, 1]
+    col = torch.arange(max_kv, device=device)[None, None, :] - prefix[:, None, None]  # tree column
+    n = extend[:, None, None]
+    inside = (row < n) & (col >= 0) & (col < n)  # [bs, max_q, max_kv]
+    index = block_start[:, None, None] + row * n + col
+    return flat[index.clamp(0, max(flat.numel() - 1, 0))] & inside
 
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        layout = build_ragged_layout(batch)
-        batch.attn_metadata = _padded_metadata(layout, batch.input_ids.device)
+        batch.attn_metadata = _padded_metadata(batch)
 
     def forward(
         self,

@@ -79,6 +79,9 @@ def read_num_layers(path: str | Path) -> int:
     path = Path(path)
     if path.is_dir():
         return int(LlamaConfig.from_hf(_read_config(path)).num_hidden_layers)
+    if path.suffix == ".gguf":
+        from specdec.models.gguf_loader import read_gguf_num_layers
+        return read_gguf_num_layers(path)
     return int(_llama2c_header(path)[2])
 
 
@@ -96,9 +99,12 @@ def load_target(
     path = Path(path)
     if path.is_dir():
         return load_hf_llama(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)
+    if path.suffix == ".gguf" and path.is_file():
+        from specdec.models.gguf_loader import load_gguf_llama
+        return load_gguf_llama(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)
     if path.suffix == ".bin" and path.is_file():
         return load_llama2c(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)
-    raise ValueError(f"--model-path {path}: expected an HF checkpoint directory or a llama2.c .bin file")
+    raise ValueError(f"--model-path {path}: expected an HF checkpoint directory, a llama2.c .bin file or a .gguf file")
 
 
 def load_hf_llama(

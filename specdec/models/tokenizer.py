@@ -104,6 +104,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer | None:
             return SentencePieceTokenizer(path)
         if path.name == "tokenizer.json":
             return HFTokenizer(path.parent)
+        if path.suffix == ".gguf":
+            from specdec.models.gguf_loader import load_gguf_tokenizer
+            return load_gguf_tokenizer(path)
         if path.suffix == ".bin":
             sp = _sentencepiece_next_to(path)
             return SentencePieceTokenizer(sp) if sp is not None else None

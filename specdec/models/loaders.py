@@ -95,7 +95,7 @@ def load_target(
     device: Any = "cpu",
     aux_hidden_layers: tuple[int, ...] | None = None,
 ) -> LlamaForCausalLM:
-    """A directory is an HF checkpoint; a ``.bin`` file is a llama2.c checkpoint."""
+    """A directory is an HF checkpoint; a ``.bin`` file a llama2.c checkpoint; a ``.gguf`` file llama.cpp's."""
     path = Path(path)
     if path.is_dir():
         return load_hf_llama(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)

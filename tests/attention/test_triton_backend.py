@@ -25,21 +25,9 @@ import sys
 import pytest
 import torch
 
-# NOTE: @triton.jit reads TRITON_INTERPRET when the kernels are imported, so it is set while they
-# are imported here and inside this module's tests only. Left set for the whole session, every
-# CPU op elsewhere would run through the (slow) interpreter too.
-_INTERPRET = not torch.cuda.is_available()
-_saved = os.environ.get("TRITON_INTERPRET")
-if _INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    pytest.importorskip("triton")
-    import specdec.attention.triton_backend  # noqa: F401  (compiles the kernels in the right mode)
-finally:
-    if _saved is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
+from ..triton_env import INTERPRET, import_kernels
+
+import_kernels("specdec.attention.triton_backend")
 
 from specdec.attention import AttentionLayer, KVCache, create_attention_backend  # noqa: E402
 from specdec.attention.torch_native import TorchNativeBackend  # noqa: E402
@@ -48,7 +36,7 @@ from specdec.forward import ForwardBatch, ForwardMode  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _interpret_on_cpu(monkeypatch):
-    if _INTERPRET:
+    if INTERPRET:  # the backend dispatches CPU tensors to Triton only while this is set
         monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

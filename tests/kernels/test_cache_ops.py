@@ -7,22 +7,14 @@ inside these tests, so other modules keep their CPU reference dispatch.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
 
-_saved = os.environ.get("TRITON_INTERPRET")
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    triton_cache_ops = pytest.importorskip("specdec.kernels.triton.cache_ops")
-finally:
-    if _saved is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
+from ..triton_env import import_kernels
+
+triton_cache_ops = import_kernels("specdec.kernels.triton.cache_ops")
 
 from specdec import kernels as K  # noqa: E402
 

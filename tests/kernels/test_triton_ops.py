@@ -1,35 +1,26 @@
 """The Triton ops equal their torch references exactly (``torch.equal`` on every output) over random
 valid trees, and fail like them on malformed ones.
 
-CPU: Triton's interpreter. NOTE: triton reads TRITON_INTERPRET when it is imported, so this module
-sets it before importing the kernels and restores it afterwards (other modules keep dispatching
-CPU tensors to the references); each test here sets it again so the public ops pick Triton.
+CPU: Triton's interpreter (see tests/triton_env.py); each test here sets TRITON_INTERPRET again so
+the public ops pick Triton.
 With a GPU the module leaves the variable alone: CPU cases skip and the ``gpu`` cases run the
 compiled kernels.
 """
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import pytest
 import torch
 
-_INTERPRET = not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-_saved = os.environ.get("TRITON_INTERPRET")
-if _INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    triton_verify = pytest.importorskip("specdec.kernels.triton.verify")
-    from specdec.kernels import residual as residual_draw
-    from specdec.kernels.triton import tree_build as triton_tree_build
-finally:
-    if _saved is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
+from specdec.kernels import residual as residual_draw
+
+from ..triton_env import import_kernels
+
+triton_verify = import_kernels("specdec.kernels.triton.verify")
+triton_tree_build = import_kernels("specdec.kernels.triton.tree_build")
 
 from specdec import kernels as K  # noqa: E402
 from specdec.kernels.tree_build import TRITON_IMPLS, select_impl  # noqa: E402

@@ -1,0 +1,33 @@
+"""Importing Triton kernels for tests: interpreted on CPU, compiled on a GPU.
+
+NOTE: ``@triton.jit`` reads TRITON_INTERPRET when a kernel module is imported. It is switched on
+only while such modules import (and, by each such module's fixture, inside its own tests): left on
+for the whole session, every CPU op in every other test would run through the slow interpreter
+(tests/conftest.py refuses a session where a module forgot to switch it back).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import pytest
+import torch
+
+INTERPRET = not torch.cuda.is_available()
+
+
+def import_kernels(module: str) -> ModuleType:
+    """Import ``module`` (skipping the test module when triton is missing) in the right mode."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    if INTERPRET:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pytest.importorskip("triton")
+        return pytest.importorskip(module)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+

@@ -80,6 +80,39 @@ class ForwardBatch:
     # backend-built metadata (set by attn_backend.init_forward_metadata, read by its forward)
     attn_metadata: Any = None
 
+    @classmethod
+    def decode(
+        cls,
+        input_ids: torch.Tensor,  # [bs] the last committed token of each request
+        seq_lens: torch.Tensor,  # [bs] tokens in each request's KV cache
+        out_cache_loc: torch.Tensor,  # [bs] the slot each new token's K/V goes to
+        req_pool_indices: torch.Tensor,  # [bs]
+        *,
+        req_to_token: torch.Tensor,
+        kv_cache: Any,
+        attn_backend: Any,
+        capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
+        seq_lens_cpu: list[int] | None = None,
+    ) -> "ForwardBatch":
+        """Plain decoding: one new token per request, at position seq_len, after its whole cache."""
+        ones = torch.ones_like(seq_lens)
+        return cls(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=input_ids,
+            positions=seq_lens,
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=req_pool_indices,
+            prefix_lens=seq_lens,
+            extend_lens=ones,
+            req_to_token=req_to_token,
+            kv_cache=kv_cache,
+            attn_backend=attn_backend,
+            logits_mode=LogitsMode.LAST,
+            capture_hidden_mode=capture_hidden_mode,
+            prefix_lens_cpu=seq_lens_cpu,
+            extend_lens_cpu=[1] * int(seq_lens.shape[0]),
+        )
+
     @property
     def batch_size(self) -> int:
         return int(self.req_pool_indices.shape[0])

@@ -167,22 +167,11 @@ class EAGLEWorker:
         committed token, so the requests can speculate again in any later step.
         """
         bs = int(req_pool_indices.shape[0])
-        ones = torch.ones(bs, dtype=torch.int64, device=seq_lens.device)
-        out_cache_loc = self.memory.alloc_extend(req_pool_indices, seq_lens, ones)
-        batch = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            input_ids=verified_ids,
-            positions=seq_lens,
-            out_cache_loc=out_cache_loc,
-            req_pool_indices=req_pool_indices,
-            prefix_lens=seq_lens,
-            extend_lens=ones,
-            req_to_token=self.memory.req_to_token,
-            kv_cache=self.target.kv_cache,
-            attn_backend=self.target.attn_backend,
-            logits_mode=LogitsMode.LAST,
-            capture_hidden_mode=CaptureHiddenMode.LAST,
-            extend_lens_cpu=[1] * bs,
+        out_cache_loc = self.memory.alloc_extend(req_pool_indices, seq_lens, torch.ones_like(seq_lens))
+        batch = ForwardBatch.decode(
+            verified_ids, seq_lens, out_cache_loc, req_pool_indices,
+            req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,
+            attn_backend=self.target.attn_backend, capture_hidden_mode=CaptureHiddenMode.LAST,
         )
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)

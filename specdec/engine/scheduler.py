@@ -187,25 +187,13 @@ class Scheduler:
             req.append(tokens)
 
     def _decode_plain(self, reqs: list[Request]) -> None:
-        device = self.device
         rows, seq_lens, last = self._decode_inputs(reqs)
-        ones = torch.ones(len(reqs), dtype=torch.int64, device=device)
-        batch = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            input_ids=last,
-            positions=seq_lens,
-            out_cache_loc=self.memory.alloc_extend(rows, seq_lens, ones),
-            req_pool_indices=rows,
-            prefix_lens=seq_lens,
-            extend_lens=ones,
-            req_to_token=self.memory.req_to_token,
-            kv_cache=self.runner.kv_cache,
-            attn_backend=self.runner.attn_backend,
-            logits_mode=LogitsMode.LAST,
-            prefix_lens_cpu=[r.kv_len for r in reqs],
-            extend_lens_cpu=[1] * len(reqs),
+        batch = ForwardBatch.decode(
+            last, seq_lens, self.memory.alloc_extend(rows, seq_lens, torch.ones_like(seq_lens)), rows,
+            req_to_token=self.memory.req_to_token, kv_cache=self.runner.kv_cache,
+            attn_backend=self.runner.attn_backend, seq_lens_cpu=[r.kv_len for r in reqs],
         )
-        next_ids = BatchSampling(reqs, device, self.generator).sample(self.runner.forward(batch).next_token_logits)
+        next_ids = BatchSampling(reqs, self.device, self.generator).sample(self.runner.forward(batch).next_token_logits)
         for req, token in zip(reqs, next_ids.tolist()):
             req.kv_len += 1
             req.append([token])

@@ -99,6 +99,28 @@ def packed_mask_bytes(draft_token_num: int) -> int:
     return 1 if draft_token_num <= 8 else 2 if draft_token_num <= 16 else 4
 
 
+def _check_tree_indices(
+    verified_seq_len: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    *,
+    bs: int,
+    n: int,
+    device: torch.device,
+) -> None:
+    """The per-request index tensors both tree ops read or write: [bs], [bs*N] and [bs, N] int64."""
+    check_tensor("verified_seq_len", verified_seq_len, dtype=torch.int64, shape=(bs,), device=device)
+    check_tensor("positions", positions, dtype=torch.int64, shape=(bs * n,), device=device)
+    for name, t in (
+        ("retrive_index", retrive_index),
+        ("retrive_next_token", retrive_next_token),
+        ("retrive_next_sibling", retrive_next_sibling),
+    ):
+        check_tensor(name, t, dtype=torch.int64, shape=(bs, n), device=device)
+
+
 def build_tree_kernel_efficient(
     parent_list: torch.Tensor,  # [bs, topk * (depth - 1) + 1] int64 (or [bs, 0] when depth == 1)
     selected_index: torch.Tensor,  # [bs, N - 1] int64
@@ -127,14 +149,8 @@ def build_tree_kernel_efficient(
     if parent_list.shape[1] != width and not (depth == 1 and parent_list.shape[1] == 0):
         raise ValueError(f"parent_list: expected {width} columns (topk*(depth-1)+1), got {parent_list.shape[1]}")
     check_tensor("selected_index", selected_index, dtype=torch.int64, shape=(bs, n - 1), device=device)
-    check_tensor("verified_seq_len", verified_seq_len, dtype=torch.int64, shape=(bs,), device=device)
-    check_tensor("positions", positions, dtype=torch.int64, shape=(bs * n,), device=device)
-    for name, t in (
-        ("retrive_index", retrive_index),
-        ("retrive_next_token", retrive_next_token),
-        ("retrive_next_sibling", retrive_next_sibling),
-    ):
-        check_tensor(name, t, dtype=torch.int64, shape=(bs, n), device=device)
+    _check_tree_indices(verified_seq_len, positions, retrive_index, retrive_next_token, retrive_next_sibling,
+                        bs=bs, n=n, device=device)
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
         check_tensor("tree_mask", tree_mask, dtype=(torch.uint8, torch.uint16, torch.uint32), dim=1, device=device)
         need, have = bs * n * packed_mask_bytes(n), tree_mask.numel() * tree_mask.element_size()
@@ -304,14 +320,8 @@ def reconstruct_indices_from_tree_mask(
     device = tree_mask.device
     if tree_mask.numel() < bs * n * n:
         raise ValueError(f"tree_mask: expected at least bs*N*N = {bs * n * n} entries, got {tree_mask.numel()}")
-    check_tensor("verified_seq_len", verified_seq_len, dtype=torch.int64, shape=(bs,), device=device)
-    check_tensor("positions", positions, dtype=torch.int64, shape=(bs * n,), device=device)
-    for name, t in (
-        ("retrive_index", retrive_index),
-        ("retrive_next_token", retrive_next_token),
-        ("retrive_next_sibling", retrive_next_sibling),
-    ):
-        check_tensor(name, t, dtype=torch.int64, shape=(bs, n), device=device)
+    _check_tree_indices(verified_seq_len, positions, retrive_index, retrive_next_token, retrive_next_sibling,
+                        bs=bs, n=n, device=device)
     impl = select_impl("reconstruct_indices_from_tree_mask", reconstruct_indices_from_tree_mask_ref, device)
     impl(tree_mask, verified_seq_len, positions, retrive_index, retrive_next_token, retrive_next_sibling, bs, n)
 

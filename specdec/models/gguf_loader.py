@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+from specdec.models.tokenizer import TokenizersTokenizer, _require
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -216,12 +217,10 @@ def _pre_tokenizer(tokenizers: Any, pre: str | None, add_prefix_space: bool) -> 
     return byte_level
 
 
-class GGUFTokenizer:
+class GGUFTokenizer(TokenizersTokenizer):
     """Byte-level BPE tokenizer stored in a GGUF file; same interface as ``HFTokenizer``."""
 
     def __init__(self, path: str | Path) -> None:
-        from specdec.models.tokenizer import _require
-
         path = Path(path)
         tokenizers = _require("tokenizers", f"the tokenizer in {path}")
         meta = _Meta(_reader(path), path)
@@ -262,15 +261,6 @@ class GGUFTokenizer:
         self.eos_token_id = None if eos is None else int(eos)
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", self.bos_token_id is not None))
         self.chat_template: str | None = meta.get("tokenizer.chat_template")
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = list(self.tok.encode(text, add_special_tokens=False).ids)
-        if add_bos and self.add_bos and self.bos_token_id is not None:
-            ids = [self.bos_token_id] + ids
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
 def load_gguf_tokenizer(path: str | Path) -> GGUFTokenizer:

@@ -1,4 +1,5 @@
-"""Tokenizers: SentencePiece (llama2.c's ``tok512.model``) and HF ``tokenizer.json``.
+"""Tokenizers: SentencePiece (llama2.c's ``tok512.model``), HF ``tokenizer.json``, and the shared base
+the GGUF tokenizer (``gguf_loader``) builds on.
 
 Both give the same small interface: ``encode(text, add_bos=True)``, ``decode(ids)``,
 ``bos_token_id``, ``eos_token_id``, ``vocab_size``. Optional packages are imported only when used.
@@ -48,7 +49,26 @@ class SentencePieceTokenizer:
         return self.sp.decode([int(i) for i in ids])
 
 
-class HFTokenizer:
+class TokenizersTokenizer:
+    """Shared encode/decode over a ``tokenizers.Tokenizer`` (``self.tok``); subclasses fill it in
+    with ``vocab_size``, ``bos_token_id``, ``eos_token_id`` and ``add_bos``."""
+
+    tok: Any
+    bos_token_id: int | None
+    eos_token_id: int | None
+    add_bos: bool
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = list(self.tok.encode(text, add_special_tokens=False).ids)
+        if add_bos and self.add_bos and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+class HFTokenizer(TokenizersTokenizer):
     def __init__(self, directory: str | Path) -> None:
         directory = Path(directory)
         tokenizers = _require("tokenizers", f"the tokenizer {directory / 'tokenizer.json'}")
@@ -70,14 +90,6 @@ class HFTokenizer:
                 return int(tid)
         return fallback
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = list(self.tok.encode(text, add_special_tokens=False).ids)
-        if add_bos and self.add_bos and self.bos_token_id is not None:
-            ids = [self.bos_token_id] + ids
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
 def _read_json(file: Path) -> dict[str, Any]:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU run in one call: environment report, benchmarks, GPU tests; results under $OUT.
-# Usage on the device machine (repo root): bash scripts/gpu_suite.sh [bench|tests|all]
+# Usage on the device machine (repo root): bash scripts/gpu_suite.sh [bench|synthetic|tests|graphs|all]
+#   bench      kernel and attention benchmarks, the main job on the GPU
+#   synthetic  the Llama-3.1-8B-shaped sweep with simulated acceptance (CUDA graphs on), and its plot
+#   tests      every GPU test;  graphs  only the CUDA-graph and lossless GPU tests
 # The commit being measured is read from .commit (carry it: `git rev-parse --short HEAD > .commit`).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
@@ -23,6 +26,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_attention.py --output-dir "$OUT" 2>&1 | tail -5
   # the main job end to end on the GPU (stories260K is tiny: this shows correctness and overheads)
   python3 -m specdec.cli bench --device cuda --attention-backend triton --output "$OUT/bench_throughput_gpu.json" 2>&1 | tail -16
+fi
+if [ "$what" = synthetic ] || [ "$what" = all ]; then
+  python3 -m specdec.bench_synthetic --synthetic llama-3.1-8b ${SYNTHETIC_ARGS:-} \
+    --output "$OUT/bench_synthetic_8b.json" --plot "$OUT/speedup_8b.png" 2>&1 | tee "$OUT/bench_synthetic_8b.log"
+fi
+if [ "$what" = graphs ]; then
+  python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/e2e/test_gpu_cuda_graphs.py tests/e2e/test_gpu_lossless.py \
+    2>&1 | tee "$OUT/gpu_graph_tests.log" | tail -30
+  status=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # the server tests are CPU-only and need fastapi/uvicorn, which the device lacks

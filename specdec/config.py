@@ -51,6 +51,9 @@ class SpecConfig:
     token_map: str | None = None
     # decode batches with more requests than this run without speculation (None: always speculate)
     batch_size_threshold: int | None = None
+    # benchmark only: verify in full, then commit a drawn number of tokens per request (mean TAU)
+    # along the tree's first path, so full-size cost is measurable without a trained head
+    simulate_accept_length: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, SpecAlgorithm):
@@ -72,6 +75,13 @@ class SpecConfig:
             )
         if self.batch_size_threshold is not None:
             _check_int("--speculative-batch-size-threshold", self.batch_size_threshold, low=0)
+        if self.simulate_accept_length is not None:
+            tau = self.simulate_accept_length
+            if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 1.0 <= tau <= self.num_steps + 1:
+                raise ConfigError(
+                    f"--speculative-simulate-accept-length must be a number in [1, --speculative-num-steps + 1 "
+                    f"= {self.num_steps + 1}] (committed tokens per step), got {tau!r}"
+                )
         for flag, value in (
             ("--speculative-accept-threshold-single", self.accept_threshold_single),
             ("--speculative-accept-threshold-acc", self.accept_threshold_acc),
@@ -100,6 +110,7 @@ class SpecConfig:
         speculative_accept_threshold_acc: float = 1.0,
         speculative_token_map: str | None = None,
         speculative_batch_size_threshold: int | None = None,
+        speculative_simulate_accept_length: float | None = None,
     ) -> "SpecConfig":
         """Resolve SGLang's flag semantics: all three unset -> (5, 4, 8); topk=1 -> chain."""
         steps, topk, ntok = speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens
@@ -122,6 +133,7 @@ class SpecConfig:
             accept_threshold_acc=speculative_accept_threshold_acc,
             token_map=speculative_token_map,
             batch_size_threshold=speculative_batch_size_threshold,
+            simulate_accept_length=speculative_simulate_accept_length,
         )
 
 

@@ -77,6 +77,12 @@ class ForwardBatch:
     # host-side copies (lists) of prefix_lens / extend_lens, so backends plan without a sync
     prefix_lens_cpu: list[int] | None = None
     extend_lens_cpu: list[int] | None = None
+    # [bs] packed row whose logits / hidden state LogitsMode.LAST and CaptureHiddenMode.LAST
+    # return; None = each request's last new token. Set when requests carry padding tokens.
+    output_rows: torch.Tensor | None = None
+    # CUDA-graph capture: a static bound on prefix_len + extend_len of every request. When set the
+    # backend plans from device tensors only (no host reads, shapes fixed by the bound).
+    static_max_seq_len: int | None = None
     # backend-built metadata (set by attn_backend.init_forward_metadata, read by its forward)
     attn_metadata: Any = None
 

@@ -21,10 +21,15 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        shape = (num_slots, num_kv_heads, head_dim)
-        # [num_slots, num_kv_heads, head_dim] per layer
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        # [num_layers, num_slots, num_kv_heads, head_dim]: one allocation, so ``move`` is one
+        # gather and one scatter for all layers
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # [num_slots, num_kv_heads, head_dim] per layer (views of the above)
+        # NOTE: indexing, not unbind: in-place writes to unbind's views are refused under autograd
+        self.k_buffers = [self.k[i] for i in range(num_layers)]
+        self.v_buffers = [self.v[i] for i in range(num_layers)]
         self.num_slots = num_slots
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -34,8 +39,12 @@ class KVCache:
     def num_layers(self) -> int:
         return len(self.k_buffers)
 
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.k_buffers + self.v_buffers)
+        return sum(b.numel() * b.element_size() for b in (self.k, self.v))
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
@@ -47,8 +56,10 @@ class KVCache:
         k: torch.Tensor,  # [n, num_kv_heads, head_dim]
         v: torch.Tensor,  # [n, num_kv_heads, head_dim]
     ) -> None:
-        self.k_buffers[layer_id][loc] = k.to(self.dtype)
-        self.v_buffers[layer_id][loc] = v.to(self.dtype)
+        # NOTE: the cache stores values, never autograd history (training has its own backend)
+        with torch.no_grad():
+            self.k_buffers[layer_id][loc] = k.to(self.dtype)
+            self.v_buffers[layer_id][loc] = v.to(self.dtype)
 
     def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:
         """Copy every layer's K/V from ``src_locs`` to ``dst_locs`` ([n] each).
@@ -58,6 +69,6 @@ class KVCache:
         """
         if src_locs.numel() == 0:
             return
-        for k_buf, v_buf in zip(self.k_buffers, self.v_buffers):
-            k_buf[dst_locs] = k_buf[src_locs]
-            v_buf[dst_locs] = v_buf[src_locs]
+        with torch.no_grad():
+            for buf in (self.k, self.v):
+                buf[:, dst_locs] = buf[:, src_locs]

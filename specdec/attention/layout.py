@@ -23,6 +23,7 @@ import dataclasses
 import torch
 
 from specdec.forward import ForwardBatch, ForwardMode
+from specdec.kernels import create_kv_indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,3 +122,59 @@ def _draft_layout(
         q_lens=[1] * len(kv_lens),
         kv_lens=kv_lens,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticLayout:
+    """RaggedLayout built from device tensors alone, for CUDA-graph capture.
+
+    Every request has the same number of new tokens (``q_len``; a draft decode step: one row per
+    branch), so the shapes depend only on the batch size and ``ForwardBatch.static_max_seq_len``;
+    the lengths themselves stay on the device. ``kv_indices`` is sized for the bound and filled
+    up to ``kv_indptr[-1]``.
+    """
+
+    # [num_seqs + 1] int32
+    qo_indptr: torch.Tensor
+    # [num_seqs + 1] int32
+    kv_indptr: torch.Tensor
+    # [num_seqs * (max_prefix_len + own)] int32 KV slots: prefix then own entries, per sequence
+    kv_indices: torch.Tensor
+    # query rows per sequence
+    q_len: int
+    # host bounds that size grids and split plans
+    max_prefix_len: int
+    max_kv_len: int
+
+
+def build_static_layout(batch: ForwardBatch) -> StaticLayout:
+    """The sequences of ``build_ragged_layout``, planned without reading a device value.
+
+    A sequence's KV list is ``req_to_token[row, :prefix_len]`` followed by its own entries: the
+    request's ``out_cache_loc`` (q_len of them), or a draft branch's ancestors (itself last).
+    """
+    bound = batch.static_max_seq_len
+    if bound is None:
+        raise ValueError("build_static_layout needs batch.static_max_seq_len")
+    bs, device = batch.batch_size, batch.input_ids.device
+    rows, prefix = batch.req_pool_indices, batch.prefix_lens
+    if batch.draft_ancestors is not None:
+        own = batch.draft_ancestors  # [bs * K, depth]
+        branches = own.shape[0] // max(bs, 1)
+        rows, prefix = rows.repeat_interleave(branches), prefix.repeat_interleave(branches)
+        q_len = 1
+    else:
+        if batch.num_tokens % max(bs, 1):
+            raise ValueError(f"static layout: {batch.num_tokens} tokens are not the same count for {bs} requests")
+        q_len = batch.num_tokens // max(bs, 1)
+        own = batch.out_cache_loc.view(bs, q_len)
+    num_seqs, width = own.shape
+    kv_indptr = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)
+    kv_indptr[1:] = torch.cumsum(prefix + width, 0)
+    kv_indices = torch.empty(num_seqs * (bound + width), dtype=torch.int32, device=device)
+    create_kv_indices(batch.req_to_token, rows, prefix, kv_indptr, None, kv_indices)
+    own_pos = kv_indptr[:-1, None] + prefix[:, None] + torch.arange(width, device=device)  # [num_seqs, width]
+    kv_indices.scatter_(0, own_pos.flatten().long(), own.flatten().to(torch.int32))
+    qo_indptr = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q_len
+    return StaticLayout(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, q_len=q_len,
+                        max_prefix_len=bound, max_kv_len=bound + width)

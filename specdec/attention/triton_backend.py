@@ -1,10 +1,14 @@
 """Triton attention over the paged KV cache: our own decode and extend kernels.
 
-``init_forward_metadata`` turns the batch's ``RaggedLayout`` into the int32 index arrays and host
-ints the kernels take, once per forward; ``forward`` (once per layer) only writes K/V and launches.
+``init_forward_metadata`` turns the batch's layout into the int32 index arrays and host ints the
+kernels take, once per forward; ``forward`` (once per layer) only writes K/V and launches.
 One query row per sequence and no mask (DECODE, a draft decode step whose branches are sequences,
 a one-token DRAFT_EXTEND) runs the split-KV decode kernel; everything else runs the extend kernel
-(prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask).
+(prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, passed as it is).
+
+Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
+``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose
+grids and split plans are sized by that bound so that one captured graph serves every length.
 
 On CPU tensors the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before
 this module is imported), which is how the CPU tests run them.
@@ -17,10 +21,10 @@ import dataclasses
 import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
-from specdec.attention.layout import build_ragged_layout
+from specdec.attention.layout import build_ragged_layout, build_static_layout
 from specdec.attention.triton_kernels import decode_attention, extend_attention
 from specdec.attention.triton_kernels.common import check_device
-from specdec.forward import ForwardBatch
+from specdec.forward import ForwardBatch, ForwardMode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +35,7 @@ class TritonMetadata:
     kv_indptr: torch.Tensor
     # [total_kv] int32 KV slots, in position order per sequence
     kv_indices: torch.Tensor
-    # [sum_s q_s * kv_s] uint8 row-major [q_s, kv_s] per sequence; None = causal aligned to the end
+    # [sum_s q_s * q_s] uint8 TARGET_VERIFY tree blocks, row-major [q_s, q_s]; None = causal
     mask: torch.Tensor | None
     # [num_seqs + 1] int64 start of each sequence's block in ``mask``; None when mask is None
     mask_indptr: torch.Tensor | None
@@ -54,19 +58,38 @@ class TritonBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_device(batch.input_ids.device)
+        if batch.static_max_seq_len is not None:
+            batch.attn_metadata = self._plan_static(batch)
+            return
         layout = build_ragged_layout(batch)
         prefix_lens = [kv - q for q, kv in zip(layout.q_lens, layout.kv_lens)]
+        mask, mask_indptr = _tree_mask(batch, layout.q_lens)
         batch.attn_metadata = TritonMetadata(
             qo_indptr=layout.qo_indptr.to(torch.int32),
             kv_indptr=layout.kv_indptr.to(torch.int32),
             kv_indices=layout.kv_indices.to(torch.int32),
-            # NOTE: a bool tensor viewed as uint8 is the same bytes; the kernel tests != 0
-            mask=layout.mask.contiguous().view(torch.uint8) if layout.mask is not None else None,
-            mask_indptr=layout.mask_indptr,
+            mask=mask,
+            mask_indptr=mask_indptr,
             max_q_len=max(layout.q_lens, default=0),
             max_kv_len=max(layout.kv_lens, default=0),
             max_prefix_len=max(prefix_lens, default=0),
-            use_decode=layout.mask is None and all(q == 1 for q in layout.q_lens),
+            use_decode=mask is None and all(q == 1 for q in layout.q_lens),
+        )
+
+    @staticmethod
+    def _plan_static(batch: ForwardBatch) -> TritonMetadata:
+        layout = build_static_layout(batch)
+        mask, mask_indptr = _tree_mask(batch, None, q_len=layout.q_len)
+        return TritonMetadata(
+            qo_indptr=layout.qo_indptr,
+            kv_indptr=layout.kv_indptr,
+            kv_indices=layout.kv_indices,
+            mask=mask,
+            mask_indptr=mask_indptr,
+            max_q_len=layout.q_len,
+            max_kv_len=layout.max_kv_len,
+            max_prefix_len=layout.max_prefix_len,
+            use_decode=mask is None and layout.q_len == 1,
         )
 
     def forward(
@@ -92,3 +115,23 @@ class TritonBackend(AttentionBackend):
                              md.mask_indptr, out, sm_scale=layer.scaling, max_q_len=md.max_q_len,
                              max_prefix_len=md.max_prefix_len, num_splits=self.num_splits)
         return out.view(-1, hq * d)
+
+
+def _tree_mask(
+    batch: ForwardBatch, q_lens: list[int] | None, *, q_len: int = 0
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """TARGET_VERIFY's [q, q] tree blocks as the extend kernel reads them, and their offsets.
+
+    Query rows per request come from the host (``q_lens``) or are ``q_len`` for every request
+    (static plans: the offsets are then computed on the device).
+    """
+    if batch.forward_mode != ForwardMode.TARGET_VERIFY:
+        return None, None
+    if batch.tree_mask is None:
+        raise ValueError("TARGET_VERIFY batch needs tree_mask")
+    # NOTE: a bool tensor viewed as uint8 is the same bytes; the kernel tests != 0
+    mask = batch.tree_mask.contiguous().view(torch.uint8)
+    if q_lens is None:
+        return mask, torch.arange(batch.batch_size + 1, dtype=torch.int64, device=mask.device) * (q_len * q_len)
+    sizes = torch.tensor([0] + [q * q for q in q_lens], dtype=torch.int64)
+    return mask, torch.cumsum(sizes, 0).to(mask.device)

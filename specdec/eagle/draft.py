@@ -67,8 +67,15 @@ class DraftRunner:
         req_pool_indices: torch.Tensor,  # [bs]
         prefix_lens: torch.Tensor,  # [bs]
         extend_lens_cpu: list[int],
+        output_rows: torch.Tensor | None = None,  # [bs] each request's last real token (padded input)
+        prefix_lens_cpu: list[int] | None = None,
+        static_max_seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft KV for the new tokens; returns the root expansion (topk_p, topk_index, hidden)."""
+        """Draft KV for the new tokens; returns the root expansion (topk_p, topk_index, hidden).
+
+        With ``output_rows`` the requests may carry padding tokens after their real ones (causal
+        attention keeps them invisible to the real ones); the root expansion is read at those rows.
+        """
         batch = ForwardBatch(
             forward_mode=ForwardMode.DRAFT_EXTEND,
             input_ids=input_ids,
@@ -76,14 +83,17 @@ class DraftRunner:
             out_cache_loc=out_cache_loc,
             req_pool_indices=req_pool_indices,
             prefix_lens=prefix_lens,
-            extend_lens=torch.tensor(extend_lens_cpu, dtype=torch.int64, device=input_ids.device),
+            extend_lens=_device_lens(extend_lens_cpu, input_ids.device),
             req_to_token=self.req_to_token,
             kv_cache=self.kv_cache,
             attn_backend=self.attn_backend,
             logits_mode=LogitsMode.LAST,
             capture_hidden_mode=CaptureHiddenMode.LAST,
             spec_hidden_states=features,
+            prefix_lens_cpu=prefix_lens_cpu,
             extend_lens_cpu=extend_lens_cpu,
+            output_rows=output_rows,
+            static_max_seq_len=static_max_seq_len,
         )
         out = self._forward(batch)
         topk_p, topk_index = self._root_topk(out.next_token_logits)
@@ -97,9 +107,14 @@ class DraftRunner:
         *,
         req_pool_indices: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs] tokens in KV (the root itself is not)
-        seq_lens_cpu: list[int],
+        seq_lens_cpu: list[int] | None = None,
+        static_max_seq_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Grow the draft tree; returns organize_draft_results' (parent_list, top_scores_index, draft_tokens)."""
+        """Grow the draft tree; returns organize_draft_results' (parent_list, top_scores_index, draft_tokens).
+
+        Reads no device value on the host when the backend plans statically
+        (``static_max_seq_len``), so the whole loop can be captured as one CUDA graph.
+        """
         bs, k = root_topk_p.shape
         device = root_topk_p.device
         score_list, token_list, parents_list = [], [], []
@@ -136,8 +151,16 @@ class DraftRunner:
                 spec_hidden_states=sel.hidden_states,
                 prefix_lens_cpu=seq_lens_cpu,
                 extend_lens_cpu=[k] * bs,
+                static_max_seq_len=static_max_seq_len,
             )
             out = self._forward(batch)
             topk_p, topk_index = self._root_topk(out.next_token_logits)  # [bs*K, K]
             sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
         return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)
+
+
+def _device_lens(lens: list[int], device: torch.device) -> torch.Tensor:
+    """[bs] int64 on ``device``; equal lengths are filled on the device (no copy, capturable)."""
+    if lens and all(n == lens[0] for n in lens):
+        return torch.full((len(lens),), lens[0], dtype=torch.int64, device=device)
+    return torch.tensor(lens, dtype=torch.int64, device=device)

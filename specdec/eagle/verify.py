@@ -85,20 +85,40 @@ def verify_sampling(
     return VerifyResult(accept_index.long(), accept_length.long(), predicts.long())
 
 
-@dataclasses.dataclass(frozen=True)
-class Commit:
-    # [sum(k + 1)] committed tokens, request by request
-    tokens: torch.Tensor
-    # [sum(k + 1)] global node index each committed token's *input* position came from
-    # (the root and the accepted nodes: their target features feed the draft extend)
-    source_nodes: torch.Tensor
-    # host copy of k + 1 per request
-    num_committed: list[int]
+def simulate_acceptance(
+    candidates: torch.Tensor,  # [bs, N]
+    logits: torch.Tensor,  # [bs * N, vocab]
+    retrive_next_token: torch.Tensor,  # [bs, N] first child of each node, -1 for leaves
+    *,
+    num_steps: int,
+    mean_committed: float,
+    generator: torch.Generator | None = None,
+) -> VerifyResult:
+    """Benchmark only: accept k draft tokens along each request's first path, k drawn on the device.
 
-
-def committed_tokens(result: VerifyResult) -> Commit:
-    """Flatten each request's accepted path into its committed tokens."""
-    lengths = (result.accept_length + 1).tolist()
-    valid = result.accept_index >= 0  # [bs, S+1], True on the accepted path (root included)
-    nodes = result.accept_index[valid]  # row-major: request by request, root first
-    return Commit(tokens=result.predicts[nodes], source_nodes=nodes, num_committed=lengths)
+    k + 1 = 1 + Binomial(S, (TAU - 1) / S), so the committed tokens per step average TAU (less
+    where the first path is shorter than k). The accepted nodes commit their draft tokens; the
+    last one is followed by the target's argmax, as a real bonus token would be. No host sync.
+    """
+    bs, n = candidates.shape
+    device = candidates.device
+    p = (mean_committed - 1.0) / num_steps
+    draws = torch.rand(bs, num_steps, generator=generator, device=device) < p
+    k = draws.sum(1)  # [bs]
+    path = torch.zeros(bs, num_steps + 1, dtype=torch.int64, device=device)  # [bs, S+1] node per depth
+    depth = torch.zeros(bs, dtype=torch.int64, device=device)  # deepest node on the first path
+    for i in range(num_steps):
+        child = retrive_next_token.gather(1, path[:, i : i + 1]).squeeze(1)
+        path[:, i + 1] = child.clamp(min=0)
+        depth = torch.where((child >= 0) & (depth == i), depth + 1, depth)
+    k = torch.minimum(k, depth)
+    steps = torch.arange(num_steps + 1, device=device)
+    base = (torch.arange(bs, device=device) * n)[:, None]
+    accept_index = torch.where(steps[None] <= k[:, None], base + path, -1)  # [bs, S+1]
+    predicts = logits.argmax(dim=-1)  # [bs * N]
+    # node i of the path emits the next path node's draft token; node k emits the argmax
+    emitted = candidates.gather(1, path[:, 1:].contiguous())  # [bs, S]
+    for i in range(num_steps):  # NOTE: nodes past the path are clamped to the root; i < k skips them
+        node = base[:, 0] + path[:, i]  # [bs], distinct across requests
+        predicts[node] = torch.where(i < k, emitted[:, i], predicts[node])
+    return VerifyResult(accept_index, k, predicts)

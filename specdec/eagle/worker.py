@@ -7,8 +7,13 @@
               -> draft EXTEND over the committed tokens                 (draft KV + next root)
 
 The host owns requests, the request-to-token table and the slot allocator (``specdec.host``);
-the worker owns the draft head, its KV cache (host slots + a scratch area for tree nodes) and
-the per-request draft state. The host applies stop conditions to the committed tokens it gets.
+the worker owns the draft head, its KV cache (host slots + a scratch area for tree nodes + one
+padding slot) and the per-request draft state. The host applies stop conditions to the committed
+tokens it gets.
+
+A decode step reads the device once: the committed tokens, copied while the draft extend runs.
+Every tensor between has a shape fixed by the batch size, so the draft loop and the draft extend
+replay CUDA graphs (``capture_cuda_graphs``) and the host's runner may replay the verify forward.
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ import torch
 from specdec.attention import KVCache, create_attention_backend
 from specdec.config import SpecConfig
 from specdec.eagle.draft import DraftRunner
+from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.state import DraftState
-from specdec.eagle.tree import TreeMaskMode, build_tree
-from specdec.eagle.verify import VerifyResult, committed_tokens, verify_greedy, verify_sampling
+from specdec.eagle.timing import PhaseTimer, maybe_phase
+from specdec.eagle.tree import BuiltTree, TreeMaskMode, build_tree
+from specdec.eagle.verify import (
+    VerifyResult,
+    simulate_acceptance,
+    verify_greedy,
+    verify_sampling,
+)
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner
 from specdec.kernels import compact_accepted_kv_locs
@@ -33,8 +45,8 @@ from specdec.kernels import compact_accepted_kv_locs
 class DecodeOutput:
     # committed tokens of each request (accepted drafts + bonus)
     tokens: list[list[int]]
-    # [bs] tokens in each request's KV cache after the step
-    seq_lens: torch.Tensor
+    # tokens in each request's KV cache after the step
+    seq_lens: list[int]
     # accepted draft tokens per request (committed - 1)
     accept_lengths: list[int]
 
@@ -60,10 +72,13 @@ class EAGLEWorker:
         )
         dcfg = draft_model.config
         weight = next(draft_model.parameters())
+        self.device = weight.device
         scratch = max_running_requests * max(config.num_steps - 1, 0) * config.topk
+        # draft KV slots: the host's, then the tree scratch area, then one padding slot
+        self.pad_slot = memory.capacity + scratch
         self.draft_kv = KVCache(
             num_layers=dcfg.num_hidden_layers,
-            num_slots=memory.capacity + scratch,
+            num_slots=self.pad_slot + 1,
             num_kv_heads=dcfg.num_key_value_heads,
             head_dim=dcfg.head_dim,
             dtype=weight.dtype,
@@ -88,6 +103,32 @@ class EAGLEWorker:
             device=weight.device,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
+        self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
+        self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None
+        # set by a benchmark to time the phases of each decode step
+        self.timer: PhaseTimer | None = None
+
+    # ------------------------------------------------------------ CUDA graphs
+    @torch.inference_mode()
+    def capture_cuda_graphs(
+        self, *, batch_sizes: list[int], max_seq_len: int, target_features: int, target_dtype: torch.dtype,
+        use_graphs: bool = True, pool=None,
+    ) -> int:
+        """Capture the draft loop and the draft extend for each batch size; returns their bytes.
+
+        ``max_seq_len`` bounds every request's length (it sizes the attention plans);
+        ``use_graphs=False`` runs the same padded static path eagerly (for tests on CPU).
+        """
+        if max(batch_sizes) > self.max_batch_size:
+            raise ValueError(f"--cuda-graph-max-bs={max(batch_sizes)} exceeds max_running_requests={self.max_batch_size}")
+        common = dict(batch_sizes=batch_sizes, max_seq_len=max_seq_len, device=self.device,
+                      use_graphs=use_graphs, pool=pool)
+        self.draft_graph = EAGLEDraftCudaGraphRunner(
+            self.draft, hidden_size=self.state.hidden.shape[1], hidden_dtype=self.state.hidden.dtype, **common)
+        self.draft_extend_graph = EAGLEDraftExtendCudaGraphRunner(
+            self.draft, num_tokens_per_req=self.config.num_steps + 1, feature_size=target_features,
+            feature_dtype=target_dtype, pad_slot=self.pad_slot, **common)
+        return self.draft_graph.capture() + self.draft_extend_graph.capture()
 
     # ---------------------------------------------------------------- prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo) -> torch.Tensor:
@@ -114,43 +155,41 @@ class EAGLEWorker:
         seq_lens: torch.Tensor,  # [bs] tokens in KV; the root (last committed token) is not
         verified_ids: torch.Tensor,  # [bs] last committed token of each request
         sampling: SamplingInfo,
+        *,
+        seq_lens_cpu: list[int] | None = None,  # host copies of seq_lens and req_pool_indices,
+        rows_cpu: list[int] | None = None,  # when the host has them (saves reading the device)
     ) -> DecodeOutput:
         cfg = self.config
         bs, n = int(req_pool_indices.shape[0]), cfg.num_draft_tokens
         if bs > self.max_batch_size:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
-        seq_lens_cpu = seq_lens.tolist()
-        parent_list, top_index, draft_tokens = self.draft.expand(
-            *self.state.load(req_pool_indices),
-            req_pool_indices=req_pool_indices, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
-        )
-        tree = build_tree(
-            verified_ids, parent_list, top_index, draft_tokens, seq_lens, sum(seq_lens_cpu),
-            cfg.topk, cfg.num_steps, n, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
-        )
-        logits, features = self._target_verify(req_pool_indices, seq_lens, seq_lens_cpu, tree)
-        candidates = tree.draft_tokens.view(bs, n)
-        retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
-        if sampling.is_all_greedy:
-            result = verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)
-        else:
-            row_to_request = torch.arange(bs, device=logits.device).repeat_interleave(n)
-            result = verify_sampling(
-                candidates, sampling.probs(logits, row_to_request), *retrive,
-                num_steps=cfg.num_steps, threshold_single=cfg.accept_threshold_single,
-                threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
+        # the step's allocation comes first, while the device is idle (the host allocator may sync)
+        tree_slots = self._alloc(req_pool_indices, seq_lens, n, seq_lens_cpu, rows_cpu)
+        with maybe_phase(self.timer, "draft"):
+            parent_list, top_index, draft_tokens = self._expand(req_pool_indices, seq_lens, seq_lens_cpu)
+            tree = build_tree(
+                verified_ids, parent_list, top_index, draft_tokens, seq_lens, 0,
+                cfg.topk, cfg.num_steps, n, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
             )
-        commit = committed_tokens(result)
-        slots, positions = self._commit_kv(req_pool_indices, seq_lens, result)
-        self._draft_extend(
-            commit.tokens, features[commit.source_nodes], positions, slots,
-            req_pool_indices, seq_lens, commit.num_committed,
-        )
-        tokens = torch.split(commit.tokens, commit.num_committed)
+        with maybe_phase(self.timer, "verify"):
+            logits, features = self._target_verify(req_pool_indices, seq_lens, seq_lens_cpu, tree, tree_slots)
+            result = self._verify(tree, logits, sampling)
+        with maybe_phase(self.timer, "commit"):
+            slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
+            tokens = result.predicts[result.accept_index.clamp(min=0)]  # [bs, S+1], padding past k
+            host_view = _start_copy_to_host(torch.cat(
+                [req_pool_indices[:, None], seq_lens[:, None], result.accept_length[:, None], tokens], 1))
+        with maybe_phase(self.timer, "draft_extend"):
+            self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result, tokens,
+                                         features, slots, committed)
+        # the step's one read of the device; the draft extend keeps running meanwhile
+        rows, old_lens, accept, tokens_host = _unpack(host_view())
+        new_lens = [s + k + 1 for s, k in zip(old_lens, accept)]
+        self.memory.truncate(torch.tensor(rows), torch.tensor(old_lens) + n, torch.tensor(new_lens))
         return DecodeOutput(
-            tokens=[t.tolist() for t in tokens],
-            seq_lens=seq_lens + torch.tensor(commit.num_committed, device=seq_lens.device),
-            accept_lengths=[c - 1 for c in commit.num_committed],
+            tokens=[t[: k + 1] for t, k in zip(tokens_host, accept)],
+            seq_lens=new_lens,
+            accept_lengths=accept,
         )
 
     def decode_plain(
@@ -159,6 +198,9 @@ class EAGLEWorker:
         seq_lens: torch.Tensor,  # [bs]
         verified_ids: torch.Tensor,  # [bs]
         sampling: SamplingInfo,
+        *,
+        seq_lens_cpu: list[int] | None = None,
+        rows_cpu: list[int] | None = None,
     ) -> DecodeOutput:
         """One target token per request without a draft tree; the draft cache is kept in step.
 
@@ -167,30 +209,46 @@ class EAGLEWorker:
         committed token, so the requests can speculate again in any later step.
         """
         bs = int(req_pool_indices.shape[0])
-        out_cache_loc = self.memory.alloc_extend(req_pool_indices, seq_lens, torch.ones_like(seq_lens))
+        out_cache_loc = self._alloc(req_pool_indices, seq_lens, 1, seq_lens_cpu, rows_cpu)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,
             attn_backend=self.target.attn_backend, capture_hidden_mode=CaptureHiddenMode.LAST,
+            seq_lens_cpu=seq_lens_cpu,
         )
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)
         self._draft_extend(next_ids, out.hidden_states, seq_lens, out_cache_loc,
-                           req_pool_indices, seq_lens, [1] * bs)
-        return DecodeOutput(tokens=[[t] for t in next_ids.tolist()], seq_lens=seq_lens + 1, accept_lengths=[0] * bs)
+                           req_pool_indices, seq_lens, [1] * bs, prefix_lens_cpu=seq_lens_cpu)
+        old_lens = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.tolist()
+        return DecodeOutput(tokens=[[t] for t in next_ids.tolist()], seq_lens=[s + 1 for s in old_lens],
+                            accept_lengths=[0] * bs)
 
-    def _target_verify(self, req_pool_indices, seq_lens, seq_lens_cpu, tree) -> tuple[torch.Tensor, torch.Tensor]:
+    # ---------------------------------------------------------------- phases
+    def _alloc(self, req_pool_indices, seq_lens, tokens: int, seq_lens_cpu, rows_cpu) -> torch.Tensor:
+        """KV slots for ``tokens`` new positions per request, from host copies when there are any."""
+        if seq_lens_cpu is not None and rows_cpu is not None:
+            req_pool_indices, seq_lens = torch.tensor(rows_cpu), torch.tensor(seq_lens_cpu)
+        return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
+
+    def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        root = self.state.load(req_pool_indices)
+        bs = int(req_pool_indices.shape[0])
+        if self.draft_graph is not None and self.draft_graph.can_run(bs):
+            return self.draft_graph(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        return self.draft.expand(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+                                 seq_lens_cpu=seq_lens_cpu)
+
+    def _target_verify(self, req_pool_indices, seq_lens, seq_lens_cpu, tree: BuiltTree, tree_slots):
         bs, n = int(req_pool_indices.shape[0]), self.config.num_draft_tokens
-        extend_lens = torch.full((bs,), n, dtype=torch.int64, device=seq_lens.device)
-        out_cache_loc = self.memory.alloc_extend(req_pool_indices, seq_lens, extend_lens)
         batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             input_ids=tree.draft_tokens,
             positions=tree.positions,
-            out_cache_loc=out_cache_loc,
+            out_cache_loc=tree_slots,
             req_pool_indices=req_pool_indices,
             prefix_lens=seq_lens,
-            extend_lens=extend_lens,
+            extend_lens=torch.full((bs,), n, dtype=torch.int64, device=seq_lens.device),
             req_to_token=self.memory.req_to_token,
             kv_cache=self.target.kv_cache,
             attn_backend=self.target.attn_backend,
@@ -203,18 +261,36 @@ class EAGLEWorker:
         out = self.target.forward(batch)
         return out.next_token_logits, out.hidden_states
 
+    def _verify(self, tree: BuiltTree, logits: torch.Tensor, sampling: SamplingInfo) -> VerifyResult:
+        cfg = self.config
+        n = cfg.num_draft_tokens
+        candidates = tree.draft_tokens.view(-1, n)
+        bs = candidates.shape[0]
+        if cfg.simulate_accept_length is not None:
+            return simulate_acceptance(candidates, logits, tree.retrive_next_token, num_steps=cfg.num_steps,
+                                       mean_committed=cfg.simulate_accept_length, generator=self.generator)
+        retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
+        if sampling.is_all_greedy:
+            return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)
+        row_to_request = torch.arange(bs, device=logits.device).repeat_interleave(n)
+        return verify_sampling(
+            candidates, sampling.probs(logits, row_to_request), *retrive,
+            num_steps=cfg.num_steps, threshold_single=cfg.accept_threshold_single,
+            threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
+        )
+
     def _commit_kv(
         self,
         req_pool_indices: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs]
         result: VerifyResult,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Move accepted nodes' target K/V to consecutive positions; free the rest of the tree.
+        """Move accepted nodes' target K/V to consecutive positions.
 
         Tree node t of request b was written at position seq_len + t; its i-th accepted node
         (root = 0th) belongs at seq_len + i. Since t >= i and moves read before they write,
-        compaction never clobbers a node still to be moved. Returns the committed positions'
-        slots and positions, packed request by request ([sum(k+1)] each).
+        compaction never clobbers a node still to be moved. Returns each committed position's
+        slot and which of the [bs, S+1] entries are committed (the rest is padding).
         """
         shape = result.accept_index.shape  # [bs, S+1]
         device = seq_lens.device
@@ -224,16 +300,62 @@ class EAGLEWorker:
             src, dst, positions, num_draft_tokens=self.config.num_draft_tokens,
         )
         self.target.kv_cache.move(src.flatten(), dst.flatten())  # padding entries copy a slot onto itself
-        n = self.config.num_draft_tokens
-        self.memory.truncate(req_pool_indices, seq_lens + n, seq_lens + result.accept_length + 1)
-        committed = positions >= 0  # [bs, S+1], row-major = request by request
-        return dst[committed], positions[committed]
+        return dst, positions >= 0
+
+    def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, result: VerifyResult,
+                                tokens, features, slots, committed) -> None:
+        """Draft extend over S + 1 tokens per request: the committed ones, then padding."""
+        bs, width = tokens.shape
+        device = tokens.device
+        inputs = dict(
+            input_ids=tokens.flatten(),
+            features=features[result.accept_index.clamp(min=0).flatten()],
+            positions=(seq_lens[:, None] + torch.arange(width, device=device)).flatten(),
+            out_cache_loc=torch.where(committed, slots, self.pad_slot).flatten(),
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+            num_committed=result.accept_length + 1,
+        )
+        if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs):
+            topk_p, topk_index, hidden = self.draft_extend_graph(**inputs)
+        else:
+            topk_p, topk_index, hidden = self.draft.extend(
+                input_ids=inputs["input_ids"], features=inputs["features"], positions=inputs["positions"],
+                out_cache_loc=inputs["out_cache_loc"], req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
+                extend_lens_cpu=[width] * bs, prefix_lens_cpu=seq_lens_cpu,
+                output_rows=torch.arange(bs, device=device) * width + result.accept_length,
+            )
+        self.state.store(req_pool_indices, topk_p, topk_index, hidden)
 
     def _draft_extend(
-        self, input_ids, features, positions, out_cache_loc, req_pool_indices, prefix_lens, extend_lens_cpu
+        self, input_ids, features, positions, out_cache_loc, req_pool_indices, prefix_lens, extend_lens_cpu,
+        prefix_lens_cpu=None,
     ) -> None:
         topk_p, topk_index, hidden = self.draft.extend(
             input_ids=input_ids, features=features, positions=positions, out_cache_loc=out_cache_loc,
             req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_lens_cpu=extend_lens_cpu,
+            prefix_lens_cpu=prefix_lens_cpu,
         )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
+
+
+def _unpack(rows: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """Columns (request row, seq_len, accept length, committed tokens) of the step's host copy."""
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3:] for r in rows]
+
+
+def _start_copy_to_host(values: torch.Tensor):
+    """Start copying ``values`` ([bs, m] int64) to the host; returns a function that waits for it
+    and gives the rows as lists. On CUDA the copy is ordered after the work queued so far only."""
+    if values.device.type != "cuda":
+        return values.tolist
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> list[list[int]]:
+        done.synchronize()
+        return host.tolist()
+
+    return wait

@@ -14,13 +14,16 @@ import torch
 
 from specdec.attention import KVCache, create_attention_backend
 from specdec.config import SpecConfig
+from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
 from specdec.engine.scheduler import Scheduler
+from specdec.forward import CaptureHiddenMode
 
 DEFAULT_CPU_KV_TOKENS = 32768
+DEFAULT_CUDA_GRAPH_MAX_BS = 64
 
 
 def _parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -49,6 +52,7 @@ class Engine:
         speculative_accept_threshold_acc: float = 1.0,
         speculative_token_map: str | None = None,
         speculative_batch_size_threshold: int | None = None,
+        speculative_simulate_accept_length: float | None = None,
         attention_backend: str = "torch_native",
         page_size: int = 1,
         device: str = "cpu",
@@ -57,6 +61,8 @@ class Engine:
         max_running_requests: int = 64,
         context_length: int | None = None,
         random_seed: int = 0,
+        cuda_graph_max_bs: int | None = None,
+        disable_cuda_graph: bool = False,
         target_model: torch.nn.Module | None = None,
         draft_model: torch.nn.Module | None = None,
         tokenizer: Any = None,
@@ -78,6 +84,7 @@ class Engine:
                 speculative_accept_threshold_acc=speculative_accept_threshold_acc,
                 speculative_token_map=speculative_token_map,
                 speculative_batch_size_threshold=speculative_batch_size_threshold,
+                speculative_simulate_accept_length=speculative_simulate_accept_length,
             )
             if draft_model is None and speculative_draft_model_path is None:
                 raise ValueError("--speculative-draft-model-path is required with --speculative-algorithm")
@@ -101,23 +108,29 @@ class Engine:
         self._build(target_model, draft_model, attention_backend=attention_backend, page_size=page_size,
                     device=device, max_total_tokens=max_total_tokens,
                     max_running_requests=max_running_requests, context_length=context_length,
-                    random_seed=random_seed)
+                    random_seed=random_seed, cuda_graph_max_bs=cuda_graph_max_bs,
+                    disable_cuda_graph=disable_cuda_graph)
 
     def _build(self, target_model, draft_model, *, attention_backend, page_size, device, max_total_tokens,
-               max_running_requests, context_length, random_seed) -> None:
+               max_running_requests, context_length, random_seed, cuda_graph_max_bs, disable_cuda_graph) -> None:
         from specdec.eagle.worker import EAGLEWorker
 
         cfg = target_model.config
         self.context_length = int(context_length or min(cfg.max_position_embeddings, 8192))
         tree = self.spec_config.num_draft_tokens if self.spec_config else 1
-        num_slots = int(max_total_tokens or DEFAULT_CPU_KV_TOKENS)
+        max_context_len = self.context_length + tree + page_size
+        graph_sizes = self._graph_batch_sizes(device, attention_backend, cuda_graph_max_bs, disable_cuda_graph,
+                                              max_running_requests)
+        num_slots = int(max_total_tokens or self._default_kv_tokens(
+            device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len))
         num_slots = -(-num_slots // page_size) * page_size
         self.memory = PagedKVMemory(
             num_slots=num_slots, page_size=page_size, max_reqs=max_running_requests + 1,
-            max_context_len=self.context_length + tree + page_size, device=device,
+            max_context_len=max_context_len, device=device,
         )
         weight = next(target_model.parameters())
-        kv = KVCache(num_layers=cfg.num_hidden_layers, num_slots=num_slots,
+        # NOTE: one slot past the allocator's: padding requests of CUDA graphs write there
+        kv = KVCache(num_layers=cfg.num_hidden_layers, num_slots=num_slots + 1,
                      num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                      dtype=weight.dtype, device=device)
         self.runner = ModelRunner(target_model, kv, create_attention_backend(attention_backend))
@@ -128,11 +141,66 @@ class Engine:
                                  attention_backend=attention_backend,
                                  max_running_requests=max_running_requests, generator=self.generator)
         self.worker = worker
+        self.cuda_graph_bytes = 0
+        if graph_sizes:
+            self.cuda_graph_bytes = self.capture_cuda_graphs(graph_sizes)
         self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
                                    max_running_requests=max_running_requests, tree_tokens=tree,
                                    generator=self.generator)
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}
+
+    # ------------------------------------------------------------ CUDA graphs
+    @staticmethod
+    def _graph_batch_sizes(device, attention_backend, cuda_graph_max_bs, disable_cuda_graph,
+                           max_running_requests) -> list[int]:
+        """Batch sizes to capture: none off CUDA, with --disable-cuda-graph, or on torch_native."""
+        if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
+            raise ValueError(f"--cuda-graph-max-bs={cuda_graph_max_bs}: expected >= 1")
+        if disable_cuda_graph or not str(device).startswith("cuda") or attention_backend == "torch_native":
+            return []
+        return default_batch_sizes(min(cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS, max_running_requests))
+
+    def capture_cuda_graphs(self, batch_sizes: list[int], *, use_graphs: bool = True) -> int:
+        """Capture target decode / verify and the worker's draft graphs; returns the bytes they hold.
+
+        ``use_graphs=False`` sets up the same padded static path but runs it eagerly (CPU tests).
+        """
+        device = self.memory.req_to_token.device
+        pool = torch.cuda.graph_pool_handle() if use_graphs and device.type == "cuda" else None
+        bound = self.memory.max_context_len
+        spec = self.worker is not None
+        total = 0
+        if spec:
+            total += self.worker.capture_cuda_graphs(
+                batch_sizes=batch_sizes, max_seq_len=bound, target_features=self.target_model.hidden_feature_size,
+                target_dtype=next(self.target_model.parameters()).dtype, use_graphs=use_graphs, pool=pool)
+        runner_graphs = self.runner.capture_cuda_graphs(
+            batch_sizes=batch_sizes, req_to_token=self.memory.req_to_token, pad_slot=self.memory.capacity,
+            max_seq_len=bound, decode_hidden=CaptureHiddenMode.LAST if spec else CaptureHiddenMode.NULL,
+            verify_tokens=self.spec_config.num_draft_tokens if spec else None, pool=pool, use_graphs=use_graphs)
+        return total + runner_graphs
+
+    @staticmethod
+    def _default_kv_tokens(device, target_model, draft_model, graph_sizes, tree, most_needed) -> int:
+        """KV slots: a fixed default on CPU; on a GPU what fits in 85% of the free memory after
+        the weights and an estimate of the CUDA graphs' memory, at most what the requests can use."""
+        if not str(device).startswith("cuda"):
+            return DEFAULT_CPU_KV_TOKENS
+        per_token = 0
+        for model in (target_model, draft_model):
+            if model is not None:
+                c = model.config
+                elem = next(model.parameters()).element_size()
+                per_token += 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem
+        c = target_model.config
+        rows = max(graph_sizes, default=1) * tree
+        graph_bytes = 2 * rows * (4 * c.vocab_size + 2 * (3 * c.intermediate_size + 8 * c.hidden_size)) + (256 << 20)
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        fits = int((0.85 * free - graph_bytes) // per_token)
+        if fits < 1:
+            raise ValueError("not enough GPU memory for a KV cache; lower --cuda-graph-max-bs or give --max-total-tokens")
+        return min(fits, most_needed)
 
     # ------------------------------------------------------------ requests
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:

@@ -18,7 +18,8 @@ Glossary: page_size = slots per page; a request *row* is its row in ``req_to_tok
 
 Allocator state (which pages and rows are free) lives on the CPU as bool masks and is changed
 only by whole validated operations: every call either succeeds or raises having changed nothing.
-``req_to_token`` lives on ``device``.
+``req_to_token`` lives on ``device``, with a CPU mirror that only this class writes, so that
+allocating and freeing never read the device (no host sync while the GPU works).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class PagedKVMemory:
         self.req_to_token = torch.zeros(
             (max_reqs, max_context_len), dtype=torch.int32, device=self.device
         )
+        # the same table on the CPU (equal to req_to_token wherever this class wrote it)
+        self._table = torch.zeros((max_reqs, max_context_len), dtype=torch.int32)
         # [num_pages] True = free (CPU). Lowest free page first keeps allocation deterministic.
         self._page_free = torch.ones(self.num_pages, dtype=torch.bool)
         self._num_free_pages = self.num_pages
@@ -152,11 +155,11 @@ class PagedKVMemory:
         self._num_free_pages -= total_new
         token_rows = torch.repeat_interleave(rows, extend)
         positions = _packed_positions(prefix, extend)
-        slots = slots.to(self.device)
-        self.req_to_token[token_rows.to(self.device), positions.to(self.device)] = slots.to(
-            torch.int32
-        )
-        return slots
+        self._table[token_rows, positions] = slots.to(torch.int32)
+        # one host-to-device copy carries rows, positions and slots
+        packed = torch.stack([token_rows, positions, slots]).to(self.device)
+        self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
+        return packed[2]
 
     def truncate(
         self, req_pool_indices: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
@@ -191,8 +194,7 @@ class PagedKVMemory:
         page_idx = torch.repeat_interleave(first, count) + _packed_positions(
             torch.zeros_like(count), count
         )
-        first_slots = self.req_to_token[page_rows.to(self.device), (page_idx * ps).to(self.device)]
-        pages = first_slots.to(device="cpu", dtype=torch.int64) // ps  # [total]
+        pages = self._table[page_rows, page_idx * ps].to(torch.int64) // ps  # [total]
         if bool((pages < 0).any()) or bool((pages >= self.num_pages).any()):
             raise RuntimeError("truncate: req_to_token holds a slot outside the pool")
         if torch.unique(pages).numel() != total or bool(self._page_free[pages].any()):
@@ -233,8 +235,8 @@ class PagedKVMemory:
         # boundary): found through the slot of its last cached position.
         partial = (prefix % ps) != 0  # [bs]
         last_pos = (prefix - 1).clamp(min=0)
-        last_slot = self.req_to_token[rows.to(self.device), last_pos.to(self.device)]
-        partial_page = torch.where(partial, last_slot.to("cpu", torch.int64) // ps, -1)  # [bs]
+        last_slot = self._table[rows, last_pos].to(torch.int64)
+        partial_page = torch.where(partial, last_slot // ps, -1)  # [bs]
 
         req = torch.repeat_interleave(torch.arange(bs), extend)  # [num_tokens]
         positions = _packed_positions(prefix, extend)  # [num_tokens]

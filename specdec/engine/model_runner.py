@@ -1,11 +1,18 @@
-"""ModelRunner: runs the target model over one ForwardBatch (the host side of specdec.host)."""
+"""ModelRunner: runs the target model over one ForwardBatch (the host side of specdec.host).
+
+With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
+TARGET_VERIFY batches replay a graph per padded batch size; anything else (prefill, batches
+larger than the largest captured size) runs eagerly. Padding requests read nothing (prefix 0) and
+write their K/V into ``pad_slot``, a KV slot the allocator never hands out.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from specdec.attention import KVCache
-from specdec.forward import ForwardBatch, LogitsOutput
+from specdec.cuda_graph import CudaGraphRunner, StaticInput
+from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
 
 class ModelRunner:
@@ -17,6 +24,8 @@ class ModelRunner:
         self.hidden_size = cfg.hidden_size
         self.vocab_size = cfg.vocab_size
         self.aux_hidden_layers = getattr(model, "aux_hidden_layers", None) or None
+        # (forward_mode, capture_hidden_mode, tokens per request) -> captured runner
+        self.graphs: dict[tuple[ForwardMode, CaptureHiddenMode, int], CudaGraphRunner] = {}
 
     @property
     def embed_weight(self) -> torch.Tensor:
@@ -28,5 +37,92 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        graph = self._graph_for(batch)
+        if graph is not None:
+            return self._replay(graph, batch)
         self.attn_backend.init_forward_metadata(batch)
         return self.model(batch)
+
+    # ------------------------------------------------------------ CUDA graphs
+    @torch.inference_mode()
+    def capture_cuda_graphs(
+        self,
+        *,
+        batch_sizes: list[int],
+        req_to_token: torch.Tensor,
+        pad_slot: int,
+        max_seq_len: int,
+        decode_hidden: CaptureHiddenMode,
+        verify_tokens: int | None,
+        pool=None,
+        use_graphs: bool = True,
+    ) -> int:
+        """Capture DECODE (and, with ``verify_tokens``, TARGET_VERIFY) graphs; returns their bytes."""
+        device = self.kv_cache.device
+        kinds = [(ForwardMode.DECODE, decode_hidden, 1)]
+        if verify_tokens is not None:
+            kinds.append((ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, verify_tokens))
+        total = 0
+        for mode, hidden, tokens in kinds:
+            runner = CudaGraphRunner(
+                self._static_forward(mode, hidden, tokens, req_to_token, max_seq_len),
+                _target_inputs(tokens, pad_slot, with_tree=mode == ForwardMode.TARGET_VERIFY),
+                batch_sizes, device=device, pool=pool, use_graphs=use_graphs, name=f"target {mode.name.lower()}",
+            )
+            runner.capture()
+            total += runner.memory_bytes
+            self.graphs[(mode, hidden, tokens)] = runner
+        return total
+
+    def _static_forward(self, mode, hidden, tokens, req_to_token, max_seq_len):
+        logits_mode = LogitsMode.ALL if mode == ForwardMode.TARGET_VERIFY else LogitsMode.LAST
+
+        def forward(input_ids, positions, out_cache_loc, req_pool_indices, seq_lens, tree_mask=None):
+            bs = req_pool_indices.shape[0]
+            batch = ForwardBatch(
+                forward_mode=mode, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+                req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
+                extend_lens=torch.full((bs,), tokens, dtype=torch.int64, device=seq_lens.device),
+                req_to_token=req_to_token, kv_cache=self.kv_cache, attn_backend=self.attn_backend,
+                logits_mode=logits_mode, capture_hidden_mode=hidden, tree_mask=tree_mask,
+                static_max_seq_len=max_seq_len,
+            )
+            self.attn_backend.init_forward_metadata(batch)
+            out = self.model(batch)
+            return (out.next_token_logits,) if out.hidden_states is None else (out.next_token_logits, out.hidden_states)
+
+        return forward
+
+    def _graph_for(self, batch: ForwardBatch) -> CudaGraphRunner | None:
+        if not self.graphs or batch.output_rows is not None or batch.draft_ancestors is not None:
+            return None
+        bs = batch.batch_size
+        if bs == 0 or batch.num_tokens % bs:
+            return None
+        graph = self.graphs.get((batch.forward_mode, batch.capture_hidden_mode, batch.num_tokens // bs))
+        expected_logits = LogitsMode.ALL if batch.forward_mode == ForwardMode.TARGET_VERIFY else LogitsMode.LAST
+        if graph is None or batch.logits_mode != expected_logits or not graph.can_run(bs):
+            return None
+        return graph
+
+    def _replay(self, graph: CudaGraphRunner, batch: ForwardBatch) -> LogitsOutput:
+        inputs = dict(input_ids=batch.input_ids, positions=batch.positions, out_cache_loc=batch.out_cache_loc,
+                      req_pool_indices=batch.req_pool_indices, seq_lens=batch.prefix_lens)
+        if batch.forward_mode == ForwardMode.TARGET_VERIFY:
+            inputs["tree_mask"] = batch.tree_mask
+        outputs = graph(batch.batch_size, **inputs)
+        return LogitsOutput(next_token_logits=outputs[0], hidden_states=outputs[1] if len(outputs) > 1 else None)
+
+
+def _target_inputs(tokens: int, pad_slot: int, *, with_tree: bool) -> list[StaticInput]:
+    """A padding request: token 0 at position 0, no prefix, K/V written to ``pad_slot``."""
+    inputs = [
+        StaticInput("input_ids", tokens, torch.int64),
+        StaticInput("positions", tokens, torch.int64),
+        StaticInput("out_cache_loc", tokens, torch.int64, pad_value=pad_slot),
+        StaticInput("req_pool_indices", 1, torch.int64),
+        StaticInput("seq_lens", 1, torch.int64),
+    ]
+    if with_tree:
+        inputs.append(StaticInput("tree_mask", tokens * tokens, torch.bool, pad_value=True))
+    return inputs

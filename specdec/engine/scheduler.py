@@ -20,17 +20,31 @@ from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, Logits
 
 
 class BatchSampling:
-    """The host's per-batch sampling settings, shaped as specdec.host.SamplingInfo."""
+    """The host's per-batch sampling settings, shaped as specdec.host.SamplingInfo.
+
+    The per-request tensors are built on first use: an all-greedy batch needs none, and so
+    copies nothing to the device.
+    """
 
     def __init__(self, requests: list[Request], device, generator: torch.Generator | None) -> None:
-        self.batch = SamplingBatch.from_params([r.params for r in requests], device)
-        self.is_all_greedy = bool(self.batch.all_greedy)
+        self._params = [r.params for r in requests]
+        self._device = device
+        self._batch: SamplingBatch | None = None
+        self.is_all_greedy = all(p.is_greedy for p in self._params)
         self.generator = generator
+
+    @property
+    def batch(self) -> SamplingBatch:
+        if self._batch is None:
+            self._batch = SamplingBatch.from_params(self._params, self._device)
+        return self._batch
 
     def probs(self, logits: torch.Tensor, row_to_request: torch.Tensor) -> torch.Tensor:
         return probs_from_logits(logits, self.batch, row_to_request)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.is_all_greedy:
+            return logits.argmax(dim=1)
         return sample(logits, self.batch, generator=self.generator)
 
 
@@ -170,16 +184,16 @@ class Scheduler:
             self._decode_with_worker(plain, self.worker.decode_plain, speculative=False)
 
     def _decode_inputs(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[bs] request rows, tokens in KV, and last committed tokens."""
-        def column(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
-
-        return column([r.row for r in reqs]), column([r.kv_len for r in reqs]), column([r.last_token for r in reqs])
+        """[bs] request rows, tokens in KV, and last committed tokens (one copy to the device)."""
+        columns = torch.tensor([[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]],
+                               dtype=torch.int64).to(self.device)
+        return columns[0], columns[1], columns[2]
 
     def _decode_with_worker(self, reqs: list[Request], step, *, speculative: bool) -> None:
         rows, seq_lens, last = self._decode_inputs(reqs)
-        out = step(rows, seq_lens, last, BatchSampling(reqs, self.device, self.generator))
-        for req, tokens, kv_len, k in zip(reqs, out.tokens, out.seq_lens.tolist(), out.accept_lengths):
+        out = step(rows, seq_lens, last, BatchSampling(reqs, self.device, self.generator),
+                   seq_lens_cpu=[r.kv_len for r in reqs], rows_cpu=[r.row for r in reqs])
+        for req, tokens, kv_len, k in zip(reqs, out.tokens, out.seq_lens, out.accept_lengths):
             req.kv_len = kv_len
             if speculative:
                 req.spec_verify_ct += 1
@@ -188,8 +202,9 @@ class Scheduler:
 
     def _decode_plain(self, reqs: list[Request]) -> None:
         rows, seq_lens, last = self._decode_inputs(reqs)
+        host_rows, host_lens = torch.tensor([r.row for r in reqs]), torch.tensor([r.kv_len for r in reqs])
         batch = ForwardBatch.decode(
-            last, seq_lens, self.memory.alloc_extend(rows, seq_lens, torch.ones_like(seq_lens)), rows,
+            last, seq_lens, self.memory.alloc_extend(host_rows, host_lens, torch.ones_like(host_lens)), rows,
             req_to_token=self.memory.req_to_token, kv_cache=self.runner.kv_cache,
             attn_backend=self.runner.attn_backend, seq_lens_cpu=[r.kv_len for r in reqs],
         )

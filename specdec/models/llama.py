@@ -324,6 +324,8 @@ class LlamaDecoderLayer(nn.Module):
 
 def last_token_rows(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
     """[bs] packed row of each request's last new token (requests are extend_lens segments)."""
+    if batch.output_rows is not None:
+        return batch.output_rows
     lens = batch.extend_lens.to(device=device, dtype=torch.int64)
     return torch.cumsum(lens, 0) - 1
 

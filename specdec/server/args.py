@@ -25,6 +25,11 @@ def add_engine_args(parser: argparse.ArgumentParser, *, default_model: str | Non
     g.add_argument("--max-running-requests", type=int, default=64, help="requests decoded together")
     g.add_argument("--context-length", type=int, default=None, help="longest prompt + output")
     g.add_argument("--random-seed", type=int, default=0)
+    g.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="largest decode batch replayed as a CUDA graph (default: min(64, --max-running-requests)); "
+                   "larger batches run eagerly")
+    g.add_argument("--disable-cuda-graph", action="store_true",
+                   help="run every forward eagerly (CUDA graphs are used on CUDA with the triton backend)")
     s = parser.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, choices=["EAGLE", "EAGLE3"],
                    help="turn on speculative decoding with an EAGLE or EAGLE-3 draft head")
@@ -50,6 +55,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         attention_backend=args.attention_backend, page_size=args.page_size,
         max_total_tokens=args.max_total_tokens, max_running_requests=args.max_running_requests,
         context_length=args.context_length, random_seed=args.random_seed,
+        cuda_graph_max_bs=args.cuda_graph_max_bs, disable_cuda_graph=args.disable_cuda_graph,
     )
     if args.speculative_algorithm:
         kwargs.update(

@@ -245,6 +245,26 @@ def test_split_kv_matches_torch_native(name, dtype):
     check_against_torch(make_problem(SCENARIOS[name], page_size=16, dtype=dtype, seed=1), num_splits=3)
 
 
+STATIC_SCENARIOS = {
+    "decode_bs5": SCENARIOS["decode_bs5"],
+    "verify_topk2": SCENARIOS["verify_topk2"],
+    "verify_chain": SCENARIOS["verify_chain"],
+    "draft_decode_k3": SCENARIOS["draft_decode_k3"],
+    # the worker's draft extend after verify: S + 1 tokens per request, padding after the committed
+    "draft_extend_uniform": Scenario(DE, (9, 30, 0), (4, 4, 4)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", list(STATIC_SCENARIOS))
+def test_static_plan_matches_torch_native(name, page_size, dtype):
+    """The CUDA-graph plan: lengths read on the device only, grids sized by a bound (here 64)."""
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=page_size, dtype=dtype, seed=3)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=64)
+    check_against_torch(dataclasses.replace(pb, batch=static))
+
+
 def test_group_of_one_and_head_dim_32():
     """hq == hkv (no GQA) and a wider head."""
     pb = make_problem(SCENARIOS["verify_topk2"], page_size=1, dtype=torch.bfloat16, hq=2, hkv=2, d=32)
@@ -298,7 +318,7 @@ def test_decode_kernel_matches_ref(num_splits):
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_extend_kernel_matches_ref(masked, num_splits):
-    """Random masks (prefix columns all True, as the layout promises); a sequence without prefix."""
+    """Random tree-block masks (diagonal set); a sequence without prefix."""
     gen = torch.Generator().manual_seed(7)
     q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
     kv_lens = [a + b for a, b in zip(q_lens, prefix)]
@@ -309,13 +329,11 @@ def test_extend_kernel_matches_ref(masked, num_splits):
     mask = mask_indptr = None
     if masked:
         blocks = []
-        for n, kv in zip(q_lens, kv_lens):
-            m = torch.rand(n, kv, generator=gen) < 0.5
-            m[:, : kv - n] = True
-            m[:, kv - n :] |= torch.eye(n, dtype=torch.bool)
+        for n in q_lens:
+            m = (torch.rand(n, n, generator=gen) < 0.5) | torch.eye(n, dtype=torch.bool)
             blocks.append(m.flatten())
         mask = torch.cat(blocks).to(torch.uint8).to(DEVICE)
-        mask_indptr = _indptr([n * kv for n, kv in zip(q_lens, kv_lens)]).long()
+        mask_indptr = _indptr([n * n for n in q_lens]).long()
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     args = (q, k, v, _indptr(q_lens), _indptr(kv_lens), slots, mask, mask_indptr)
     kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=max(prefix), num_splits=num_splits)

@@ -13,9 +13,9 @@ head) pairs of one KV head, row-major by query row, so each K/V tile is read onc
     m_block 0 rows: (row 0, head 2k) (row 0, head 2k+1) (row 1, head 2k) (row 1, head 2k+1)
     m_block 1 rows: (row 2, head 2k) (row 2, head 2k+1) -- --
 
-Mask form (``HAS_MASK``): the RaggedLayout's flattened ``[q, kv]`` block per sequence starting at
-``mask_indptr[s]``; only its last q columns are read. NOTE: the prefix columns are assumed all
-True (the RaggedLayout contract for TARGET_VERIFY) and are not read.
+Mask form (``HAS_MASK``): the new tokens' own ``[q, q]`` block per sequence, row-major, starting
+at ``mask_indptr[s]`` (TARGET_VERIFY's QLEN_ONLY tree mask as it is); the prefix is visible to
+every row, so it needs no mask.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _extend_kernel(
                         mask=n_valid[None, :] & d_valid[:, None], other=0.0)
             qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2
             if HAS_MASK:
-                bits = tl.load(MASK + mask_start + row[:, None].to(tl.int64) * kv_len + offs_n[None, :],
+                bits = tl.load(MASK + mask_start + row[:, None].to(tl.int64) * q_len + (offs_n[None, :] - prefix_len),
                                mask=row_valid[:, None] & n_valid[None, :], other=0)
                 visible = bits != 0
             else:
@@ -133,7 +133,7 @@ def extend_attention(
     qo_indptr: torch.Tensor,  # [num_seqs + 1] int32
     kv_indptr: torch.Tensor,  # [num_seqs + 1] int32
     kv_indices: torch.Tensor,  # [total_kv] int32 KV slots: prefix, then the new tokens' own
-    mask: torch.Tensor | None,  # [sum_s q_s * kv_s] uint8 row-major [q_s, kv_s]; None = causal
+    mask: torch.Tensor | None,  # [sum_s q_s * q_s] uint8 row-major [q_s, q_s] new-token blocks; None = causal
     mask_indptr: torch.Tensor | None,  # [num_seqs + 1] int64; None when mask is None
     out: torch.Tensor,  # [num_tokens, num_heads, head_dim] (written)
     *,
@@ -208,8 +208,8 @@ def extend_attention_ref(
     """Specification of ``extend_attention``, one sequence at a time in fp32.
 
     Row i of a sequence (q rows, kv entries, prefix p = kv - q) sees entries 0..p-1 and new entry
-    j iff ``j <= i`` (mask None) or ``mask[i, p + j]``; the mask's prefix columns are not read.
-    The plan arguments do not change the result.
+    j iff ``j <= i`` (mask None) or ``mask[i, j]`` of the sequence's [q, q] block. The plan
+    arguments do not change the result.
     """
     group = q.shape[1] // k_buffer.shape[1]
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
@@ -224,7 +224,7 @@ def extend_attention_ref(
         if mp is None:
             visible[:, p:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         else:
-            visible[:, p:] = mask[mp[s] : mp[s + 1]].view(n, kv)[:, p:] != 0
+            visible[:, p:] = mask[mp[s] : mp[s + 1]].view(n, n) != 0
         scores = torch.einsum("qhd,khd->hqk", q[qo[s] : qo[s + 1]].float(), k) * sm_scale
         scores = scores.masked_fill(~visible, float("-inf"))
         out[qo[s] : qo[s + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).to(out.dtype)

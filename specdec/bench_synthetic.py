@@ -1,0 +1,295 @@
+"""Full-size decode cost without published weights: ``specdec bench --synthetic llama-3.1-8b``.
+
+A target of a real model's shape with random bf16 weights, an EAGLE-3-shaped head (one layer,
+32000-token draft vocabulary), and ``--speculative-simulate-accept-length TAU``: every decode step
+drafts, builds the tree and verifies it in full, then commits 1 + Binomial(S, (TAU - 1) / S)
+tokens per request along the tree's first path. What it measures is the system's cost per step
+at a chosen acceptance, which random weights cannot otherwise show.
+
+For each batch size and each (steps, topk, draft tokens), and for plain decoding in the same
+run: admit ``bs`` requests of ``--context-len`` random tokens (one prefill), warm up, then time
+``--decode-steps`` decode steps (per-phase GPU times from CUDA events, no syncs in between).
+The report gives tok/s, ms per step and per phase (draft, verify, commit, draft extend, other =
+host time and gaps), the speedup over plain decoding at the same batch size, and the plain
+step's share of the weight-bandwidth floor (weight bytes / measured device copy bandwidth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import time
+from pathlib import Path
+
+SHAPES = {
+    # Llama-3.1-8B (hidden 4096, 32 layers, GQA 32/8, vocab 128256)
+    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5),
+    # a small stand-in with the same structure, for CPU tests of this script
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
+}
+DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
+CONFIGS = [(3, 1, 4), (5, 4, 8), (6, 8, 32)]
+BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--synthetic", required=True, choices=sorted(SHAPES), help="target shape (random weights)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument("--speculative-simulate-accept-length", type=float, default=3.5, metavar="TAU",
+                        help="mean committed tokens per verify step")
+    parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    parser.add_argument("--configs", default=";".join(",".join(map(str, c)) for c in CONFIGS),
+                        help="(steps, topk, draft tokens) triples, e.g. '3,1,4;5,4,8'")
+    parser.add_argument("--context-len", type=int, default=1024, help="prompt tokens per request")
+    parser.add_argument("--decode-steps", type=int, default=24, help="timed decode steps per point")
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--disable-cuda-graph", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="bench_synthetic.json")
+    parser.add_argument("--plot", default=None, metavar="PATH", help="speedup vs batch size as a PNG (matplotlib)")
+
+
+def parse_configs(text: str) -> list[tuple[int, int, int]]:
+    try:
+        configs = [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
+    except ValueError:
+        configs = []
+    if not configs or any(len(c) != 3 for c in configs):
+        raise ValueError(f"--configs: expected 'steps,topk,draft_tokens;...', got {text!r}")
+    return configs
+
+
+# ----------------------------------------------------------------------------- models
+def build_models(shape: str, device: str, seed: int):
+    """(target, EAGLE-3 head): random weights drawn on the device (an 8B model in seconds)."""
+    import torch
+
+    from specdec.models.eagle3 import Eagle3DraftModel
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    config = LlamaConfig(**SHAPES[shape])
+    aux = default_eagle3_layers(config.num_hidden_layers)
+    with torch.device(device):
+        target = LlamaForCausalLM(config, aux_hidden_layers=aux, dtype=dtype, device=device)
+        head_cfg = dataclasses.replace(config, num_hidden_layers=1)
+        draft_vocab = DRAFT_VOCAB[shape]
+        head = Eagle3DraftModel(head_cfg, aux_hidden_layers=aux, embed_tokens=target.embed_tokens,
+                                draft_vocab_size=draft_vocab, dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for model in (target, head):
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif p.dim() == 2:
+                    p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+                else:
+                    p.zero_()
+        kept = torch.randperm(config.vocab_size, generator=gen, device=device)[:draft_vocab].sort().values
+        head.d2t.copy_(kept - torch.arange(draft_vocab, device=device))
+        head.t2d.zero_()
+        head.t2d[kept] = True
+    return target.eval(), head.eval()
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def copy_bandwidth(device: str) -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return float("nan")
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return 2 * x.numel() * reps / (time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- one point
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(engine, bs: int, args, vocab: int) -> dict:
+    """Prefill ``bs`` requests, then time decode steps; returns the point's figures."""
+    import torch
+
+    from specdec.eagle.timing import PhaseTimer
+    from specdec.engine.sampling import SamplingParams
+
+    gen = torch.Generator().manual_seed(args.seed + bs)
+    spec = engine.worker is not None
+    per_step = (engine.spec_config.num_steps + 1) if spec else 1
+    max_new = (args.warmup_steps + args.decode_steps + 2) * per_step
+    params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
+    reqs = []
+    for i in range(bs):
+        prompt = torch.randint(3, vocab, (args.context_len,), generator=gen).tolist()
+        req = engine.make_request(input_ids=prompt, sampling_params=params, rid=f"b{bs}-{i}")
+        engine.add_request(req)
+        reqs.append(req)
+    while any(not r.output_ids for r in reqs):  # prefill (one or more batches)
+        engine.step()
+    for _ in range(args.warmup_steps):
+        engine.step()
+    timer = PhaseTimer(args.device)
+    if spec:
+        engine.worker.timer = timer
+    produced = sum(len(r.output_ids) for r in reqs)
+    _sync(args.device)
+    t0 = time.perf_counter()
+    for _ in range(args.decode_steps):
+        engine.step()
+    _sync(args.device)
+    elapsed = time.perf_counter() - t0
+    produced = sum(len(r.output_ids) for r in reqs) - produced
+    phases = {k: v / args.decode_steps for k, v in timer.summary().items()}
+    if spec:
+        engine.worker.timer = None
+    for r in reqs:
+        engine.abort(r.rid)
+    step_ms = elapsed * 1e3 / args.decode_steps
+    if phases:
+        phases["other"] = step_ms - sum(phases.values())
+    return {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms,
+            "committed_per_request_step": produced / (bs * args.decode_steps), "phases_ms": phases}
+
+
+# ----------------------------------------------------------------------------- the sweep
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from specdec.engine.engine import Engine
+
+    configs = parse_configs(args.configs)
+    batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    target, head = build_models(args.synthetic, args.device, args.seed)
+    vocab = target.config.vocab_size
+    bandwidth = copy_bandwidth(args.device)
+    max_bs = max(batch_sizes)
+    most_steps = max([c[0] + 1 for c in configs] + [1])
+    context = args.context_len + (args.warmup_steps + args.decode_steps + 3) * most_steps + 64
+    results = {"plain": [], "speculative": {}}
+    for config in [None] + configs:
+        kw = dict(target_model=target, device=args.device, attention_backend=args.attention_backend,
+                  max_running_requests=max_bs, context_length=context, max_total_tokens=max_bs * (context + 64),
+                  disable_cuda_graph=True, random_seed=args.seed)
+        if config is not None:
+            steps, topk, ntok = config
+            kw.update(draft_model=head, speculative_algorithm="EAGLE3", speculative_num_steps=steps,
+                      speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok,
+                      speculative_simulate_accept_length=min(args.speculative_simulate_accept_length, steps + 1))
+        engine = Engine(**kw)
+        capture_s = 0.0
+        if not args.disable_cuda_graph and args.device.startswith("cuda"):
+            t0 = time.perf_counter()
+            engine.cuda_graph_bytes = engine.capture_cuda_graphs(batch_sizes)
+            capture_s = time.perf_counter() - t0
+        points = [measure(engine, bs, args, vocab) for bs in batch_sizes]
+        name = "plain" if config is None else "x".join(map(str, config))
+        print(f"{name}: graphs captured in {capture_s:.1f} s ({engine.cuda_graph_bytes / 2**20:.0f} MiB)", flush=True)
+        for p in points:
+            print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
+                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}", flush=True)
+        if config is None:
+            results["plain"] = points
+        else:
+            results["speculative"][name] = points
+        del engine
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    _add_ratios(results, weight_bytes(target), bandwidth)
+    results["setup"] = {
+        "shape": args.synthetic, "target_weight_bytes": weight_bytes(target), "head_weight_bytes": weight_bytes(head),
+        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": args.context_len, "decode_steps": args.decode_steps,
+        "simulated_accept_length": args.speculative_simulate_accept_length, "configs": configs,
+        "batch_sizes": batch_sizes, "cuda_graphs": not args.disable_cuda_graph,
+        "attention_backend": args.attention_backend, "device": _device_name(args.device),
+        "date": datetime.date.today().isoformat(),
+    }
+    return results
+
+
+def _add_ratios(results: dict, weight_nbytes: int, bandwidth: float) -> None:
+    floor_ms = weight_nbytes / bandwidth * 1e3 if bandwidth == bandwidth else float("nan")
+    plain = {p["batch_size"]: p for p in results["plain"]}
+    for p in results["plain"]:
+        p["weight_floor_ms"] = floor_ms
+        p["floor_share"] = floor_ms / p["step_ms"]
+    for points in results["speculative"].values():
+        for p in points:
+            base = plain[p["batch_size"]]
+            p["speedup"] = p["tokens_per_s"] / base["tokens_per_s"]
+            overhead = p["step_ms"] - p["phases_ms"].get("verify", 0.0)
+            p["overhead_vs_plain_step"] = overhead / base["step_ms"]
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu"
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in results["speculative"].items():
+        ax.plot([p["batch_size"] for p in points], [p["speedup"] for p in points], marker="o", label=name)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup over plain decoding")
+    setup = results["setup"]
+    ax.set_title(f"{setup['shape']}, simulated accept length {setup['simulated_accept_length']}, {setup['device']}")
+    ax.legend(title="steps x topk x draft tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="specdec bench --synthetic", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        parse_configs(args.configs)
+    except ValueError as e:
+        parser.error(str(e))
+    results = run(args)
+    Path(args.output).write_text(json.dumps(results, indent=1))
+    if args.plot:
+        plot(results, args.plot)
+    for name, points in results["speculative"].items():
+        print(f"Speedup {name}: " + ", ".join(f"bs{p['batch_size']}={p['speedup']:.2f}x" for p in points))
+    print(f"Plain decode at bs=1: {results['plain'][0]['floor_share']:.0%} of the weight-bandwidth floor")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""CudaGraphRunner: one function captured once per batch size, replayed over static buffers.
+
+The function takes tensors whose leading dimension is ``bs * rows_per_request`` and returns a
+tuple of such tensors. For each captured batch size the runner owns views into one static
+buffer per input (the largest size's buffer; smaller sizes use its first rows). A call with
+``bs`` requests replays the smallest captured size ``>= bs``::
+
+    bs = 5, captured sizes 1 2 4 8 16       -> replay the size-8 graph
+    static buffer rows   [ r0 r1 r2 r3 r4 | p p p ]     real inputs, then each input's pad value
+    outputs              [ o0 o1 o2 o3 o4 | x x x ]     the first 5 * rows_per_request are returned
+
+Pad values must make the padding requests harmless (e.g. a KV slot reserved for padding, a
+prefix length of 0). Returned outputs are views of graph-owned memory: they are valid until the
+same runner replays again. Without CUDA (or with ``use_graphs=False``) the function runs eagerly
+on the same padded buffers, so the padding logic is the same code on every device.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Callable, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticInput:
+    """One argument of the captured function: a [bs * rows_per_request, *trailing] buffer."""
+
+    name: str
+    rows_per_request: int
+    dtype: torch.dtype
+    trailing: tuple[int, ...] = ()
+    pad_value: int | float | bool = 0
+
+
+def default_batch_sizes(max_bs: int) -> list[int]:
+    """1..8, then steps of 8 to 64, then of 32: SGLang's shape of the capture list, up to ``max_bs``."""
+    if max_bs < 1:
+        raise ValueError(f"--cuda-graph-max-bs={max_bs}: expected >= 1")
+    sizes = list(range(1, 9)) + list(range(16, 65, 8)) + list(range(96, 1025, 32))
+    return [s for s in sizes if s < max_bs] + [max_bs]
+
+
+class CudaGraphRunner:
+    def __init__(
+        self,
+        fn: Callable[..., tuple[torch.Tensor, ...]],
+        inputs: Sequence[StaticInput],
+        batch_sizes: Sequence[int],
+        *,
+        device: torch.device | str,
+        use_graphs: bool = True,
+        pool=None,
+        name: str = "graph",
+    ) -> None:
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"{name}: batch_sizes must be non-empty and >= 1, got {list(batch_sizes)}")
+        self.fn = fn
+        self.inputs = {i.name: i for i in inputs}
+        self.batch_sizes = sorted(set(int(b) for b in batch_sizes))
+        self.max_bs = self.batch_sizes[-1]
+        self.device = torch.device(device)
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.pool = pool
+        self.name = name
+        # one buffer per input, sized for the largest batch, holding pad values where unused
+        self.buffers = {
+            i.name: torch.full((self.max_bs * i.rows_per_request, *i.trailing), i.pad_value, dtype=i.dtype,
+                               device=self.device)
+            for i in inputs
+        }
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._filled_rows = {name: 0 for name in self.buffers}  # rows holding real (stale) inputs
+        # bytes the captured graphs hold in the memory pool (measured by ``capture``)
+        self.memory_bytes = 0
+        # calls served, padded or not (for tests and metrics)
+        self.num_calls = 0
+
+    # ------------------------------------------------------------------ sizes
+    def can_run(self, bs: int) -> bool:
+        return 1 <= bs <= self.max_bs
+
+    def padded_size(self, bs: int) -> int:
+        if not self.can_run(bs):
+            raise ValueError(f"{self.name}: batch of {bs} outside the captured sizes 1..{self.max_bs}")
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+
+    def _views(self, bs: int) -> dict[str, torch.Tensor]:
+        return {name: buf[: bs * self.inputs[name].rows_per_request] for name, buf in self.buffers.items()}
+
+    # ---------------------------------------------------------------- capture
+    def capture(self) -> None:
+        """Warm up and capture every batch size, largest first (smaller ones reuse its memory)."""
+        if not self.use_graphs:
+            return
+        before = torch.cuda.memory_allocated(self.device)
+        stream = torch.cuda.Stream(self.device)
+        for bs in reversed(self.batch_sizes):
+            views = self._views(bs)
+            # NOTE: two eager runs first: Triton compiles and cuBLAS picks its workspace outside
+            # the capture, which must not allocate host-visible state.
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.fn(**views)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                outputs = self.fn(**views)
+            self._graphs[bs] = (graph, tuple(outputs))
+        torch.cuda.synchronize(self.device)
+        self.memory_bytes = torch.cuda.memory_allocated(self.device) - before
+
+    # ----------------------------------------------------------------- replay
+    def __call__(self, bs: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        padded = self.padded_size(bs)
+        self.num_calls += 1
+        if set(inputs) != set(self.buffers):
+            raise ValueError(f"{self.name}: expected inputs {sorted(self.buffers)}, got {sorted(inputs)}")
+        for name, value in inputs.items():
+            spec, buf = self.inputs[name], self.buffers[name]
+            rows = bs * spec.rows_per_request
+            if value.shape[0] != rows or tuple(value.shape[1:]) != spec.trailing:
+                raise ValueError(f"{self.name}: input {name} has shape {tuple(value.shape)}, expected "
+                                 f"({rows}, {', '.join(map(str, spec.trailing))})")
+            buf[:rows].copy_(value)
+            stale = self._filled_rows[name]
+            if stale > rows:  # rows a larger batch filled before are padding now
+                buf[rows:stale].fill_(spec.pad_value)
+            self._filled_rows[name] = rows
+        if self.use_graphs:
+            if padded not in self._graphs:
+                raise RuntimeError(f"{self.name}: call capture() before replaying")
+            graph, outputs = self._graphs[padded]
+            graph.replay()
+        else:
+            outputs = tuple(self.fn(**self._views(padded)))
+        return tuple(o[: bs * (o.shape[0] // padded)] for o in outputs)

@@ -1,0 +1,58 @@
+"""CudaGraphRunner's padding and slicing, run eagerly on CPU (the same code path as replay)."""
+
+import pytest
+import torch
+
+from specdec.cuda_graph import CudaGraphRunner, StaticInput, default_batch_sizes
+
+
+def test_default_batch_sizes():
+    assert default_batch_sizes(1) == [1]
+    assert default_batch_sizes(5) == [1, 2, 3, 4, 5]
+    assert default_batch_sizes(20) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 20]
+    assert default_batch_sizes(64)[-3:] == [48, 56, 64]
+    with pytest.raises(ValueError, match="cuda-graph-max-bs"):
+        default_batch_sizes(0)
+
+
+def _runner(seen):
+    def fn(x, rows):
+        seen.append((x.clone(), rows.clone()))
+        # [bs * 2, 3] and [bs] outputs
+        return x * 2, rows + 100
+
+    inputs = [StaticInput("x", 2, torch.float32, (3,), pad_value=-1.0), StaticInput("rows", 1, torch.int64, pad_value=7)]
+    return CudaGraphRunner(fn, inputs, [1, 2, 4, 8], device="cpu")
+
+
+def test_pads_to_the_next_size_and_slices_outputs():
+    seen = []
+    runner = _runner(seen)
+    assert [runner.padded_size(b) for b in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    x = torch.arange(30, dtype=torch.float32).view(10, 3)  # bs 5, two rows per request
+    doubled, rows = runner(5, x=x, rows=torch.arange(5))
+    assert torch.equal(doubled, x * 2) and torch.equal(rows, torch.arange(5) + 100)
+    seen_x, seen_rows = seen[-1]
+    assert seen_x.shape == (16, 3) and torch.equal(seen_x[10:], torch.full((6, 3), -1.0))
+    assert torch.equal(seen_rows[5:], torch.full((3,), 7))
+
+
+def test_a_smaller_batch_refills_padding_left_by_a_larger_one():
+    seen = []
+    runner = _runner(seen)
+    runner(7, x=torch.ones(14, 3), rows=torch.arange(7))
+    runner(5, x=torch.zeros(10, 3), rows=torch.arange(5))
+    seen_x, seen_rows = seen[-1]
+    assert torch.equal(seen_x[10:], torch.full((6, 3), -1.0)), "rows 5..6 of the bs-7 call must be padding again"
+    assert torch.equal(seen_rows[5:], torch.full((3,), 7))
+
+
+def test_rejects_wrong_inputs_and_sizes():
+    runner = _runner([])
+    assert runner.can_run(8) and not runner.can_run(9) and not runner.can_run(0)
+    with pytest.raises(ValueError, match="outside the captured sizes"):
+        runner(9, x=torch.zeros(18, 3), rows=torch.arange(9))
+    with pytest.raises(ValueError, match="input x has shape"):
+        runner(2, x=torch.zeros(3, 3), rows=torch.arange(2))
+    with pytest.raises(ValueError, match="expected inputs"):
+        runner(2, x=torch.zeros(4, 3))

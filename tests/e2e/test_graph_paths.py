@@ -1,0 +1,84 @@
+"""The CUDA-graph code path on CPU: static buffers, padding to captured batch sizes, fixed-shape
+draft extend, run eagerly (``use_graphs=False``) so CI proves it lossless without a GPU.
+
+Captured sizes [2, 8] make every batch but bs 2 and 8 run padded (7 -> 8, 5 -> 8, 1 -> 2, ...).
+The GPU tests replay the same path as real graphs (tests/e2e/test_gpu_cuda_graphs.py).
+"""
+
+import pytest
+import torch
+
+from .helpers import assert_no_leak, engine, make_pair, prompts_of
+
+SIZES = [2, 8]
+LENGTHS, MAX_NEW = [1, 9, 4, 23, 2, 15, 6], [17, 5, 30, 12, 1, 24, 9]
+
+
+def _params():
+    return [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in MAX_NEW]
+
+
+def _graph_calls(eng) -> dict[str, int]:
+    calls = {f"target {mode.name.lower()}": g.num_calls for (mode, _, _), g in eng.runner.graphs.items()}
+    if eng.worker is not None:
+        calls["draft"] = eng.worker.draft_graph.runner.num_calls
+        calls["draft extend"] = eng.worker.draft_extend_graph.runner.num_calls
+    return calls
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("shape", [(3, 1, 4), (5, 4, 8)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_padded_static_path_is_lossless(algorithm, shape, page_size):
+    target, draft = make_pair(algorithm, "mixed")
+    prompts = prompts_of(LENGTHS, target.config.vocab_size)
+    plain = engine(target, page_size=page_size)
+    expected = plain.generate(input_ids=prompts, sampling_params=_params())
+    spec = engine(target, draft, algorithm=algorithm, shape=shape, page_size=page_size)
+    spec.capture_cuda_graphs(SIZES, use_graphs=False)
+    got = spec.generate(input_ids=prompts, sampling_params=_params())
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    calls = _graph_calls(spec)
+    assert calls["draft"] > 0 and calls["draft extend"] == calls["draft"] and calls["target target_verify"] == calls["draft"]
+    assert_no_leak(spec)
+    assert sum(sum(g["meta_info"]["spec_accept_lengths"]) for g in got) > 0
+
+
+def test_plain_decode_graph_path_matches_eager():
+    target, _ = make_pair("EAGLE", "random")
+    prompts = prompts_of(LENGTHS, target.config.vocab_size, seed=1)
+    expected = engine(target).generate(input_ids=prompts, sampling_params=_params())
+    padded = engine(target)
+    padded.capture_cuda_graphs(SIZES, use_graphs=False)
+    got = padded.generate(input_ids=prompts, sampling_params=_params())
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert _graph_calls(padded)["target decode"] > 0
+    assert_no_leak(padded)
+
+
+def test_batches_past_the_largest_size_run_eagerly():
+    target, draft = make_pair("EAGLE", "mixed")
+    prompts = prompts_of(LENGTHS, target.config.vocab_size, seed=2)
+    expected = engine(target).generate(input_ids=prompts, sampling_params=_params())
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4))
+    spec.capture_cuda_graphs([1, 2], use_graphs=False)
+    steps = []
+    decode = spec.worker.decode
+    spec.worker.decode = lambda *a, **kw: steps.append(len(a[0])) or decode(*a, **kw)
+    got = spec.generate(input_ids=prompts, sampling_params=_params())
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert max(steps) > 2 and min(steps) <= 2
+    assert _graph_calls(spec)["draft"] == sum(1 for bs in steps if bs <= 2)
+
+
+def test_simulated_acceptance_commits_the_first_path():
+    """--speculative-simulate-accept-length: accept lengths follow the drawn mean, KV stays sound."""
+    target, draft = make_pair("EAGLE", "random")
+    prompts = prompts_of([5] * 8, target.config.vocab_size, seed=3)
+    params = {"temperature": 0, "max_new_tokens": 60, "ignore_eos": True}
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4), speculative_simulate_accept_length=3.5)
+    got = spec.generate(input_ids=prompts, sampling_params=[params] * 8)
+    steps = sum(g["meta_info"]["spec_verify_ct"] for g in got)
+    tokens = sum(len(g["output_ids"]) - 1 for g in got)  # the first token comes from prefill
+    assert abs(tokens / steps - 3.5) < 0.35, tokens / steps  # 1 + Binomial(3, 5/6), ~110 steps
+    assert_no_leak(spec)

@@ -1,0 +1,28 @@
+"""The synthetic full-size benchmark's sweep, on a tiny shape on CPU (the 8B run is a GPU benchmark)."""
+
+import json
+
+import pytest
+
+from specdec import bench_synthetic
+
+
+def test_tiny_sweep_reports_every_point(tmp_path):
+    out = tmp_path / "synthetic.json"
+    bench_synthetic.main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+                          "--batch-sizes", "1,3", "--configs", "3,1,4;2,2,4", "--context-len", "12",
+                          "--decode-steps", "4", "--warmup-steps", "1", "--speculative-simulate-accept-length", "2.5",
+                          "--output", str(out)])
+    res = json.loads(out.read_text())
+    assert [p["batch_size"] for p in res["plain"]] == [1, 3]
+    assert all(abs(p["committed_per_request_step"] - 1.0) < 1e-9 for p in res["plain"])
+    assert set(res["speculative"]) == {"3x1x4", "2x2x4"}
+    for points in res["speculative"].values():
+        for p in points:
+            assert p["speedup"] > 0 and set(p["phases_ms"]) == {"draft", "verify", "commit", "draft_extend", "other"}
+            assert 1.0 <= p["committed_per_request_step"] <= 4.0
+
+
+def test_bad_configs_name_the_flag():
+    with pytest.raises(ValueError, match="--configs"):
+        bench_synthetic.parse_configs("3,1")

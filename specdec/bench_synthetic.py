@@ -54,6 +54,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="bench_synthetic.json")
     parser.add_argument("--plot", default=None, metavar="PATH", help="speedup vs batch size as a PNG (matplotlib)")
+    parser.add_argument("--profile-host", default=None, metavar="PATH",
+                        help="after each engine's sweep, profile the host (cProfile) over the timed steps at the "
+                        "smallest and largest batch size, and write the top functions to PATH")
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:
@@ -176,6 +179,33 @@ def measure(engine, bs: int, args, vocab: int) -> dict:
             "committed_per_request_step": produced / (bs * args.decode_steps), "phases_ms": phases}
 
 
+def profile_host(engine, bs: int, args, vocab: int, title: str) -> None:
+    """Append the host's top functions (cumulative time) over one point's timed steps to --profile-host."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    original = engine.step
+
+    def profiled_step():
+        profiler.enable()
+        try:
+            return original()
+        finally:
+            profiler.disable()
+
+    engine.step = profiled_step
+    try:
+        measure(engine, bs, args, vocab)
+    finally:
+        engine.step = original
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    with open(args.profile_host, "a") as f:
+        f.write(f"==== {title} (every step of the point, prefill and warm-up included)\n{text.getvalue()}\n")
+
+
 # ----------------------------------------------------------------------------- the sweep
 def run(args: argparse.Namespace) -> dict:
     import torch
@@ -208,6 +238,9 @@ def run(args: argparse.Namespace) -> dict:
             capture_s = time.perf_counter() - t0
         points = [measure(engine, bs, args, vocab) for bs in batch_sizes]
         name = "plain" if config is None else "x".join(map(str, config))
+        if args.profile_host:
+            for bs in sorted({batch_sizes[0], batch_sizes[-1]}):
+                profile_host(engine, bs, args, vocab, f"{name} bs={bs}")
         print(f"{name}: graphs captured in {capture_s:.1f} s ({engine.cuda_graph_bytes / 2**20:.0f} MiB)", flush=True)
         for p in points:
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "

@@ -157,7 +157,7 @@ class PagedKVMemory:
         positions = _packed_positions(prefix, extend)
         self._table[token_rows, positions] = slots.to(torch.int32)
         # one host-to-device copy carries rows, positions and slots
-        packed = torch.stack([token_rows, positions, slots]).to(self.device)
+        packed = host_to_device(torch.stack([token_rows, positions, slots]), self.device)
         self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
         return packed[2]
 
@@ -248,6 +248,17 @@ class PagedKVMemory:
         fresh = new_pages[fresh_idx] if new_pages.numel() else torch.zeros_like(fresh_idx)
         page = torch.where(in_partial, partial_page[req], fresh)
         return page * ps + positions % ps
+
+
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a CPU tensor to ``device`` without waiting for the device's queued work.
+
+    NOTE: a copy from pageable memory waits for the stream to drain; from pinned memory it is
+    queued behind it, so the host can prepare the next step while the device still works.
+    """
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _cpu_lens(x: Lens) -> torch.Tensor:

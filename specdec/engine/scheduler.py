@@ -12,7 +12,7 @@ import collections
 
 import torch
 
-from specdec.engine.memory import PagedKVMemory
+from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import FinishReason, Request
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
@@ -185,8 +185,9 @@ class Scheduler:
 
     def _decode_inputs(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[bs] request rows, tokens in KV, and last committed tokens (one copy to the device)."""
-        columns = torch.tensor([[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]],
-                               dtype=torch.int64).to(self.device)
+        columns = host_to_device(torch.tensor(
+            [[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
+            self.device)
         return columns[0], columns[1], columns[2]
 
     def _decode_with_worker(self, reqs: list[Request], step, *, speculative: bool) -> None:

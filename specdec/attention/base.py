@@ -35,6 +35,9 @@ class AttentionLayer:
 
 class AttentionBackend(abc.ABC):
     name: str = "abstract"
+    # whether ``init_forward_metadata`` plans batches that carry ``static_max_seq_len`` from device
+    # tensors alone, so a forward can be captured as a CUDA graph (else the engine runs eagerly)
+    supports_cuda_graph: bool = False
 
     @abc.abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

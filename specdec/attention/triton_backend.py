@@ -49,6 +49,7 @@ class TritonMetadata:
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graph = True
 
     def __init__(self, *, num_splits: int | None = None) -> None:
         """``num_splits`` forces the split-KV count (default: planned from the grid and lengths)."""

@@ -119,7 +119,8 @@ class Engine:
         self.context_length = int(context_length or min(cfg.max_position_embeddings, 8192))
         tree = self.spec_config.num_draft_tokens if self.spec_config else 1
         max_context_len = self.context_length + tree + page_size
-        graph_sizes = self._graph_batch_sizes(device, attention_backend, cuda_graph_max_bs, disable_cuda_graph,
+        backend = create_attention_backend(attention_backend)
+        graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, disable_cuda_graph,
                                               max_running_requests)
         num_slots = int(max_total_tokens or self._default_kv_tokens(
             device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len))
@@ -133,7 +134,7 @@ class Engine:
         kv = KVCache(num_layers=cfg.num_hidden_layers, num_slots=num_slots + 1,
                      num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                      dtype=weight.dtype, device=device)
-        self.runner = ModelRunner(target_model, kv, create_attention_backend(attention_backend))
+        self.runner = ModelRunner(target_model, kv, backend)
         self.generator = torch.Generator(device=device).manual_seed(random_seed)
         worker = None
         if self.spec_config is not None:
@@ -152,12 +153,13 @@ class Engine:
 
     # ------------------------------------------------------------ CUDA graphs
     @staticmethod
-    def _graph_batch_sizes(device, attention_backend, cuda_graph_max_bs, disable_cuda_graph,
+    def _graph_batch_sizes(device, backend, cuda_graph_max_bs, disable_cuda_graph,
                            max_running_requests) -> list[int]:
-        """Batch sizes to capture: none off CUDA, with --disable-cuda-graph, or on torch_native."""
+        """Batch sizes to capture: none off CUDA, with --disable-cuda-graph, or on a backend that
+        cannot plan inside a graph (torch_native)."""
         if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
             raise ValueError(f"--cuda-graph-max-bs={cuda_graph_max_bs}: expected >= 1")
-        if disable_cuda_graph or not str(device).startswith("cuda") or attention_backend == "torch_native":
+        if disable_cuda_graph or not str(device).startswith("cuda") or not backend.supports_cuda_graph:
             return []
         return default_batch_sizes(min(cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS, max_running_requests))
 

@@ -28,6 +28,12 @@ from specdec.kernels.residual import residual_draw_ref
 from specdec.kernels.tree_build import check_tensor, select_impl
 
 
+def _matches(t: object, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device) -> bool:
+    """``check_tensor``'s success case in a few attribute reads (the hot path of every call)."""
+    return (isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.device == device
+            and t.is_contiguous())
+
+
 def _check_tree_inputs(
     predicts: torch.Tensor,
     accept_index: torch.Tensor,
@@ -35,6 +41,21 @@ def _check_tree_inputs(
     candidates: torch.Tensor,
     links: dict[str, torch.Tensor],
 ) -> tuple[int, int, torch.device]:
+    """Validate the tensors both ops share; returns (bs, N, device).
+
+    NOTE: eager calls are launch bound, so valid input takes one pass of cheap comparisons; any
+    mismatch reruns the checks one by one to raise the error that names the argument.
+    """
+    if (isinstance(candidates, torch.Tensor) and candidates.dim() == 2 and isinstance(accept_index, torch.Tensor)
+            and accept_index.dim() == 2):
+        (bs, n), device = candidates.shape, candidates.device
+        if (_matches(candidates, torch.int64, (bs, n), device)
+                and _matches(predicts, torch.int32, (bs * n,), device)
+                and accept_index.shape[0] == bs and accept_index.shape[1] >= 1
+                and _matches(accept_index, torch.int32, accept_index.shape, device)
+                and _matches(accept_token_num, torch.int32, (bs,), device)
+                and all(_matches(t, torch.int64, (bs, n), device) for t in links.values())):
+            return bs, n, device
     check_tensor("candidates", candidates, dtype=torch.int64, dim=2)
     (bs, n), device = candidates.shape, candidates.device
     check_tensor("predicts", predicts, dtype=torch.int32, shape=(bs * n,), device=device)
@@ -45,6 +66,40 @@ def _check_tree_inputs(
     for name, t in links.items():
         check_tensor(name, t, dtype=torch.int64, shape=(bs, n), device=device)
     return bs, n, device
+
+
+def _check_sampling_inputs(
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    threshold_single: float,
+    threshold_acc: float,
+    *,
+    bs: int,
+    n: int,
+    device: torch.device,
+) -> None:
+    """The sampling op's own inputs (fast path first, like ``_check_tree_inputs``)."""
+    f32 = torch.float32
+    if (_matches(uniform_samples, f32, (bs, n), device)
+            and _matches(uniform_samples_for_final_sampling, f32, (bs,), device)
+            and isinstance(target_probs, torch.Tensor) and target_probs.dim() == 3
+            and target_probs.shape[:2] == (bs, n) and target_probs.shape[2] >= 1
+            and _matches(target_probs, f32, target_probs.shape, device)
+            and _matches(draft_probs, f32, target_probs.shape, device)
+            and 0.0 <= float(threshold_single) <= 1.0 and 0.0 <= float(threshold_acc) <= 1.0):
+        return
+    check_tensor("uniform_samples", uniform_samples, dtype=f32, shape=(bs, n), device=device)
+    check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling,
+                 dtype=f32, shape=(bs,), device=device)
+    check_tensor("target_probs", target_probs, dtype=f32, dim=3, device=device)
+    if tuple(target_probs.shape[:2]) != (bs, n) or target_probs.shape[2] < 1:
+        raise ValueError(f"target_probs: expected shape ({bs}, {n}, vocab), got {tuple(target_probs.shape)}")
+    check_tensor("draft_probs", draft_probs, dtype=f32, shape=tuple(target_probs.shape), device=device)
+    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
 
 
 def verify_tree_greedy(
@@ -187,16 +242,8 @@ def tree_speculative_sampling_target_only(
         {"retrive_index": retrive_index, "retrive_next_token": retrive_next_token,
          "retrive_next_sibling": retrive_next_sibling},
     )
-    check_tensor("uniform_samples", uniform_samples, dtype=torch.float32, shape=(bs, n), device=device)
-    check_tensor("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling,
-                 dtype=torch.float32, shape=(bs,), device=device)
-    check_tensor("target_probs", target_probs, dtype=torch.float32, dim=3, device=device)
-    if tuple(target_probs.shape[:2]) != (bs, n) or target_probs.shape[2] < 1:
-        raise ValueError(f"target_probs: expected shape ({bs}, {n}, vocab), got {tuple(target_probs.shape)}")
-    check_tensor("draft_probs", draft_probs, dtype=torch.float32, shape=tuple(target_probs.shape), device=device)
-    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
-        if not 0.0 <= float(value) <= 1.0:
-            raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
+    _check_sampling_inputs(uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
+                           threshold_single, threshold_acc, bs=bs, n=n, device=device)
     impl = select_impl("tree_speculative_sampling_target_only", tree_speculative_sampling_target_only_ref, device)
     impl(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
          retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
@@ -229,10 +276,10 @@ def tree_speculative_sampling_target_only_ref(
     Stop when every child is rejected or num_spec - 1 nodes are accepted. At the last accepted
     node L, predicts[L] = a draw from relu(target_probs[b, L] - draft_probs[b, L]) (plain
     target_probs[b, L] when num_spec - 1 nodes were accepted) with coin
-    uniform_samples_for_final_sampling[b]: the first token j with mass > 0 whose cumulative mass
-    exceeds coin * total; vocab - 1 if there is none. At thresholds 1.0 this is inverse-CDF
-    sampling from q with the children's tokens first, so the emitted tokens follow the target
-    exactly (sibling tokens must be distinct). Example, vocab 4, one request::
+    uniform_samples_for_final_sampling[b], by ``residual_draw_ref`` (inverse-CDF in vocab order,
+    in 2**-40 fixed point; target_probs[b, L] itself if the residual is all zero). At thresholds
+    1.0 this is inverse-CDF sampling from q with the children's tokens first, so the emitted
+    tokens follow the target exactly (sibling tokens must be distinct). Example, vocab 4::
 
               0          q(0) = [.1 .5 .3 .1]   children tokens: node 1 -> 1, node 2 -> 2
              / \\         coin(0) = 0.7: node 1: acc .5 < .7 reject (draft_probs[0,0,1] = .5)
@@ -296,16 +343,11 @@ def _sample_residual(
     num_spec: int,
     coins: torch.Tensor,  # [bs]
 ) -> list[int]:
-    """One draw per request from relu(q - p) at its last accepted node (p = 0 after a full path).
-
-    The inverse-CDF search uses ``residual_draw_ref``'s fixed fp32 summation order, so the torch
-    reference and the Triton kernel pick the same token on every device.
-    """
+    """One draw per request from relu(q - p) at its last accepted node (p = 0 after a full path)."""
     device = target_probs.device
     rows = torch.arange(len(last_node), device=device)
     nodes = torch.tensor(last_node, dtype=torch.int64, device=device)
     q = target_probs[rows, nodes]  # [bs, vocab]
     full_path = torch.tensor(num_accepted, device=device) == num_spec - 1
     p = torch.where(full_path[:, None], torch.zeros_like(q), draft_probs[rows, nodes])  # [bs, vocab]
-    residual = (q - p).clamp_min(0.0).float().cpu()
-    return [residual_draw_ref(residual[b], float(coins[b])) for b in range(len(last_node))]
+    return residual_draw_ref(q, p, coins.to(device)).tolist()

@@ -76,8 +76,13 @@ P = POISON
         # chain, node 2 rejected at node 1 (coin .6 > .5): residual [.2, .2, 0, .1], u = .25 -> token 1.
         ([-1, 0, 1], [[0, 1, 0, 0], [0.2, 0.2, 0.5, 0.1], [0.4, 0.3, 0.2, 0.1]], [0.99, 0.6, 0.0], 0.5, 3, {},
          [1, 1, P], [0, 1, -1], {(1, 2): 0.5}),
+        # coin .9 rejects both children and q(0) has no other mass, so the residual is all zero: the
+        # bonus falls back to q(0) itself: prefix [0 .3 .6 .6], u = .75 * .6 = .45 -> token 2.
+        ([-1, 0, 0], [[0.0, 0.3, 0.3, 0.0], FLAT, FLAT], [0.9, 0.0, 0.0], 0.75, 3, {}, [2, P, P], [0, -1, -1],
+         {(0, 1): 0.3, (0, 2): 0.3}),
     ],
-    ids=["sibling-accept", "reject-all", "threshold-single", "threshold-acc", "full-chain", "chain-reject"],
+    ids=["sibling-accept", "reject-all", "threshold-single", "threshold-acc", "full-chain", "chain-reject",
+         "zero-residual"],
 )
 def test_sampling_tables(parents, probs, coins, final, num_spec, thresholds, predicts, accept_index, draft_writes):
     tokens = [[0, 1, 2]]

@@ -227,42 +227,10 @@ def sampling_case(rng: random.Random, nrng: np.random.Generator, bs: int, n: int
 
 
 def check_sampling(args, device, **thresholds):
-    """Walk outputs equal the public ref's; every bonus equals residual_draw_ref's token.
-
-    NOTE: the public ref draws the bonus with torch.cumsum, whose order is device dependent (see
-    specdec/kernels/triton/residual.py), so its bonus is compared only through residual_draw_ref.
-    """
-    ours = [a.clone().to(device) for a in args]
-    theirs = [a.clone() for a in args]
-    K.tree_speculative_sampling_target_only(*ours, **thresholds)
-    K.tree_speculative_sampling_target_only_ref(*theirs, **thresholds)
-    ours = [a.cpu() for a in ours]
-    for i in (1, 2, 10):  # accept_index, accept_token_num, draft_probs
-        assert torch.equal(ours[i], theirs[i]), f"argument {i} differs"
-    predicts, accept_index, accept_num, probs, draft = ours[0], ours[1], ours[2], ours[9], ours[10]
-    bs, n = args[3].shape
-    num_spec = accept_index.shape[1]
-    bonus_at = []
-    for b in range(bs):
-        k = int(accept_num[b])
-        last = int(accept_index[b, k])
-        node = last - b * n
-        residual = (probs[b, node] - (draft[b, node] if k < num_spec - 1 else 0)).clamp_min(0)
-        assert int(predicts[last]) == residual_draw.residual_draw_ref(residual, float(args[8][b]))
-        bonus_at.append(last)
-    walk = torch.ones_like(predicts, dtype=torch.bool)
-    walk[bonus_at] = False
-    assert torch.equal(predicts[walk], theirs[0][walk])
-
-
-def test_residual_draw_ref_is_sequential_for_small_vocab():
-    """V <= LANES: plain left-to-right fp32 sums (docstring example: threshold .15 -> token 3)."""
-    assert residual_draw.residual_draw_ref(torch.tensor([0.1, 0.0, 0.0, 0.1]), 0.75) == 3
-    r = torch.rand(100)
-    prefix = np.cumsum(r.numpy(), dtype=np.float32)
-    for coin in (0.0, 0.3, 0.999):
-        expected = int(np.flatnonzero(prefix > np.float32(np.float32(coin) * prefix[-1]))[0])
-        assert residual_draw.residual_draw_ref(r, coin) == expected
+    """Every output, the bonus draw included, equals the public ref's bit for bit (the draw is
+    integer arithmetic, so the ref gives the same tokens on every device)."""
+    run_both(K.tree_speculative_sampling_target_only, K.tree_speculative_sampling_target_only_ref, args, device,
+             **thresholds)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -278,12 +246,91 @@ def test_sampling_random(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_residual_draw_edges(device):
-    """Every path ends in the residual draw: full path (p ignored), all rejected, coin 1.0 (no hit)."""
+    """Every path ends in the residual draw: full path (p ignored), all rejected, coins 1.0 and
+    0.0, and an all-zero residual (q's mass only on rejected tokens: the draw falls back to q)."""
     nrng = np.random.default_rng(4)
-    for vocab, coin in [(129, 1.0), (300, 0.5), (5, 0.999999)]:
+    for vocab, coin in [(129, 1.0), (300, 0.5), (5, 0.999999), (2049, 0.0)]:
         args = sampling_case(random.Random(vocab), nrng, 3, 4, vocab)
         args[8] = torch.full((3,), coin)
         check_sampling(args, device)
+    probs = torch.zeros(2, 3, 6)
+    probs[:, 0, 1:3] = 0.3  # root -> {1, 2} (tokens 1, 2); coin .9 rejects both: residual 0
+    links = [torch.arange(6).view(2, 3), torch.tensor([[1, -1, -1]] * 2), torch.tensor([[-1, 2, -1]] * 2)]
+    args = [*verify_outputs(2, 3, 3), torch.tensor([[0, 1, 2]] * 2), *links, torch.full((2, 3), 0.9),
+            torch.tensor([0.2, 0.75]), probs, torch.zeros(2, 3, 6)]
+    check_sampling(args, device)
+    K.tree_speculative_sampling_target_only_ref(*args)
+    assert args[0][[0, 3]].tolist() == [1, 2]  # from q(root): coin .2 -> token 1, coin .75 -> token 2
+
+
+# --------------------------------------------------------------------------- the bonus draw alone
+def draw_rows(nrng: np.random.Generator, bs: int, vocab: int):
+    """[bs, vocab] q, p and [bs] coins covering the draw's edge cases row by row: plain residuals,
+    p = q (all-zero residual -> fallback to q), q = 0 (-> vocab - 1), tiny masses around the 2**-40
+    resolution (and subnormals), masses above 1 (clamped), coins 1 and 0."""
+    q = nrng.dirichlet(np.full(vocab, 0.3), size=bs).astype(np.float32)
+    p = (q * nrng.random((bs, vocab)) * (nrng.random((bs, vocab)) < 0.5)).astype(np.float32)
+    coins = nrng.random(bs, dtype=np.float32)
+    tiny = np.array([0.0, 2.0**-41, 2.0**-40, 3 * 2.0**-41, 1e-45, 1e-30, 1e-9], dtype=np.float32)
+    for b in range(bs):
+        kind = b % 6
+        if kind == 1:
+            p[b] = q[b]
+        elif kind == 2:
+            q[b] = p[b] = 0.0
+        elif kind == 3:  # 2**-41 and 1e-45 weigh 0, 2**-40 and 3 * 2**-41 weigh 1
+            q[b], p[b] = nrng.choice(tiny, vocab), 0.0
+        elif kind == 4:
+            q[b, nrng.integers(0, vocab, 3)] = 3.0
+            coins[b] = 1.0
+        elif kind == 5:
+            coins[b] = 0.0
+    return torch.from_numpy(q), torch.from_numpy(p), torch.from_numpy(coins)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_residual_draw_equals_ref(device):
+    """The Triton draw (block sums over a split vocab, then cumsums) equals ``residual_draw_ref``
+    exactly, for vocab sizes around the block size and not powers of two."""
+    nrng = np.random.default_rng(9)
+    vocabs = [1, 5, 17, 130, 2047, 2049, 6001, 32003] if device == "cpu" else [
+        1, 17, 2049, 32000, 128256, 151936, 256000]
+    for vocab in vocabs:
+        q, p, coins = draw_rows(nrng, 64 if device == "cuda" else 12 if vocab < 10000 else 6, vocab)
+        theirs = residual_draw.residual_draw_ref(q, p, coins)
+        for _ in range(1 if device == "cpu" else 5):  # repeats: the row's last program picks (a race if wrong)
+            ours = triton_verify.residual_draw(q.to(device), p.to(device), coins.to(device)).cpu()
+            assert torch.equal(ours, theirs), f"vocab {vocab}"
+
+
+@pytest.mark.gpu
+def test_sampling_replays_from_cuda_graph():
+    """Captured once and replayed on fresh inputs (no host sync inside; the draw's tickets reset
+    on every replay), the op still equals the ref."""
+    rng, nrng = random.Random(12), np.random.default_rng(12)
+
+    def fresh():
+        args = sampling_case(rng, nrng, 17, 8, 32000)
+        args[1] = torch.full((17, 4), -1, dtype=torch.int32)  # a fixed num_spec for the static buffers
+        return args
+
+    static = [a.cuda() for a in fresh()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        K.tree_speculative_sampling_target_only(*static)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        K.tree_speculative_sampling_target_only(*static)
+    for _ in range(3):
+        args = fresh()
+        for buf, a in zip(static, args):
+            buf.copy_(a)
+        graph.replay()
+        K.tree_speculative_sampling_target_only_ref(*args)
+        for i, (buf, a) in enumerate(zip(static, args)):
+            assert torch.equal(buf.cpu(), a), f"argument {i} differs"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -344,3 +391,5 @@ def test_custom_ops_pass_opcheck(device):
     vargs = [*verify_outputs(2, 5, 3), torch.randint(0, 3, (2, 5)), index, next_token, next_sibling,
              torch.randint(0, 3, (2, 5)), flag.cpu()]
     torch.library.opcheck(torch.ops.specdec.verify_tree_greedy.default, [a.to(device) for a in vargs])
+    sargs = [a.to(device) for a in sampling_case(random.Random(9), np.random.default_rng(9), 2, 5, 33)]
+    torch.library.opcheck(torch.ops.specdec.tree_speculative_sampling_target_only.default, [*sargs, flag, 1.0, 1.0])

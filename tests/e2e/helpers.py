@@ -47,7 +47,7 @@ def engine(target, draft=None, *, algorithm=None, shape=None, page_size=1, **kw)
                     speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok)
     kw.setdefault("max_total_tokens", 8192)
     kw.setdefault("max_running_requests", 16)
-    kw.setdefault("cuda_graph_max_bs", 8)  # on CUDA with triton: capture 1..8, not up to 64
+    kw.setdefault("cuda_graph_max_bs", 4)  # on CUDA with triton: capture 1..4 (larger batches run eagerly)
     return Engine(target_model=target, draft_model=draft, page_size=page_size, **spec, **kw)
 
 

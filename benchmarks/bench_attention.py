@@ -3,8 +3,10 @@
 Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), bf16, page_size 1 with the slots
 of every request shuffled over the cache. For bs in {1, 8, 64} and context in {512, 4096}: DECODE
 (one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes (random trees). Every
-backend runs on the same inputs in the same process; ``forward`` is timed (metadata is planned
-once per forward, outside the per-layer time), warm-up then median of CUDA-event timings.
+available backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same inputs
+in the same process; ``forward`` is timed (metadata is planned once per forward, outside the
+per-layer time), warm-up then median of CUDA-event timings, eagerly and replayed from a CUDA graph
+(the GPU time without launch overhead; torch_native is timed eagerly only).
 
 The floor is the KV bytes a call must read (K and V of every visible entry, once) divided by the
 bandwidth of a large device-to-device copy measured in the same run.
@@ -124,6 +126,19 @@ def torch_native_bytes(bs: int, ctx: int, n: int) -> int:
     return bs * kv * HKV * D * 4 * 2 + bs * HQ * n * kv * 4 * 3
 
 
+def library_versions() -> dict:
+    """Versions of the optional attention libraries that are importable here."""
+    import importlib.metadata
+
+    versions = {}
+    for dist in ("flashinfer-python", "apache-tvm-ffi", "flash-attn-3", "flash_attn_3", "sgl-kernel"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
 def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str], args) -> dict:
     batch, layer, q, k, v = make_batch(mode, bs, ctx, n)
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
@@ -139,21 +154,29 @@ def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str]
         iters = args.iters if name != "torch_native" else max(3, args.iters // 5)
         call = lambda: backend.forward(q, k, v, layer, b)  # noqa: E731
         row["us"][name] = 1e3 * time_ms(call, warmup=args.warmup, iters=iters)
-        if name == "triton":  # forward plans nothing on the host, so it can be captured
-            row["us"]["triton_graph"] = 1e3 * graph_ms(call, warmup=args.warmup, iters=iters)
+        if name != "torch_native":  # after its first call forward plans nothing on the host: capturable
+            try:
+                row["us"][f"{name}_graph"] = 1e3 * graph_ms(call, warmup=args.warmup, iters=iters)
+            except RuntimeError as e:  # a library whose run cannot be captured: say so, keep the eager time
+                row["us"][f"{name}_graph"] = None
+                row.setdefault("graph_errors", {})[name] = str(e).splitlines()[0][:200]
         del b, backend
     torch.cuda.empty_cache()
     return row
 
 
 def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
-    others = [b for b in backends if b != "triton"]
+    """One row per case: the floor, each backend's eager and graph time, and how each compares with triton."""
+    others = [b for b in backends if b not in ("triton", "torch_native")]
     head = ["mode", "bs", "ctx", "N", "KV MB", "floor us", "triton us", "triton graph us"]
-    head += [f"{b} us" for b in others] + ["graph GB/s", "graph / floor"] + [f"{b} / triton" for b in others]
+    for b in others:
+        head += [f"{b} us", f"{b} graph us"]
+    head += ["torch_native us"] if "torch_native" in backends else []
+    head += ["triton graph / floor"] + [f"triton / {b} (graph)" for b in others]
     lines = [f"Copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s. Llama-3-8B heads (32/8/128), bf16, "
              "page_size 1, one layer's `forward` (K/V write + attention). `us`: eager call, launch overhead "
-             "included; `graph us`: CUDA-graph replay (GPU time). `x / triton` compares eager calls; > 1 means "
-             "triton is faster.", "",
+             "included; `graph us`: CUDA-graph replay (GPU time). `triton / x (graph)` divides the graph "
+             "times: > 1 means x is faster than triton.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def fmt(x, spec):
@@ -164,9 +187,11 @@ def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
         t, g = us.get("triton"), us.get("triton_graph")
         cells = [r["mode"], str(r["bs"]), str(r["context"]), fmt(r["num_draft_tokens"], "d"),
                  f"{r['kv_bytes'] / 1e6:.1f}", f"{r['floor_us']:.1f}", fmt(t, ".1f"), fmt(g, ".1f")]
-        cells += [fmt(us.get(b), ".1f") for b in others]
-        cells += [fmt(r["kv_bytes"] / (g * 1e-6) / 1e9 if g else None, ".0f"), fmt(g / r["floor_us"] if g else None, ".2f")]
-        cells += [fmt(us[b] / t if us.get(b) and t else None, ".2f") for b in others]
+        for b in others:
+            cells += [fmt(us.get(b), ".1f"), fmt(us.get(f"{b}_graph"), ".1f")]
+        cells += [fmt(us.get("torch_native"), ".1f")] if "torch_native" in backends else []
+        cells += [fmt(g / r["floor_us"] if g else None, ".2f")]
+        cells += [fmt(g / us[f"{b}_graph"] if g and us.get(f"{b}_graph") else None, ".2f") for b in others]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -176,12 +201,15 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=Path("benchmarks/results/attention"))
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--backends", nargs="+", default=None,
+                        help="backends to measure (default: every available one; triton always runs as the baseline)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")
     start = time.time()
     args.bandwidth = copy_bandwidth()
-    backends = ["triton", "torch_native"] + [b for b in available_backends() if "flashinfer" in b]
+    wanted = args.backends or [b for b in ("torch_native", "flashinfer", "fa3") if b in available_backends()]
+    backends = ["triton"] + [b for b in wanted if b != "triton"]
     cases = [(ForwardMode.DECODE, bs, ctx, 1) for bs in BATCH_SIZES for ctx in CONTEXTS]
     cases += [(ForwardMode.TARGET_VERIFY, bs, ctx, n) for bs in BATCH_SIZES for ctx in CONTEXTS for n in TREE_SIZES]
     try:
@@ -195,11 +223,12 @@ def main() -> None:
     result = {**run_metadata(),
               "copy_bandwidth_bytes_per_s": args.bandwidth, "backends": backends,
               "heads": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D}, "dtype": str(DTYPE),
-              "page_size": 1, "rows": rows, "wall_s": time.time() - start}
+              "page_size": 1, "libraries": library_versions(), "rows": rows, "wall_s": time.time() - start}
     (args.output_dir / "bench_attention.json").write_text(json.dumps(result, indent=1))
     table = markdown(rows, backends, args.bandwidth)
     (args.output_dir / "bench_attention.md").write_text(
-        f"# Attention microbenchmark ({result['device']})\n\n{metadata_line(result)}\n\n" + table)
+        f"# Attention microbenchmark ({result['device']})\n\n{metadata_line(result)}"
+        f"{''.join(f' · {k} {v}' for k, v in result['libraries'].items())}\n\n" + table)
     print(table)
     print(f"wrote {args.output_dir} in {time.time() - start:.0f} s")
 

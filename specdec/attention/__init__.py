@@ -5,6 +5,7 @@ Optional libraries (triton, flashinfer, flash-attn) are imported only when their
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 from typing import Callable
@@ -12,24 +13,42 @@ from typing import Callable
 from specdec.attention.base import AttentionBackend, AttentionLayer
 from specdec.attention.kv_cache import KVCache
 
-# name -> (module, class, optional package the backend needs)
-_REGISTRY: dict[str, tuple[str, str, str | None]] = {
-    "torch_native": ("specdec.attention.torch_native", "TorchNativeBackend", None),
-    "triton": ("specdec.attention.triton_backend", "TritonBackend", "triton"),
+
+@dataclasses.dataclass(frozen=True)
+class BackendEntry:
+    module: str
+    cls: str
+    # top-level modules of which one must be importable (none: always available)
+    requires: tuple[str, ...] = ()
+    # how to get them, for the error when the backend is chosen without them
+    install_hint: str = ""
+
+
+_REGISTRY: dict[str, BackendEntry] = {
+    "torch_native": BackendEntry("specdec.attention.torch_native", "TorchNativeBackend"),
+    "triton": BackendEntry("specdec.attention.triton_backend", "TritonBackend", ("triton",), "pip install triton"),
+    "flashinfer": BackendEntry("specdec.attention.flashinfer_backend", "FlashInferBackend", ("flashinfer",),
+                               "pip install flashinfer-python"),
+    "fa3": BackendEntry("specdec.attention.flashattention_backend", "FlashAttentionBackend",
+                        ("flash_attn_interface", "sgl_kernel"),
+                        "FlashAttention-3 (flash-attention/hopper: `python setup.py install`) or `pip install "
+                        "sgl-kernel`; PyPI flash-attn 2.x has no page-size-1 paged KV"),
 }
 
 
-def register_backend(name: str, module: str, cls: str, requires: str | None = None) -> None:
-    _REGISTRY[name] = (module, cls, requires)
+def register_backend(name: str, module: str, cls: str, requires: str | tuple[str, ...] | None = None,
+                     install_hint: str = "") -> None:
+    requires = (requires,) if isinstance(requires, str) else tuple(requires or ())
+    _REGISTRY[name] = BackendEntry(module, cls, requires, install_hint or f"pip install {' '.join(requires)}")
+
+
+def _importable(entry: BackendEntry) -> bool:
+    return not entry.requires or any(importlib.util.find_spec(m) is not None for m in entry.requires)
 
 
 def available_backends() -> list[str]:
-    """Registered backends whose optional dependency is importable here."""
-    names = []
-    for name, (_, _, requires) in _REGISTRY.items():
-        if requires is None or importlib.util.find_spec(requires) is not None:
-            names.append(name)
-    return names
+    """Registered backends whose optional dependency is importable here (nothing is imported)."""
+    return [name for name, entry in _REGISTRY.items() if _importable(entry)]
 
 
 def create_attention_backend(name: str, **kwargs: object) -> AttentionBackend:
@@ -37,12 +56,13 @@ def create_attention_backend(name: str, **kwargs: object) -> AttentionBackend:
         raise ValueError(
             f"--attention-backend: unknown backend {name!r}; registered: {', '.join(sorted(_REGISTRY))}"
         )
-    module, cls, requires = _REGISTRY[name]
-    if requires is not None and importlib.util.find_spec(requires) is None:
+    entry = _REGISTRY[name]
+    if not _importable(entry):
         raise ImportError(
-            f"--attention-backend {name} needs the package {requires!r}, which is not installed"
+            f"--attention-backend {name} needs {' or '.join(repr(m) for m in entry.requires)}, which is not "
+            f"installed: {entry.install_hint}"
         )
-    factory: Callable[..., AttentionBackend] = getattr(importlib.import_module(module), cls)
+    factory: Callable[..., AttentionBackend] = getattr(importlib.import_module(entry.module), entry.cls)
     return factory(**kwargs)
 
 

@@ -21,7 +21,8 @@ from .helpers import TREE_SHAPES, assert_no_leak, engine, make_pair, prompts_of
 
 pytestmark = pytest.mark.gpu
 
-GPU_BACKENDS = [b for b in ("torch_native", "triton", "flashinfer", "fa3") if b in available_backends()]
+# NOTE: flashinfer and fa3 support neither fp32 nor head_dim 8/16; tests/e2e/test_gpu_backends.py covers them
+GPU_BACKENDS = [b for b in ("torch_native", "triton") if b in available_backends()]
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)

@@ -102,8 +102,10 @@ class EagleDraftModel(nn.Module):
             raise ValueError(
                 f"EAGLE draft: spec_hidden_states has shape {tuple(hidden_in.shape)}, expected {tuple(e.shape)}"
             )
-        h = self.fc(torch.cat([e, hidden_in.to(e.dtype)], dim=-1))
+        h = self.fc(torch.cat([e, hidden_in.to(e.dtype)], dim=-1))  # [T, H]
         if batch.num_tokens > 0:
+            residual = None  # the stream is h + residual (see specdec.models.llama)
             for layer in self.layers:
-                h = layer(batch.positions, h, batch)
+                h, residual = layer(batch.positions, h, residual, batch)
+            h = h + residual
         return logits_and_hidden(h, h, self.lm_head_weight, batch)

@@ -35,11 +35,17 @@ class Eagle3MidLayer(nn.Module):
         self.mlp = LlamaMLP(config, dtype=dtype, device=device)
 
     def forward(
-        self, positions: torch.Tensor, embeds: torch.Tensor, h: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
+        self,
+        positions: torch.Tensor,  # [T]
+        embeds: torch.Tensor,  # [T, H]
+        h: torch.Tensor,  # [T, H]
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] MLP output, [T, H] residual)
+        """The returned pair sums to the layer's output (the residual add is left to the next norm)."""
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)  # [T, 2H]
-        h = h + self.self_attn(positions, x, batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(positions, x, batch)
+        x, residual = self.post_attention_layernorm.forward_add(a, h)  # residual = h + attn
+        return self.mlp(x), residual
 
 
 class Eagle3DraftModel(nn.Module):
@@ -129,6 +135,8 @@ class Eagle3DraftModel(nn.Module):
                 f"EAGLE-3 draft: spec_hidden_states has {features} features; expected "
                 f"{self.fc.in_features} (target layers) or {self.config.hidden_size} (own output)"
             )
+        residual = None
         if batch.num_tokens > 0:
-            h = self.midlayer(batch.positions, e, h, batch)
-        return logits_and_hidden(self.norm(h), h, self.lm_head_weight, batch)
+            h, residual = self.midlayer(batch.positions, e, h, batch)
+        normed, h = self.norm.forward_add(h, residual)  # h: the layer's output, the next step's input
+        return logits_and_hidden(normed, h, self.lm_head_weight, batch)

@@ -1,9 +1,22 @@
 """Llama-family target model (Llama 2/3, Qwen2-style qkv bias) running one ForwardBatch.
 
 Glossary: T = num_tokens of the forward, H = hidden_size, D = head_dim, Hq / Hkv = query / KV
-heads, L = num_hidden_layers. Attention goes through ``batch.attn_backend`` (which also writes the
-KV cache); everything else is plain torch. Parameter names equal Hugging Face's
-(``model.layers.{i}.self_attn.q_proj.weight``, ...), so a checkpoint loads with ``load_state_dict``.
+heads, L = num_hidden_layers, I = intermediate_size. Attention goes through ``batch.attn_backend``
+(which also writes the KV cache); norms, RoPE and SiLU-and-mul are the fused ops of
+``specdec.models.ops`` (Triton on CUDA, the torch reference on CPU). Parameter names equal Hugging
+Face's (``model.layers.{i}.self_attn.q_proj.weight``, ...), so a checkpoint loads with
+``load_state_dict``; q/k/v and gate/up nevertheless run as one GEMM each (``StackedLinear``).
+
+One decoder layer, as kernels (residual = the residual stream, carried next to each layer's output
+so that every residual add happens inside the following norm):
+
+    x, residual = add_rms_norm(x, residual)       input_layernorm (layer 0: rms_norm, residual = x)
+    qkv = x @ [Wq | Wk | Wv]^T                     one GEMM, q/k/v are column slices
+    apply_rope_(q, k)                              in place
+    attn = attention(q, k, v)                      the backend: KV-cache write + attention
+    x = attn @ Wo^T
+    x, residual = add_rms_norm(x, residual)       post_attention_layernorm
+    x = silu_and_mul(x @ [Wgate | Wup]^T) @ Wdown^T
 
 What the target hands a draft head (``LogitsOutput.hidden_states``, per ``capture_hidden_mode``):
 * EAGLE-1/2 (``aux_hidden_layers=None``): the final normed hidden state, the lm_head input [*, H];
@@ -25,6 +38,8 @@ from torch import nn
 
 from specdec.attention.base import AttentionLayer
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, LogitsOutput
+from specdec.models.ops import add_rms_norm, apply_rope_, rms_norm, silu_and_mul
+from specdec.models.ops.stacked_linear import FusedGemmModule, StackedLinear
 
 __all__ = [
     "LlamaConfig",
@@ -32,6 +47,7 @@ __all__ = [
     "KVLayout",
     "default_eagle3_layers",
     "RMSNorm",
+    "IdentityNorm",
     "RotaryEmbedding",
     "LlamaAttention",
     "LlamaMLP",
@@ -196,11 +212,32 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         # NOTE: statistics in fp32, then back to the input dtype before the weight (as HF does).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def forward_add(
+        self,
+        x: torch.Tensor,  # [T, H]
+        residual: torch.Tensor | None,  # [T, H]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] residual stream)
+        """``(norm(x + residual), x + residual)`` in one kernel; ``(norm(x), x)`` when residual is None."""
+        if residual is None:
+            return self(x), x
+        return add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class IdentityNorm(nn.Module):
+    """No norm (EAGLE-1's first draft layer; no weight in the checkpoint), with RMSNorm's interface."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward_add(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = x if residual is None else x + residual
+        return stream, stream
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> torch.Tensor:
@@ -223,11 +260,6 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Mapping[str, Any] | None
     return torch.where(medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """HF rotate_half RoPE; cos/sin computed in fp32 from the positions of this forward."""
 
@@ -246,20 +278,15 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,  # [T]
-        q: torch.Tensor,  # [T, Hq * D]
-        k: torch.Tensor,  # [T, Hkv * D]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq(q.device)[None]  # [T, D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # [T, 1, D]
-        cos, sin = emb.cos(), emb.sin()
-        out = []
-        for x in (q, k):
-            xf = x.view(x.shape[0], -1, self.head_dim).float()
-            out.append((xf * cos + _rotate_half(xf) * sin).to(x.dtype).view(x.shape))
-        return out[0], out[1]
+        q: torch.Tensor,  # [T, Hq * D] rotated in place
+        k: torch.Tensor,  # [T, Hkv * D] rotated in place
+    ) -> None:
+        apply_rope_(q, k, positions, self.inv_freq(q.device))
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(FusedGemmModule):
+    _stacked_names = ("qkv_proj",)
+
     def __init__(
         self,
         config: LlamaConfig,
@@ -279,19 +306,28 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(in_f, hkv * d, bias=bias, **kw)
         self.v_proj = nn.Linear(in_f, hkv * d, bias=bias, **kw)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.attention_out_bias, **kw)
+        self.qkv_proj = StackedLinear(self.q_proj, self.k_proj, self.v_proj)
+        self.q_size, self.kv_size = hq * d, hkv * d
         self.rotary = RotaryEmbedding(d, config.rope_theta, config.rope_scaling)
         self.layer = AttentionLayer(
             layer_id=layer_id, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=d**-0.5
         )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        q, k = self.rotary(positions, self.q_proj(x), self.k_proj(x))
-        out = batch.attn_backend.forward(q, k, self.v_proj(x), self.layer, batch)
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 * Hkv) * D]
+        # NOTE: slices, not split(): autograd allows the in-place RoPE only on single-output views.
+        q = qkv[:, : self.q_size]  # [T, Hq * D]
+        k = qkv[:, self.q_size : self.q_size + self.kv_size]  # [T, Hkv * D]
+        v = qkv[:, self.q_size + self.kv_size :]  # [T, Hkv * D]
+        self.rotary(positions, q, k)
+        out = batch.attn_backend.forward(q, k, v, self.layer, batch)
         return self.o_proj(out)
 
 
-class LlamaMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+class LlamaMLP(FusedGemmModule):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one GEMM."""
+
+    _stacked_names = ("gate_up_proj",)
 
     def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any) -> None:
         super().__init__()
@@ -299,27 +335,41 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=b, dtype=dtype, device=device)
         self.up_proj = nn.Linear(h, i, bias=b, dtype=dtype, device=device)
         self.down_proj = nn.Linear(i, h, bias=b, dtype=dtype, device=device)
+        self.gate_up_proj = StackedLinear(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block. ``input_norm=False`` gives EAGLE-1's first draft layer (identity input norm)."""
+    """Pre-norm block on a split residual stream (see the module docstring).
+
+    ``input_norm=False`` gives EAGLE-1's first draft layer (identity input norm).
+    """
 
     def __init__(
         self, config: LlamaConfig, layer_id: int, *, dtype: torch.dtype, device: Any, input_norm: bool = True
     ) -> None:
         super().__init__()
         eps, h = config.rms_norm_eps, config.hidden_size
-        self.input_layernorm = RMSNorm(h, eps, dtype=dtype, device=device) if input_norm else nn.Identity()
+        self.input_layernorm = RMSNorm(h, eps, dtype=dtype, device=device) if input_norm else IdentityNorm()
         self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
         self.mlp = LlamaMLP(config, dtype=dtype, device=device)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T]
+        x: torch.Tensor,  # [T, H] previous layer's MLP output (or the layer input when residual is None)
+        residual: torch.Tensor | None,  # [T, H]
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] MLP output, [T, H] residual)
+        """The residual stream entering the layer is ``x + residual`` (``x`` when residual is None);
+        the one leaving it is the sum of the two returned tensors."""
+        h, residual = self.input_layernorm.forward_add(x, residual)
+        h = self.self_attn(positions, h, batch)
+        h, residual = self.post_attention_layernorm.forward_add(h, residual)
+        return self.mlp(h), residual
 
 
 def last_token_rows(batch: ForwardBatch, device: torch.device) -> torch.Tensor:
@@ -416,16 +466,17 @@ class LlamaForCausalLM(nn.Module):
         return KVLayout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
-        h = self.model.embed_tokens(batch.input_ids)  # [T, H]
+        x = self.model.embed_tokens(batch.input_ids)  # [T, H]
+        residual: torch.Tensor | None = None  # the stream is x + residual (see the module docstring)
         capture = batch.capture_hidden_mode != CaptureHiddenMode.NULL and self.aux_hidden_layers is not None
         # residual stream entering each layer, kept only for the captured ones (index L = last output)
         streams: dict[int, torch.Tensor] = {}
         layers = self.model.layers if batch.num_tokens > 0 else []  # NOTE: no attention call when idle
         for i, layer in enumerate(layers):
             if capture and i in self.aux_hidden_layers:
-                streams[i] = h
-            h = layer(batch.positions, h, batch)
-        normed = self.model.norm(h)
+                streams[i] = x if residual is None else x + residual
+            x, residual = layer(batch.positions, x, residual, batch)
+        normed, h = self.model.norm.forward_add(x, residual)  # h: the stream leaving the last layer
         if self.aux_hidden_layers is None:
             hidden = normed
         elif capture:

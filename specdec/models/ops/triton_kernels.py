@@ -1,0 +1,217 @@
+"""Triton kernels behind ``specdec.models.ops``; imported only where Triton applies (CUDA, or CPU
+under TRITON_INTERPRET=1).
+
+Grids: one program per token row (``rms_norm``, ``add_rms_norm``, ``apply_rope_``: the whole row,
+all heads of q and k) or per (row, BLOCK-column slice) (``silu_and_mul``); no program reads another
+row, so every row's result is the same whatever else is in the batch.
+
+Matching the references: every launch passes ``enable_fp_fusion=False`` (torch's eager kernels
+round each multiply and add separately; a fused multiply-add would not), divisions that the
+reference does in IEEE fp32 use ``div_rn`` (Triton's ``/`` is approximate), and on a GPU exp /
+cos / sin / rsqrt come from libdevice (the CUDA math library torch's kernels call) rather than the
+approximate hardware instructions ``tl.exp`` / ``tl.cos`` lower to. The interpreter has no
+libdevice and runs the numpy versions instead (``LIBDEVICE=False``). NOTE: the interpreter also
+rounds fp32 -> bf16 toward zero (compiled kernels round to nearest even), so interpreted bf16
+results can be one ulp off per rounding.
+
+Each op is also a ``torch.library`` custom op (``torch.ops.specdec.*``) with a fake implementation,
+which is what torch.compile traces; eager calls (CUDA-graph capture included) launch directly,
+skipping the dispatcher round trip of a Python custom op.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # older triton 3.x releases
+    from triton.language.extra.cuda import libdevice
+
+
+def _block(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_stride, n_cols, eps,
+                     HAS_RESIDUAL: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded to the model dtype, as eager
+        tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    mean_sq = tl.sum(xf * xf, axis=0) / n_cols
+    if LIBDEVICE:
+        rstd = libdevice.rsqrt(mean_sq + eps)
+    else:
+        rstd = tl.rsqrt(mean_sq + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rms_norm_launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    t, h = x.shape
+    out = torch.empty((t, h), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    new_residual = torch.empty((t, h), dtype=x.dtype, device=x.device) if residual is not None else out
+    if t:
+        block = _block(h)
+        res = residual if residual is not None else x
+        _rms_norm_kernel[(t,)](x, res, weight, out, new_residual, x.stride(0), res.stride(0), h, eps,
+                               HAS_RESIDUAL=residual is not None, LIBDEVICE=not INTERPRETED, BLOCK=block,
+                               num_warps=min(max(block // 512, 1), 16), enable_fp_fusion=False)
+    return out, new_residual
+
+
+@torch.library.custom_op("specdec::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm_launch(x, None, weight, eps)[0]
+
+
+@_rms_norm_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+
+
+@torch.library.custom_op("specdec::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rms_norm_launch(x, residual, weight, eps)
+
+
+@_add_rms_norm_op.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)), x.new_empty(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return torch.ops.specdec.rms_norm(x, weight, eps)
+    return _rms_norm_launch(x, None, weight, eps)[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if torch.compiler.is_compiling():
+        return torch.ops.specdec.add_rms_norm(x, residual, weight, eps)
+    return _rms_norm_launch(x, residual, weight, eps)
+
+
+# ----------------------------------------------------------------------------- RoPE
+@triton.jit
+def _rotate_heads(ptr, n_heads, half, cos, sin, d, BLOCK_H: tl.constexpr):
+    """Rotate the [n_heads, D] row at ``ptr`` in place: pairs (i, i + D/2) of every head."""
+    h = tl.arange(0, BLOCK_H)
+    offs = h[:, None] * (2 * half) + d[None, :]  # [BLOCK_H, BLOCK_D] first-half elements
+    mask = (h[:, None] < n_heads) & (d[None, :] < half)
+    x1 = tl.load(ptr + offs, mask=mask, other=0.0)
+    x2 = tl.load(ptr + offs + half, mask=mask, other=0.0)
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    out1 = x1f * cos[None, :] - x2f * sin[None, :]
+    out2 = x2f * cos[None, :] + x1f * sin[None, :]
+    tl.store(ptr + offs, out1.to(x1.dtype), mask=mask)
+    tl.store(ptr + offs + half, out2.to(x1.dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, pos_ptr, inv_freq_ptr, q_stride, k_stride, n_q_heads, n_k_heads, half,
+                 LIBDEVICE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    pos = tl.load(pos_ptr + t).to(tl.float32)
+    angle = pos * tl.load(inv_freq_ptr + d, mask=d < half, other=0.0)  # [BLOCK_D] fp32, as the ref
+    if LIBDEVICE:
+        cos, sin = libdevice.cos(angle), libdevice.sin(angle)
+    else:
+        cos, sin = tl.cos(angle), tl.sin(angle)
+    _rotate_heads(q_ptr + t * q_stride, n_q_heads, half, cos, sin, d, BLOCK_HQ)
+    _rotate_heads(k_ptr + t * k_stride, n_k_heads, half, cos, sin, d, BLOCK_HK)
+
+
+def _rope_launch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    t = q.shape[0]
+    half = inv_freq.shape[0]
+    if t:
+        hq, hk = q.shape[1] // (2 * half), k.shape[1] // (2 * half)
+        _rope_kernel[(t,)](q, k, positions, inv_freq, q.stride(0), k.stride(0), hq, hk, half,
+                           LIBDEVICE=not INTERPRETED, BLOCK_HQ=_block(hq), BLOCK_HK=_block(hk),
+                           BLOCK_D=_block(half), num_warps=4, enable_fp_fusion=False)
+
+
+@torch.library.custom_op("specdec::apply_rope_", mutates_args=("q", "k"))
+def _rope_op(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    _rope_launch(q, k, positions, inv_freq)
+
+
+@_rope_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    return None
+
+
+def apply_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    if torch.compiler.is_compiling():
+        torch.ops.specdec.apply_rope_(q, k, positions, inv_freq)
+    else:
+        _rope_launch(q, k, positions, inv_freq)
+
+
+# ----------------------------------------------------------------------------- SiLU and mul
+_SILU_BLOCK = 512
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n_cols, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    if LIBDEVICE:
+        e = libdevice.exp(-g)
+    else:
+        e = tl.exp(-g)
+    silu = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)  # F.silu's result, in the model dtype
+    out = silu.to(tl.float32) * up.to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, out.to(gate.dtype), mask=mask)
+
+
+def _silu_and_mul_launch(gate_up: torch.Tensor) -> torch.Tensor:
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
+    if t and n:
+        _silu_and_mul_kernel[(t, triton.cdiv(n, _SILU_BLOCK))](
+            gate_up, out, gate_up.stride(0), n, LIBDEVICE=not INTERPRETED, BLOCK=_SILU_BLOCK, num_warps=4,
+            enable_fp_fusion=False)
+    return out
+
+
+@torch.library.custom_op("specdec::silu_and_mul", mutates_args=())
+def _silu_and_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return _silu_and_mul_launch(gate_up)
+
+
+@_silu_and_mul_op.register_fake
+def _(gate_up: torch.Tensor) -> torch.Tensor:
+    return gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return torch.ops.specdec.silu_and_mul(gate_up)
+    return _silu_and_mul_launch(gate_up)
+
+
+# True when triton was imported with TRITON_INTERPRET=1: the kernels then run on CPU tensors only.
+INTERPRETED = type(_rms_norm_kernel).__name__ == "InterpretedFunction"

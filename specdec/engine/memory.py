@@ -16,21 +16,24 @@ slots of a request's positions that share a page are consecutive. With page_size
 
 Glossary: page_size = slots per page; a request *row* is its row in ``req_to_token``.
 
-Allocator state (which pages and rows are free) lives on the CPU as bool masks and is changed
-only by whole validated operations: every call either succeeds or raises having changed nothing.
-``req_to_token`` lives on ``device``, with a CPU mirror that only this class writes, so that
-allocating and freeing never read the device (no host sync while the GPU works).
+Allocator state (which pages and rows are free) lives on the CPU as numpy bool masks and is
+changed only by whole validated operations: every call either succeeds or raises having changed
+nothing. ``req_to_token`` lives on ``device``, with a CPU mirror that only this class writes, so
+allocating and freeing never read the device (no host sync while the GPU works); the bookkeeping
+is numpy because it runs on the host between CUDA-graph replays, where torch's per-op cost on
+small CPU tensors would dominate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specdec.host import OutOfKVSlots
 
-Lens = torch.Tensor | Sequence[int]
+Lens = torch.Tensor | Sequence[int] | np.ndarray
 
 
 class OutOfRequestSlots(RuntimeError):
@@ -69,12 +72,12 @@ class PagedKVMemory:
             (max_reqs, max_context_len), dtype=torch.int32, device=self.device
         )
         # the same table on the CPU (equal to req_to_token wherever this class wrote it)
-        self._table = torch.zeros((max_reqs, max_context_len), dtype=torch.int32)
-        # [num_pages] True = free (CPU). Lowest free page first keeps allocation deterministic.
-        self._page_free = torch.ones(self.num_pages, dtype=torch.bool)
+        self._table = np.zeros((max_reqs, max_context_len), dtype=np.int32)
+        # [num_pages] True = free. Lowest free page first keeps allocation deterministic.
+        self._page_free = np.ones(self.num_pages, dtype=bool)
         self._num_free_pages = self.num_pages
-        # [max_reqs] True = free row (CPU)
-        self._row_free = torch.ones(max_reqs, dtype=torch.bool)
+        # [max_reqs] True = free row
+        self._row_free = np.ones(max_reqs, dtype=bool)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -94,7 +97,7 @@ class PagedKVMemory:
 
     def pages_needed(self, prefix_lens: Lens, extend_lens: Lens) -> int:
         """Fresh pages ``alloc_extend`` would take for these requests ([bs] each)."""
-        prefix, extend = _cpu_lens(prefix_lens), _cpu_lens(extend_lens)
+        prefix, extend = _host_lens(prefix_lens), _host_lens(extend_lens)
         return int(self._new_pages_per_req(prefix, prefix + extend).sum())
 
     def can_alloc(self, prefix_lens: Lens, extend_lens: Lens) -> bool:
@@ -104,8 +107,8 @@ class PagedKVMemory:
     # ------------------------------------------------------------ request rows
     def alloc_req(self) -> int:
         """Take the lowest free row of ``req_to_token``."""
-        free = torch.nonzero(self._row_free).flatten()
-        if free.numel() == 0:
+        free = np.flatnonzero(self._row_free)
+        if free.size == 0:
             raise OutOfRequestSlots(f"all {self.max_reqs} request rows are in use")
         row = int(free[0])
         self._row_free[row] = False
@@ -121,22 +124,21 @@ class PagedKVMemory:
 
     def free_request_tokens(self, row: int, seq_len: int) -> None:
         """Release every page holding positions [0, seq_len) of request ``row``."""
-        self.truncate(torch.tensor([row]), torch.tensor([seq_len]), torch.tensor([0]))
+        self.truncate([row], [seq_len], [0])
 
     # ---------------------------------------------------------------- KVMemory
-    def alloc_extend(
-        self, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor
-    ) -> torch.Tensor:
+    def alloc_extend(self, req_pool_indices: Lens, prefix_lens: Lens, extend_lens: Lens) -> torch.Tensor:
         """Give positions [prefix_len, prefix_len + extend_len) of each request KV slots.
 
         Fills each request's partially used last page first, then takes fresh pages (lowest
         first), writes the slots into ``req_to_token`` and returns them packed request by request:
         [sum(extend_lens)] int64 on ``device``. Raises ``OutOfKVSlots`` having changed nothing.
+        Lengths may be tensors (on any device: a device tensor is read once) or int sequences.
         """
-        rows, prefix, extend = (_cpu_lens(x) for x in (req_pool_indices, prefix_lens, extend_lens))
+        rows, prefix, extend = (_host_lens(x) for x in (req_pool_indices, prefix_lens, extend_lens))
         self._check_rows(rows, prefix, extend)
         end = prefix + extend
-        if bool((end > self.max_context_len).any()):
+        if end.size and int(end.max()) > self.max_context_len:
             raise ValueError(
                 f"alloc_extend: a request would reach {int(end.max())} tokens, past "
                 f"max_context_len={self.max_context_len}"
@@ -148,39 +150,37 @@ class PagedKVMemory:
                 f"need {total_new} pages ({total_new * self.page_size} slots) but only "
                 f"{self._num_free_pages} pages ({self.available_size()} slots) are free"
             )
-        new_pages = torch.nonzero(self._page_free).flatten()[:total_new]  # [total_new]
-        slots = self._slots_for(rows, prefix, extend, new_pages, new_per_req)
+        new_pages = np.flatnonzero(self._page_free)[:total_new]  # [total_new]
+        token_rows = np.repeat(rows, extend)  # [num_tokens]
+        positions = _packed_positions(prefix, extend)  # [num_tokens]
+        slots = self._slots_for(rows, prefix, extend, token_rows, positions, new_pages, new_per_req)
         # All checks passed: commit.
         self._page_free[new_pages] = False
         self._num_free_pages -= total_new
-        token_rows = torch.repeat_interleave(rows, extend)
-        positions = _packed_positions(prefix, extend)
-        self._table[token_rows, positions] = slots.to(torch.int32)
+        self._table[token_rows, positions] = slots
         # one host-to-device copy carries rows, positions and slots
-        packed = host_to_device(torch.stack([token_rows, positions, slots]), self.device)
+        packed = host_to_device(torch.from_numpy(np.stack([token_rows, positions, slots])), self.device)
         self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
         return packed[2]
 
-    def truncate(
-        self, req_pool_indices: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
-    ) -> None:
+    def truncate(self, req_pool_indices: Lens, old_lens: Lens, new_lens: Lens) -> None:
         """Release positions [new_len, old_len) of each request: frees the pages no position
         < new_len uses, i.e. the request's pages ceil(new_len / ps) .. ceil(old_len / ps) - 1.
 
         NOTE: the page holding position new_len - 1 stays even if positions after it are
-        released; a later ``alloc_extend`` refills it. The pages are found through
-        ``req_to_token``, so old_len must not exceed what was allocated for the row.
+        released; a later ``alloc_extend`` refills it. The pages are found through the table,
+        so old_len must not exceed what was allocated for the row.
         """
-        rows, old, new = (_cpu_lens(x) for x in (req_pool_indices, old_lens, new_lens))
+        rows, old, new = (_host_lens(x) for x in (req_pool_indices, old_lens, new_lens))
         if not rows.shape == old.shape == new.shape:
             raise ValueError(
                 f"truncate: req_pool_indices, old_lens, new_lens must all be [bs], got "
                 f"{tuple(rows.shape)}, {tuple(old.shape)}, {tuple(new.shape)}"
             )
-        if rows.numel() == 0:
+        if rows.size == 0:
             return
         if bool((new > old).any()) or bool((new < 0).any()):
-            raise ValueError(f"truncate: need 0 <= new_len <= old_len, got {new=} {old=}")
+            raise ValueError(f"truncate: need 0 <= new_len <= old_len, got new={new.tolist()} old={old.tolist()}")
         if bool((old > self.max_context_len).any()):
             raise ValueError(f"truncate: old_len past max_context_len={self.max_context_len}")
         ps = self.page_size
@@ -190,24 +190,22 @@ class PagedKVMemory:
         if total == 0:
             return
         # The k-th freed page of a request is the page of its position (first + k) * ps.
-        page_rows = torch.repeat_interleave(rows, count)
-        page_idx = torch.repeat_interleave(first, count) + _packed_positions(
-            torch.zeros_like(count), count
-        )
-        pages = self._table[page_rows, page_idx * ps].to(torch.int64) // ps  # [total]
+        page_rows = np.repeat(rows, count)
+        page_idx = np.repeat(first, count) + _packed_positions(np.zeros_like(count), count)
+        pages = self._table[page_rows, page_idx * ps].astype(np.int64) // ps  # [total]
         if bool((pages < 0).any()) or bool((pages >= self.num_pages).any()):
             raise RuntimeError("truncate: req_to_token holds a slot outside the pool")
-        if torch.unique(pages).numel() != total or bool(self._page_free[pages].any()):
+        if np.unique(pages).size != total or bool(self._page_free[pages].any()):
             raise RuntimeError("truncate: a page would be freed twice (double free)")
         self._page_free[pages] = True
         self._num_free_pages += total
 
     # ---------------------------------------------------------------- helpers
-    def _new_pages_per_req(self, prefix: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    def _new_pages_per_req(self, prefix: np.ndarray, end: np.ndarray) -> np.ndarray:
         ps = self.page_size
         return (end + ps - 1) // ps - (prefix + ps - 1) // ps
 
-    def _check_rows(self, rows: torch.Tensor, prefix: torch.Tensor, extend: torch.Tensor) -> None:
+    def _check_rows(self, rows: np.ndarray, prefix: np.ndarray, extend: np.ndarray) -> None:
         if not rows.shape == prefix.shape == extend.shape:
             raise ValueError(
                 f"alloc_extend: req_pool_indices, prefix_lens, extend_lens must all be [bs], got "
@@ -217,36 +215,37 @@ class PagedKVMemory:
             raise ValueError("alloc_extend: prefix_lens and extend_lens must be >= 0")
         if bool((rows < 0).any()) or bool((rows >= self.max_reqs).any()):
             raise ValueError(f"alloc_extend: request row out of range [0, {self.max_reqs})")
-        if rows.numel() and bool(self._row_free[rows].any()):
+        if rows.size and bool(self._row_free[rows].any()):
             raise ValueError("alloc_extend: a request row was not taken with alloc_req")
 
     def _slots_for(
         self,
-        rows: torch.Tensor,
-        prefix: torch.Tensor,
-        extend: torch.Tensor,
-        new_pages: torch.Tensor,
-        new_per_req: torch.Tensor,
-    ) -> torch.Tensor:
-        """Slots of the packed new positions ([sum(extend)] int64, CPU)."""
+        rows: np.ndarray,  # [bs]
+        prefix: np.ndarray,  # [bs]
+        extend: np.ndarray,  # [bs]
+        token_rows: np.ndarray,  # [num_tokens] row of each new position
+        positions: np.ndarray,  # [num_tokens]
+        new_pages: np.ndarray,  # [total_new] fresh pages, in the order they are handed out
+        new_per_req: np.ndarray,  # [bs]
+    ) -> np.ndarray:
+        """Slots of the packed new positions ([num_tokens] int64)."""
         ps = self.page_size
-        bs = rows.numel()
+        if ps == 1:  # no partial pages: the fresh pages, in order, are the slots
+            return new_pages.astype(np.int64)
+        bs = rows.size
         # Page of each request's partially filled last page (-1 when its prefix ends on a page
         # boundary): found through the slot of its last cached position.
         partial = (prefix % ps) != 0  # [bs]
-        last_pos = (prefix - 1).clamp(min=0)
-        last_slot = self._table[rows, last_pos].to(torch.int64)
-        partial_page = torch.where(partial, last_slot // ps, -1)  # [bs]
-
-        req = torch.repeat_interleave(torch.arange(bs), extend)  # [num_tokens]
-        positions = _packed_positions(prefix, extend)  # [num_tokens]
+        last_slot = self._table[rows, np.maximum(prefix - 1, 0)].astype(np.int64)
+        partial_page = np.where(partial, last_slot // ps, -1)  # [bs]
+        req = np.repeat(np.arange(bs), extend)  # [num_tokens]
         page_idx = positions // ps  # request-local page index of each token
         first_new = (prefix + ps - 1) // ps  # [bs] request-local index of its first fresh page
-        new_offset = torch.cumsum(new_per_req, 0) - new_per_req  # [bs] into new_pages
+        new_offset = np.cumsum(new_per_req) - new_per_req  # [bs] into new_pages
         in_partial = page_idx < first_new[req]
-        fresh_idx = (new_offset[req] + page_idx - first_new[req]).clamp(min=0)
-        fresh = new_pages[fresh_idx] if new_pages.numel() else torch.zeros_like(fresh_idx)
-        page = torch.where(in_partial, partial_page[req], fresh)
+        fresh_idx = np.maximum(new_offset[req] + page_idx - first_new[req], 0)
+        fresh = new_pages[fresh_idx] if new_pages.size else np.zeros_like(fresh_idx)
+        page = np.where(in_partial, partial_page[req], fresh)
         return page * ps + positions % ps
 
 
@@ -261,19 +260,17 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def _cpu_lens(x: Lens) -> torch.Tensor:
-    """[bs] int64 CPU tensor from a tensor or a sequence of ints."""
+def _host_lens(x: Lens) -> np.ndarray:
+    """[bs] int64 numpy array from a tensor (any device), an array or a sequence of ints."""
     if isinstance(x, torch.Tensor):
-        return x.detach().to(device="cpu", dtype=torch.int64).flatten()
-    return torch.tensor(list(x), dtype=torch.int64)
+        return x.detach().to(device="cpu", dtype=torch.int64).flatten().numpy()
+    return np.asarray(x, dtype=np.int64).reshape(-1)
 
 
-def _packed_positions(start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+def _packed_positions(start: np.ndarray, length: np.ndarray) -> np.ndarray:
     """Concatenation of arange(start[b], start[b] + length[b]) over b: [sum(length)].
 
     Example: start = [5, 0], length = [2, 3] -> [5, 6, 0, 1, 2].
     """
-    total = int(length.sum())
-    offsets = torch.cumsum(length, 0) - length  # [bs] where each run starts in the packed output
-    run = torch.repeat_interleave(torch.arange(length.numel()), length)
-    return start[run] + torch.arange(total) - offsets[run]
+    offsets = np.cumsum(length) - length  # [bs] where each run starts in the packed output
+    return np.repeat(start - offsets, length) + np.arange(int(length.sum()))

@@ -8,11 +8,17 @@ token position in the target's KV cache and in the draft's.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, Union, runtime_checkable
 
 import torch
 
 from specdec.forward import ForwardBatch, LogitsOutput
+
+
+# [bs] per-request values: a tensor (on any device), or host ints, which the worker passes whenever
+# the host gave it host copies, so that the allocator need not read the device
+Lens = Union[torch.Tensor, Sequence[int]]
 
 
 class OutOfKVSlots(RuntimeError):
@@ -29,19 +35,15 @@ class KVMemory(Protocol):
     # [max_reqs, max_context] int32: KV slot of each (request row, position)
     req_to_token: torch.Tensor
 
-    def alloc_extend(
-        self, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor
-    ) -> torch.Tensor:
+    def alloc_extend(self, req_pool_indices: Lens, prefix_lens: Lens, extend_lens: Lens) -> torch.Tensor:
         """Give positions [prefix_len, prefix_len + extend_len) of each request KV slots.
 
         Fills each request's partially used last page first, writes the slots into
-        ``req_to_token`` and returns them packed request by request: [sum(extend_lens)].
-        Raises ``OutOfKVSlots`` (allocating nothing) when there is not enough room.
+        ``req_to_token`` and returns them packed request by request: [sum(extend_lens)] on the
+        device. Raises ``OutOfKVSlots`` (allocating nothing) when there is not enough room.
         """
 
-    def truncate(
-        self, req_pool_indices: torch.Tensor, old_lens: torch.Tensor, new_lens: torch.Tensor
-    ) -> None:
+    def truncate(self, req_pool_indices: Lens, old_lens: Lens, new_lens: Lens) -> None:
         """Release positions [new_len, old_len) of each request (whole pages only are freed)."""
 
     def available_size(self) -> int:

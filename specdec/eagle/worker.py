@@ -185,7 +185,7 @@ class EAGLEWorker:
         # the step's one read of the device; the draft extend keeps running meanwhile
         rows, old_lens, accept, tokens_host = _unpack(host_view())
         new_lens = [s + k + 1 for s, k in zip(old_lens, accept)]
-        self.memory.truncate(torch.tensor(rows), torch.tensor(old_lens) + n, torch.tensor(new_lens))
+        self.memory.truncate(rows, [s + n for s in old_lens], new_lens)
         return DecodeOutput(
             tokens=[t[: k + 1] for t, k in zip(tokens_host, accept)],
             seq_lens=new_lens,
@@ -228,7 +228,7 @@ class EAGLEWorker:
     def _alloc(self, req_pool_indices, seq_lens, tokens: int, seq_lens_cpu, rows_cpu) -> torch.Tensor:
         """KV slots for ``tokens`` new positions per request, from host copies when there are any."""
         if seq_lens_cpu is not None and rows_cpu is not None:
-            req_pool_indices, seq_lens = torch.tensor(rows_cpu), torch.tensor(seq_lens_cpu)
+            return self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [tokens] * len(rows_cpu))
         return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
 
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

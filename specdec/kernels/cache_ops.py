@@ -14,19 +14,51 @@ from __future__ import annotations
 
 import torch
 
-from specdec.kernels.tree_build import check_tensor, select_impl
+from specdec.kernels.tree_build import check_tensor, matches, select_impl
 
 _INDEX = (torch.int32, torch.int64)
 
 
-def _check_rows(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens: dict[str, torch.Tensor]) -> int:
+def _check_rows(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, lens: dict[str, torch.Tensor]
+) -> tuple[int, torch.device]:
+    """req_to_token [max_reqs, max_context], req_pool_indices [bs] and each of ``lens`` [bs], int32
+    or int64 on one device; returns (bs, device). Fast path first (see ``matches``), like every
+    check below."""
+    if (isinstance(req_to_token, torch.Tensor) and req_to_token.dim() == 2
+            and isinstance(req_pool_indices, torch.Tensor) and req_pool_indices.dim() == 1):
+        device, bs = req_to_token.device, req_pool_indices.shape[0]
+        if matches(req_to_token, _INDEX, None, device) and matches(req_pool_indices, _INDEX, None, device):
+            for t in lens.values():  # a loop: all(<generator>) costs 0.3 µs more
+                if not matches(t, _INDEX, (bs,), device):
+                    break
+            else:
+                return bs, device
     check_tensor("req_to_token", req_to_token, dtype=_INDEX, dim=2)
     device = req_to_token.device
     check_tensor("req_pool_indices", req_pool_indices, dtype=_INDEX, dim=1, device=device)
     bs = req_pool_indices.shape[0]
     for name, t in lens.items():
         check_tensor(name, t, dtype=_INDEX, shape=(bs,), device=device)
-    return bs
+    return bs, device
+
+
+def _check_flat(
+    indptr: torch.Tensor, start_idx: torch.Tensor | None, indices: torch.Tensor, *, kind: str, bs: int,
+    device: torch.device,
+) -> None:
+    """The gathers' ``<kind>_indptr`` [>= bs + 1] and flat ``<kind>_indices`` (kind "kv" or "page"),
+    and kv_start_idx [bs] or None; int32 or int64."""
+    if (matches(indptr, _INDEX, None, device) and indptr.dim() == 1 and indptr.shape[0] > bs
+            and (start_idx is None or matches(start_idx, _INDEX, (bs,), device))
+            and matches(indices, _INDEX, None, device) and indices.dim() == 1):
+        return
+    check_tensor(f"{kind}_indptr", indptr, dtype=_INDEX, dim=1, device=device)
+    if indptr.shape[0] < bs + 1:
+        raise ValueError(f"{kind}_indptr: expected at least bs + 1 = {bs + 1} entries, got {indptr.shape[0]}")
+    if start_idx is not None:
+        check_tensor("kv_start_idx", start_idx, dtype=_INDEX, shape=(bs,), device=device)
+    check_tensor(f"{kind}_indices", indices, dtype=_INDEX, dim=1, device=device)
 
 
 def _row(req_to_token: torch.Tensor, row: int, b: int) -> torch.Tensor:
@@ -44,9 +76,10 @@ def assign_req_to_token(
     out_cache_loc: torch.Tensor,  # [sum(end - start)] slots, packed request by request
 ) -> None:
     """Write each request's slots into its row over positions [start, end) (see the ref)."""
-    _check_rows(req_to_token, req_pool_indices, {"start_offsets": start_offsets, "end_offsets": end_offsets})
-    check_tensor("out_cache_loc", out_cache_loc, dtype=_INDEX, dim=1, device=req_to_token.device)
-    impl = select_impl("assign_req_to_token", assign_req_to_token_ref, req_to_token.device)
+    lens = {"start_offsets": start_offsets, "end_offsets": end_offsets}
+    _, device = _check_rows(req_to_token, req_pool_indices, lens)
+    check_tensor("out_cache_loc", out_cache_loc, dtype=_INDEX, dim=1, device=device)
+    impl = select_impl("assign_req_to_token", assign_req_to_token_ref, device)
     impl(req_to_token, req_pool_indices, start_offsets, end_offsets, out_cache_loc)
 
 
@@ -77,6 +110,30 @@ def assign_req_to_token_ref(
 
 
 # --------------------------------------------------------------------------- compact_accepted_kv_locs
+def _check_accepted(
+    accept_index: torch.Tensor,
+    src_locs: torch.Tensor,
+    dst_locs: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    bs: int,
+    device: torch.device,
+) -> None:
+    """accept_index [bs, num_spec >= 1] int32 or int64, and the int64 outputs of its shape."""
+    if isinstance(accept_index, torch.Tensor) and accept_index.dim() == 2:
+        shape = accept_index.shape
+        if (shape[0] == bs and shape[1] >= 1 and matches(accept_index, _INDEX, None, device)
+                and matches(src_locs, torch.int64, shape, device) and matches(dst_locs, torch.int64, shape, device)
+                and matches(positions, torch.int64, shape, device)):
+            return
+    check_tensor("accept_index", accept_index, dtype=_INDEX, dim=2, device=device)
+    shape = tuple(accept_index.shape)  # [bs, num_spec]
+    if shape[0] != bs or shape[1] < 1:
+        raise ValueError(f"accept_index: expected shape ({bs}, num_spec >= 1), got {shape}")
+    for name, t in (("src_locs", src_locs), ("dst_locs", dst_locs), ("positions", positions)):
+        check_tensor(name, t, dtype=torch.int64, shape=shape, device=device)
+
+
 def compact_accepted_kv_locs(
     req_to_token: torch.Tensor,  # [max_reqs, max_context]
     req_pool_indices: torch.Tensor,  # [bs]
@@ -90,13 +147,8 @@ def compact_accepted_kv_locs(
     num_draft_tokens: int,
 ) -> None:
     """Slots to move the accepted nodes' KV from and to, and their positions (see the ref)."""
-    bs = _check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens, "accept_length": accept_length})
-    device = req_to_token.device
-    check_tensor("accept_index", accept_index, dtype=_INDEX, dim=2, device=device)
-    if accept_index.shape[0] != bs or accept_index.shape[1] < 1:
-        raise ValueError(f"accept_index: expected shape ({bs}, num_spec >= 1), got {tuple(accept_index.shape)}")
-    for name, t in (("src_locs", src_locs), ("dst_locs", dst_locs), ("positions", positions)):
-        check_tensor(name, t, dtype=torch.int64, shape=tuple(accept_index.shape), device=device)
+    bs, device = _check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens, "accept_length": accept_length})
+    _check_accepted(accept_index, src_locs, dst_locs, positions, bs=bs, device=device)
     if num_draft_tokens < 1:
         raise ValueError(f"num_draft_tokens: expected >= 1, got {num_draft_tokens}")
     impl = select_impl("compact_accepted_kv_locs", compact_accepted_kv_locs_ref, device)
@@ -147,6 +199,40 @@ def compact_accepted_kv_locs_ref(
 
 
 # --------------------------------------------------------------------------- draft_scratch_slots
+def _check_scratch(
+    parent_branch: torch.Tensor,
+    ancestors_in: torch.Tensor,
+    ancestors_out: torch.Tensor,
+    slots_out: torch.Tensor,
+    *,
+    num_steps: int,
+    step: int,
+) -> torch.device:
+    """``draft_scratch_slots``' inputs (shapes at the op); returns the device."""
+    if isinstance(parent_branch, torch.Tensor) and parent_branch.dim() == 2:
+        device, rows = parent_branch.device, parent_branch.numel()  # bs * K
+        if (0 <= step < max(num_steps - 1, 1) and matches(parent_branch, _INDEX, None, device)
+                and matches(ancestors_in, torch.int64, None, device) and ancestors_in.dim() == 2
+                and matches(ancestors_out, torch.int64, None, device) and ancestors_out.dim() == 2
+                and matches(slots_out, torch.int64, (rows,), device)
+                and ancestors_in.shape[0] == rows and ancestors_in.shape[1] >= step
+                and ancestors_out.shape[0] == rows and ancestors_out.shape[1] >= step + 1):
+            return device
+    check_tensor("parent_branch", parent_branch, dtype=_INDEX, dim=2)
+    device = parent_branch.device
+    bs, k = parent_branch.shape
+    if not 0 <= step < max(num_steps - 1, 1):
+        raise ValueError(f"step: expected 0 <= step < num_steps - 1 = {num_steps - 1}, got {step}")
+    check_tensor("ancestors_in", ancestors_in, dtype=torch.int64, dim=2, device=device)
+    check_tensor("ancestors_out", ancestors_out, dtype=torch.int64, dim=2, device=device)
+    check_tensor("slots_out", slots_out, dtype=torch.int64, shape=(bs * k,), device=device)
+    if ancestors_in.shape[0] != bs * k or ancestors_in.shape[1] < step:
+        raise ValueError(f"ancestors_in: expected shape ({bs * k}, >= {step}), got {tuple(ancestors_in.shape)}")
+    if ancestors_out.shape[0] != bs * k or ancestors_out.shape[1] < step + 1:
+        raise ValueError(f"ancestors_out: expected shape ({bs * k}, >= {step + 1}), got {tuple(ancestors_out.shape)}")
+    return device
+
+
 def draft_scratch_slots(
     parent_branch: torch.Tensor,  # [bs, K] frontier branch (0..K-1) each new node extends
     ancestors_in: torch.Tensor,  # [bs*K, >= step] int64 scratch slots of the previous frontier
@@ -161,18 +247,7 @@ def draft_scratch_slots(
 
     NOTE: ancestors_in and ancestors_out must not overlap (rows are permuted).
     """
-    check_tensor("parent_branch", parent_branch, dtype=_INDEX, dim=2)
-    device = parent_branch.device
-    bs, k = parent_branch.shape
-    if not 0 <= step < max(num_steps - 1, 1):
-        raise ValueError(f"step: expected 0 <= step < num_steps - 1 = {num_steps - 1}, got {step}")
-    check_tensor("ancestors_in", ancestors_in, dtype=torch.int64, dim=2, device=device)
-    check_tensor("ancestors_out", ancestors_out, dtype=torch.int64, dim=2, device=device)
-    check_tensor("slots_out", slots_out, dtype=torch.int64, shape=(bs * k,), device=device)
-    if ancestors_in.shape[0] != bs * k or ancestors_in.shape[1] < step:
-        raise ValueError(f"ancestors_in: expected shape ({bs * k}, >= {step}), got {tuple(ancestors_in.shape)}")
-    if ancestors_out.shape[0] != bs * k or ancestors_out.shape[1] < step + 1:
-        raise ValueError(f"ancestors_out: expected shape ({bs * k}, >= {step + 1}), got {tuple(ancestors_out.shape)}")
+    device = _check_scratch(parent_branch, ancestors_in, ancestors_out, slots_out, num_steps=num_steps, step=step)
     impl = select_impl("draft_scratch_slots", draft_scratch_slots_ref, device)
     impl(parent_branch, ancestors_in, ancestors_out, slots_out, scratch_base=int(scratch_base),
          num_steps=int(num_steps), step=int(step))
@@ -219,14 +294,8 @@ def create_kv_indices(
     kv_indices: torch.Tensor,  # [>= sum(seq_lens)], written
 ) -> None:
     """FlashInfer-style flattening of each request's prefix slots (see the ref)."""
-    bs = _check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens})
-    device = req_to_token.device
-    check_tensor("kv_indptr", kv_indptr, dtype=_INDEX, dim=1, device=device)
-    if kv_indptr.shape[0] < bs + 1:
-        raise ValueError(f"kv_indptr: expected at least bs + 1 = {bs + 1} entries, got {kv_indptr.shape[0]}")
-    if kv_start_idx is not None:
-        check_tensor("kv_start_idx", kv_start_idx, dtype=_INDEX, shape=(bs,), device=device)
-    check_tensor("kv_indices", kv_indices, dtype=_INDEX, dim=1, device=device)
+    bs, device = _check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens})
+    _check_flat(kv_indptr, kv_start_idx, kv_indices, kind="kv", bs=bs, device=device)
     impl = select_impl("create_kv_indices", create_kv_indices_ref, device)
     impl(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_start_idx, kv_indices)
 
@@ -259,12 +328,8 @@ def create_kv_page_indices(
     page_size: int,
 ) -> None:
     """Each request's page table, FlashInfer's paged layout (see the ref)."""
-    bs = _check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens})
-    device = req_to_token.device
-    check_tensor("page_indptr", page_indptr, dtype=_INDEX, dim=1, device=device)
-    if page_indptr.shape[0] < bs + 1:
-        raise ValueError(f"page_indptr: expected at least bs + 1 = {bs + 1} entries, got {page_indptr.shape[0]}")
-    check_tensor("page_indices", page_indices, dtype=_INDEX, dim=1, device=device)
+    bs, device = _check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens})
+    _check_flat(page_indptr, None, page_indices, kind="page", bs=bs, device=device)
     if page_size < 1:
         raise ValueError(f"page_size: expected >= 1, got {page_size}")
     impl = select_impl("create_kv_page_indices", create_kv_page_indices_ref, device)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.kernels.tree_build import check_tensor, select_impl
+from specdec.kernels.tree_build import check_tensor, matches, select_impl
 
 
 def segment_packbits(
@@ -21,17 +21,32 @@ def segment_packbits(
     bs = int(batch_size)
     if bs < 0:
         raise ValueError(f"batch_size: expected >= 0, got {bs}")
+    device = _check_inputs(x, input_indptr, output_indptr, y, bs=bs)
+    impl = select_impl("segment_packbits", segment_packbits_ref, device)
+    impl(x, input_indptr, output_indptr, y, bs)
+
+
+def _check_inputs(
+    x: torch.Tensor, input_indptr: torch.Tensor, output_indptr: torch.Tensor, y: torch.Tensor, *, bs: int
+) -> torch.device:
+    """Flat tensors on x's device (indptrs with at least bs + 1 entries); fast path first (see
+    ``matches``). Returns the device."""
+    if isinstance(x, torch.Tensor):
+        device = x.device
+        if (matches(x, torch.bool, None, device) and matches(input_indptr, torch.int32, None, device)
+                and matches(output_indptr, torch.int32, None, device) and matches(y, torch.uint8, None, device)
+                and x.dim() == input_indptr.dim() == output_indptr.dim() == y.dim() == 1
+                and input_indptr.shape[0] > bs and output_indptr.shape[0] > bs):
+            return device
     check_tensor("x", x, dtype=torch.bool, dim=1)
     device = x.device
     check_tensor("input_indptr", input_indptr, dtype=torch.int32, dim=1, device=device)
     check_tensor("output_indptr", output_indptr, dtype=torch.int32, dim=1, device=device)
     check_tensor("y", y, dtype=torch.uint8, dim=1, device=device)
-    if input_indptr.shape[0] < bs + 1:
-        raise ValueError(f"input_indptr: expected at least batch_size + 1 = {bs + 1} entries, got {input_indptr.shape[0]}")
-    if output_indptr.shape[0] < bs + 1:
-        raise ValueError(f"output_indptr: expected at least batch_size + 1 = {bs + 1} entries, got {output_indptr.shape[0]}")
-    impl = select_impl("segment_packbits", segment_packbits_ref, device)
-    impl(x, input_indptr, output_indptr, y, bs)
+    for name, indptr in (("input_indptr", input_indptr), ("output_indptr", output_indptr)):
+        if indptr.shape[0] < bs + 1:
+            raise ValueError(f"{name}: expected at least batch_size + 1 = {bs + 1} entries, got {indptr.shape[0]}")
+    return device
 
 
 def segment_packbits_ref(

@@ -34,6 +34,9 @@ class TreeMaskMode(enum.IntEnum):
     QLEN_ONLY_BITPACKING = 2  # per request: N packed rows, bit j of row t = node t sees node j
 
 
+_MASK_MODES = {int(mode): mode for mode in TreeMaskMode}
+
+
 # Triton implementations by op name, filled by ``specdec.kernels.triton.load_impls`` the first time
 # an op runs where Triton applies; empty (every device uses the reference) if triton won't import.
 TRITON_IMPLS: dict[str, Callable[..., None]] = {}
@@ -92,6 +95,25 @@ def check_tensor(
         raise ValueError(f"{name}: expected a contiguous tensor")
 
 
+def matches(
+    t: object,
+    dtype: torch.dtype | tuple[torch.dtype, ...],
+    shape: tuple[int, ...] | None,
+    device: torch.device,
+) -> bool:
+    """``check_tensor``'s success case (``shape`` None: any) in a few attribute reads.
+
+    NOTE: the ops run eagerly between graph replays, where host time is the step's critical path:
+    each op's checks test valid input in one pass of ``matches`` and only on a mismatch rerun the
+    ``check_tensor`` calls one by one, in the same order, to raise the error naming the argument.
+    """
+    return (isinstance(t, torch.Tensor)
+            and (t.dtype in dtype if type(dtype) is tuple else t.dtype == dtype)
+            and (shape is None or t.shape == shape)
+            and t.device == device
+            and t.is_contiguous())
+
+
 def packed_mask_bytes(draft_token_num: int) -> int:
     """Bytes per packed mask row in QLEN_ONLY_BITPACKING (sgl_kernel: 1, 2 or 4)."""
     if draft_token_num > 32:
@@ -111,6 +133,11 @@ def _check_tree_indices(
     device: torch.device,
 ) -> None:
     """The per-request index tensors both tree ops read or write: [bs], [bs*N] and [bs, N] int64."""
+    i64 = torch.int64
+    if (matches(verified_seq_len, i64, (bs,), device) and matches(positions, i64, (bs * n,), device)
+            and matches(retrive_index, i64, (bs, n), device) and matches(retrive_next_token, i64, (bs, n), device)
+            and matches(retrive_next_sibling, i64, (bs, n), device)):
+        return
     check_tensor("verified_seq_len", verified_seq_len, dtype=torch.int64, shape=(bs,), device=device)
     check_tensor("positions", positions, dtype=torch.int64, shape=(bs * n,), device=device)
     for name, t in (
@@ -119,6 +146,25 @@ def _check_tree_indices(
         ("retrive_next_sibling", retrive_next_sibling),
     ):
         check_tensor(name, t, dtype=torch.int64, shape=(bs, n), device=device)
+
+
+def _check_draft(
+    parent_list: torch.Tensor, selected_index: torch.Tensor, *, topk: int, depth: int, n: int
+) -> tuple[int, torch.device]:
+    """parent_list [bs, topk*(depth-1)+1] (or [bs, 0] when depth == 1) and selected_index [bs, N-1],
+    int64; returns (bs, device)."""
+    width = topk * (depth - 1) + 1
+    if isinstance(parent_list, torch.Tensor) and parent_list.dim() == 2:
+        (bs, cols), device = parent_list.shape, parent_list.device
+        if ((cols == width or depth == 1 and cols == 0) and matches(parent_list, torch.int64, None, device)
+                and matches(selected_index, torch.int64, (bs, n - 1), device)):
+            return bs, device
+    check_tensor("parent_list", parent_list, dtype=torch.int64, dim=2)
+    device, bs = parent_list.device, parent_list.shape[0]
+    if parent_list.shape[1] != width and not (depth == 1 and parent_list.shape[1] == 0):
+        raise ValueError(f"parent_list: expected {width} columns (topk*(depth-1)+1), got {parent_list.shape[1]}")
+    check_tensor("selected_index", selected_index, dtype=torch.int64, shape=(bs, n - 1), device=device)
+    return bs, device
 
 
 def build_tree_kernel_efficient(
@@ -139,16 +185,13 @@ def build_tree_kernel_efficient(
     n = int(draft_token_num)
     if topk < 1 or depth < 1 or n < 1:
         raise ValueError(f"topk, depth, draft_token_num must be >= 1, got {topk}, {depth}, {n}")
-    try:
-        mode = TreeMaskMode(int(tree_mask_mode))
-    except ValueError:
-        raise ValueError(f"tree_mask_mode: unknown mode {tree_mask_mode}") from None
-    check_tensor("parent_list", parent_list, dtype=torch.int64, dim=2)
-    device, bs = parent_list.device, parent_list.shape[0]
-    width = topk * (depth - 1) + 1
-    if parent_list.shape[1] != width and not (depth == 1 and parent_list.shape[1] == 0):
-        raise ValueError(f"parent_list: expected {width} columns (topk*(depth-1)+1), got {parent_list.shape[1]}")
-    check_tensor("selected_index", selected_index, dtype=torch.int64, shape=(bs, n - 1), device=device)
+    mode = _MASK_MODES.get(tree_mask_mode)  # TreeMaskMode(int(...)) costs 0.5 µs a call
+    if mode is None:
+        try:
+            mode = TreeMaskMode(int(tree_mask_mode))
+        except ValueError:
+            raise ValueError(f"tree_mask_mode: unknown mode {tree_mask_mode}") from None
+    bs, device = _check_draft(parent_list, selected_index, topk=topk, depth=depth, n=n)
     _check_tree_indices(verified_seq_len, positions, retrive_index, retrive_next_token, retrive_next_sibling,
                         bs=bs, n=n, device=device)
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:

@@ -25,13 +25,7 @@ import torch
 
 from specdec.kernels.residual import residual_draw_ref
 
-from specdec.kernels.tree_build import check_tensor, select_impl
-
-
-def _matches(t: object, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device) -> bool:
-    """``check_tensor``'s success case in a few attribute reads (the hot path of every call)."""
-    return (isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.device == device
-            and t.is_contiguous())
+from specdec.kernels.tree_build import check_tensor, matches, select_impl
 
 
 def _check_tree_inputs(
@@ -49,12 +43,12 @@ def _check_tree_inputs(
     if (isinstance(candidates, torch.Tensor) and candidates.dim() == 2 and isinstance(accept_index, torch.Tensor)
             and accept_index.dim() == 2):
         (bs, n), device = candidates.shape, candidates.device
-        if (_matches(candidates, torch.int64, (bs, n), device)
-                and _matches(predicts, torch.int32, (bs * n,), device)
+        if (matches(candidates, torch.int64, (bs, n), device)
+                and matches(predicts, torch.int32, (bs * n,), device)
                 and accept_index.shape[0] == bs and accept_index.shape[1] >= 1
-                and _matches(accept_index, torch.int32, accept_index.shape, device)
-                and _matches(accept_token_num, torch.int32, (bs,), device)
-                and all(_matches(t, torch.int64, (bs, n), device) for t in links.values())):
+                and matches(accept_index, torch.int32, accept_index.shape, device)
+                and matches(accept_token_num, torch.int32, (bs,), device)
+                and all(matches(t, torch.int64, (bs, n), device) for t in links.values())):
             return bs, n, device
     check_tensor("candidates", candidates, dtype=torch.int64, dim=2)
     (bs, n), device = candidates.shape, candidates.device
@@ -82,12 +76,12 @@ def _check_sampling_inputs(
 ) -> None:
     """The sampling op's own inputs (fast path first, like ``_check_tree_inputs``)."""
     f32 = torch.float32
-    if (_matches(uniform_samples, f32, (bs, n), device)
-            and _matches(uniform_samples_for_final_sampling, f32, (bs,), device)
+    if (matches(uniform_samples, f32, (bs, n), device)
+            and matches(uniform_samples_for_final_sampling, f32, (bs,), device)
             and isinstance(target_probs, torch.Tensor) and target_probs.dim() == 3
             and target_probs.shape[:2] == (bs, n) and target_probs.shape[2] >= 1
-            and _matches(target_probs, f32, target_probs.shape, device)
-            and _matches(draft_probs, f32, target_probs.shape, device)
+            and matches(target_probs, f32, target_probs.shape, device)
+            and matches(draft_probs, f32, target_probs.shape, device)
             and 0.0 <= float(threshold_single) <= 1.0 and 0.0 <= float(threshold_acc) <= 1.0):
         return
     check_tensor("uniform_samples", uniform_samples, dtype=f32, shape=(bs, n), device=device)

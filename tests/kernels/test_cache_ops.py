@@ -191,3 +191,81 @@ def test_out_of_range_is_flagged(device):
         flag = torch.zeros(2, dtype=torch.int32, device=device)
         triton_cache_ops.assign_req_to_token(*args, error_flag=flag)
         assert flag.tolist() == [0, 2] and args[0][1].eq(0).all()
+
+
+def valid_calls() -> dict[str, tuple]:
+    """One valid call of each op (bs = 2) by name: (op, arguments by keyword)."""
+    table, rows = torch.zeros(3, 8, dtype=torch.int32), torch.tensor([0, 2])
+    lens, i64 = torch.tensor([2, 3]), dict(dtype=torch.int64)
+    return {
+        "assign_req_to_token": (K.assign_req_to_token, dict(
+            req_to_token=table, req_pool_indices=rows, start_offsets=torch.tensor([0, 1]),
+            end_offsets=torch.tensor([2, 3]), out_cache_loc=torch.arange(4))),
+        "compact_accepted_kv_locs": (K.compact_accepted_kv_locs, dict(
+            req_to_token=table, req_pool_indices=rows, seq_lens=torch.tensor([0, 2]),
+            accept_index=torch.tensor([[0, 1], [2, -1]], dtype=torch.int32),
+            accept_length=torch.tensor([1, 0], dtype=torch.int32), src_locs=torch.zeros(2, 2, **i64),
+            dst_locs=torch.zeros(2, 2, **i64), positions=torch.zeros(2, 2, **i64), num_draft_tokens=2)),
+        "draft_scratch_slots": (K.draft_scratch_slots, dict(
+            parent_branch=torch.tensor([[0, 1], [1, 1]]), ancestors_in=torch.zeros(4, 1, **i64),
+            ancestors_out=torch.zeros(4, 2, **i64), slots_out=torch.zeros(4, **i64), scratch_base=0, num_steps=3,
+            step=1)),
+        "create_kv_indices": (K.create_kv_indices, dict(
+            req_to_token=table, req_pool_indices=rows, seq_lens=lens,
+            kv_indptr=torch.tensor([0, 2, 5], dtype=torch.int32), kv_start_idx=torch.tensor([0, 1]),
+            kv_indices=torch.zeros(5, dtype=torch.int32))),
+        "create_kv_page_indices": (K.create_kv_page_indices, dict(
+            req_to_token=table, req_pool_indices=rows, seq_lens=lens,
+            page_indptr=torch.tensor([0, 1, 2], dtype=torch.int32), page_indices=torch.zeros(2, dtype=torch.int32),
+            page_size=4)),
+    }
+
+
+@pytest.mark.parametrize(
+    "op, key, bad",
+    [
+        ("assign_req_to_token", "req_pool_indices", torch.tensor(0)),  # 0 dims
+        ("assign_req_to_token", "start_offsets", torch.tensor([0, 1], device="meta")),  # another device
+        ("assign_req_to_token", "end_offsets", [2, 3]),  # not a tensor
+        ("compact_accepted_kv_locs", "req_to_token", torch.zeros(8, 3, dtype=torch.int32).t()),  # not contiguous
+        ("compact_accepted_kv_locs", "seq_lens", torch.tensor([0.0, 2.0])),
+        ("compact_accepted_kv_locs", "accept_length", torch.tensor([1])),
+        ("compact_accepted_kv_locs", "accept_index", torch.zeros(3, 2, dtype=torch.int32)),
+        ("compact_accepted_kv_locs", "dst_locs", torch.zeros(2, 2, dtype=torch.int32)),
+        ("compact_accepted_kv_locs", "positions", torch.zeros(2, 3, dtype=torch.int64)),
+        ("compact_accepted_kv_locs", "num_draft_tokens", 0),
+        ("draft_scratch_slots", "parent_branch", torch.zeros(2, 2)),
+        ("draft_scratch_slots", "ancestors_in", torch.zeros(4, 0, dtype=torch.int64)),
+        ("draft_scratch_slots", "slots_out", torch.zeros(3, dtype=torch.int64)),
+        ("draft_scratch_slots", "step", 2),
+        ("create_kv_indices", "seq_lens", torch.tensor([2, 3, 4])),
+        ("create_kv_indices", "kv_start_idx", torch.tensor([0, 1], dtype=torch.int16)),
+        ("create_kv_indices", "kv_indices", torch.zeros(5, 1, dtype=torch.int32)),
+        ("create_kv_page_indices", "page_indptr", torch.tensor([0, 1], dtype=torch.int32)),
+        ("create_kv_page_indices", "page_indices", torch.zeros(2, dtype=torch.int32, device="meta")),
+        ("create_kv_page_indices", "page_size", 0),
+    ],
+)
+def test_every_op_names_the_bad_argument(op, key, bad):
+    """Valid input takes the one-pass check; each kind of mismatch it rejects goes through the
+    named checks (other device, dims, dtype, shape, contiguity, not a tensor, option range)."""
+    fn, args = valid_calls()[op]
+    fn(**args)
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        fn(**{**args, key: bad})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_custom_ops_pass_opcheck(device):
+    """Schemas declare every mutated argument and the fake impls trace (torch.compile / graphs)."""
+    def tensors(op: str) -> list:  # the custom ops take the public op's tensors, then the flag, then options
+        return [v.to(device) for v in valid_calls()[op][1].values() if isinstance(v, torch.Tensor)]
+
+    flag, ops = torch.zeros(2, dtype=torch.int32, device=device), torch.ops.specdec
+    torch.library.opcheck(ops.assign_req_to_token.default, (*tensors("assign_req_to_token"), flag))
+    torch.library.opcheck(ops.compact_accepted_kv_locs.default, (*tensors("compact_accepted_kv_locs"), flag, 2))
+    torch.library.opcheck(ops.draft_scratch_slots.default,
+                          (*tensors("draft_scratch_slots"), torch.zeros(4, dtype=torch.int32, device=device), 0, 3, 1))
+    table, rows, lens, indptr, start, out = tensors("create_kv_indices")
+    for kv_start_idx in (start, None):
+        torch.library.opcheck(ops.create_kv_indices.default, (table, rows, lens, indptr, kv_start_idx, out, flag, 1))

@@ -57,3 +57,21 @@ def test_out_of_range_segment_raises():
     with pytest.raises(ValueError, match="output_indptr"):
         segment_packbits(torch.ones(16, dtype=torch.bool), torch.tensor([0, 16], dtype=torch.int32),
                          torch.tensor([0, 2], dtype=torch.int32), torch.zeros(1, dtype=torch.uint8), 1)
+
+
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("x", [True] * 8),  # not a tensor
+        ("input_indptr", torch.tensor([0, 0, 8, 8], dtype=torch.int32)[::2]),  # not contiguous
+        ("output_indptr", torch.tensor([0, 1], dtype=torch.int32, device="meta")),  # another device
+        ("y", torch.zeros(1, 1, dtype=torch.uint8)),  # 2 dims
+    ],
+)
+def test_validation_names_the_argument_for_every_mismatch(key, bad):
+    args = dict(x=torch.ones(8, dtype=torch.bool), input_indptr=torch.tensor([0, 8], dtype=torch.int32),
+                output_indptr=torch.tensor([0, 1], dtype=torch.int32), y=torch.zeros(1, dtype=torch.uint8),
+                batch_size=1)
+    segment_packbits(**args)
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        segment_packbits(**{**args, key: bad})

@@ -280,3 +280,28 @@ def test_reconstruct_validation():
                      ("retrive_next_token", torch.empty(1, n + 1, dtype=torch.int64))]:
         with pytest.raises(ValueError, match=key):
             reconstruct_indices_from_tree_mask(**{**ok, key: bad})
+
+
+@pytest.mark.parametrize(
+    "key, bad",
+    [
+        ("verified_seq_len", [3]),  # not a tensor
+        ("positions", torch.empty(8, dtype=torch.int64)[::2]),  # not contiguous
+        ("retrive_index", torch.empty(4, dtype=torch.int64)),  # [N], not [bs, N]
+        ("retrive_next_token", torch.full((1, 4), -1, device="meta")),  # another device
+        ("retrive_next_sibling", torch.full((1, 4), -1, dtype=torch.int32)),
+    ],
+)
+def test_index_checks_name_the_argument(key, bad):
+    """Valid index tensors take the one-pass check; each kind of mismatch it rejects goes through the
+    named checks, in both tree ops."""
+    build_args = _valid_args()
+    shared = ["tree_mask", "verified_seq_len", "positions", "retrive_index", "retrive_next_token",
+              "retrive_next_sibling"]
+    rebuild_args = {**{k: build_args[k] for k in shared}, "batch_size": 1, "draft_token_num": 4}
+    build_tree_kernel_efficient(**build_args)
+    reconstruct_indices_from_tree_mask(**rebuild_args)
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        build_tree_kernel_efficient(**{**build_args, key: bad})
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        reconstruct_indices_from_tree_mask(**{**rebuild_args, key: bad})

@@ -393,3 +393,18 @@ def test_custom_ops_pass_opcheck(device):
     torch.library.opcheck(torch.ops.specdec.verify_tree_greedy.default, [a.to(device) for a in vargs])
     sargs = [a.to(device) for a in sampling_case(random.Random(9), np.random.default_rng(9), 2, 5, 33)]
     torch.library.opcheck(torch.ops.specdec.tree_speculative_sampling_target_only.default, [*sargs, flag, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mask_custom_ops_pass_opcheck(device):
+    """As above, for the ops that read a tree mask: reconstruct_indices_from_tree_mask, segment_packbits."""
+    bs, n = 2, 5
+    mask = (torch.rand(bs * n * n) < 0.5).to(device)
+    outs = [torch.full(shape, POISON, device=device) for shape in [(bs * n,), (bs, n), (bs, n), (bs, n)]]
+    torch.library.opcheck(torch.ops.specdec.reconstruct_indices_from_tree_mask.default,
+                          (mask, torch.tensor([3, 5], device=device), *outs, bs, n))
+    indptr = torch.tensor([0, n * n, 2 * n * n], dtype=torch.int32, device=device)
+    out_indptr = torch.tensor([0, 4, 8], dtype=torch.int32, device=device)
+    flag = torch.zeros(bs, dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.specdec.segment_packbits.default,
+                          (mask, indptr, out_indptr, torch.zeros(8, dtype=torch.uint8, device=device), flag, bs))

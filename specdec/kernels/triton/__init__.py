@@ -2,9 +2,10 @@
 
 Importing this package does not import triton; ``load_impls`` does, and ``specdec.kernels``'
 ``select_impl`` calls it the first time an op runs on CUDA (or on CPU under TRITON_INTERPRET=1).
-Each implementation has its reference's signature, runs as a ``torch.library`` custom op
-(``torch.ops.specdec.*``, with a fake impl) so torch.compile and CUDA-graph capture can trace it,
-and reports malformed input through an error-flag tensor:
+Each implementation has its reference's signature and is registered as a ``torch.library`` custom
+op (``torch.ops.specdec.*``, with a fake impl) that torch.compile traces; eager calls, CUDA-graph
+capture included, launch the kernel directly (the dispatcher costs tens of microseconds a call).
+Malformed input is reported through an error-flag tensor:
 
   CPU     the implementation reads the flag after the kernel and raises ValueError like the ref;
   CUDA    no host sync: the flag is left on the device. Malformed input still cannot hang or read

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.triton._common import error_flag_for, raise_on_cpu
+from specdec.kernels.triton._common import custom_op, error_flag_for, raise_on_cpu
 
 _ERRORS = {
     1: "req_pool_indices: request {b} has a row outside req_to_token",
@@ -25,15 +25,6 @@ _BLOCK = 128
 
 def _check(flag: torch.Tensor, op: str) -> None:
     raise_on_cpu(flag, lambda b, code: f"{op}: " + _ERRORS[code].format(b=b))
-
-
-def _custom_op(name: str, mutates: tuple[str, ...]):
-    """Register ``fn`` as torch.ops.specdec.<name> with a no-op fake (all its outputs are in place)."""
-    def wrap(fn):
-        op = torch.library.custom_op(f"specdec::{name}", mutates_args=mutates)(fn)
-        op.register_fake(lambda *args, **kwargs: None)
-        return op
-    return wrap
 
 
 # --------------------------------------------------------------------------- assign_req_to_token
@@ -62,7 +53,7 @@ def _assign_kernel(table_ptr, rows_ptr, start_ptr, end_ptr, loc_ptr, error_ptr, 
         tl.store(table_ptr + row * ctx + start + p, loc.to(table_ptr.dtype.element_ty), mask=m)
 
 
-@_custom_op("assign_req_to_token", ("req_to_token", "error_flag"))
+@custom_op("assign_req_to_token", ("req_to_token", "error_flag"))
 def _assign_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, start_offsets: torch.Tensor,
                end_offsets: torch.Tensor, out_cache_loc: torch.Tensor, error_flag: torch.Tensor) -> None:
     bs = req_pool_indices.shape[0]
@@ -74,8 +65,7 @@ def _assign_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, start
 def assign_req_to_token(req_to_token, req_pool_indices, start_offsets, end_offsets, out_cache_loc, *,
                         error_flag: torch.Tensor | None = None) -> None:
     flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
-    torch.ops.specdec.assign_req_to_token(req_to_token, req_pool_indices, start_offsets, end_offsets,
-                                          out_cache_loc, flag)
+    _assign_op(req_to_token, req_pool_indices, start_offsets, end_offsets, out_cache_loc, flag)
     _check(flag, "assign_req_to_token")
 
 
@@ -109,7 +99,7 @@ def _compact_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_
     tl.store(error_ptr + b, err)
 
 
-@_custom_op("compact_accepted_kv_locs", ("src_locs", "dst_locs", "positions", "error_flag"))
+@custom_op("compact_accepted_kv_locs", ("src_locs", "dst_locs", "positions", "error_flag"))
 def _compact_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                 accept_index: torch.Tensor, accept_length: torch.Tensor, src_locs: torch.Tensor,
                 dst_locs: torch.Tensor, positions: torch.Tensor, error_flag: torch.Tensor,
@@ -125,9 +115,8 @@ def compact_accepted_kv_locs(req_to_token, req_pool_indices, seq_lens, accept_in
                              dst_locs, positions, *, num_draft_tokens: int,
                              error_flag: torch.Tensor | None = None) -> None:
     flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
-    torch.ops.specdec.compact_accepted_kv_locs(req_to_token, req_pool_indices, seq_lens, accept_index,
-                                               accept_length, src_locs, dst_locs, positions, flag,
-                                               num_draft_tokens)
+    _compact_op(req_to_token, req_pool_indices, seq_lens, accept_index, accept_length, src_locs, dst_locs,
+                positions, flag, num_draft_tokens)
     _check(flag, "compact_accepted_kv_locs")
 
 
@@ -151,7 +140,7 @@ def _scratch_kernel(branch_ptr, anc_in_ptr, anc_out_ptr, slots_ptr, error_ptr, k
     tl.store(error_ptr + r, tl.where(ok, 0, 2))
 
 
-@_custom_op("draft_scratch_slots", ("ancestors_out", "slots_out", "error_flag"))
+@custom_op("draft_scratch_slots", ("ancestors_out", "slots_out", "error_flag"))
 def _scratch_op(parent_branch: torch.Tensor, ancestors_in: torch.Tensor, ancestors_out: torch.Tensor,
                 slots_out: torch.Tensor, error_flag: torch.Tensor, scratch_base: int, num_steps: int,
                 step: int) -> None:
@@ -167,8 +156,7 @@ def _scratch_op(parent_branch: torch.Tensor, ancestors_in: torch.Tensor, ancesto
 def draft_scratch_slots(parent_branch, ancestors_in, ancestors_out, slots_out, *, scratch_base: int,
                         num_steps: int, step: int, error_flag: torch.Tensor | None = None) -> None:
     flag = error_flag_for(parent_branch.numel(), parent_branch.device, error_flag)
-    torch.ops.specdec.draft_scratch_slots(parent_branch, ancestors_in, ancestors_out, slots_out, flag,
-                                          scratch_base, num_steps, step)
+    _scratch_op(parent_branch, ancestors_in, ancestors_out, slots_out, flag, scratch_base, num_steps, step)
     k = max(parent_branch.shape[1], 1)
     raise_on_cpu(flag, lambda r, code: f"parent_branch: request {r // k} node {r % k} has a branch outside [0, {k})")
 
@@ -197,7 +185,7 @@ def _gather_kernel(table_ptr, rows_ptr, lens_ptr, indptr_ptr, start_ptr, out_ptr
         tl.store(out_ptr + off + i, (slot // page_size).to(out_ptr.dtype.element_ty), mask=m)
 
 
-@_custom_op("create_kv_indices", ("kv_indices", "error_flag"))
+@custom_op("create_kv_indices", ("kv_indices", "error_flag"))
 def _gather_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                kv_indptr: torch.Tensor, kv_start_idx: torch.Tensor | None, kv_indices: torch.Tensor,
                error_flag: torch.Tensor, page_size: int) -> None:
@@ -212,16 +200,14 @@ def _gather_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_l
 def create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_start_idx, kv_indices, *,
                       error_flag: torch.Tensor | None = None) -> None:
     flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
-    torch.ops.specdec.create_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_start_idx,
-                                        kv_indices, flag, 1)
+    _gather_op(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_start_idx, kv_indices, flag, 1)
     _check(flag, "create_kv_indices")
 
 
 def create_kv_page_indices(req_to_token, req_pool_indices, seq_lens, page_indptr, page_indices, *,
                            page_size: int, error_flag: torch.Tensor | None = None) -> None:
     flag = error_flag_for(req_pool_indices.shape[0], req_to_token.device, error_flag)
-    torch.ops.specdec.create_kv_indices(req_to_token, req_pool_indices, seq_lens, page_indptr, None,
-                                        page_indices, flag, page_size)
+    _gather_op(req_to_token, req_pool_indices, seq_lens, page_indptr, None, page_indices, flag, page_size)
     _check(flag, "create_kv_page_indices")
 
 

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.triton._common import error_flag_for, raise_on_cpu
+from specdec.kernels.triton._common import custom_op, error_flag_for, raise_on_cpu
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _segment_packbits_kernel(x_ptr, in_indptr_ptr, out_indptr_ptr, y_ptr, error_
         tl.store(y_ptr + dst + k, packed.to(tl.uint8), mask=k < num_bytes)
 
 
-@torch.library.custom_op("specdec::segment_packbits", mutates_args=("y", "error_flag"))
+@custom_op("segment_packbits", ("y", "error_flag"))
 def _segment_packbits_op(x: torch.Tensor, input_indptr: torch.Tensor, output_indptr: torch.Tensor,
                          y: torch.Tensor, error_flag: torch.Tensor, batch_size: int) -> None:
     if batch_size == 0:
@@ -44,11 +44,6 @@ def _segment_packbits_op(x: torch.Tensor, input_indptr: torch.Tensor, output_ind
         x.view(torch.uint8), input_indptr, output_indptr, y, error_flag, x.numel(), y.numel(), BLOCK=128,
         num_warps=4,
     )
-
-
-@_segment_packbits_op.register_fake
-def _(*args) -> None:
-    return None
 
 
 def segment_packbits(
@@ -63,7 +58,7 @@ def segment_packbits(
     """Triton ``segment_packbits`` (inputs validated by the public op)."""
     bs = int(batch_size)
     flag = error_flag_for(bs, x.device, error_flag)
-    torch.ops.specdec.segment_packbits(x, input_indptr, output_indptr, y, flag, bs)
+    _segment_packbits_op(x, input_indptr, output_indptr, y, flag, bs)
 
     def describe(i: int, code: int) -> str:
         start, end = int(input_indptr[i]), int(input_indptr[i + 1])

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels.tree_build import TreeMaskMode, packed_mask_bytes
-from specdec.kernels.triton._common import error_flag_for, next_pow2, raise_on_cpu
+from specdec.kernels.triton._common import custom_op, error_flag_for, next_pow2, raise_on_cpu
 
 _BUILD_ERRORS = {
     1: "has negative score index",
@@ -100,10 +100,9 @@ def _build_tree_kernel(
     tl.store(error_ptr + b, err + overflow)
 
 
-@torch.library.custom_op(
-    "specdec::build_tree_kernel_efficient",
-    mutates_args=("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling",
-                  "error_flag"),
+@custom_op(
+    "build_tree_kernel_efficient",
+    ("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling", "error_flag"),
 )
 def _build_tree_op(
     parent_list: torch.Tensor, selected_index: torch.Tensor, verified_seq_len: torch.Tensor,
@@ -121,11 +120,6 @@ def _build_tree_op(
         retrive_next_token, retrive_next_sibling, error_flag, bs, mask_bytes.numel(), parent_list.shape[1],
         topk, n, MODE=tree_mask_mode, NBYTES=nbytes, BLOCK_N=next_pow2(n), BLOCK_B=256, num_warps=4,
     )
-
-
-@_build_tree_op.register_fake
-def _(*args) -> None:
-    return None
 
 
 def build_tree_kernel_efficient(
@@ -147,10 +141,8 @@ def build_tree_kernel_efficient(
     """Triton ``build_tree_kernel_efficient`` (inputs validated by the public op)."""
     bs, n = parent_list.shape[0], int(draft_token_num)
     flag = error_flag_for(bs, parent_list.device, error_flag)
-    torch.ops.specdec.build_tree_kernel_efficient(
-        parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
-        retrive_next_token, retrive_next_sibling, flag, int(topk), int(depth), n, int(tree_mask_mode),
-    )
+    _build_tree_op(parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+                   retrive_next_token, retrive_next_sibling, flag, int(topk), int(depth), n, int(tree_mask_mode))
 
     def describe(b: int, code: int) -> str:
         if code & _MASK_OVERFLOW:
@@ -191,9 +183,9 @@ def _reconstruct_kernel(
     tl.store(next_sibling_ptr + base + t, next_sibling.to(tl.int64), mask=valid)
 
 
-@torch.library.custom_op(
-    "specdec::reconstruct_indices_from_tree_mask",
-    mutates_args=("positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"),
+@custom_op(
+    "reconstruct_indices_from_tree_mask",
+    ("positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"),
 )
 def _reconstruct_op(
     tree_mask: torch.Tensor, verified_seq_len: torch.Tensor, positions: torch.Tensor,
@@ -208,11 +200,6 @@ def _reconstruct_op(
     )
 
 
-@_reconstruct_op.register_fake
-def _(*args) -> None:
-    return None
-
-
 def reconstruct_indices_from_tree_mask(
     tree_mask: torch.Tensor,
     verified_seq_len: torch.Tensor,
@@ -224,10 +211,8 @@ def reconstruct_indices_from_tree_mask(
     draft_token_num: int,
 ) -> None:
     """Triton ``reconstruct_indices_from_tree_mask`` (no walks, so no error flag)."""
-    torch.ops.specdec.reconstruct_indices_from_tree_mask(
-        tree_mask, verified_seq_len, positions, retrive_index, retrive_next_token, retrive_next_sibling,
-        int(batch_size), int(draft_token_num),
-    )
+    _reconstruct_op(tree_mask, verified_seq_len, positions, retrive_index, retrive_next_token, retrive_next_sibling,
+                    int(batch_size), int(draft_token_num))
 
 
 IMPLS = {

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels.residual import COIN_BITS, FIXED_POINT_BITS
-from specdec.kernels.triton._common import error_flag_for, next_pow2, raise_on_cpu
+from specdec.kernels.triton._common import custom_op, error_flag_for, next_pow2, raise_on_cpu
 
 DRAW_BLOCK = 2048  # tokens per program of the draw's block sums (16 KB of q and p): a tuning knob
 _W_SCALE = tl.constexpr(float(2**FIXED_POINT_BITS))
@@ -251,7 +251,8 @@ def residual_draw(q: torch.Tensor, p: torch.Tensor, coins: torch.Tensor) -> torc
     return out
 
 
-def _verify_greedy_impl(
+@custom_op("verify_tree_greedy", ("predicts", "accept_index", "accept_token_num", "error_flag"))
+def _verify_greedy_op(
     predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor, candidates: torch.Tensor,
     retrive_index: torch.Tensor, retrive_next_token: torch.Tensor, retrive_next_sibling: torch.Tensor,
     target_predict: torch.Tensor, error_flag: torch.Tensor,
@@ -267,7 +268,11 @@ def _verify_greedy_impl(
     )
 
 
-def _sampling_impl(
+@custom_op(
+    "tree_speculative_sampling_target_only",
+    ("predicts", "accept_index", "accept_token_num", "draft_probs", "error_flag"),
+)
+def _sampling_op(
     predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor, candidates: torch.Tensor,
     retrive_index: torch.Tensor, retrive_next_token: torch.Tensor, retrive_next_sibling: torch.Tensor,
     uniform_samples: torch.Tensor, uniform_samples_for_final_sampling: torch.Tensor, target_probs: torch.Tensor,
@@ -287,27 +292,6 @@ def _sampling_impl(
     _launch_draw(predicts, target_probs, draft_probs, uniform_samples_for_final_sampling, scratch, vocab)
 
 
-# NOTE: registered for torch.compile (which traces these ops and their fake impls); eager calls
-# skip the dispatcher (tens of µs a call) and launch directly, CUDA-graph capture included.
-_verify_greedy_op = torch.library.custom_op(
-    "specdec::verify_tree_greedy", mutates_args=("predicts", "accept_index", "accept_token_num", "error_flag")
-)(_verify_greedy_impl)
-_sampling_op = torch.library.custom_op(
-    "specdec::tree_speculative_sampling_target_only",
-    mutates_args=("predicts", "accept_index", "accept_token_num", "draft_probs", "error_flag"),
-)(_sampling_impl)
-
-
-@_verify_greedy_op.register_fake
-def _(*args) -> None:
-    return None
-
-
-@_sampling_op.register_fake
-def _(*args) -> None:
-    return None
-
-
 def _describe(candidates: torch.Tensor, vocab: int):
     def describe(b: int, code: int) -> str:
         node, kind = code >> 4, code & 15
@@ -316,13 +300,6 @@ def _describe(candidates: torch.Tensor, vocab: int):
             return f"candidates: request {b} node {node} has token {tok} outside [0, {vocab})"
         return f"invalid draft tree: request {b} node {node} {_WALK_ERRORS[kind]}"
     return describe
-
-
-def _flag(bs: int, device: torch.device, error_flag: torch.Tensor | None) -> torch.Tensor:
-    """The caller's error flag (validated), or a fresh one: the walk writes every entry."""
-    if error_flag is None:
-        return torch.empty(bs, dtype=torch.int32, device=device)
-    return error_flag_for(bs, device, error_flag)
 
 
 def verify_tree_greedy(
@@ -338,10 +315,9 @@ def verify_tree_greedy(
     error_flag: torch.Tensor | None = None,  # [bs] int32, 0 = request's links are well formed
 ) -> None:
     """Triton ``verify_tree_greedy`` (inputs validated by the public op)."""
-    flag = _flag(candidates.shape[0], candidates.device, error_flag)
-    run = torch.ops.specdec.verify_tree_greedy if torch.compiler.is_compiling() else _verify_greedy_impl
-    run(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-        retrive_next_sibling, target_predict, flag)
+    flag = error_flag_for(candidates.shape[0], candidates.device, error_flag)
+    _verify_greedy_op(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                      retrive_next_sibling, target_predict, flag)
     raise_on_cpu(flag, _describe(candidates, 0))
 
 
@@ -364,14 +340,13 @@ def tree_speculative_sampling_target_only(
     error_flag: torch.Tensor | None = None,  # [bs] int32
 ) -> None:
     """Triton ``tree_speculative_sampling_target_only``; always deterministic (see residual_draw_ref)."""
-    flag = _flag(candidates.shape[0], candidates.device, error_flag)
+    flag = error_flag_for(candidates.shape[0], candidates.device, error_flag)
     # NOTE: fp32 like the ref, including its 1e-9 floor on threshold_acc.
     th_single = float(np.float32(threshold_single))
     th_acc = float(np.float32(max(threshold_acc, 1e-9)))
-    run = torch.ops.specdec.tree_speculative_sampling_target_only if torch.compiler.is_compiling() else _sampling_impl
-    run(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-        retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
-        flag, th_single, th_acc)
+    _sampling_op(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                 retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, draft_probs,
+                 flag, th_single, th_acc)
     raise_on_cpu(flag, _describe(candidates, target_probs.shape[2]))
 
 

@@ -265,6 +265,18 @@ def test_static_plan_matches_torch_native(name, page_size, dtype):
     check_against_torch(dataclasses.replace(pb, batch=static))
 
 
+@pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "draft_extend_uniform", "draft_decode_k3"])
+def test_static_plan_equals_the_eager_plan_bitwise(name):
+    """A bound of 600 makes the static plan split KV in two; prefixes here fit the first chunk, so
+    each sequence is still one pass (the new block runs in the split holding the prefix's end)
+    and graph replay computes exactly what eager execution does (fp32, so any change shows)."""
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=1, dtype=torch.float32, seed=5)
+    eager, _ = run_backend(create_attention_backend("triton"), pb)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=600)
+    planned, _ = run_backend(create_attention_backend("triton"), dataclasses.replace(pb, batch=static))
+    assert torch.equal(planned, eager)
+
+
 def test_group_of_one_and_head_dim_32():
     """hq == hkv (no GQA) and a wider head."""
     pb = make_problem(SCENARIOS["verify_topk2"], page_size=1, dtype=torch.bfloat16, hq=2, hkv=2, d=32)

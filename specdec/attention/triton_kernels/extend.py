@@ -4,7 +4,10 @@ A sequence with q query rows and kv entries has a prefix of ``p = kv - q`` entri
 sees (cached tokens), then the q new tokens' own entries, visible causally (row i sees new entries
 0..i) or per an explicit mask (TARGET_VERIFY trees). The two parts run as two loops of one
 program: the prefix loop needs no mask at all, and only the prefix is split across programs
-(split-KV) when the grid alone would leave SMs idle; the last split also runs the new block.
+(split-KV) when the grid alone would leave SMs idle. The new block runs in the split that holds the
+end of the prefix, right after it, so a sequence whose prefix fits one chunk is one pass over its
+entries whatever the split count: a plan sized for a bound (CUDA graphs) computes what a plan
+sized for the actual lengths does, bit for bit.
 
 Grid ``(num_seqs, num_kv_heads, m_blocks * num_splits)``. The tile's rows are (query row, query
 head) pairs of one KV head, row-major by query row, so each K/V tile is read once per KV head:
@@ -94,8 +97,8 @@ def _extend_kernel(
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
-    # new tokens: causal or masked; only the last split runs them
-    if split == num_splits - 1:
+    # new tokens: causal or masked; the split holding the end of the prefix runs them
+    if split == tl.maximum(prefix_len - 1, 0) // chunk_len:
         if HAS_MASK:
             hi = kv_len
             mask_start = tl.load(mask_indptr + seq)

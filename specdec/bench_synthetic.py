@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import math
 import time
@@ -250,6 +251,7 @@ def run(args: argparse.Namespace) -> dict:
         else:
             results["speculative"][name] = points
         del engine
+        gc.collect()  # NOTE: the engine holds reference cycles; free its KV cache before the next one
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     _add_ratios(results, weight_bytes(target), bandwidth)
@@ -300,7 +302,8 @@ def plot(results: dict, path: str) -> None:
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup over plain decoding")
     setup = results["setup"]
-    ax.set_title(f"{setup['shape']}, simulated accept length {setup['simulated_accept_length']}, {setup['device']}")
+    ax.set_title(f"{setup['shape']}, simulated accept length {setup['simulated_accept_length']}\n{setup['device']}",
+                 fontsize=9)
     ax.legend(title="steps x topk x draft tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

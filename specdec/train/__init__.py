@@ -1,6 +1,8 @@
 """Draft-head training: data, target regeneration, teacher-forced capture, EAGLE / EAGLE-3 trainer.
 
-    data.py        training text and prompts (TinyStories train, GSM8K train, Alpaca seeds), eval prompts excluded
+    data.py        training text and prompts (TinyStories train, GSM8K train, Alpaca seeds, AlpacaEval,
+                   Spec-Bench translation/qa), eval prompts and near-duplicates excluded; prompt files
+    chat.py        a prompt as one user turn in the tokenizer's chat template (instruct targets, benchmark)
     regenerate.py  the target answers the training prompts itself (specdec.Engine, greedy or sampled)
     capture.py     teacher-forced target run: features the head conditions on + target logits
     attention.py   differentiable padded-batch attention with EAGLE-3's training-time-test mask

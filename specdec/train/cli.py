@@ -2,16 +2,21 @@
 
     specdec train-draft --algorithm EAGLE --output-dir heads/eagle          (embedded stories260K)
     python -m specdec.train.cli --algorithm EAGLE3 --output-dir heads/e3 --draft-vocab-size 256
+    scripts/train_smollm2.sh                                                (SmolLM2-135M-Instruct, GPU)
 
 Pipeline: training samples (data.py, evaluation prompts excluded) -> held-out split -> target
 regenerates a response to every prompt (regenerate.py, via specdec.Engine) -> train on human text +
 regenerated text (trainer.py) -> ``save_draft_head`` (config.json + model.safetensors, loadable by
-``load_draft_head`` and ``--speculative-draft-model-path``) and a README.md saying how.
+``load_draft_head`` and ``--speculative-draft-model-path``) and training.json saying how.
+A target whose tokenizer has a chat template (an instruct model) gets its prompts rendered as one
+user turn (chat.py), as the benchmark prompts it. ``--regen-only`` fills the regeneration cache and
+stops, so that several heads can then train at once on the same target-written data.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import shlex
@@ -25,7 +30,7 @@ from specdec.server.args import DEFAULT_MODEL
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdec train-draft", description=__doc__.splitlines()[0])
-    p.add_argument("--model-path", default=DEFAULT_MODEL, help="target: HF directory or llama2.c .bin "
+    p.add_argument("--model-path", default=DEFAULT_MODEL, help="target: HF directory, llama2.c .bin or .gguf "
                    "(default: the embedded stories260K)")
     p.add_argument("--algorithm", default="EAGLE", choices=["EAGLE", "EAGLE3"])
     p.add_argument("--output-dir", required=True, help="where the head (config.json, model.safetensors) goes")
@@ -44,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="EAGLE-3 target capture indices, comma-separated, as LlamaForCausalLM's "
                    "aux_hidden_layers (default SGLang's [2, L//2, L-3])")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="target and head dtype for regeneration and training (float32 uses TF32 matmuls on CUDA)")
+    p.add_argument("--save-dtype", default="float32", choices=sorted(DTYPES),
+                   help="dtype of the exported weights (float16 halves the checkpoint)")
+    p.add_argument("--chat-template", default="auto", choices=["auto", "none"],
+                   help="auto: render prompts as a user turn with the tokenizer's chat template when it has one")
     p.add_argument("--resume", nargs="?", const="auto", default=None,
                    help="continue from a trainer checkpoint (default: WORK_DIR/<output-dir name>-<algorithm>.pt)")
     p.add_argument("--seed", type=int, default=0)
@@ -51,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--regen-temperatures", default="0,1",
                    help="the target answers every prompt at each temperature ('' = human text only)")
     g.add_argument("--regen-max-new-tokens", type=int, default=192)
+    g.add_argument("--regen-batch-size", type=int, default=128, help="requests the regeneration engine runs at once")
+    g.add_argument("--regen-attention-backend", default="torch_native", help="attention backend for regeneration")
+    g.add_argument("--regen-only", action="store_true", help="regenerate (fill the cache in --work-dir) and stop")
     g.add_argument("--no-human-text", action="store_true", help="train on regenerated text only")
     g.add_argument("--val-fraction", type=float, default=0.05, help="prompts held out for the final accuracy")
     g.add_argument("--hidden-weight", type=float, default=0.1, help="EAGLE-1 hidden regression weight")
@@ -59,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default ~/.cache/specdec/train)")
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     return p
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _split(samples: list, val_fraction: float) -> tuple[list, list]:
@@ -70,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     from specdec.models.llama import default_eagle3_layers
     from specdec.models.loaders import load_target, read_num_layers, save_draft_head
     from specdec.models.tokenizer import load_tokenizer
+    from specdec.train.chat import has_chat_template, render_user_prompt
     from specdec.train.data import load_samples
     from specdec.train.regenerate import RegenSettings, regenerate
     from specdec.train.trainer import DraftTrainer, TrainConfig, build_head
@@ -79,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
+    if args.device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # NOTE: float32 training at TF32 speed; no effect on CPU
+        torch.backends.cudnn.allow_tf32 = True
+    dtype = DTYPES[args.dtype]
     out_dir = Path(args.output_dir)
     work = Path(args.work_dir) if args.work_dir else Path.home() / ".cache" / "specdec" / "train"
     ttt = args.ttt_steps or (5 if args.algorithm == "EAGLE3" else 1)
@@ -92,17 +114,22 @@ def main(argv: list[str] | None = None) -> None:
     samples = load_samples(args.dataset, num_samples=args.num_samples, seed=args.seed)
     train_samples, val_samples = _split(samples, args.val_fraction)
     cut = lambda ids: ids[: args.max_len]  # noqa: E731
-    prompts = [cut(tokenizer.encode(s.prompt)) for s in train_samples + val_samples]
+    chat = args.chat_template == "auto" and has_chat_template(tokenizer)
+    as_prompt = (lambda text: render_user_prompt(tokenizer, text)) if chat else (lambda text: text)  # noqa: E731
+    prompts = [cut(tokenizer.encode(as_prompt(s.prompt))) for s in train_samples + val_samples]
     human = [[], []] if args.no_human_text else [[cut(tokenizer.encode(s.text)) for s in part]
                                                   for part in (train_samples, val_samples)]
     temps = tuple(float(t) for t in args.regen_temperatures.split(",") if t.strip())
     regen_train, regen_val = [], []
     if temps:
         settings = RegenSettings(model_path=str(args.model_path), temperatures=temps,
-                                 max_new_tokens=args.regen_max_new_tokens, seed=args.seed)
+                                 max_new_tokens=args.regen_max_new_tokens, seed=args.seed, dtype=args.dtype)
         key = hashlib.sha1(json.dumps([settings.__dict__, prompts]).encode()).hexdigest()[:12]
-        seqs = regenerate(prompts, settings, cache=work / f"regen-{key}.jsonl",
-                          engine_kwargs={"device": args.device})
+        batch = args.regen_batch_size
+        seqs = regenerate(prompts, settings, cache=work / f"regen-{key}.jsonl", engine_kwargs={
+            "device": args.device, "attention_backend": args.regen_attention_backend,
+            "max_running_requests": batch,
+            "max_total_tokens": batch * (max(map(len, prompts)) + args.regen_max_new_tokens + 16)})
         n_train = len(train_samples)
         for block in range(len(temps)):
             rows = seqs[block * len(prompts) : (block + 1) * len(prompts)]
@@ -110,13 +137,16 @@ def main(argv: list[str] | None = None) -> None:
             regen_val += [cut(s) for s in rows[n_train:]]
     train_seqs, val_seqs = human[0] + regen_train, human[1] + regen_val
     print(f"data: {len(train_samples)} train / {len(val_samples)} held-out prompts; "
-          f"{len(train_seqs)} train sequences ({sum(map(len, train_seqs))} tokens), {len(val_seqs)} held-out")
+          f"{len(train_seqs)} train sequences ({sum(map(len, train_seqs))} tokens), {len(val_seqs)} held-out"
+          + (" (prompts in the chat template)" if chat else ""))
+    if args.regen_only:
+        return
 
     aux = None
     if args.algorithm == "EAGLE3":
         aux = (tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers
                else default_eagle3_layers(read_num_layers(args.model_path)))
-    target = load_target(args.model_path, aux_hidden_layers=aux, device=args.device)
+    target = load_target(args.model_path, aux_hidden_layers=aux, device=args.device, dtype=dtype)
     vocab, cov = None, 1.0
     if args.algorithm == "EAGLE3":
         counts = token_counts(train_seqs, target.config.vocab_size)
@@ -128,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     ckpt = work / f"{out_dir.resolve().name}-{args.algorithm}.pt" if args.resume in (None, "auto") else Path(args.resume)
     trainer = DraftTrainer(target, head, config, train_seqs, val_seqs, checkpoint_path=ckpt)
     result = trainer.train(resume=resume)
-    save_draft_head(head.eval(), out_dir)
+    save_dtype = DTYPES[args.save_dtype]
+    # NOTE: cast a copy: the trained head shares its embedding with the target, which stays as it is
+    save_draft_head((copy.deepcopy(head).to(save_dtype) if save_dtype != dtype else head).eval(), out_dir)
     acc = ", ".join(f"{a:.3f}" for a in result.val_accuracy)
     print(f"held-out top-1 accuracy per draft step: [{acc}]; rough chain acceptance "
           f"{result.expected_acceptance:.2f}; {result.steps} steps in {result.seconds:.0f}s")
@@ -140,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_prompts": len(train_samples), "heldout_prompts": len(val_samples),
         "train_sequences": len(train_seqs), "train_tokens": sum(map(len, train_seqs)),
         "regen_temperatures": list(temps), "regen_max_new_tokens": args.regen_max_new_tokens,
+        "chat_template": chat, "device": args.device, "dtype": args.dtype, "save_dtype": args.save_dtype,
         "heldout_accuracy_per_step": [round(a, 4) for a in result.val_accuracy],
         "heldout_loss_per_step": [round(a, 4) for a in result.val_loss],
         "expected_chain_acceptance": round(result.expected_acceptance, 3),

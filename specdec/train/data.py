@@ -4,13 +4,21 @@ Sources (all from ``../shared/datasets``, override with ``SPECDEC_DATASETS``; se
 * ``tinystories``: the TinyStories TRAIN split head (``tinystories/tinystories_train_head.txt``),
   paragraphs as samples, the first sentence of each paragraph as a story-opening prompt;
 * ``gsm8k``: GSM8K TRAIN questions (prompt) and worked answers (response);
-* ``alpaca``: the Alpaca self-instruct seed tasks (instruction + input, output).
+* ``alpaca``: the Alpaca self-instruct seed tasks (instruction + input, output);
+* ``alpaca_eval``: the 805 AlpacaEval instructions (text-davinci-003's outputs as the response);
+* ``spec_bench``: Spec-Bench's short-prompt categories that none of our evaluation sets draws on
+  (translation, qa); its MT-bench, GSM8K-test ("math_reasoning") and long-document ones are left out.
+
+``python -m specdec.train.data OUT.jsonl SOURCES...`` writes a prompt file (``prompt``, ``source``
+per line) that travels with the repository: ``specdec/data/train_prompts/smollm2.jsonl`` was made so.
 
 Evaluation prompts are ``specdec/data/prompts/*.jsonl`` (TinyStories VALIDATION first sentences,
 EAGLE's mt_bench / humaneval / gsm8k question files). They are never read as training text: any
 training sample that contains an evaluation prompt verbatim is dropped (short TinyStories
 sentences such as "Once upon a time, there was a little boy named Tim." recur across splits), and
-``overlapping_prompts`` checks the result.
+``overlapping_prompts`` checks the result. Instruction sets also drop near-duplicates of an
+evaluation prompt (word-set Jaccard similarity >= 0.5: AlpacaEval's Vicuna questions include
+MT-bench's, some with different numbers).
 """
 
 from __future__ import annotations
@@ -23,7 +31,12 @@ import re
 from pathlib import Path
 
 EVAL_PROMPT_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"
-SOURCES = ("tinystories", "gsm8k", "alpaca")
+SOURCES = ("tinystories", "gsm8k", "alpaca", "alpaca_eval", "spec_bench")
+SPEC_BENCH_CATEGORIES = ("translation", "qa")
+# instruction sets are screened for near-duplicates of evaluation prompts as well (GSM8K's train split
+# is disjoint from its test split by construction; TinyStories' openings recur by chance)
+INSTRUCTION_SOURCES = ("alpaca", "alpaca_eval", "spec_bench")
+NEAR_DUPLICATE = 0.5
 
 
 def datasets_dir() -> Path:
@@ -107,11 +120,41 @@ def alpaca_samples(path: Path | None = None) -> list[Sample]:
     return out
 
 
+def alpaca_eval_samples(path: Path | None = None) -> list[Sample]:
+    path = path or datasets_dir() / "alpaca" / "alpaca_eval_805_text_davinci_003_outputs.json"
+    rows = json.loads(path.read_text())
+    return [Sample(prompt=r["instruction"], response=r.get("output", ""), source="alpaca_eval") for r in rows]
+
+
+def spec_bench_samples(path: Path | None = None, categories: tuple[str, ...] = SPEC_BENCH_CATEGORIES) -> list[Sample]:
+    path = path or datasets_dir() / "spec_bench" / "question.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Sample(prompt=r["turns"][0], response="", source="spec_bench")
+            for r in rows if r["category"] in categories]
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def near_duplicates(texts: list[str], prompts: list[str], threshold: float = NEAR_DUPLICATE) -> list[int]:
+    """Indices of ``texts`` whose word set has Jaccard similarity >= ``threshold`` with a prompt's."""
+    ref = [w for w in (_words(p) for p in prompts) if w]
+    out = []
+    for i, text in enumerate(texts):
+        w = _words(text)
+        if w and any(len(w & r) >= threshold * len(w | r) for r in ref):
+            out.append(i)
+    return out
+
+
 def _from_file(path: Path) -> list[Sample]:
-    """A ``.txt`` (blank-line separated paragraphs) or ``.jsonl`` (``text`` or ``prompt``/``response``)."""
+    """A ``.txt`` (blank-line separated paragraphs) or ``.jsonl`` (``text`` or ``prompt``/``response``,
+    optional ``source``)."""
     if path.suffix == ".jsonl":
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [Sample(r.get("prompt", ""), r.get("response", r.get("text", "")), path.name) for r in rows]
+        return [Sample(r.get("prompt", ""), r.get("response", r.get("text", "")), r.get("source", path.name))
+                for r in rows]
     return tinystories_samples(path)
 
 
@@ -120,7 +163,8 @@ def load_samples(dataset: str, *, num_samples: int | None = None, seed: int = 0)
 
     ``num_samples`` keeps that many after shuffling with ``seed`` (all when None).
     """
-    loaders = {"tinystories": tinystories_samples, "gsm8k": gsm8k_samples, "alpaca": alpaca_samples}
+    loaders = {"tinystories": tinystories_samples, "gsm8k": gsm8k_samples, "alpaca": alpaca_samples,
+               "alpaca_eval": alpaca_eval_samples, "spec_bench": spec_bench_samples}
     samples: list[Sample] = []
     for name in (n.strip() for n in dataset.split(",") if n.strip()):
         if name in loaders:
@@ -129,6 +173,42 @@ def load_samples(dataset: str, *, num_samples: int | None = None, seed: int = 0)
             samples.extend(_from_file(Path(name)))
         else:
             raise ValueError(f"--dataset: {name!r} is neither one of {', '.join(SOURCES)} nor a file")
-    samples = _drop_eval_overlap(samples, eval_prompts())
+    banned = eval_prompts()
+    samples = _drop_eval_overlap(samples, banned)
+    instructions = [i for i, s in enumerate(samples) if s.source in INSTRUCTION_SOURCES]
+    near = {instructions[j] for j in near_duplicates([samples[i].prompt for i in instructions], banned)}
+    samples = [s for i, s in enumerate(samples) if i not in near]
     random.Random(seed).shuffle(samples)
     return samples[:num_samples] if num_samples else samples
+
+
+def write_prompt_file(path: str | Path, sources: list[str], *, limits: dict[str, int] | None = None,
+                      seed: int = 0) -> list[Sample]:
+    """Write the prompts of ``sources`` (eval overlap removed, at most ``limits[source]`` each) as
+    JSONL lines ``{"prompt", "source"}``; responses are left out (the target writes its own)."""
+    out: list[Sample] = []
+    for name in sources:
+        part = load_samples(name, seed=seed)
+        out.extend(part[: (limits or {}).get(name) or None])
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps({"prompt": s.prompt, "source": s.source}) + "\n" for s in out))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m specdec.train.data", description="write a training prompt file")
+    p.add_argument("output")
+    p.add_argument("sources", nargs="+", help=f"SOURCE or SOURCE:LIMIT, SOURCE one of {', '.join(SOURCES)}")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    names = [s.partition(":")[0] for s in args.sources]
+    limits = {s.partition(":")[0]: int(s.partition(":")[2]) for s in args.sources if ":" in s}
+    out = write_prompt_file(args.output, names, limits=limits, seed=args.seed)
+    counts = {n: sum(s.source == n for s in out) for n in names}
+    print(f"wrote {len(out)} prompts to {args.output}: {counts}")
+
+
+if __name__ == "__main__":
+    main()

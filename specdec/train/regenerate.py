@@ -25,6 +25,7 @@ class RegenSettings:
     max_new_tokens: int = 192
     seed: int = 0
     ignore_eos: bool = True
+    dtype: str = "auto"  # the engine's --dtype: part of the cache key, since it changes the text
 
     def __post_init__(self) -> None:
         if not self.temperatures or any(t < 0 for t in self.temperatures):
@@ -82,7 +83,7 @@ def regenerate(
             return hit
     from specdec.engine.engine import Engine  # NOTE: lazy, training code is an edge like the CLI
 
-    kwargs = {"max_running_requests": 128, **(engine_kwargs or {})}
+    kwargs = {"max_running_requests": 128, "dtype": settings.dtype, **(engine_kwargs or {})}
     engine = Engine(settings.model_path, random_seed=settings.seed, **kwargs)
     seqs: list[list[int]] = []
     for temp in settings.temperatures:

@@ -55,7 +55,7 @@ def test_eval_overlap_is_dropped():
 
 
 @pytest.mark.skipif(not (datasets_dir() / "tinystories").is_dir(), reason="shared datasets not present")
-@pytest.mark.parametrize("dataset", ["tinystories", "gsm8k", "alpaca"])
+@pytest.mark.parametrize("dataset", ["tinystories", "gsm8k", "alpaca", "alpaca_eval", "spec_bench"])
 def test_training_text_never_contains_an_eval_prompt(dataset):
     prompts = eval_prompts()
     assert len(prompts) >= 4 * 80  # tinystories, mt_bench (2 turns), humaneval, gsm8k

@@ -1,0 +1,86 @@
+"""Instruction prompts for chat targets: the committed prompt file is disjoint from evaluation,
+chat rendering, and ``specdec train-draft``'s regenerate-only and half-precision export paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdec.train.chat import has_chat_template, render_user_prompt
+from specdec.train.data import _from_file, eval_prompts, near_duplicates, overlapping_prompts
+
+DATA = Path(__file__).resolve().parents[2] / "specdec" / "data"
+SMOLLM2_PROMPTS = DATA / "train_prompts" / "smollm2.jsonl"
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+class _Tok:
+    def __init__(self, chat_template=None):
+        self.chat_template = chat_template
+
+
+def test_render_user_prompt_uses_the_template():
+    assert render_user_prompt(_Tok(CHATML), "Name a colour.") == (
+        "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n")
+    assert render_user_prompt(_Tok(), "Once upon a time") == "Once upon a time"
+    assert has_chat_template(_Tok(CHATML)) and not has_chat_template(_Tok(""))
+
+
+def test_near_duplicates_worked_example():
+    evals = ["Given that f(x) = 4x^3 - 9x - 14, find the value of f(2)."]
+    texts = ["Given that f(x) = 5x^3 - 2x + 3, find the value of f(2).",  # same question, other numbers
+             "What are the differences between plant-based and animal-based protein sources?"]
+    assert near_duplicates(texts, evals) == [0]
+
+
+def test_committed_smollm2_prompts_are_disjoint_from_evaluation():
+    samples = _from_file(SMOLLM2_PROMPTS)
+    assert len(samples) == 2636
+    assert {s.source for s in samples} == {"alpaca_eval", "alpaca", "spec_bench", "gsm8k"}
+    assert all(s.prompt.strip() and not s.response for s in samples)
+    banned = eval_prompts()
+    prompts = [s.prompt for s in samples]
+    assert overlapping_prompts(prompts, banned) == []
+    # instruction sets are also free of near-duplicates (GSM8K's official train split is disjoint from
+    # its test split by construction; short word problems there share words by chance)
+    instructions = [s.prompt for s in samples if s.source != "gsm8k"]
+    assert near_duplicates(instructions, banned) == []
+
+
+def test_cli_regen_only_then_fp16_export(tmp_path, capsys):
+    """stories260K (no chat template): --regen-only fills the cache and stops; the second run reuses
+    it, trains, and writes float16 weights that load back."""
+    from specdec.models.loaders import load_draft_head, load_target
+    from specdec.server.args import DEFAULT_MODEL
+    from specdec.train.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(line + "\n" for line in SMOLLM2_PROMPTS.read_text().splitlines()[:6]))
+    common = ["--model-path", DEFAULT_MODEL, "--dataset", str(prompts),
+              "--algorithm", "EAGLE", "--output-dir", str(tmp_path / "head"), "--work-dir", str(tmp_path / "work"),
+              "--max-len", "24", "--regen-max-new-tokens", "4", "--regen-temperatures", "0", "--batch-size", "4",
+              "--epochs", "1", "--no-human-text", "--regen-batch-size", "3", "--save-dtype", "float16"]
+    main(common + ["--regen-only"])
+    assert len(list((tmp_path / "work").glob("regen-*.jsonl"))) == 1
+    assert not (tmp_path / "head" / "model.safetensors").exists()
+    main(common)
+    assert "regenerate: reusing 6 sequences" in capsys.readouterr().out
+    state = load_file(str(tmp_path / "head" / "model.safetensors"))
+    assert {t.dtype for t in state.values()} == {torch.float16}
+    summary = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert summary["save_dtype"] == "float16" and summary["chat_template"] is False
+    head = load_draft_head(tmp_path / "head", load_target(DEFAULT_MODEL))
+    assert head.fc.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("bad", [["--dtype", "float64"], ["--chat-template", "yes"]])
+def test_cli_rejects_bad_choices(bad):
+    from specdec.train.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--output-dir", "x", *bad])

@@ -324,7 +324,9 @@ def main(argv: list[str] | None = None) -> None:
         plot(results, args.plot)
     for name, points in results["speculative"].items():
         print(f"Speedup {name}: " + ", ".join(f"bs{p['batch_size']}={p['speedup']:.2f}x" for p in points))
-    print(f"Plain decode at bs=1: {results['plain'][0]['floor_share']:.0%} of the weight-bandwidth floor")
+    share = results["plain"][0]["floor_share"]
+    if share == share:  # NOTE: NaN off CUDA, where no device copy bandwidth is measured
+        print(f"Plain decode at bs={results['plain'][0]['batch_size']}: {share:.0%} of the weight-bandwidth floor")
 
 
 if __name__ == "__main__":

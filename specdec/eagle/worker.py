@@ -176,11 +176,12 @@ class EAGLEWorker:
             result = self._verify(tree, logits, sampling)
         with maybe_phase(self.timer, "commit"):
             slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
-            tokens = result.predicts[result.accept_index.clamp(min=0)]  # [bs, S+1], padding past k
+            nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
+            tokens = result.predicts[nodes]  # [bs, S+1] committed tokens, padding past k
             host_view = _start_copy_to_host(torch.cat(
                 [req_pool_indices[:, None], seq_lens[:, None], result.accept_length[:, None], tokens], 1))
         with maybe_phase(self.timer, "draft_extend"):
-            self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result, tokens,
+            self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result, nodes, tokens,
                                          features, slots, committed)
         # the step's one read of the device; the draft extend keeps running meanwhile
         rows, old_lens, accept, tokens_host = _unpack(host_view())
@@ -303,13 +304,13 @@ class EAGLEWorker:
         return dst, positions >= 0
 
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, result: VerifyResult,
-                                tokens, features, slots, committed) -> None:
+                                nodes, tokens, features, slots, committed) -> None:
         """Draft extend over S + 1 tokens per request: the committed ones, then padding."""
         bs, width = tokens.shape
         device = tokens.device
         inputs = dict(
             input_ids=tokens.flatten(),
-            features=features[result.accept_index.clamp(min=0).flatten()],
+            features=features[nodes.flatten()],
             positions=(seq_lens[:, None] + torch.arange(width, device=device)).flatten(),
             out_cache_loc=torch.where(committed, slots, self.pad_slot).flatten(),
             req_pool_indices=req_pool_indices,

@@ -203,11 +203,12 @@ class Scheduler:
 
     def _decode_plain(self, reqs: list[Request]) -> None:
         rows, seq_lens, last = self._decode_inputs(reqs)
-        host_rows, host_lens = torch.tensor([r.row for r in reqs]), torch.tensor([r.kv_len for r in reqs])
+        host_lens = [r.kv_len for r in reqs]
+        out_cache_loc = self.memory.alloc_extend([r.row for r in reqs], host_lens, [1] * len(reqs))
         batch = ForwardBatch.decode(
-            last, seq_lens, self.memory.alloc_extend(host_rows, host_lens, torch.ones_like(host_lens)), rows,
+            last, seq_lens, out_cache_loc, rows,
             req_to_token=self.memory.req_to_token, kv_cache=self.runner.kv_cache,
-            attn_backend=self.runner.attn_backend, seq_lens_cpu=[r.kv_len for r in reqs],
+            attn_backend=self.runner.attn_backend, seq_lens_cpu=host_lens,
         )
         next_ids = BatchSampling(reqs, self.device, self.generator).sample(self.runner.forward(batch).next_token_logits)
         for req, token in zip(reqs, next_ids.tolist()):

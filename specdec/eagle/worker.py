@@ -12,13 +12,14 @@ padding slot) and the per-request draft state. The host applies stop conditions 
 tokens it gets.
 
 A decode step reads the device once: the committed tokens, copied while the draft extend runs.
+``launch_decode`` queues a step and returns a ``PendingDecode`` whose ``result()`` is that read, so
+a host may launch the next step from the pending one's device tensors first (overlap scheduling:
+``slots_reserved``).
 Every tensor between has a shape fixed by the batch size, so the draft loop and the draft extend
 replay CUDA graphs (``capture_cuda_graphs``) and the host's runner may replay the verify forward.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -27,6 +28,7 @@ from specdec.config import SpecConfig
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.heads import resolve_head
+from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async
 from specdec.eagle.state import DraftState
 from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import BuiltTree, TreeMaskMode, build_tree
@@ -39,16 +41,6 @@ from specdec.eagle.verify import (
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner
 from specdec.kernels import compact_accepted_kv_locs
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeOutput:
-    # committed tokens of each request (accepted drafts + bonus)
-    tokens: list[list[int]]
-    # tokens in each request's KV cache after the step
-    seq_lens: list[int]
-    # accepted draft tokens per request (committed - 1)
-    accept_lengths: list[int]
 
 
 class EAGLEWorker:
@@ -149,7 +141,11 @@ class EAGLEWorker:
         return next_ids
 
     # ---------------------------------------------------------------- decode
-    def decode(
+    def decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
+        """One speculative decode step, waited for: ``launch_decode(...).result()``."""
+        return self.launch_decode(req_pool_indices, seq_lens, verified_ids, sampling, **kw).result()
+
+    def launch_decode(
         self,
         req_pool_indices: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs] tokens in KV; the root (last committed token) is not
@@ -158,13 +154,25 @@ class EAGLEWorker:
         *,
         seq_lens_cpu: list[int] | None = None,  # host copies of seq_lens and req_pool_indices,
         rows_cpu: list[int] | None = None,  # when the host has them (saves reading the device)
-    ) -> DecodeOutput:
+        slots_reserved: bool = False,
+    ) -> PendingDecode:
+        """Queue one speculative decode step; its ``result()`` is the step's one read of the device.
+
+        By default the step allocates the tree's KV slots (positions seq_len .. seq_len + N - 1)
+        from the host's lists and ``result()`` frees the unaccepted ones: call it before the next
+        step. ``slots_reserved=True`` (overlap scheduling, where the host launches a step before
+        it knows the previous step's lengths): the host has already given those positions slots,
+        the step reads them from ``req_to_token`` on the device and frees nothing.
+        """
         cfg = self.config
         bs, n = int(req_pool_indices.shape[0]), cfg.num_draft_tokens
         if bs > self.max_batch_size:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
-        # the step's allocation comes first, while the device is idle (the host allocator may sync)
-        tree_slots = self._alloc(req_pool_indices, seq_lens, n, seq_lens_cpu, rows_cpu)
+        # the step's slots come first, while the device may be idle (the host allocator may sync)
+        if slots_reserved:
+            tree_slots = self._reserved_slots(req_pool_indices, seq_lens, n)
+        else:
+            tree_slots = self._alloc(req_pool_indices, seq_lens, n, seq_lens_cpu, rows_cpu)
         with maybe_phase(self.timer, "draft"):
             parent_list, top_index, draft_tokens = self._expand(req_pool_indices, seq_lens, seq_lens_cpu)
             tree = build_tree(
@@ -178,22 +186,34 @@ class EAGLEWorker:
             slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
             nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
             tokens = result.predicts[nodes]  # [bs, S+1] committed tokens, padding past k
-            host_view = _start_copy_to_host(torch.cat(
-                [req_pool_indices[:, None], seq_lens[:, None], result.accept_length[:, None], tokens], 1))
+            accept = result.accept_length  # [bs]
+            next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
+            next_seq_lens = seq_lens + accept + 1  # [bs]
+            host_view = copy_to_host_async(torch.cat(
+                [req_pool_indices[:, None], seq_lens[:, None], accept[:, None], tokens], 1))
         with maybe_phase(self.timer, "draft_extend"):
             self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result, nodes, tokens,
                                          features, slots, committed)
-        # the step's one read of the device; the draft extend keeps running meanwhile
-        rows, old_lens, accept, tokens_host = _unpack(host_view())
-        new_lens = [s + k + 1 for s, k in zip(old_lens, accept)]
-        self.memory.truncate(rows, [s + n for s in old_lens], new_lens)
-        return DecodeOutput(
-            tokens=[t[: k + 1] for t, k in zip(tokens_host, accept)],
-            seq_lens=new_lens,
-            accept_lengths=accept,
-        )
 
-    def decode_plain(
+        def read() -> DecodeOutput:
+            # the step's one read of the device; the draft extend keeps running meanwhile
+            rows, old_lens, accept_host, tokens_host = _unpack(host_view())
+            new_lens = [s + k + 1 for s, k in zip(old_lens, accept_host)]
+            if not slots_reserved:
+                self.memory.truncate(rows, [s + n for s in old_lens], new_lens)
+            return DecodeOutput(
+                tokens=[t[: k + 1] for t, k in zip(tokens_host, accept_host)],
+                seq_lens=new_lens,
+                accept_lengths=accept_host,
+            )
+
+        return PendingDecode(next_seq_lens, next_tokens, read)
+
+    def decode_plain(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
+        """One plain decode step, waited for: ``launch_decode_plain(...).result()``."""
+        return self.launch_decode_plain(req_pool_indices, seq_lens, verified_ids, sampling, **kw).result()
+
+    def launch_decode_plain(
         self,
         req_pool_indices: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs]
@@ -202,15 +222,20 @@ class EAGLEWorker:
         *,
         seq_lens_cpu: list[int] | None = None,
         rows_cpu: list[int] | None = None,
-    ) -> DecodeOutput:
+        slots_reserved: bool = False,
+    ) -> PendingDecode:
         """One target token per request without a draft tree; the draft cache is kept in step.
 
         Used when speculation is off for these requests (per request, or above the batch-size
         threshold): the target decodes the root, then the draft head extends over the one
-        committed token, so the requests can speculate again in any later step.
+        committed token, so the requests can speculate again in any later step. Slots as in
+        ``launch_decode``, for one position per request.
         """
         bs = int(req_pool_indices.shape[0])
-        out_cache_loc = self._alloc(req_pool_indices, seq_lens, 1, seq_lens_cpu, rows_cpu)
+        if slots_reserved:
+            out_cache_loc = self._reserved_slots(req_pool_indices, seq_lens, 1)
+        else:
+            out_cache_loc = self._alloc(req_pool_indices, seq_lens, 1, seq_lens_cpu, rows_cpu)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,
@@ -218,12 +243,17 @@ class EAGLEWorker:
             seq_lens_cpu=seq_lens_cpu,
         )
         out = self.target.forward(batch)
-        next_ids = sampling.sample(out.next_token_logits)
+        next_ids = sampling.sample(out.next_token_logits)  # [bs]
+        host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
         self._draft_extend(next_ids, out.hidden_states, seq_lens, out_cache_loc,
                            req_pool_indices, seq_lens, [1] * bs, prefix_lens_cpu=seq_lens_cpu)
-        old_lens = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.tolist()
-        return DecodeOutput(tokens=[[t] for t in next_ids.tolist()], seq_lens=[s + 1 for s in old_lens],
-                            accept_lengths=[0] * bs)
+
+        def read() -> DecodeOutput:
+            old_lens, tokens = zip(*host_view()) if bs else ((), ())
+            return DecodeOutput(tokens=[[t] for t in tokens], seq_lens=[s + 1 for s in old_lens],
+                                accept_lengths=[0] * bs)
+
+        return PendingDecode(seq_lens + 1, next_ids, read)
 
     # ---------------------------------------------------------------- phases
     def _alloc(self, req_pool_indices, seq_lens, tokens: int, seq_lens_cpu, rows_cpu) -> torch.Tensor:
@@ -231,6 +261,11 @@ class EAGLEWorker:
         if seq_lens_cpu is not None and rows_cpu is not None:
             return self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [tokens] * len(rows_cpu))
         return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
+
+    def _reserved_slots(self, req_pool_indices, seq_lens, tokens: int) -> torch.Tensor:
+        """Slots the host reserved for positions seq_len .. seq_len + tokens - 1: [bs * tokens]."""
+        positions = seq_lens[:, None] + torch.arange(tokens, device=seq_lens.device)  # [bs, tokens]
+        return self.memory.req_to_token[req_pool_indices[:, None], positions].flatten().long()
 
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         root = self.state.load(req_pool_indices)
@@ -343,20 +378,3 @@ class EAGLEWorker:
 def _unpack(rows: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     """Columns (request row, seq_len, accept length, committed tokens) of the step's host copy."""
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3:] for r in rows]
-
-
-def _start_copy_to_host(values: torch.Tensor):
-    """Start copying ``values`` ([bs, m] int64) to the host; returns a function that waits for it
-    and gives the rows as lists. On CUDA the copy is ordered after the work queued so far only."""
-    if values.device.type != "cuda":
-        return values.tolist
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-    host.copy_(values, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-
-    def wait() -> list[list[int]]:
-        done.synchronize()
-        return host.tolist()
-
-    return wait

@@ -63,6 +63,7 @@ class Engine:
         random_seed: int = 0,
         cuda_graph_max_bs: int | None = None,
         disable_cuda_graph: bool = False,
+        overlap_schedule: bool | None = None,
         target_model: torch.nn.Module | None = None,
         draft_model: torch.nn.Module | None = None,
         tokenizer: Any = None,
@@ -109,16 +110,21 @@ class Engine:
                     device=device, max_total_tokens=max_total_tokens,
                     max_running_requests=max_running_requests, context_length=context_length,
                     random_seed=random_seed, cuda_graph_max_bs=cuda_graph_max_bs,
-                    disable_cuda_graph=disable_cuda_graph)
+                    disable_cuda_graph=disable_cuda_graph, overlap_schedule=overlap_schedule)
 
     def _build(self, target_model, draft_model, *, attention_backend, page_size, device, max_total_tokens,
-               max_running_requests, context_length, random_seed, cuda_graph_max_bs, disable_cuda_graph) -> None:
+               max_running_requests, context_length, random_seed, cuda_graph_max_bs, disable_cuda_graph,
+               overlap_schedule) -> None:
         from specdec.eagle.worker import EAGLEWorker
 
         cfg = target_model.config
         self.context_length = int(context_length or min(cfg.max_position_embeddings, 8192))
         tree = self.spec_config.num_draft_tokens if self.spec_config else 1
-        max_context_len = self.context_length + tree + page_size
+        # overlap scheduling (default on CUDA): launch each decode step before reading the last one
+        overlap = str(device).startswith("cuda") if overlap_schedule is None else bool(overlap_schedule)
+        # a request may hold its context, the tokens of one step launched past its end, and a tree
+        step_tokens = self.spec_config.num_steps + 1 if self.spec_config else 1
+        max_context_len = self.context_length + step_tokens + tree + page_size
         backend = create_attention_backend(attention_backend)
         graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, disable_cuda_graph,
                                               max_running_requests)
@@ -147,7 +153,7 @@ class Engine:
             self.cuda_graph_bytes = self.capture_cuda_graphs(graph_sizes)
         self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
                                    max_running_requests=max_running_requests, tree_tokens=tree,
-                                   generator=self.generator)
+                                   overlap=overlap, generator=self.generator)
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}
 
@@ -265,5 +271,7 @@ class Engine:
             self.add_request(req)
         while any(not r.finished for r in reqs):
             self.step()
+        if not any(not r.finished for r in self.scheduler.running):
+            self.scheduler.drain()  # the step launched past the last request's end holds its KV
         results = [r.result(self.tokenizer) for r in reqs]
         return results[0] if single else results

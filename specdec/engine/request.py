@@ -26,6 +26,8 @@ class Request:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     row: int = -1  # request-pool row while running
     kv_len: int = 0  # tokens in the KV cache (the last output token is not yet)
+    # positions [0, kv_alloc) hold KV slots (overlap scheduling reserves past kv_len)
+    kv_alloc: int = 0
     finish_reason: FinishReason | None = None
     spec_verify_ct: int = 0
     accept_lengths: list[int] = dataclasses.field(default_factory=list)

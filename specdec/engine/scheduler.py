@@ -3,15 +3,32 @@
 Each ``step`` runs one batch: a prefill of newly admitted requests when there are any, otherwise
 one decode step of every running request (plain: one token each; EAGLE: k + 1 tokens each).
 Requests join and leave between steps. Admission reserves a request's worst case (prompt +
-max_new_tokens + one draft tree), so a running request never runs out of KV slots mid-decode.
+max_new_tokens + what one step may add + one draft tree), so a running request never runs out of
+KV slots mid-decode.
+
+Overlap scheduling (``overlap=True``): a decode step is launched from the previous step's
+device-resident outputs (lengths, last tokens) *before* the host reads that step, so the device
+never idles while the host reads, applies stop conditions and prepares the next step::
+
+    host    launch t+1 | read t, apply | launch t+2 | read t+1, apply | ...
+    device  ... step t | step t+1 .................| step t+2 ........
+
+The host cannot know a request's length while its last step is unread, so it keeps each running
+request's KV slots reserved up to the longest that step could make it plus one draft tree
+(``Request.kv_alloc``), and the worker reads the tree's slots from ``req_to_token`` on the device
+(``slots_reserved``). A request that finishes in step t has already been launched in step t + 1:
+that step's tokens for it are dropped and its KV is released once step t + 1 is read. A prefill
+or an abort reads the step in flight first.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import torch
 
+from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import FinishReason, Request
@@ -48,6 +65,31 @@ class BatchSampling:
         return sample(logits, self.batch, generator=self.generator)
 
 
+@dataclasses.dataclass
+class _Part:
+    """One launched sub-batch of a decode step: its requests and the worker's pending result."""
+
+    reqs: list[Request]
+    pending: PendingDecode
+    speculative: bool
+
+
+@dataclasses.dataclass
+class _Launched:
+    """A decode step queued on the device whose results the host has not read yet."""
+
+    parts: list[_Part]
+    # [len(reqs)] device tensors in ``reqs`` order: lengths and last tokens after the step
+    next_seq_lens: torch.Tensor
+    next_tokens: torch.Tensor
+    # the most KV tokens the step may add to each request (by id), for slot reservation
+    growth: dict[int, int]
+
+    @property
+    def reqs(self) -> list[Request]:
+        return [r for part in self.parts for r in part.reqs]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -57,6 +99,7 @@ class Scheduler:
         worker=None,
         max_running_requests: int,
         tree_tokens: int,
+        overlap: bool = False,
         generator: torch.Generator | None = None,
     ) -> None:
         self.runner = runner
@@ -65,16 +108,26 @@ class Scheduler:
         self.max_running_requests = max_running_requests
         # KV positions a decode step may hold beyond the committed ones (a whole draft tree)
         self.tree_tokens = tree_tokens
+        # most tokens one decode step commits per request (the accepted drafts + bonus)
+        self.max_step_tokens = worker.config.num_steps + 1 if worker is not None else 1
+        self.overlap = overlap
         self.generator = generator
         self.device = memory.req_to_token.device
         self.waiting: collections.deque[Request] = collections.deque()
+        # admitted and not yet released (finished ones stay while a launched step still holds them)
         self.running: list[Request] = []
+        self.launched: _Launched | None = None
         self.reserved = 0
 
     # ------------------------------------------------------------ bookkeeping
     def worst_case_tokens(self, prompt_len: int, max_new_tokens: int) -> int:
+        """KV slots a request may hold at once: prompt + outputs, the tokens of one more step
+        (overlap launches a step before it knows the last one finished the request), one draft
+        tree, and a page of rounding."""
         page = self.memory.page_size
         need = prompt_len + max_new_tokens + self.tree_tokens
+        if self.overlap:
+            need += self.max_step_tokens
         return -(-need // page) * page + page
 
     def add(self, req: Request) -> None:
@@ -89,24 +142,34 @@ class Scheduler:
                 return req
         for req in self.running:
             if req.rid == rid:
-                req.finish_reason = FinishReason.ABORT
-                self._release([req])
+                if not req.finished:
+                    req.finish_reason = FinishReason.ABORT
+                self._release_finished()
                 return req
         return None
 
+    def drain(self) -> list[Request]:
+        """Read the step in flight, if any; returns the requests that finished in it."""
+        finished = self._read_launched()
+        self._release_finished()
+        return finished
+
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.launched)
 
-    def _release(self, reqs: list[Request]) -> None:
-        for req in reqs:
-            self.memory.free_request_tokens(req.row, req.kv_len)
+    def _release_finished(self) -> None:
+        """Free the KV and rows of finished requests that no launched step still holds."""
+        held = {id(r) for r in self.launched.reqs} if self.launched else set()
+        done = [r for r in self.running if r.finished and id(r) not in held]
+        for req in done:
+            self.memory.free_request_tokens(req.row, max(req.kv_len, req.kv_alloc))
             self.memory.free_req(req.row)
             self.reserved -= req.reserved_tokens
             req.row = -1
-            req.kv_len = 0
-        done = {id(r) for r in reqs}
-        self.running = [r for r in self.running if id(r) not in done]
+            req.kv_len = req.kv_alloc = 0
+        gone = {id(r) for r in done}
+        self.running = [r for r in self.running if id(r) not in gone]
 
     def _admit(self) -> list[Request]:
         admitted = []
@@ -123,18 +186,19 @@ class Scheduler:
     # ------------------------------------------------------------ one step
     @torch.inference_mode()
     def step(self) -> list[Request]:
-        """Run one batch; returns the requests that finished in it."""
+        """Run one batch; returns the requests found finished in it.
+
+        With overlap, a decode ``step`` launches the next decode step and then reads the one
+        launched by the previous ``step``: the tokens it hands out are one step behind.
+        """
         admitted = self._admit()
         if admitted:
+            finished = self._read_launched()  # the prefill needs the device's lengths settled
             self._prefill(admitted)
-            batch = admitted
-        elif self.running:
-            batch = list(self.running)
-            self._decode(batch)
+            finished += [r for r in admitted if r.finished]
         else:
-            return []
-        finished = [r for r in batch if r.finished]
-        self._release(finished)
+            finished = self._decode()
+        self._release_finished()
         return finished
 
     def _prefill(self, reqs: list[Request]) -> None:
@@ -166,51 +230,130 @@ class Scheduler:
         else:
             next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)
         for req, n, token in zip(reqs, lens, next_ids.tolist()):
-            req.kv_len = n
+            req.kv_len = req.kv_alloc = n
             req.append([token])
         self.running.extend(reqs)
 
-    def _decode(self, reqs: list[Request]) -> None:
+    # ------------------------------------------------------------ decode
+    def _decode(self) -> list[Request]:
+        batch = [r for r in self.running if not r.finished]
+        if not self.overlap:
+            finished = self._read_launched()
+            if batch:
+                self.launched = self._launch(batch, previous=None)
+                finished += self._read_launched()
+            return finished
+        previous, self.launched = self.launched, None
+        if batch:
+            self.launched = self._launch(batch, previous)
+        return self._apply(previous) if previous is not None else []
+
+    def _read_launched(self) -> list[Request]:
+        launched, self.launched = self.launched, None
+        return self._apply(launched) if launched is not None else []
+
+    def _apply(self, launched: _Launched) -> list[Request]:
+        """Read a launched step and hand its tokens to the requests; returns those it finished.
+        Requests that finished before (their step was launched ahead) ignore their tokens."""
+        finished = []
+        for part in launched.parts:
+            out: DecodeOutput = part.pending.result()
+            for req, tokens, kv_len, k in zip(part.reqs, out.tokens, out.seq_lens, out.accept_lengths):
+                if req.finished:
+                    continue
+                req.kv_len = kv_len
+                if part.speculative:
+                    req.spec_verify_ct += 1
+                    req.accept_lengths.append(k)
+                req.append(tokens)
+                if req.finished:
+                    finished.append(req)
+        return finished
+
+    def _launch(self, reqs: list[Request], previous: _Launched | None) -> _Launched:
+        """Queue one decode step of ``reqs``: speculative and plain sub-batches as configured."""
         if self.worker is None:
-            self._decode_plain(reqs)
+            groups = [(reqs, False)]
+        else:
+            threshold = self.worker.config.batch_size_threshold
+            speculate = threshold is None or len(reqs) <= threshold
+            spec = [r for r in reqs if speculate and r.params.speculative]
+            plain = [r for r in reqs if not (speculate and r.params.speculative)]
+            groups = [(g, is_spec) for g, is_spec in ((spec, True), (plain, False)) if g]
+        parts, growth = [], {}
+        for group, speculative in groups:
+            step_tokens = self.max_step_tokens if speculative else 1
+            parts.append(self._launch_part(group, previous, speculative))
+            growth.update((id(r), step_tokens) for r in group)
+        return _Launched(
+            parts=parts,
+            next_seq_lens=torch.cat([p.pending.next_seq_lens for p in parts]),
+            next_tokens=torch.cat([p.pending.next_tokens for p in parts]),
+            growth=growth,
+        )
+
+    def _launch_part(self, reqs: list[Request], previous: _Launched | None, speculative: bool) -> _Part:
+        rows_cpu = [r.row for r in reqs]
+        seq_lens_cpu = [r.kv_len for r in reqs] if previous is None else None
+        rows, seq_lens, last = self._decode_inputs(reqs, previous)
+        if self.overlap:
+            # the step writes positions seq_len .. seq_len + tokens - 1, seq_len at most the
+            # request's length before the unread step plus what that step may add
+            tokens = self.tree_tokens if speculative else 1
+            growth = previous.growth if previous is not None else {}
+            self._reserve(reqs, [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs])
+        sampling = BatchSampling(reqs, self.device, self.generator)
+        kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)
+        if self.worker is None:
+            pending = self._launch_plain(rows, seq_lens, last, sampling, **kw)
+        else:
+            launch = self.worker.launch_decode if speculative else self.worker.launch_decode_plain
+            pending = launch(rows, seq_lens, last, sampling, slots_reserved=self.overlap, **kw)
+        return _Part(reqs, pending, speculative)
+
+    def _reserve(self, reqs: list[Request], ends: list[int]) -> None:
+        """Give positions up to ``ends`` (exclusive) of each request KV slots (overlap only)."""
+        grow = [(r, end) for r, end in zip(reqs, ends) if end > r.kv_alloc]
+        if not grow:
             return
-        threshold = self.worker.config.batch_size_threshold
-        speculate = threshold is None or len(reqs) <= threshold
-        spec = [r for r in reqs if speculate and r.params.speculative]
-        plain = [r for r in reqs if not (speculate and r.params.speculative)]
-        if spec:
-            self._decode_with_worker(spec, self.worker.decode, speculative=True)
-        if plain:
-            self._decode_with_worker(plain, self.worker.decode_plain, speculative=False)
+        self.memory.alloc_extend([r.row for r, _ in grow], [r.kv_alloc for r, _ in grow],
+                                 [end - r.kv_alloc for r, end in grow])
+        for req, end in grow:
+            req.kv_alloc = end
 
-    def _decode_inputs(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[bs] request rows, tokens in KV, and last committed tokens (one copy to the device)."""
-        columns = host_to_device(torch.tensor(
-            [[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
-            self.device)
-        return columns[0], columns[1], columns[2]
+    def _decode_inputs(
+        self, reqs: list[Request], previous: _Launched | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[bs] request rows, tokens in KV, and last committed tokens on the device: from the
+        host's values (one copy), or the lengths and tokens from the unread ``previous`` step."""
+        if previous is None:
+            columns = host_to_device(torch.tensor(
+                [[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
+                self.device)
+            return columns[0], columns[1], columns[2]
+        where = {id(r): i for i, r in enumerate(previous.reqs)}
+        index = [where[id(r)] for r in reqs]
+        columns = host_to_device(torch.tensor([[r.row for r in reqs], index], dtype=torch.int64), self.device)
+        return columns[0], previous.next_seq_lens[columns[1]], previous.next_tokens[columns[1]]
 
-    def _decode_with_worker(self, reqs: list[Request], step, *, speculative: bool) -> None:
-        rows, seq_lens, last = self._decode_inputs(reqs)
-        out = step(rows, seq_lens, last, BatchSampling(reqs, self.device, self.generator),
-                   seq_lens_cpu=[r.kv_len for r in reqs], rows_cpu=[r.row for r in reqs])
-        for req, tokens, kv_len, k in zip(reqs, out.tokens, out.seq_lens, out.accept_lengths):
-            req.kv_len = kv_len
-            if speculative:
-                req.spec_verify_ct += 1
-                req.accept_lengths.append(k)
-            req.append(tokens)
-
-    def _decode_plain(self, reqs: list[Request]) -> None:
-        rows, seq_lens, last = self._decode_inputs(reqs)
-        host_lens = [r.kv_len for r in reqs]
-        out_cache_loc = self.memory.alloc_extend([r.row for r in reqs], host_lens, [1] * len(reqs))
+    def _launch_plain(self, rows, seq_lens, last, sampling: BatchSampling, *, seq_lens_cpu, rows_cpu) -> PendingDecode:
+        """One target token per request (no speculation configured)."""
+        if self.overlap:
+            positions = seq_lens[:, None]  # [bs, 1] reserved by _reserve
+            out_cache_loc = self.memory.req_to_token[rows[:, None], positions].flatten().long()
+        else:
+            out_cache_loc = self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [1] * len(rows_cpu))
         batch = ForwardBatch.decode(
             last, seq_lens, out_cache_loc, rows,
             req_to_token=self.memory.req_to_token, kv_cache=self.runner.kv_cache,
-            attn_backend=self.runner.attn_backend, seq_lens_cpu=host_lens,
+            attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens_cpu,
         )
-        next_ids = BatchSampling(reqs, self.device, self.generator).sample(self.runner.forward(batch).next_token_logits)
-        for req, token in zip(reqs, next_ids.tolist()):
-            req.kv_len += 1
-            req.append([token])
+        next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)  # [bs]
+        host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
+
+        def read() -> DecodeOutput:
+            old_lens, tokens = zip(*host_view())
+            return DecodeOutput(tokens=[[t] for t in tokens], seq_lens=[s + 1 for s in old_lens],
+                                accept_lengths=[0] * len(tokens))
+
+        return PendingDecode(seq_lens + 1, next_ids, read)

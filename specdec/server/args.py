@@ -30,6 +30,9 @@ def add_engine_args(parser: argparse.ArgumentParser, *, default_model: str | Non
                    "larger batches run eagerly")
     g.add_argument("--disable-cuda-graph", action="store_true",
                    help="run every forward eagerly (CUDA graphs are used on CUDA with the triton backend)")
+    g.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="read each decode step before launching the next (overlap scheduling, the default on "
+                   "CUDA, launches step t+1 from step t's device-resident outputs while the host reads step t)")
     s = parser.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=None, choices=["EAGLE", "EAGLE3"],
                    help="turn on speculative decoding with an EAGLE or EAGLE-3 draft head")
@@ -56,6 +59,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         max_total_tokens=args.max_total_tokens, max_running_requests=args.max_running_requests,
         context_length=args.context_length, random_seed=args.random_seed,
         cuda_graph_max_bs=args.cuda_graph_max_bs, disable_cuda_graph=args.disable_cuda_graph,
+        overlap_schedule=False if args.disable_overlap_schedule else None,
     )
     if args.speculative_algorithm:
         kwargs.update(

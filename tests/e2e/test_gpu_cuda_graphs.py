@@ -46,12 +46,14 @@ def test_graph_replay_equals_eager(algorithm, shape, page_size):
     assert_no_leak(graphs)
 
 
-def test_decode_step_reads_the_device_once():
-    """torch's sync debug mode raises on any synchronizing call inside the step (the host
-    allocator's work at the start of the step, while the device is idle, is let through)."""
+@pytest.mark.parametrize("overlap", [True, False])
+def test_decode_step_reads_the_device_once(overlap):
+    """torch's sync debug mode raises on any synchronizing call while a decode step is launched
+    (without overlap, the allocator's work at the start of the step, while the device is idle,
+    is let through; with overlap the host reserves slots before the launch)."""
     target, draft = make_pair("EAGLE3", "mixed")
     eng = engine(target.cuda(), draft.cuda(), algorithm="EAGLE3", shape=(5, 4, 8), device="cuda",
-                 attention_backend="triton", cuda_graph_max_bs=4)
+                 attention_backend="triton", cuda_graph_max_bs=4, overlap_schedule=overlap)
     alloc = eng.memory.alloc_extend
 
     def alloc_outside_debug(*args):
@@ -62,19 +64,23 @@ def test_decode_step_reads_the_device_once():
         finally:
             torch.cuda.set_sync_debug_mode(mode)
 
-    eng.memory.alloc_extend = alloc_outside_debug
-    decode = eng.worker.decode
+    if not overlap:
+        eng.memory.alloc_extend = alloc_outside_debug
+    launch = eng.worker.launch_decode
+    launches = []
 
-    def checked_decode(*args, **kw):
+    def checked_launch(*args, **kw):
+        launches.append(kw.get("slots_reserved"))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return decode(*args, **kw)
+            return launch(*args, **kw)
         finally:
             torch.cuda.set_sync_debug_mode(0)
 
-    eng.worker.decode = checked_decode
+    eng.worker.launch_decode = checked_launch
     prompts = prompts_of([4, 7, 2], target.config.vocab_size)
     out = eng.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 20, "ignore_eos": True})
     assert all(len(o["output_ids"]) == 20 for o in out)
+    assert launches and set(launches) == {overlap}
     assert_no_leak(eng)

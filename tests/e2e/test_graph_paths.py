@@ -63,8 +63,8 @@ def test_batches_past_the_largest_size_run_eagerly():
     spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4))
     spec.capture_cuda_graphs([1, 2], use_graphs=False)
     steps = []
-    decode = spec.worker.decode
-    spec.worker.decode = lambda *a, **kw: steps.append(len(a[0])) or decode(*a, **kw)
+    launch = spec.worker.launch_decode
+    spec.worker.launch_decode = lambda *a, **kw: steps.append(len(a[0])) or launch(*a, **kw)
     got = spec.generate(input_ids=prompts, sampling_params=_params())
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     assert max(steps) > 2 and min(steps) <= 2

@@ -68,19 +68,21 @@ def chi_square_p(counts: np.ndarray, expected_probs: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(
-    "shape, sampling",
+    "shape, sampling, overlap",
     [
-        ((3, 1, 4), {"temperature": 1.0}),
-        ((3, 3, 7), {"temperature": 1.0}),
-        ((2, 2, 4), {"temperature": 0.7, "top_k": 4, "top_p": 0.9}),
+        ((3, 1, 4), {"temperature": 1.0}, False),
+        ((3, 3, 7), {"temperature": 1.0}, False),
+        ((2, 2, 4), {"temperature": 0.7, "top_k": 4, "top_p": 0.9}, False),
+        ((3, 3, 7), {"temperature": 1.0}, True),
     ],
-    ids=["chain-T1", "tree-T1", "tree-topk-topp"],
+    ids=["chain-T1", "tree-T1", "tree-topk-topp", "tree-T1-overlap"],
 )
-def test_emitted_tokens_follow_target_distribution(shape, sampling):
+def test_emitted_tokens_follow_target_distribution(shape, sampling, overlap):
     target, draft = flat_pair()
     params = {**sampling, "max_new_tokens": LENGTH, "ignore_eos": True}
     exact = exact_distribution(target, SamplingParams.from_dict(params))
-    eng = engine(target, draft, algorithm="EAGLE", shape=shape, max_running_requests=64, random_seed=1)
+    eng = engine(target, draft, algorithm="EAGLE", shape=shape, max_running_requests=64, random_seed=1,
+                 overlap_schedule=overlap)
     counts = sample_counts(eng, params, 4000)
     assert chi_square_p(counts, exact) > 1e-3
     # the draft was actually used: some steps accepted draft tokens, some rejected them

@@ -1,0 +1,62 @@
+"""What a decode step hands back: queued on the device first (``PendingDecode``), read once later.
+
+The split lets a host overlap its work with the device's: it launches step t + 1 from step t's
+device-resident outputs (``next_seq_lens``, ``next_tokens``) before it reads step t's results, so
+the device never waits for the host between steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOutput:
+    # committed tokens of each request (accepted drafts + bonus)
+    tokens: list[list[int]]
+    # tokens in each request's KV cache after the step
+    seq_lens: list[int]
+    # accepted draft tokens per request (committed - 1)
+    accept_lengths: list[int]
+
+
+class PendingDecode:
+    """A decode step queued on the device. ``result()`` waits for it and reads it (once)."""
+
+    def __init__(
+        self,
+        next_seq_lens: torch.Tensor,  # [bs] device: tokens in KV after the step
+        next_tokens: torch.Tensor,  # [bs] device: each request's last committed token (the next root)
+        read: Callable[[], DecodeOutput],
+    ) -> None:
+        self.next_seq_lens = next_seq_lens
+        self.next_tokens = next_tokens
+        self._read = read
+        self._output: DecodeOutput | None = None
+
+    def result(self) -> DecodeOutput:
+        if self._output is None:
+            self._output = self._read()
+        return self._output
+
+
+def copy_to_host_async(values: torch.Tensor) -> Callable[[], list[list[int]]]:
+    """Start copying ``values`` ([bs, m] int64) to the host; returns a function that waits for the
+    copy and gives the rows as lists. On CUDA the copy is ordered after the work queued so far
+    only: work queued later keeps the device busy while the host waits."""
+    if values.device.type != "cuda":
+        rows = values.tolist()
+        return lambda: rows
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> list[list[int]]:
+        done.synchronize()
+        return host.tolist()
+
+    return wait

@@ -60,6 +60,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile-host", default=None, metavar="PATH",
                         help="after each engine's sweep, profile the host (cProfile) over the timed steps at the "
                         "smallest and largest batch size, and write the top functions to PATH")
+    parser.add_argument("--profile-device", default=None, metavar="PATH",
+                        help="after each engine's sweep, profile the device (torch.profiler, kernels inside CUDA "
+                        "graphs included) over the timed steps at the smallest batch size, and write the "
+                        "kernels by total GPU time to PATH")
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:
@@ -210,6 +214,23 @@ def profile_host(engine, bs: int, args, vocab: int, title: str) -> None:
         f.write(f"==== {title} (every step of the point, prefill and warm-up included)\n{text.getvalue()}\n")
 
 
+def profile_device(engine, bs: int, args, vocab: int, title: str) -> None:
+    """Append the kernels by GPU time over one point's steps (warm-up included) to --profile-device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        point = measure(engine, bs, args, vocab)
+    events = prof.key_averages()
+    steps = args.warmup_steps + args.decode_steps
+    try:
+        table = events.table(sort_by="self_device_time_total", row_limit=40)
+    except (AttributeError, KeyError):  # older torch names it after CUDA
+        table = events.table(sort_by="self_cuda_time_total", row_limit=40)
+    with open(args.profile_device, "a") as f:
+        f.write(f"==== {title}: {steps + 1} decode steps (+ prefill), {point['step_ms']:.2f} ms/step timed\n"
+                f"{table}\n")
+
+
 # ----------------------------------------------------------------------------- the sweep
 def run(args: argparse.Namespace) -> dict:
     import torch
@@ -246,6 +267,8 @@ def run(args: argparse.Namespace) -> dict:
         if args.profile_host:
             for bs in sorted({batch_sizes[0], batch_sizes[-1]}):
                 profile_host(engine, bs, args, vocab, f"{name} bs={bs}")
+        if args.profile_device:
+            profile_device(engine, batch_sizes[0], args, vocab, f"{name} bs={batch_sizes[0]}")
         print(f"{name}: graphs captured in {capture_s:.1f} s ({engine.cuda_graph_bytes / 2**20:.0f} MiB)", flush=True)
         for p in points:
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "

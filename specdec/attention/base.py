@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from specdec.forward import ForwardBatch
+from specdec.forward import ForwardBatch, ForwardMode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +33,46 @@ class AttentionLayer:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class StaticPlan:
+    """A static (CUDA-graph) forward as a host-planned backend plans it before each replay.
+
+    The forward's sequences each have ``q_len`` query rows and ``own`` KV entries past their
+    prefix (their new tokens, or a draft branch's ancestors); padding sequences have prefix 0.
+    """
+
+    forward_mode: ForwardMode
+    prefix_lens: list[int]  # [num_seqs] host lengths, padding included
+    q_len: int
+    own: int
+    max_seq_len: int  # the graph's static bound (``ForwardBatch.static_max_seq_len``)
+    device: torch.device
+    # TARGET_VERIFY: [num_seqs * q_len * q_len] bool tree blocks on the device (padding: True)
+    tree_mask: torch.Tensor | None = None
+
+    @property
+    def key(self) -> tuple[ForwardMode, int, int, int]:
+        return static_plan_key(self.forward_mode, len(self.prefix_lens), self.q_len, self.own)
+
+
+def static_plan_key(mode: ForwardMode, num_seqs: int, q_len: int, own: int) -> tuple[ForwardMode, int, int, int]:
+    """What tells one static forward of a backend from another (one plan each)."""
+    return mode, num_seqs, q_len, own
+
+
 class AttentionBackend(abc.ABC):
     name: str = "abstract"
-    # whether ``init_forward_metadata`` plans batches that carry ``static_max_seq_len`` from device
-    # tensors alone, so a forward can be captured as a CUDA graph (else the engine runs eagerly)
+    # whether static forwards (batches that carry ``static_max_seq_len``) can be captured as CUDA
+    # graphs (else the engine runs eagerly)
     supports_cuda_graph: bool = False
+    # whether such forwards plan on the host, from host lengths, before each replay: the graph
+    # runners then call ``plan_static`` first and replay only when they have the host's lengths.
+    # Otherwise ``init_forward_metadata`` plans them from device tensors alone, inside the graph.
+    plans_on_host: bool = False
+
+    def plan_static(self, plan: StaticPlan) -> None:
+        """Plan a static forward before its graph is captured or replayed (host-planned backends)."""
+        raise NotImplementedError(f"{self.name} backend plans static forwards inside the graph")
 
     @abc.abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

@@ -10,7 +10,10 @@ buffer per input (the largest size's buffer; smaller sizes use its first rows). 
     outputs              [ o0 o1 o2 o3 o4 | x x x ]     the first 5 * rows_per_request are returned
 
 Pad values must make the padding requests harmless (e.g. a KV slot reserved for padding, a
-prefix length of 0). Returned outputs are views of graph-owned memory: they are valid until the
+prefix length of 0). ``prepare(padded_bs, views, host)``, when given, runs on the host after the
+inputs are in place and before each replay (and before each size's capture, with ``host=None``):
+the place for work that cannot live inside a graph, like a host-planned attention backend's plan;
+``host`` is whatever the caller passed as ``host=``. Returned outputs are views of graph-owned memory: they are valid until the
 same runner replays again. Without CUDA (or with ``use_graphs=False``) the function runs eagerly
 on the same padded buffers, so the padding logic is the same code on every device.
 """
@@ -55,6 +58,7 @@ class CudaGraphRunner:
         use_graphs: bool = True,
         pool=None,
         name: str = "graph",
+        prepare: Callable[[int, dict[str, torch.Tensor], object], None] | None = None,
     ) -> None:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"{name}: batch_sizes must be non-empty and >= 1, got {list(batch_sizes)}")
@@ -66,6 +70,7 @@ class CudaGraphRunner:
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.pool = pool
         self.name = name
+        self.prepare = prepare
         # one buffer per input, sized for the largest batch, holding pad values where unused
         self.buffers = {
             i.name: torch.full((self.max_bs * i.rows_per_request, *i.trailing), i.pad_value, dtype=i.dtype,
@@ -102,6 +107,8 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream(self.device)
         for bs in reversed(self.batch_sizes):
             views = self._views(bs)
+            if self.prepare is not None:
+                self.prepare(bs, views, None)
             # NOTE: two eager runs first: Triton compiles and cuBLAS picks its workspace outside
             # the capture, which must not allocate host-visible state.
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -117,7 +124,7 @@ class CudaGraphRunner:
         self.memory_bytes = torch.cuda.memory_allocated(self.device) - before
 
     # ----------------------------------------------------------------- replay
-    def __call__(self, bs: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, bs: int, *, host: object = None, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         padded = self.padded_size(bs)
         self.num_calls += 1
         if set(inputs) != set(self.buffers):
@@ -133,6 +140,8 @@ class CudaGraphRunner:
             if stale > rows:  # rows a larger batch filled before are padding now
                 buf[rows:stale].fill_(spec.pad_value)
             self._filled_rows[name] = rows
+        if self.prepare is not None:
+            self.prepare(padded, self._views(padded), host)
         if self.use_graphs:
             if padded not in self._graphs:
                 raise RuntimeError(f"{self.name}: call capture() before replaying")

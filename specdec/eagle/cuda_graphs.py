@@ -6,15 +6,24 @@
   request: the committed ones, then padding whose K/V goes to the draft's padding slot.
 
 Padding requests have prefix 0 and write only the padding slot or scratch slots of rows past
-the real batch (the scratch area is sized for the largest captured batch).
+the real batch (the scratch area is sized for the largest captured batch). With a backend that
+plans on the host (FlashInfer), every draft forward of the graph is planned from the requests'
+host lengths before the replay, so the graphs replay only when the host has them.
 """
 
 from __future__ import annotations
 
 import torch
 
+from specdec.attention.base import StaticPlan
 from specdec.cuda_graph import CudaGraphRunner, StaticInput
 from specdec.eagle.draft import DraftRunner
+from specdec.forward import ForwardMode
+
+
+def _padded(prefix_lens: list[int] | None, padded: int) -> list[int]:
+    prefix = list(prefix_lens or [])
+    return prefix + [0] * (padded - len(prefix))
 
 
 class EAGLEDraftCudaGraphRunner:
@@ -31,6 +40,15 @@ class EAGLEDraftCudaGraphRunner:
         pool=None,
     ) -> None:
         k = draft.topk
+        backend = draft.attn_backend
+        self.needs_host_lengths = backend.plans_on_host
+
+        def plan(padded: int, views, seq_lens_cpu: list[int] | None) -> None:
+            # draft step i: one sequence per branch, its prefix plus i + 1 ancestors
+            branches = [p for p in _padded(seq_lens_cpu, padded) for _ in range(k)]
+            for step in range(draft.num_steps - 1):
+                backend.plan_static(StaticPlan(ForwardMode.DECODE, branches, q_len=1, own=step + 1,
+                                               max_seq_len=max_seq_len, device=device))
 
         def expand(root_topk_p, root_topk_index, root_hidden, req_pool_indices, seq_lens):
             return draft.expand(root_topk_p, root_topk_index, root_hidden, req_pool_indices=req_pool_indices,
@@ -46,18 +64,20 @@ class EAGLEDraftCudaGraphRunner:
                 StaticInput("seq_lens", 1, torch.int64),
             ],
             batch_sizes, device=device, use_graphs=use_graphs, pool=pool, name="draft",
+            prepare=plan if self.needs_host_lengths else None,
         )
 
     def capture(self) -> int:
         self.runner.capture()
         return self.runner.memory_bytes
 
-    def can_run(self, bs: int) -> bool:
-        return self.runner.can_run(bs)
+    def can_run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> bool:
+        return self.runner.can_run(bs) and (seq_lens_cpu is not None or not self.needs_host_lengths)
 
-    def __call__(self, root_topk_p, root_topk_index, root_hidden, *, req_pool_indices, seq_lens):
+    def __call__(self, root_topk_p, root_topk_index, root_hidden, *, req_pool_indices, seq_lens,
+                 seq_lens_cpu: list[int] | None = None):
         bs = int(req_pool_indices.shape[0])
-        return self.runner(bs, root_topk_p=root_topk_p, root_topk_index=root_topk_index, root_hidden=root_hidden,
+        return self.runner(bs, host=seq_lens_cpu, root_topk_p=root_topk_p, root_topk_index=root_topk_index, root_hidden=root_hidden,
                            req_pool_indices=req_pool_indices, seq_lens=seq_lens)
 
 
@@ -77,6 +97,12 @@ class EAGLEDraftExtendCudaGraphRunner:
         pool=None,
     ) -> None:
         t = num_tokens_per_req
+        backend = draft.attn_backend
+        self.needs_host_lengths = backend.plans_on_host
+
+        def plan(padded: int, views, seq_lens_cpu: list[int] | None) -> None:
+            backend.plan_static(StaticPlan(ForwardMode.DRAFT_EXTEND, _padded(seq_lens_cpu, padded), q_len=t, own=t,
+                                           max_seq_len=max_seq_len, device=device))
 
         def extend(input_ids, features, positions, out_cache_loc, req_pool_indices, seq_lens, num_committed):
             bs = req_pool_indices.shape[0]
@@ -97,15 +123,17 @@ class EAGLEDraftExtendCudaGraphRunner:
                 StaticInput("num_committed", 1, torch.int64, pad_value=1),
             ],
             batch_sizes, device=device, use_graphs=use_graphs, pool=pool, name="draft extend",
+            prepare=plan if self.needs_host_lengths else None,
         )
 
     def capture(self) -> int:
         self.runner.capture()
         return self.runner.memory_bytes
 
-    def can_run(self, bs: int) -> bool:
-        return self.runner.can_run(bs)
+    def can_run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> bool:
+        return self.runner.can_run(bs) and (seq_lens_cpu is not None or not self.needs_host_lengths)
 
-    def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, *, seq_lens_cpu: list[int] | None = None,
+                 **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bs = int(inputs["req_pool_indices"].shape[0])
-        return self.runner(bs, **inputs)
+        return self.runner(bs, host=seq_lens_cpu, **inputs)

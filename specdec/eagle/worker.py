@@ -270,8 +270,9 @@ class EAGLEWorker:
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         root = self.state.load(req_pool_indices)
         bs = int(req_pool_indices.shape[0])
-        if self.draft_graph is not None and self.draft_graph.can_run(bs):
-            return self.draft_graph(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        if self.draft_graph is not None and self.draft_graph.can_run(bs, seq_lens_cpu):
+            return self.draft_graph(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+                                    seq_lens_cpu=seq_lens_cpu)
         return self.draft.expand(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
                                  seq_lens_cpu=seq_lens_cpu)
 
@@ -352,8 +353,8 @@ class EAGLEWorker:
             seq_lens=seq_lens,
             num_committed=result.accept_length + 1,
         )
-        if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs):
-            topk_p, topk_index, hidden = self.draft_extend_graph(**inputs)
+        if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs, seq_lens_cpu):
+            topk_p, topk_index, hidden = self.draft_extend_graph(seq_lens_cpu=seq_lens_cpu, **inputs)
         else:
             topk_p, topk_index, hidden = self.draft.extend(
                 input_ids=inputs["input_ids"], features=inputs["features"], positions=inputs["positions"],

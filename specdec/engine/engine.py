@@ -120,12 +120,16 @@ class Engine:
         cfg = target_model.config
         self.context_length = int(context_length or min(cfg.max_position_embeddings, 8192))
         tree = self.spec_config.num_draft_tokens if self.spec_config else 1
-        # overlap scheduling (default on CUDA): launch each decode step before reading the last one
-        overlap = str(device).startswith("cuda") if overlap_schedule is None else bool(overlap_schedule)
         # a request may hold its context, the tokens of one step launched past its end, and a tree
         step_tokens = self.spec_config.num_steps + 1 if self.spec_config else 1
         max_context_len = self.context_length + step_tokens + tree + page_size
         backend = create_attention_backend(attention_backend)
+        # overlap scheduling (default on CUDA): launch each decode step before reading the last one.
+        # NOTE: not by default with speculation on a backend that plans on the host (FlashInfer): it
+        # needs the lengths an unread step decides, so its graphs could not replay
+        overlap = str(device).startswith("cuda") and not (self.spec_config and backend.plans_on_host)
+        if overlap_schedule is not None:
+            overlap = bool(overlap_schedule)
         graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, disable_cuda_graph,
                                               max_running_requests)
         num_slots = int(max_total_tokens or self._default_kv_tokens(

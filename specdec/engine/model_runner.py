@@ -3,7 +3,9 @@
 With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
 TARGET_VERIFY batches replay a graph per padded batch size; anything else (prefill, batches
 larger than the largest captured size) runs eagerly. Padding requests read nothing (prefix 0) and
-write their K/V into ``pad_slot``, a KV slot the allocator never hands out.
+write their K/V into ``pad_slot``, a KV slot the allocator never hands out. A backend that plans
+on the host (FlashInfer) is planned from the batch's host lengths before each replay; a batch
+without them runs eagerly.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from specdec.attention import KVCache
+from specdec.attention.base import StaticPlan
 from specdec.cuda_graph import CudaGraphRunner, StaticInput
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
@@ -68,6 +71,7 @@ class ModelRunner:
                 self._static_forward(mode, hidden, tokens, req_to_token, max_seq_len),
                 _target_inputs(tokens, pad_slot, with_tree=mode == ForwardMode.TARGET_VERIFY),
                 batch_sizes, device=device, pool=pool, use_graphs=use_graphs, name=f"target {mode.name.lower()}",
+                prepare=self._host_planner(mode, tokens, max_seq_len) if self.attn_backend.plans_on_host else None,
             )
             runner.capture()
             total += runner.memory_bytes
@@ -93,8 +97,19 @@ class ModelRunner:
 
         return forward
 
+    def _host_planner(self, mode: ForwardMode, tokens: int, max_seq_len: int):
+        def prepare(padded: int, views: dict[str, torch.Tensor], prefix_lens: list[int] | None) -> None:
+            prefix = list(prefix_lens or [])
+            self.attn_backend.plan_static(StaticPlan(
+                mode, prefix + [0] * (padded - len(prefix)), q_len=tokens, own=tokens, max_seq_len=max_seq_len,
+                device=self.kv_cache.device, tree_mask=views.get("tree_mask")))
+
+        return prepare
+
     def _graph_for(self, batch: ForwardBatch) -> CudaGraphRunner | None:
         if not self.graphs or batch.output_rows is not None or batch.draft_ancestors is not None:
+            return None
+        if self.attn_backend.plans_on_host and batch.prefix_lens_cpu is None:
             return None
         bs = batch.batch_size
         if bs == 0 or batch.num_tokens % bs:
@@ -110,7 +125,7 @@ class ModelRunner:
                       req_pool_indices=batch.req_pool_indices, seq_lens=batch.prefix_lens)
         if batch.forward_mode == ForwardMode.TARGET_VERIFY:
             inputs["tree_mask"] = batch.tree_mask
-        outputs = graph(batch.batch_size, **inputs)
+        outputs = graph(batch.batch_size, host=batch.prefix_lens_cpu, **inputs)
         return LogitsOutput(next_token_logits=outputs[0], hidden_states=outputs[1] if len(outputs) > 1 else None)
 
 

@@ -294,13 +294,15 @@ class Scheduler:
 
     def _launch_part(self, reqs: list[Request], previous: _Launched | None, speculative: bool) -> _Part:
         rows_cpu = [r.row for r in reqs]
-        seq_lens_cpu = [r.kv_len for r in reqs] if previous is None else None
+        # the host knows the lengths unless the unread step speculated for one of these requests
+        growth = previous.growth if previous is not None else {}
+        exact = all(growth.get(id(r), 0) <= 1 for r in reqs)  # a plain step adds exactly one token
+        seq_lens_cpu = [r.kv_len + growth.get(id(r), 0) for r in reqs] if exact else None
         rows, seq_lens, last = self._decode_inputs(reqs, previous)
         if self.overlap:
             # the step writes positions seq_len .. seq_len + tokens - 1, seq_len at most the
             # request's length before the unread step plus what that step may add
             tokens = self.tree_tokens if speculative else 1
-            growth = previous.growth if previous is not None else {}
             self._reserve(reqs, [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs])
         sampling = BatchSampling(reqs, self.device, self.generator)
         kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)

@@ -18,10 +18,12 @@ import json
 import os
 import types
 
+import numpy as np
 import pytest
 import torch
 
 from specdec.attention import flashinfer_backend as fib
+from specdec.attention.base import StaticPlan
 from specdec.attention.layout import build_ragged_layout
 from specdec.attention.torch_native import TorchNativeBackend
 from specdec.forward import ForwardMode
@@ -96,11 +98,33 @@ def _sequence_kv(paged_kv_cache, indptr, indices, last_page_len, s):
 
 
 class _Wrapper:
+    """FlashInfer's wrappers as documented; with ``use_cuda_graph`` the plan copies the indptr /
+    last_page_len (and a packed mask) into the caller's buffers, and ``run`` reads the buffers (the
+    KV indices included, which the caller may rewrite after planning)."""
+
     calls: list = []  # (class name, method, args, kwargs), shared by both wrappers
 
     def __init__(self, *args, **kwargs):
         self.calls.append((type(self).__name__, "__init__", args, kwargs))
         assert (args[1:2] or (kwargs.get("kv_layout", "NHD"),)) == ("NHD",)
+        self.graph = kwargs.get("use_cuda_graph", False)
+        self.kw = kwargs
+
+    def _buffers(self, indptr, last, qo=None):
+        """Plan in CUDA-graph mode: fill the fixed buffers, as FlashInfer does."""
+        if not self.graph:
+            return
+        names = ("paged_kv_indptr_buffer", "paged_kv_last_page_len_buffer") if "paged_kv_indptr_buffer" in self.kw \
+            else ("paged_kv_indptr_buf", "paged_kv_last_page_len_buf")
+        self.kw[names[0]].copy_(indptr)
+        self.kw[names[1]].copy_(last)
+        if qo is not None:
+            self.kw["qo_indptr_buf"].copy_(qo)
+
+    def _indices(self):
+        if not self.graph:
+            return self.p["indices"]
+        return self.kw.get("paged_kv_indices_buffer", self.kw.get("paged_kv_indices_buf"))
 
 
 class FakeDecode(_Wrapper):
@@ -110,6 +134,7 @@ class FakeDecode(_Wrapper):
                                                   head_dim, page_size),
                            dict(pos_encoding_mode=pos_encoding_mode, q_data_type=q_data_type,
                                 kv_data_type=kv_data_type, sm_scale=sm_scale)))
+        self._buffers(indptr, last_page_len)
         self.p = dict(indptr=indptr, indices=indices, last=last_page_len, scale=sm_scale, dtype=q_data_type)
 
     def run(self, q, paged_kv_cache):
@@ -117,22 +142,30 @@ class FakeDecode(_Wrapper):
         assert q.dtype == self.p["dtype"]
         out = torch.empty_like(q)
         for s in range(len(self.p["indptr"]) - 1):
-            k, v = _sequence_kv(paged_kv_cache, self.p["indptr"], self.p["indices"], self.p["last"], s)
+            k, v = _sequence_kv(paged_kv_cache, self.p["indptr"], self._indices(), self.p["last"], s)
             out[s] = _attend(q[s : s + 1], k, v, torch.ones(1, k.shape[0], dtype=torch.bool), self.p["scale"])[0]
         return out
 
 
 class FakePrefill(_Wrapper):
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-             num_kv_heads, head_dim_qk, page_size, *, custom_mask=None, causal=False, q_data_type="float16",
-             kv_data_type=None, sm_scale=None):
+             num_kv_heads, head_dim_qk, page_size, *, custom_mask=None, packed_custom_mask=None, causal=False,
+             q_data_type="float16", kv_data_type=None, sm_scale=None):
         self.calls.append(("FakePrefill", "plan", (qo_indptr, paged_kv_indptr, paged_kv_indices,
                                                    paged_kv_last_page_len, num_qo_heads, num_kv_heads,
                                                    head_dim_qk, page_size),
-                           dict(custom_mask=custom_mask, causal=causal, q_data_type=q_data_type,
-                                kv_data_type=kv_data_type, sm_scale=sm_scale)))
+                           dict(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal,
+                                q_data_type=q_data_type, kv_data_type=kv_data_type, sm_scale=sm_scale)))
+        self._buffers(paged_kv_indptr, paged_kv_last_page_len, qo_indptr)
+        if packed_custom_mask is not None:
+            assert self.graph, "the eager path hands FlashInfer the bool mask"
+            self.kw["custom_mask_buf"][: len(packed_custom_mask)].copy_(packed_custom_mask)
+            # FlashInfer 0.6.0 stores the segments' offsets in bits here; the caller must fix them
+            q, kv = qo_indptr.diff(), paged_kv_indptr.diff()
+            self.kw["mask_indptr_buf"].copy_(torch.cat([torch.zeros(1), torch.cumsum(q * kv, 0)]).int())
         self.p = dict(qo=qo_indptr, indptr=paged_kv_indptr, indices=paged_kv_indices, last=paged_kv_last_page_len,
-                      mask=custom_mask, causal=causal, scale=sm_scale, dtype=q_data_type)
+                      mask=custom_mask, packed=packed_custom_mask is not None, causal=causal, scale=sm_scale,
+                      dtype=q_data_type)
 
     def run(self, q, paged_kv_cache):
         self.calls.append(("FakePrefill", "run", (q, paged_kv_cache), {}))
@@ -140,9 +173,14 @@ class FakePrefill(_Wrapper):
         out, offset = torch.empty_like(q), 0
         for s in range(len(self.p["qo"]) - 1):
             q0, q1 = int(self.p["qo"][s]), int(self.p["qo"][s + 1])
-            k, v = _sequence_kv(paged_kv_cache, self.p["indptr"], self.p["indices"], self.p["last"], s)
+            k, v = _sequence_kv(paged_kv_cache, self.p["indptr"], self._indices(), self.p["last"], s)
             n, m = q1 - q0, k.shape[0]
-            if self.p["mask"] is not None:
+            if self.p["packed"]:  # read as the kernel does: byte offsets, little bit order
+                start = int(self.kw["mask_indptr_buf"][s])
+                raw = self.kw["custom_mask_buf"][start : start + (n * m + 7) // 8].numpy()
+                bits = np.unpackbits(raw, bitorder="little")[: n * m]
+                allowed = torch.from_numpy(bits.astype(bool)).view(n, m)
+            elif self.p["mask"] is not None:
                 allowed = self.p["mask"][offset : offset + n * m].view(n, m)
                 offset += n * m
             else:
@@ -153,10 +191,21 @@ class FakePrefill(_Wrapper):
         return out
 
 
+class FakePacker:
+    @staticmethod
+    def segment_packbits(x, indptr, indptr_new, bitorder, y):
+        """FlashInfer's packing kernel: segment s of ``x`` packed into y[indptr_new[s]:indptr_new[s+1]]."""
+        for s in range(len(indptr) - 1):
+            bits = x[int(indptr[s]) : int(indptr[s + 1])].numpy()
+            packed = np.packbits(bits, bitorder=bitorder)
+            y[int(indptr_new[s]) : int(indptr_new[s + 1])] = torch.from_numpy(packed)
+
+
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
     module = types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=FakeDecode,
-                                   BatchPrefillWithPagedKVCacheWrapper=FakePrefill)
+                                   BatchPrefillWithPagedKVCacheWrapper=FakePrefill,
+                                   quantization=types.SimpleNamespace(get_quantization_module=lambda: FakePacker))
     monkeypatch.setattr(fib, "import_flashinfer", lambda: module)
     monkeypatch.setattr(fib, "check_device", lambda device: None)
     _Wrapper.calls = []
@@ -264,9 +313,44 @@ def test_gpu_tensor_core_decode():
     check_backend(fib.FlashInferBackend(use_tensor_cores=True), pb, label="draft_decode_k8-tensor-cores")
 
 
-def test_refuses_cuda_graph_planning(fake_flashinfer):
+STATIC_CASES = ["decode_bs5", "verify_topk2", "verify_chain", "draft_decode_k3", "draft_extend_uniform"]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", STATIC_CASES)
+def test_static_forward_planned_on_the_host(fake_flashinfer, name, page_size):
+    """The CUDA-graph path: ``plan_static`` from host lengths (what a graph runner does before a
+    replay), then ``init_forward_metadata`` writes the slots into the wrapper's own index buffer and
+    ``run`` reads them from there; the verify mask goes packed, with its byte offsets."""
+    from .test_triton_backend import STATIC_SCENARIOS
+
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=page_size, dtype=torch.bfloat16, seed=3,
+                      device=torch.device("cpu"), d=64)
+    batch = pb.batch
+    backend = fib.FlashInferBackend(workspace_bytes=1024)
+    bound = 64
+    ancestors = batch.draft_ancestors
+    own = ancestors.shape[1] if ancestors is not None else batch.num_tokens // batch.batch_size
+    branches = ancestors.shape[0] // batch.batch_size if ancestors is not None else 1
+    q_len = 1 if ancestors is not None else own
+    prefix = [p for p in batch.prefix_lens.tolist() for _ in range(branches)]
+    plan = StaticPlan(batch.forward_mode, prefix, q_len=q_len, own=own, max_seq_len=bound, device=batch.input_ids.device,
+                      tree_mask=batch.tree_mask)
+    static = dataclasses.replace(batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=bound)
+    for _ in range(2):  # the first forward learns the layer shape and plans; the second was planned ahead
+        backend.plan_static(plan)
+        ours, _ = run_backend(backend, dataclasses.replace(pb, batch=static))
+        ref, _ = run_backend(TorchNativeBackend(), pb, torch.float32)
+        assert (ours.float() - ref).abs().max().item() <= FACTOR * (torch_lowp(pb) - ref).abs().max().item() + FLOOR
+    graph_wrappers = [c for c in fake_flashinfer if c[1] == "__init__" and c[3].get("use_cuda_graph")]
+    assert len(graph_wrappers) == 1  # one wrapper per static forward, made once
+    # planned at the first forward (the shape was unknown), then by plan_static itself
+    assert sum(1 for c in fake_flashinfer if c[1] == "plan") == 2
+
+
+def test_static_forward_must_be_planned(fake_flashinfer):
     pb = _cpu_problem("decode_bs5", 1, torch.bfloat16)
     backend = fib.FlashInferBackend(workspace_bytes=1024)
-    assert backend.supports_cuda_graph is False
-    with pytest.raises(NotImplementedError, match="--disable-cuda-graph"):
+    assert backend.supports_cuda_graph and backend.plans_on_host
+    with pytest.raises(RuntimeError, match="plan_static"):
         backend.init_forward_metadata(dataclasses.replace(pb.batch, static_max_seq_len=64))

@@ -26,7 +26,8 @@ from .helpers import assert_no_leak, engine, make_pair, prompts_of
 pytestmark = pytest.mark.gpu
 
 BACKENDS = [b for b in ("flashinfer", "fa3") if b in available_backends()]
-# NOTE: these backends plan on the host every forward (supports_cuda_graph = False): no graph capture
+# (backend, CUDA graphs): FlashInfer also runs captured (planned on the host before each replay)
+RUNS = [(b, False) for b in BACKENDS] + [(b, True) for b in BACKENDS if b == "flashinfer"]
 NO_GRAPHS = {"disable_cuda_graph": True} if "disable_cuda_graph" in inspect.signature(Engine).parameters else {}
 CASES = [  # (algorithm, kind, (num_steps, topk, num_draft_tokens), dtype)
     ("EAGLE", "mixed", (1, 1, 2), torch.bfloat16),
@@ -57,21 +58,29 @@ def assert_equal_or_near_tie(target, prompts, got, expected):
             assert gap <= slack, f"diverged at position {i} on token {token}, {gap:.4f} below the best (> {slack:.4f})"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend, graphs", RUNS, ids=[f"{b}{'-graphs' if g else ''}" for b, g in RUNS])
 @pytest.mark.parametrize("algorithm, kind, shape, dtype", CASES,
                          ids=[f"{a}-{k}-{'x'.join(map(str, s))}-{str(d)[6:]}" for a, k, s, d in CASES])
-def test_gpu_lossless(backend, algorithm, kind, shape, dtype):
+def test_gpu_lossless(backend, graphs, algorithm, kind, shape, dtype):
     target, draft = make_pair(algorithm, kind, dtype=dtype, head_dim=128)
     target, draft = target.to("cuda"), draft.to("cuda")
     prompts = prompts_of([1, 9, 4, 23, 2, 15, 6], target.config.vocab_size)
     params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in [17, 5, 30, 12, 1, 24, 9]]
     for page_size in (1, 16):
-        kw = dict(page_size=page_size, device="cuda", attention_backend=backend, **NO_GRAPHS)
-        expected = engine(target, **kw).generate(input_ids=prompts, sampling_params=params)
+        kw = dict(page_size=page_size, device="cuda", attention_backend=backend, **({} if graphs else NO_GRAPHS))
+        plain = engine(target, **kw)
+        expected = plain.generate(input_ids=prompts, sampling_params=params)
         spec = engine(target, draft, algorithm=algorithm, shape=shape, **kw)
         got = spec.generate(input_ids=prompts, sampling_params=params)
         got_ids, expected_ids = [g["output_ids"] for g in got], [e["output_ids"] for e in expected]
         assert_equal_or_near_tie(target, prompts, got_ids, expected_ids)
+        if graphs:  # the graphs ran, and plain decoding through them matches eager FlashInfer
+            assert all(g.num_calls > 0 for g in plain.runner.graphs.values())
+            assert spec.worker.draft_graph.runner.num_calls > 0 and spec.worker.draft_extend_graph.runner.num_calls > 0
+            assert spec.runner.graphs and all(g.num_calls > 0 for g in spec.runner.graphs.values()
+                                              if g.name == "target target_verify")
+            eager = engine(target, **{**kw, **NO_GRAPHS}).generate(input_ids=prompts, sampling_params=params)
+            assert_equal_or_near_tie(target, prompts, expected_ids, [e["output_ids"] for e in eager])
         if kind == "perfect":  # full depth, up to a near-tie rounded the other way
             accepted = [k for g in got for k in g["meta_info"]["spec_accept_lengths"]]
             assert max(accepted) == shape[0] and sum(accepted) >= 0.9 * shape[0] * len(accepted)

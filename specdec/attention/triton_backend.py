@@ -1,7 +1,8 @@
 """Triton attention over the paged KV cache: our own decode and extend kernels.
 
 ``init_forward_metadata`` turns the batch's layout into the int32 index arrays and host ints the
-kernels take, once per forward; ``forward`` (once per layer) only writes K/V and launches.
+kernels take, once per forward; ``forward`` (once per layer) only writes K/V (one kernel) and
+launches.
 One query row per sequence and no mask (DECODE, a draft decode step whose branches are sequences,
 a one-token DRAFT_EXTEND) runs the split-KV decode kernel; everything else runs the extend kernel
 (prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, passed as it is).
@@ -22,7 +23,7 @@ import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
 from specdec.attention.layout import build_ragged_layout, build_static_layout
-from specdec.attention.triton_kernels import decode_attention, extend_attention
+from specdec.attention.triton_kernels import decode_attention, extend_attention, store_kv
 from specdec.attention.triton_kernels.common import check_device
 from specdec.forward import ForwardBatch, ForwardMode
 
@@ -103,8 +104,8 @@ class TritonBackend(AttentionBackend):
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
         md: TritonMetadata = batch.attn_metadata
         hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
-        batch.kv_cache.set_kv(layer.layer_id, batch.out_cache_loc, k.view(-1, hkv, d), v.view(-1, hkv, d))
         k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
+        store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
         q3 = q.reshape(-1, hq, d)  # [num_tokens, hq, d]
         out = torch.empty_like(q3, memory_format=torch.contiguous_format)
         if md.use_decode:

@@ -4,6 +4,7 @@
 * ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
   causal or under an explicit mask (TARGET_VERIFY trees), optionally split over the prefix.
 * ``merge.py`` — combines split-KV partial outputs by their log-sum-exp; shared by both.
+* ``store_kv.py`` — writes a layer's new K and V rows into their cache slots in one kernel.
 
 Every kernel reads KV through an explicit per-sequence slot list (``kv_indptr`` / ``kv_indices``
 of a ``RaggedLayout``), so any page size works. This package imports nothing else of specdec
@@ -18,6 +19,7 @@ from specdec.attention.triton_kernels.merge import (
     plan_num_splits,
     triton_can_run_on,
 )
+from specdec.attention.triton_kernels.store_kv import store_kv, store_kv_ref
 
 __all__ = [
     "decode_attention",
@@ -27,5 +29,7 @@ __all__ = [
     "merge_partials",
     "merge_partials_ref",
     "plan_num_splits",
+    "store_kv",
+    "store_kv_ref",
     "triton_can_run_on",
 ]

@@ -244,9 +244,12 @@ class Scheduler:
                 finished += self._read_launched()
             return finished
         previous, self.launched = self.launched, None
-        if batch:
-            self.launched = self._launch(batch, previous)
-        return self._apply(previous) if previous is not None else []
+        try:
+            if batch:
+                self.launched = self._launch(batch, previous)
+        finally:  # the previous step's tokens are handed out even if this launch fails
+            finished = self._apply(previous) if previous is not None else []
+        return finished
 
     def _read_launched(self) -> list[Request]:
         launched, self.launched = self.launched, None

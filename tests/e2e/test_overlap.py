@@ -150,3 +150,32 @@ def test_overlap_is_on_by_default_only_on_cuda():
     assert not engine(target, overlap_schedule=False).scheduler.overlap
     if torch.cuda.is_available():
         assert engine(target.cuda(), device="cuda").scheduler.overlap
+
+
+def test_a_failed_launch_still_hands_out_the_step_before():
+    target, draft = make_pair("EAGLE", "mixed")
+    prompts = prompts_of([5, 8], target.config.vocab_size, seed=11)
+    expected = _outputs(engine(target), prompts, _greedy([20, 20]))
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4), overlap_schedule=True)
+    reqs = [spec.make_request(input_ids=p, sampling_params=_greedy([20])[0]) for p in prompts]
+    for r in reqs:
+        spec.add_request(r)
+    spec.step()  # prefill
+    spec.step()  # step 1 launched
+    launch, calls = spec.worker.launch_decode, []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return launch(*args, **kw)
+
+    spec.worker.launch_decode = failing
+    before = [len(r.output_ids) for r in reqs]
+    with pytest.raises(RuntimeError, match="injected"):
+        spec.step()
+    assert all(len(r.output_ids) > n for r, n in zip(reqs, before))  # step 1 was read all the same
+    while spec.scheduler.has_work:
+        spec.step()
+    assert [r.output_ids for r in reqs] == expected
+    assert_no_leak(spec)

@@ -267,7 +267,7 @@ def test_static_plan_matches_torch_native(name, page_size, dtype):
 
 @pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "draft_extend_uniform", "draft_decode_k3"])
 def test_static_plan_equals_the_eager_plan_bitwise(name):
-    """A bound of 600 makes the static plan split KV in two; prefixes here fit the first chunk, so
+    """A bound of 600 makes the static plan split KV (in up to three); prefixes here fit the first chunk, so
     each sequence is still one pass (the new block runs in the split holding the prefix's end)
     and graph replay computes exactly what eager execution does (fp32, so any change shows)."""
     pb = make_problem(STATIC_SCENARIOS[name], page_size=1, dtype=torch.float32, seed=5)

@@ -17,9 +17,13 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 
-# a split of the KV list is at least this many entries on a GPU: below it the merge costs more
-# than the parallelism buys
-MIN_SPLIT_LEN = 256
+# a split of the KV list is at least this many entries on a GPU (one 128-entry tile): measured on
+# an H100 (benchmarks/bench_attention_splits.py, Llama-3-8B heads), bs 1 decode and verify at
+# context 1k-4k are fastest with 8-16 one-tile-or-two splits
+MIN_SPLIT_LEN = 128
+# split while the grid has fewer programs than this many per SM: at 2 (before), bs 16 verify at
+# context 1k ran 27% slower split in three than unsplit (63.8 vs 50.2 µs a layer)
+PROGRAMS_PER_SM = 1.5
 
 
 @triton.jit
@@ -81,7 +85,7 @@ def check_device(device: torch.device) -> None:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
-        return 4  # the interpreter: few programs are fastest, but keep some parallel shape
+        return 6  # the interpreter: few programs are fastest, but keep some parallel shape
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -142,13 +146,14 @@ def plan_num_splits(
     """(num_splits, chunk_len): cut a KV range of up to ``split_len`` entries into chunks.
 
     Without a forced ``num_splits``, split only while the grid (``num_ctas`` programs before
-    splitting) has fewer than two programs per SM, and keep chunks >= MIN_SPLIT_LEN entries.
+    splitting) has fewer than PROGRAMS_PER_SM programs per SM, and keep chunks >= MIN_SPLIT_LEN
+    entries.
     ``chunk_len`` is a multiple of ``tile``; the returned count is what that chunk length needs.
     """
     if split_len <= 0:
         return 1, tile
     if num_splits is None:
-        target = 2 * _sm_count(device)
+        target = math.ceil(PROGRAMS_PER_SM * _sm_count(device))
         num_splits = 1
         if num_ctas < target:
             num_splits = min(math.ceil(target / max(num_ctas, 1)), max(1, split_len // MIN_SPLIT_LEN))

@@ -18,6 +18,9 @@ so that every residual add happens inside the following norm):
     x, residual = add_rms_norm(x, residual)       post_attention_layernorm
     x = silu_and_mul(x @ [Wgate | Wup]^T) @ Wdown^T
 
+Every linear layer (the lm_head too) goes through ``ops.gemv.linear``: on a GPU, for a few tokens
+(decode, small verify forwards), a Triton skinny GEMM where it beats cuBLAS.
+
 What the target hands a draft head (``LogitsOutput.hidden_states``, per ``capture_hidden_mode``):
 * EAGLE-1/2 (``aux_hidden_layers=None``): the final normed hidden state, the lm_head input [*, H];
 * EAGLE-3: the residual stream entering each listed layer, concatenated in the listed order
@@ -33,12 +36,12 @@ import math
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdec.attention.base import AttentionLayer
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, LogitsOutput
 from specdec.models.ops import add_rms_norm, apply_rope_, rms_norm, silu_and_mul
+from specdec.models.ops.gemv import linear
 from specdec.models.ops.stacked_linear import FusedGemmModule, StackedLinear
 
 __all__ = [
@@ -321,7 +324,7 @@ class LlamaAttention(FusedGemmModule):
         v = qkv[:, self.q_size + self.kv_size :]  # [T, Hkv * D]
         self.rotary(positions, q, k)
         out = batch.attn_backend.forward(q, k, v, self.layer, batch)
-        return self.o_proj(out)
+        return linear(out, self.o_proj.weight, self.o_proj.bias)
 
 
 class LlamaMLP(FusedGemmModule):
@@ -338,7 +341,8 @@ class LlamaMLP(FusedGemmModule):
         self.gate_up_proj = StackedLinear(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))  # [T, 2I] -> [T, I] -> [T, H]
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        return linear(silu_and_mul(gate_up), self.down_proj.weight, self.down_proj.bias)  # [T, I] -> [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -402,7 +406,7 @@ def logits_and_hidden(
     needs_last = batch.logits_mode == LogitsMode.LAST or batch.capture_hidden_mode == CaptureHiddenMode.LAST
     rows = last_token_rows(batch, logits_input.device) if needs_last else None
     x = select_output(logits_input, batch, last=batch.logits_mode == LogitsMode.LAST, rows=rows)
-    logits = F.linear(x, lm_head_weight).float()
+    logits = linear(x, lm_head_weight).float()
     captured = None
     if batch.capture_hidden_mode != CaptureHiddenMode.NULL and hidden is not None:
         captured = select_output(hidden, batch, last=batch.capture_hidden_mode == CaptureHiddenMode.LAST, rows=rows)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from specdec.models.ops.gemv import linear
 
 __all__ = ["StackedLinear", "FusedGemmModule"]
 
@@ -54,7 +55,7 @@ class StackedLinear:
         return fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in_features] -> [T, sum(out_features)]
-        return F.linear(x, self._stacked("weight"), self._stacked("bias"))
+        return linear(x, self._stacked("weight"), self._stacked("bias"))
 
 
 def _are_rows_of(params: list[torch.Tensor], fused: torch.Tensor | None) -> bool:

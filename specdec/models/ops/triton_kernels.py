@@ -1,9 +1,11 @@
 """Triton kernels behind ``specdec.models.ops``; imported only where Triton applies (CUDA, or CPU
 under TRITON_INTERPRET=1).
 
-Grids: one program per token row (``rms_norm``, ``add_rms_norm``, ``apply_rope_``: the whole row,
-all heads of q and k) or per (row, BLOCK-column slice) (``silu_and_mul``); no program reads another
-row, so every row's result is the same whatever else is in the batch.
+Grids: one program per token row (``rms_norm``, ``add_rms_norm``), per (row, head of q or k)
+(``apply_rope_``) or per (row, BLOCK-column slice) (``silu_and_mul``); no program reads another
+row, so every row's result is the same whatever else is in the batch. On Hopper every kernel is
+launched with programmatic dependent launch (``specdec.models.ops.launch``): it waits for the
+previous kernel before its first load.
 
 Matching the references: every launch passes ``enable_fp_fusion=False`` (torch's eager kernels
 round each multiply and add separately; a fused multiply-add would not), divisions that the
@@ -30,6 +32,8 @@ try:
 except ImportError:  # older triton 3.x releases
     from triton.language.extra.cuda import libdevice
 
+from specdec.models.ops.launch import pdl_kwargs
+
 
 def _block(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
@@ -38,7 +42,10 @@ def _block(n: int) -> int:
 # ----------------------------------------------------------------------------- RMSNorm
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_stride, n_cols, eps,
-                     HAS_RESIDUAL: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -68,7 +75,8 @@ def _rms_norm_launch(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
         res = residual if residual is not None else x
         _rms_norm_kernel[(t,)](x, res, weight, out, new_residual, x.stride(0), res.stride(0), h, eps,
                                HAS_RESIDUAL=residual is not None, LIBDEVICE=not INTERPRETED, BLOCK=block,
-                               num_warps=min(max(block // 512, 1), 16), enable_fp_fusion=False)
+                               num_warps=min(max(block // 512, 1), 16), enable_fp_fusion=False,
+                               **pdl_kwargs(x.device))
     return out, new_residual
 
 
@@ -109,34 +117,34 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 # ----------------------------------------------------------------------------- RoPE
 @triton.jit
-def _rotate_heads(ptr, n_heads, half, cos, sin, d, BLOCK_H: tl.constexpr):
-    """Rotate the [n_heads, D] row at ``ptr`` in place: pairs (i, i + D/2) of every head."""
-    h = tl.arange(0, BLOCK_H)
-    offs = h[:, None] * (2 * half) + d[None, :]  # [BLOCK_H, BLOCK_D] first-half elements
-    mask = (h[:, None] < n_heads) & (d[None, :] < half)
-    x1 = tl.load(ptr + offs, mask=mask, other=0.0)
-    x2 = tl.load(ptr + offs + half, mask=mask, other=0.0)
-    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    out1 = x1f * cos[None, :] - x2f * sin[None, :]
-    out2 = x2f * cos[None, :] + x1f * sin[None, :]
-    tl.store(ptr + offs, out1.to(x1.dtype), mask=mask)
-    tl.store(ptr + offs + half, out2.to(x1.dtype), mask=mask)
-
-
-@triton.jit
-def _rope_kernel(q_ptr, k_ptr, pos_ptr, inv_freq_ptr, q_stride, k_stride, n_q_heads, n_k_heads, half,
-                 LIBDEVICE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
+def _rope_kernel(q_ptr, k_ptr, pos_ptr, inv_freq_ptr, q_stride, k_stride, n_q_heads, half,
+                 LIBDEVICE: tl.constexpr, PDL: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rotate head ``program_id(1)`` of token ``program_id(0)`` (q heads first, then k heads) in
+    place: the pairs (i, i + D/2) of the head."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
+    mask = d < half
     pos = tl.load(pos_ptr + t).to(tl.float32)
-    angle = pos * tl.load(inv_freq_ptr + d, mask=d < half, other=0.0)  # [BLOCK_D] fp32, as the ref
+    angle = pos * tl.load(inv_freq_ptr + d, mask=mask, other=0.0)  # [BLOCK_D] fp32, as the ref
     if LIBDEVICE:
         cos, sin = libdevice.cos(angle), libdevice.sin(angle)
     else:
         cos, sin = tl.cos(angle), tl.sin(angle)
-    _rotate_heads(q_ptr + t * q_stride, n_q_heads, half, cos, sin, d, BLOCK_HQ)
-    _rotate_heads(k_ptr + t * k_stride, n_k_heads, half, cos, sin, d, BLOCK_HK)
+    if head < n_q_heads:
+        ptr = q_ptr + t * q_stride + head * (2 * half)
+    else:
+        ptr = k_ptr + t * k_stride + (head - n_q_heads) * (2 * half)
+    x1 = tl.load(ptr + d, mask=mask, other=0.0)
+    x2 = tl.load(ptr + half + d, mask=mask, other=0.0)
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    out1 = x1f * cos - x2f * sin
+    out2 = x2f * cos + x1f * sin
+    tl.store(ptr + d, out1.to(x1.dtype), mask=mask)
+    tl.store(ptr + half + d, out2.to(x1.dtype), mask=mask)
 
 
 def _rope_launch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
@@ -144,9 +152,9 @@ def _rope_launch(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_
     half = inv_freq.shape[0]
     if t:
         hq, hk = q.shape[1] // (2 * half), k.shape[1] // (2 * half)
-        _rope_kernel[(t,)](q, k, positions, inv_freq, q.stride(0), k.stride(0), hq, hk, half,
-                           LIBDEVICE=not INTERPRETED, BLOCK_HQ=_block(hq), BLOCK_HK=_block(hk),
-                           BLOCK_D=_block(half), num_warps=4, enable_fp_fusion=False)
+        _rope_kernel[(t, hq + hk)](q, k, positions, inv_freq, q.stride(0), k.stride(0), hq, half,
+                                   LIBDEVICE=not INTERPRETED, BLOCK_D=_block(half), num_warps=1,
+                                   enable_fp_fusion=False, **pdl_kwargs(q.device))
 
 
 @torch.library.custom_op("specdec::apply_rope_", mutates_args=("q", "k"))
@@ -171,7 +179,11 @@ _SILU_BLOCK = 512
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n_cols, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n_cols, LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -193,7 +205,7 @@ def _silu_and_mul_launch(gate_up: torch.Tensor) -> torch.Tensor:
     if t and n:
         _silu_and_mul_kernel[(t, triton.cdiv(n, _SILU_BLOCK))](
             gate_up, out, gate_up.stride(0), n, LIBDEVICE=not INTERPRETED, BLOCK=_SILU_BLOCK, num_warps=4,
-            enable_fp_fusion=False)
+            enable_fp_fusion=False, **pdl_kwargs(gate_up.device))
     return out
 
 

@@ -1,0 +1,442 @@
+"""Where a decode step's GPU time goes, and the skinny GEMMs of ``specdec.models.ops.gemv`` vs cuBLAS.
+
+Llama-3.1-8B shapes, bf16, one device call (``python scripts/bench_decode_kernels.py --parts ...``):
+
+  bandwidth  device copy (read + write) and read-only (a large sum) bandwidth: the floors
+  gemm       every linear shape of the target and the EAGLE-3 head at M = 1..32 tokens: cuBLAS
+             (F.linear) vs the table's Triton config, without and with programmatic dependent
+             launch (``--sweep`` adds candidate configs, timed with PDL), GB/s of weight read; each point is a CUDA
+             graph of launches over rotating weight copies (more than 4x L2 in all, so every launch
+             streams its weight from memory)
+  breakdown  torch.profiler over graph-replayed decode steps at bs 1 of an 8B-shaped model with
+             ``--layers`` layers, old path and new: per-kernel GPU time per step
+  e2e        plain decode ms/step of the full 8B-shaped model (random weights, Triton attention,
+             CUDA graphs) at ``--batch-sizes`` as ``specdec.bench_synthetic`` measures it, for each
+             path: "before" (cuBLAS, no PDL), "gemv" (Triton GEMMs, no PDL), "gemv+pdl" (the
+             default now); ratio to the weight-bandwidth floor (bytes the step reads / copy bandwidth)
+
+Writes ``bench_decode_kernels.json`` and ``bench_decode_kernels.md`` under ``--output-dir``.
+``--dry-run``: tiny shapes on the CPU through Triton's interpreter (checks the script, times nothing real).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SHAPES = {  # name -> (N, K): out_features, in_features
+    "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+    "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096),
+}
+TINY_SHAPES = {"qkv": (48, 64), "o": (32, 32), "gate_up": (96, 64), "down": (64, 48), "lm_head": (97, 64)}
+TOKENS = [1, 2, 4, 8, 16, 32]
+L2_BYTES = 50 << 20
+
+
+def sweep_configs(m: int) -> list:
+    """Candidate tilings at m tokens (elementwise path: <= 64 fp32 accumulators a thread)."""
+    from specdec.models.ops.gemv_kernels import GemvConfig as C
+
+    elementwise = {
+        1: [C(4, 1024, prefetch=True), C(8, 512, prefetch=True), C(4, 1024), C(8, 512, num_stages=3),
+            C(2, 2048, prefetch=True), C(8, 1024, 8, prefetch=True), C(16, 512, 8, prefetch=True)],
+        2: [C(4, 512, prefetch=True), C(4, 512), C(2, 1024, prefetch=True), C(8, 512, 8, prefetch=True)],
+    }.get(m, [])
+    dot = [C(16, 256, 4, 4, True), C(32, 256, 4, 4, True), C(16, 512, 4, 3, True), C(64, 128, 4, 4, True)]
+    return elementwise + (dot if m > 2 else [])
+
+
+# ----------------------------------------------------------------------------- timing
+class Timer:
+    """Median time of one launch: a CUDA graph of ``fns`` (each one launch) replayed ``reps`` times."""
+
+    def __init__(self, device: str, reps: int) -> None:
+        self.device, self.reps = device, reps
+
+    def __call__(self, fns: list) -> float:  # seconds per launch
+        import torch
+
+        for fn in fns[:2]:
+            fn()  # compile / pick workspaces outside the capture
+        if self.device == "cpu":
+            t0 = time.perf_counter()
+            for fn in fns:
+                fn()
+            return (time.perf_counter() - t0) / len(fns)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
+        graph.replay()
+        times = []
+        for _ in range(self.reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        del graph
+        return statistics.median(times) / len(fns)
+
+
+def bandwidths(device: str) -> dict:
+    """Copy (bytes read + written) and read-only bandwidth, GB/s, medians of 10 event-timed runs."""
+    import torch
+
+    if device == "cpu":
+        return {"copy_GBps": float("nan"), "read_GBps": float("nan")}
+    x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)  # 1 GiB
+    y = torch.empty_like(x)
+
+    def median_s(fn) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(10):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) * 1e-3)
+        return statistics.median(times)
+
+    nbytes = x.numel() * 2
+    copy = 2 * nbytes / median_s(lambda: y.copy_(x)) / 1e9
+    read = nbytes / median_s(lambda: x.sum(dtype=torch.float32)) / 1e9
+    return {"copy_GBps": copy, "read_GBps": read}
+
+
+# ----------------------------------------------------------------------------- GEMMs
+def _operands(n: int, k: int, m: int, device: str, dtype, *, x_cols: int | None = None):
+    import torch
+
+    nbytes = n * k * 2
+    copies = max(2, math.ceil(4 * L2_BYTES / nbytes)) if device != "cpu" else 1
+    gen = torch.Generator(device=device).manual_seed(n + k + m)
+    weights = [torch.randn(n, k, device=device, dtype=dtype, generator=gen) * k**-0.5 for _ in range(copies)]
+    x = torch.randn(m, x_cols or k, device=device, dtype=dtype, generator=gen)
+    return weights, x, max(copies, 8) if device != "cpu" else 1
+
+
+def _rel_err(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def bench_gemm(shapes: dict, tokens: list[int], timer: Timer, device: str, sweep: bool, rows: list, save) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from specdec.models.ops import gemv
+    from specdec.models.ops.gemv_kernels import gemv as launch
+    from specdec.models.ops.launch import programmatic_launch
+
+    for name, (n, k) in shapes.items():
+        for m in tokens:
+            weights, x, launches = _operands(n, k, m, device, torch.bfloat16)
+            ws = [weights[i % len(weights)] for i in range(launches)]
+            nbytes = n * k * 2
+            row = {"shape": name, "N": n, "K": k, "M": m, "weight_MB": nbytes / 1e6}
+            row["cublas_us"] = timer([lambda w=w: F.linear(x, w) for w in ws]) * 1e6
+            table = gemv._config(gemv._bucket(m), n, k)
+            candidates = ([table] if table else []) + ([c for c in sweep_configs(m) if c != table] if sweep else [])
+            ref = F.linear(x, weights[0])
+            results = []
+            for cfg in candidates:  # with PDL (the default on Hopper)
+                err = _rel_err(launch(x, weights[0], None, cfg), ref)
+                t = timer([lambda w=w, c=cfg: launch(x, w, None, c) for w in ws])
+                results.append({"config": dataclasses.asdict(cfg), "us": t * 1e6, "rel_err_vs_cublas": err,
+                                "table": cfg == table})
+            if table:
+                with programmatic_launch(False):
+                    row["table_nopdl_us"] = timer([lambda w=w: launch(x, w, None, table) for w in ws]) * 1e6
+            row["triton"] = results
+            if results:
+                best = min(results, key=lambda r: r["us"])
+                row["best_triton_us"], row["best_config"] = best["us"], best["config"]
+            if table:
+                row["table_pdl_us"] = results[0]["us"]
+                row["table_us"] = row["table_nopdl_us"]
+            row["cublas_GBps"] = nbytes / row["cublas_us"] / 1e3
+            row["best_GBps"] = nbytes / row.get("best_triton_us", math.inf) / 1e3
+            nan = float("nan")
+            print(f"gemm {name:13s} M={m:2d}  cublas {row['cublas_us']:8.1f} us {row['cublas_GBps']:6.0f} GB/s   "
+                  f"table {row.get('table_us', nan):8.1f} us  +pdl {row.get('table_pdl_us', nan):8.1f}  "
+                  f"best {row.get('best_triton_us', nan):8.1f} us {row['best_GBps']:6.0f} GB/s  "
+                  f"{row.get('best_config')}", flush=True)
+            rows.append(row)
+            del weights
+        save()
+    return rows
+
+
+# ----------------------------------------------------------------------------- model runs
+def _engine(target, batch_sizes: list[int], context: int, device: str):
+    from specdec.engine.engine import Engine
+
+    max_bs = max(batch_sizes)
+    backend = "triton" if device != "cpu" else "torch_native"
+    engine = Engine(target_model=target, device=device, attention_backend=backend, max_running_requests=max_bs,
+                    context_length=context, max_total_tokens=max_bs * (context + 64), disable_cuda_graph=True,
+                    random_seed=0)
+    if device != "cpu":
+        engine.capture_cuda_graphs(batch_sizes)
+    return engine
+
+
+def _paths(names: list[str]):
+    """(name, context manager) of each model path: before (cuBLAS, no PDL), gemv, gemv+pdl."""
+    from specdec.models.ops.gemv import cublas_only
+    from specdec.models.ops.launch import programmatic_launch
+
+    def before():
+        stack = contextlib.ExitStack()
+        stack.enter_context(cublas_only())
+        stack.enter_context(programmatic_launch(False))
+        return stack
+
+    every = {"before": before, "gemv": lambda: programmatic_launch(False), "gemv+pdl": contextlib.nullcontext}
+    return [(name, every[name]) for name in names]
+
+
+def _gemm_label(name: str) -> bool:
+    low = name.lower()
+    return any(s in low for s in ("gemv", "gemm", "nvjet", "xmma", "cutlass", "splitk", "sm90_"))
+
+
+def breakdown(args, shape: dict) -> dict:
+    """Per-kernel GPU time of graph-replayed decode steps at bs 1 (profiler), both paths."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from specdec.engine.sampling import SamplingParams
+
+    steps, warmup = 8, 4
+    out = {"layers": shape["num_hidden_layers"], "steps": steps}
+    target = build_target(shape, args.device)
+    prompt = torch.randint(3, shape["vocab_size"], (args.context_len,), generator=torch.Generator().manual_seed(0))
+    params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 4 * (steps + warmup), "ignore_eos": True})
+    for path, ctx in _paths(["before", "gemv+pdl"]):
+        with ctx():
+            engine = _engine(target, [1], args.context_len + 4 * (steps + warmup) + 64, args.device)
+            req = engine.make_request(input_ids=prompt.tolist(), sampling_params=params, rid=f"breakdown-{path}")
+            engine.add_request(req)
+            while not req.output_ids:
+                engine.step()  # prefill
+            for _ in range(warmup):
+                engine.step()
+            _sync(args.device)
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device != "cpu" else [])
+            with profile(activities=acts) as prof:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    engine.step()
+                _sync(args.device)
+                step_ms = (time.perf_counter() - t0) * 1e3 / steps
+            engine.abort(req.rid)
+            if hasattr(engine.scheduler, "drain"):
+                engine.scheduler.drain()  # the overlap scheduler's step launched past the abort
+        kernels = sorted(((e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
+                          if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda t: t[0])
+        per_step = len(kernels) // steps
+        one = kernels[-per_step:] if per_step else []
+        summary: dict[str, float] = {}
+        for _, us, name in kernels:
+            summary[name[:90]] = summary.get(name[:90], 0.0) + us / steps
+        gemms = [(name, us) for _, us, name in one if _gemm_label(name) or "_gemv_kernel" in name]
+        span = (one[-1][0] + one[-1][1] - one[0][0]) if one else float("nan")
+        out[path] = {"step_ms": step_ms, "kernels_per_step": len(kernels) / steps,
+                     "gpu_busy_ms": sum(us for _, us, _ in kernels) / steps / 1e3, "gpu_span_ms": span / 1e3,
+                     "by_kernel_us": dict(sorted(summary.items(), key=lambda kv: -kv[1])),
+                     "one_step": [(name[:60], round(us, 2)) for _, us, name in one],
+                     "gemm_sequence_us": [(name[:40], round(us, 2)) for name, us in gemms]}
+        print(f"breakdown [{path}] step {step_ms:.3f} ms, {len(kernels) / steps:.1f} kernels/step, GPU busy "
+              f"{out[path]['gpu_busy_ms']:.3f} ms, last step's span {out[path]['gpu_span_ms']:.3f} ms", flush=True)
+        for name, us in list(out[path]["by_kernel_us"].items())[:16]:
+            print(f"    {us:9.1f} us  {name}", flush=True)
+        print("    one layer + tail: " + ", ".join(f"{n[:24]}={us}" for n, us in out[path]["one_step"][:14] +
+                                                   out[path]["one_step"][-8:]), flush=True)
+        del engine
+        _free(args.device)
+    del target
+    _free(args.device)
+    return out
+
+
+def build_target(shape: dict, device: str):
+    """A Llama of ``shape`` with random weights drawn on the device, as ``bench_synthetic`` draws them."""
+    import torch
+
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
+    with torch.device(device):
+        target = LlamaForCausalLM(LlamaConfig(**shape), dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+    return target.eval()
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device != "cpu":
+        torch.cuda.empty_cache()
+
+
+def end_to_end(args, shape: dict, batch_sizes: list[int], copy_bw: float, out: dict, save) -> dict:
+    """Plain decode ms/step of the full model, old path and new, in one run."""
+    from specdec.bench_synthetic import measure
+
+    run_args = argparse.Namespace(seed=0, warmup_steps=3, decode_steps=args.decode_steps,
+                                  context_len=args.context_len, device=args.device)
+    target = build_target(shape, args.device)
+    # bytes a decode step must read: every weight but the embedding table (one row of it)
+    step_bytes = sum(p.numel() * p.element_size() for n, p in target.named_parameters() if "embed_tokens" not in n)
+    floor_ms = step_bytes / (copy_bw * 1e9) * 1e3 if copy_bw == copy_bw else float("nan")
+    all_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    out.update({"step_weight_bytes": step_bytes, "all_weight_bytes": all_bytes, "floor_ms": floor_ms,
+                "floor_ms_all_weights": all_bytes / (copy_bw * 1e9) * 1e3 if copy_bw == copy_bw else float("nan")})
+    context = args.context_len + (args.decode_steps + 8) + 64
+    for path, ctx in _paths(args.paths.split(",")):
+        with ctx():
+            engine = _engine(target, batch_sizes, context, args.device)
+            points = [measure(engine, bs, run_args, shape["vocab_size"]) for bs in batch_sizes]
+        out[path] = [{"batch_size": p["batch_size"], "step_ms": p["step_ms"], "tokens_per_s": p["tokens_per_s"],
+                      "floor_share": floor_ms / p["step_ms"]} for p in points]
+        for p in out[path]:
+            print(f"e2e [{path}] bs={p['batch_size']}  {p['step_ms']:.3f} ms/step  {p['tokens_per_s']:.1f} tok/s  "
+                  f"{p['floor_share']:.0%} of floor", flush=True)
+        del engine
+        _free(args.device)
+        save()
+    del target
+    _free(args.device)
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(results: dict) -> str:
+    env = results["env"]
+    lines = [f"# Decode kernels, {env['date']}, {env['device']}, commit {env['commit']}", "",
+             f"torch {env['torch']}, triton {env['triton']}.", ""]
+    bw = results.get("bandwidth")
+    if bw:
+        lines += [f"Copy bandwidth {bw['copy_GBps']:.0f} GB/s (read + write), "
+                  f"read-only {bw['read_GBps']:.0f} GB/s.", ""]
+    if results.get("gemm"):
+        lines += ["| shape | N x K | M | cuBLAS us | GB/s | table us | GB/s | table+PDL us | GB/s | best swept us |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in results["gemm"]:
+            mb = r["weight_MB"] * 1e-3
+            t, tp = r.get("table_us", math.nan), r.get("table_pdl_us", math.nan)
+            lines.append(f"| {r['shape']} | {r['N']}x{r['K']} | {r['M']} | {r['cublas_us']:.1f} | "
+                         f"{r['cublas_GBps']:.0f} | {t:.1f} | {mb / t * 1e6:.0f} | {tp:.1f} | {mb / tp * 1e6:.0f} | "
+                         f"{r.get('best_triton_us', math.nan):.1f} |")
+        lines.append("")
+    e2e = results.get("e2e")
+    if e2e:
+        paths = [p for p in ("before", "gemv", "gemv+pdl") if p in e2e]
+        lines += [f"Plain decode, full model, floor {e2e['floor_ms']:.2f} ms (weights read per step / copy bandwidth; "
+                  f"{e2e['floor_ms_all_weights']:.2f} ms counting the embedding table too)", "",
+                  "| bs | " + " | ".join(f"{p} ms/step | share of floor" for p in paths) + " | speedup |",
+                  "|---|" + "---|---|" * len(paths) + "---|"]
+        for points in zip(*(e2e[p] for p in paths)):
+            cells = " | ".join(f"{q['step_ms']:.3f} | {q['floor_share']:.0%}" for q in points)
+            speedup = points[0]["step_ms"] / points[-1]["step_ms"]
+            lines.append(f"| {points[0]['batch_size']} | {cells} | {speedup:.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", default="bandwidth,gemm,breakdown,e2e")
+    parser.add_argument("--paths", default="before,gemv,gemv+pdl", help="model paths of the e2e part")
+    parser.add_argument("--sweep", action="store_true", help="time candidate configs besides the table's")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--layers", type=int, default=4, help="layers of the breakdown's model")
+    parser.add_argument("--batch-sizes", default="1,2,4,8")
+    parser.add_argument("--context-len", type=int, default=1024)
+    parser.add_argument("--decode-steps", type=int, default=24)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--output-dir", default=".")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import triton
+
+    from specdec.bench_synthetic import SHAPES as MODEL_SHAPES
+
+    args.device = "cpu" if args.dry_run else "cuda"
+    parts = set(args.parts.split(","))
+    shapes = TINY_SHAPES if args.dry_run else {s: SHAPES[s] for s in args.shapes.split(",")}
+    tokens = [int(t) for t in args.tokens.split(",")]
+    model_shape = dict(MODEL_SHAPES["tiny" if args.dry_run else "llama-3.1-8b"])
+    if args.dry_run:
+        from specdec.models.ops import gemv
+
+        gemv._applies = lambda device: True  # NOTE: run the kernels on CPU tensors
+        model_shape["hidden_size"], model_shape["intermediate_size"] = 64, 128
+    timer = Timer(args.device, args.reps)
+    results = {"env": {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name()
+                       if args.device == "cuda" else "cpu (dry run)", "torch": torch.__version__,
+                       "triton": triton.__version__, "commit": os.environ.get("SPECDEC_COMMIT", "unknown"),
+                       "argv": sys.argv[1:]}}
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        (out_dir / "bench_decode_kernels.json").write_text(json.dumps(results, indent=1))
+        (out_dir / "bench_decode_kernels.md").write_text(markdown(results))
+
+    with torch.inference_mode():
+        if "bandwidth" in parts:
+            results["bandwidth"] = bandwidths(args.device)
+            print("bandwidth", results["bandwidth"], flush=True)
+            save()
+        if "gemm" in parts:
+            results["gemm"] = []
+            bench_gemm(shapes, tokens, timer, args.device, args.sweep, results["gemm"], save)
+    if "breakdown" in parts:
+        results["breakdown"] = breakdown(args, {**model_shape, "num_hidden_layers": args.layers})
+        save()
+    if "e2e" in parts:
+        copy_bw = results.get("bandwidth", {}).get("copy_GBps") or bandwidths(args.device)["copy_GBps"]
+        results["e2e"] = {}
+        end_to_end(args, model_shape, [int(b) for b in args.batch_sizes.split(",")], copy_bw, results["e2e"], save)
+        save()
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The skinny GEMM of ``specdec.models.ops.gemv`` and programmatic dependent launch (``ops.launch``).
+
+1. The kernel against ``F.linear`` on awkward shapes (tokens 1, 3, 17; N and K not multiples of the
+   blocks; bias or not; both inner products), CPU through Triton's interpreter, small; marked
+   ``gpu``: compiled, at the Llama-3.1-8B and EAGLE-3 head shapes with the table's configs.
+2. Dispatch: which calls take the kernel and which ``F.linear``.
+3. GPU: CUDA-graph replay == eager, PDL on == PDL off bit for bit (model ops and GEMMs in one
+   graph); an 8B-shaped model with the new path == the old path within bf16 rounding.
+
+Tolerance, per output element, against the float64 product of the same (rounded) inputs:
+
+    |out - ref| <= eps * |ref|  +  K * 2^-24 * (|x| @ |W|^T)
+
+eps = the dtype's machine epsilon: one rounding of the output (round-to-nearest is half of that;
+the interpreter rounds toward zero, a whole ulp); the second term bounds fp32 accumulation over K
+in any order. A wrong index or an unwritten output is off by O(|ref|), far outside.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ..triton_env import import_kernels
+
+gk = import_kernels("specdec.models.ops.gemv_kernels")
+
+from specdec.models import ops  # noqa: E402
+from specdec.models.ops import gemv, launch  # noqa: E402
+
+_INTERPRETED = gk.INTERPRETED
+C = gk.GemvConfig
+
+
+@pytest.fixture(autouse=True)
+def _interpret_cpu(monkeypatch):
+    if _INTERPRETED:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def rand(*shape: int, dtype=torch.float32, device="cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
+
+
+def check_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """``out`` against float64 ``x @ weight^T + bias`` within the module docstring's bound."""
+    assert out.dtype == x.dtype and out.shape == (x.shape[0], weight.shape[0])
+    ref = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    mag = F.linear(x.double().abs(), weight.double().abs()) + (0 if bias is None else bias.double().abs())
+    bound = torch.finfo(x.dtype).eps * ref.abs() + x.shape[1] * 2.0**-24 * mag
+    err = (out.double() - ref).abs()
+    assert torch.isfinite(out).all()
+    assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g}, max error {err.max().item():.3g}"
+
+
+# ============================================================================= kernel vs reference
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True)],
+                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40)])
+def test_kernel_matches_ref_interpreted(config, dtype, m, n, k):
+    x = rand(m, k, dtype=dtype, seed=m + k, scale=2.0)
+    x[0] *= 8.0  # rows of very different scales
+    weight = rand(n, k, dtype=dtype, seed=n, scale=k**-0.5)
+    bias = rand(n, dtype=dtype, seed=n + 1) if m != 3 else None
+    check_gemm(gk.gemv(x, weight, bias, config), x, weight, bias)
+
+
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+def test_strided_rows_interpreted():
+    """x as a column slice of a wider tensor (q/k/v slices, attention output views)."""
+    wide = rand(5, 100, dtype=torch.bfloat16, seed=1)
+    weight = rand(12, 48, dtype=torch.bfloat16, seed=2, scale=0.15)
+    config = C(8, 32, prefetch=True)
+    check_gemm(gk.gemv(wide[:, 8:56], weight, None, config), wide[:, 8:56].contiguous(), weight, None)
+
+
+# ============================================================================= dispatch
+@pytest.fixture
+def kernel_on_cpu(monkeypatch):
+    """Let the dispatch take the kernel for CPU tensors; records each launch's config (and, for
+    speed, stands in for the launch with F.linear: the kernel itself is tested above)."""
+    if not _INTERPRETED:
+        pytest.skip("needs the interpreter")
+    monkeypatch.setattr(gemv, "_applies", lambda device: True)
+    calls = []
+    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config: calls.append(config) or F.linear(x, w, b))
+    return calls
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 32])
+def test_dispatch_takes_the_kernel(kernel_on_cpu, m):
+    dt = torch.bfloat16
+    x, b = rand(m, 64, dtype=dt, seed=m), rand(40000, dtype=dt, seed=2)
+    w = rand(40000, 64, dtype=dt, seed=3, scale=0.125)  # lm_head-like: Triton at every m <= 32
+    gemv.linear(x, w, b)
+    assert kernel_on_cpu == [gemv._config(gemv._bucket(m), 40000, 64)] and kernel_on_cpu[0] is not None
+    with pytest.raises(ValueError, match="bias"):
+        gemv.linear(x, w, b[:-1])
+
+
+def test_dispatch_falls_back_to_f_linear(kernel_on_cpu):
+    """fp32, too many tokens, autograd, cublas_only(), K not a multiple of 8, a table gap: no kernel."""
+    dt = torch.bfloat16
+    w = rand(16, 64, dtype=dt, seed=1)
+    cases = [
+        (rand(2, 64, seed=2), w.float()),
+        (rand(gemv.MAX_TOKENS + 1, 64, dtype=dt, seed=3), w),
+        (rand(2, 64, dtype=dt, seed=4).requires_grad_(), w),
+        (rand(2, 60, dtype=dt, seed=5), w[:, :60].contiguous()),
+        (rand(20, 64, dtype=dt, seed=6), w),  # 17-32 tokens: cuBLAS but for lm_head-sized N
+        (rand(8, 64, dtype=dt, seed=7), rand(28672, 64, dtype=dt, seed=8)),  # gate_up-sized at 8 tokens
+    ]
+    for x, weight in cases:
+        assert torch.equal(gemv.linear(x, weight), F.linear(x, weight))
+    with gemv.cublas_only():
+        x = rand(2, 64, dtype=dt, seed=6)
+        assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+    assert kernel_on_cpu == []
+
+
+def test_cpu_keeps_reference_numerics():
+    x, w = rand(2, 64, dtype=torch.bfloat16), rand(16, 64, dtype=torch.bfloat16)
+    assert gemv.plan(x, w, None) is None
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+
+
+def test_pdl_only_on_hopper_and_switchable():
+    assert launch.pdl_kwargs(torch.device("cpu")) == {"PDL": False}
+    with launch.programmatic_launch(False):
+        assert launch.pdl_kwargs(torch.device("cpu")) == {"PDL": False}
+    if torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+        hopper = torch.cuda.get_device_capability(dev)[0] >= 9
+        assert launch.pdl_kwargs(dev)["PDL"] == hopper
+        with launch.programmatic_launch(False):
+            assert launch.pdl_kwargs(dev) == {"PDL": False}
+
+
+# ============================================================================= GPU, real shapes
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 13, 16, 32])
+def test_gpu_kernel_matches_ref_llama8b_shapes(shape, m):
+    n, k = SHAPES[shape]
+    dt = torch.bfloat16
+    x = rand(m, k, dtype=dt, device="cuda", seed=m)
+    weight = torch.randn(n, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).mul_(k**-0.5).to(dt)
+    bias = rand(n, dtype=dt, device="cuda", seed=3) if m == 3 else None
+    config = gemv._config(gemv._bucket(m), n, k) or C(32, 256, 4, 4, True)
+    out = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
+    out.copy_(gk.gemv(x, weight, bias, config))
+    check_gemm(out, x, weight, bias)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_and_pdl_are_exact():
+    """One layer's ops (norm, GEMMs, RoPE, SiLU) captured with PDL on and off, replayed on new
+    inputs: bit-identical to each other and to eager launches."""
+    dt, m = torch.bfloat16, 2
+    x, res = rand(m, 4096, dtype=dt, device="cuda", seed=1), rand(m, 4096, dtype=dt, device="cuda", seed=2)
+    nw = rand(4096, dtype=dt, device="cuda", seed=4)
+    w_qkv = rand(6144, 4096, dtype=dt, device="cuda", seed=5, scale=1 / 64)
+    w_gate_up = rand(28672, 4096, dtype=dt, device="cuda", seed=6, scale=1 / 64)
+    w_down = rand(4096, 14336, dtype=dt, device="cuda", seed=7, scale=1 / 120)
+    positions = torch.tensor([5, 1000], device="cuda")
+    inv_freq = (1.0 / 500000.0 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+
+    def step() -> list[torch.Tensor]:
+        h, stream = ops.add_rms_norm(x, res, nw, 1e-5)
+        qkv = gemv.linear(h, w_qkv)
+        ops.apply_rope_(qkv[:, :4096], qkv[:, 4096:5120], positions, inv_freq)
+        h2, stream2 = ops.add_rms_norm(qkv[:, :4096], stream, nw, 1e-5)
+        out = gemv.linear(ops.silu_and_mul(gemv.linear(h2, w_gate_up)), w_down)
+        return [qkv, stream2, out]
+
+    graphs = []
+    for pdl in (True, False):
+        with launch.programmatic_launch(pdl):
+            for _ in range(2):
+                step()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = step()
+            graphs.append((graph, outs))
+    for i, buf in enumerate((x, res)):
+        buf.copy_(rand(*buf.shape, dtype=dt, device="cuda", seed=10 + i))
+    replayed = []
+    for graph, outs in graphs:
+        graph.replay()
+        replayed.append([o.clone() for o in outs])
+    eager = step()
+    for a, b, c in zip(*replayed, eager):
+        assert torch.equal(a, c) and torch.equal(b, c)
+
+
+@pytest.mark.gpu
+def test_gpu_model_new_path_equals_old_within_bf16():
+    """Two 8B-shaped layers (32000-token vocab): prefill of 20 tokens, then 4 decode steps; logits
+    with the Triton path vs ``cublas_only()`` differ like two bf16 GEMM summation orders do."""
+    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+    from specdec.models.testing import StandaloneRunner
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                      num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) * p.shape[1] ** -0.5)
+    ids = torch.randint(0, cfg.vocab_size, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+
+    def decode() -> list[torch.Tensor]:
+        runner = StandaloneRunner(model, 64)
+        outs = [runner.forward(ids[:20]).next_token_logits]
+        return outs + [runner.forward([t]).next_token_logits for t in ids[20:]]
+
+    with torch.inference_mode():
+        new = decode()
+        with gemv.cublas_only(), launch.programmatic_launch(False):
+            old = decode()
+    for a, b in zip(new, old):
+        assert ((a - b).norm() / b.norm()).item() < 2e-2
+    assert sum(int(a[-1].argmax() == b[-1].argmax()) for a, b in zip(new, old)) >= len(new) - 1

@@ -53,8 +53,12 @@ class DraftRunner:
         return self.model(batch)
 
     def _root_topk(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(logits.float(), dim=-1)
-        topk_p, topk_index = probs.topk(self.topk, dim=-1)
+        """The K most likely draft tokens of each row and their probabilities: [rows, K] each."""
+        logits = logits.float()
+        if self.topk == 1:  # a chain: one max reduction and a log-sum-exp, not softmax + radix top-k
+            best, index = logits.max(dim=-1, keepdim=True)  # [rows, 1]
+            return torch.exp(best - torch.logsumexp(logits, dim=-1, keepdim=True)), self.adapter.to_target_ids(index)
+        topk_p, topk_index = torch.softmax(logits, dim=-1).topk(self.topk, dim=-1)
         return topk_p, self.adapter.to_target_ids(topk_index)
 
     def extend(

@@ -336,7 +336,9 @@ class EAGLEWorker:
             self.memory.req_to_token, req_pool_indices, seq_lens, result.accept_index, result.accept_length,
             src, dst, positions, num_draft_tokens=self.config.num_draft_tokens,
         )
-        self.target.kv_cache.move(src.flatten(), dst.flatten())  # padding entries copy a slot onto itself
+        # NOTE: a chain's node t sits at position seq_len + t, so its accepted nodes are in place
+        if self.config.topk > 1:
+            self.target.kv_cache.move(src.flatten(), dst.flatten())  # padding entries copy a slot onto itself
         return dst, positions >= 0
 
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, result: VerifyResult,

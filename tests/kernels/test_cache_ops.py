@@ -65,6 +65,21 @@ def test_compact_example():
     assert src.tolist() == [[50, 52, 50]] and dst.tolist() == [[50, 51, 50]] and pos.tolist() == [[10, 11, -1]]
 
 
+def test_a_chain_needs_no_compaction():
+    """topk = 1: node t of the chain sits at position seq_len + t, so an accepted prefix of the chain
+    is already where it belongs (the worker skips the K/V move)."""
+    n, bs = 5, 3
+    table = torch.arange(2 * 16, dtype=torch.int32).view(2, 16) + 100
+    rows, seq_lens = torch.tensor([1, 0, 1]), torch.tensor([3, 7, 0])
+    lengths = torch.tensor([0, 2, 4], dtype=torch.int32)
+    accept = torch.full((bs, n), -1, dtype=torch.int32)
+    for b, k in enumerate(lengths.tolist()):
+        accept[b, : k + 1] = torch.arange(k + 1, dtype=torch.int32) + b * n
+    src, dst, pos = torch.full((3, bs, n), POISON, dtype=torch.int64)
+    K.compact_accepted_kv_locs_ref(table, rows, seq_lens, accept, lengths, src, dst, pos, num_draft_tokens=n)
+    assert torch.equal(src, dst)
+
+
 def test_scratch_example_matches_draft_runner():
     """K = 2, S = 3, step 1, scratch_base 100, ancestors_in [[100], [101]], parent_branch [[1, 1]]."""
     anc, slots = torch.full((2, 2), POISON), torch.full((2,), POISON)

@@ -19,7 +19,9 @@ Worked example, prefix [p0 p1], tree 0 -> {1, 2} in slots [n0 n1 n2]:
 
 Everything else (EXTEND, DRAFT_EXTEND: causal aligned to the end; DECODE and draft decode
 branches: one row per sequence) is one causal call. ``init_forward_metadata`` builds the page
-tables once per forward; ``forward`` only writes K/V and calls the kernel.
+tables once per forward; ``forward`` only writes K/V and calls the kernel. The kernel takes its
+lengths and page tables as device tensors, so a static forward (CUDA-graph capture) builds them
+on the device from ``StaticLayout`` alone, its tables as wide as the graph's length bound.
 
 The kernel comes from FlashAttention-3 (flash-attention's ``hopper/`` build, module
 ``flash_attn_interface``) or SGLang's ``sgl_kernel.flash_attn`` (same signature), imported when the
@@ -35,9 +37,9 @@ from typing import Callable
 import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
-from specdec.attention.layout import RaggedLayout, build_ragged_layout
+from specdec.attention.layout import RaggedLayout, build_ragged_layout, build_static_layout
 from specdec.attention.merge import merge_attention_states
-from specdec.forward import ForwardBatch
+from specdec.forward import ForwardBatch, ForwardMode
 
 # (module exposing flash_attn_with_kvcache, how to get it)
 KERNEL_MODULES = (
@@ -150,20 +152,50 @@ def flash_attention_metadata(layout: RaggedLayout) -> FlashAttentionMetadata:
     return FlashAttentionMetadata(main=main, tree=tree)
 
 
+def static_flash_attention_metadata(batch: ForwardBatch) -> FlashAttentionMetadata:
+    """``flash_attention_metadata`` of a static forward, from device tensors alone (no host read):
+    every sequence has ``q`` query rows and ``own`` entries past its prefix, tables are bound-wide."""
+    layout = build_static_layout(batch)
+    device = layout.kv_indices.device
+    q, own = layout.q_len, layout.max_kv_len - layout.max_prefix_len
+    masked = batch.forward_mode == ForwardMode.TARGET_VERIFY
+    kv_lens = (layout.kv_indptr[1:] - layout.kv_indptr[:-1]).to(torch.int64)  # [num_seqs] prefix + own
+    lens = kv_lens - own if masked else kv_lens  # under the tree mask the main call reads the prefix only
+    col = torch.arange(layout.max_prefix_len if masked else layout.max_kv_len, device=device)[None]
+    entry = (layout.kv_indptr[:-1].to(torch.int64)[:, None] + col).clamp(max=layout.kv_indices.numel() - 1)
+    main = PagedCall(
+        cu_seqlens_q=layout.qo_indptr, max_seqlen_q=q, cache_seqlens=lens.to(torch.int32),
+        page_table=torch.where(col < lens[:, None], layout.kv_indices[entry], 0).to(torch.int32), causal=not masked)
+    if not masked:
+        return FlashAttentionMetadata(main=main, tree=None)
+    # one sequence per tree row: the request's new slots that row sees (visible ones first)
+    num_rows = batch.num_tokens
+    visible = batch.tree_mask.view(num_rows, q).to(torch.bool)  # [bs * q, q]
+    slots = batch.out_cache_loc.view(-1, 1, q).expand(-1, q, q).reshape(num_rows, q)  # [bs * q, q]
+    order = torch.argsort((~visible).to(torch.int8), dim=1, stable=True)
+    count = visible.sum(dim=1)
+    j = torch.arange(q, device=device)[None]
+    tree = PagedCall(
+        cu_seqlens_q=torch.arange(num_rows + 1, dtype=torch.int32, device=device), max_seqlen_q=1,
+        cache_seqlens=count.to(torch.int32),
+        page_table=torch.where(j < count[:, None], slots.gather(1, order), 0).to(torch.int32), causal=False)
+    return FlashAttentionMetadata(main=main, tree=tree)
+
+
 class FlashAttentionBackend(AttentionBackend):
     name = "fa3"
-    # page tables are built from host lengths (no static, device-only plan yet)
-    supports_cuda_graph = False
+    # static forwards build their page tables on the device (``static_flash_attention_metadata``)
+    supports_cuda_graph = True
 
     def __init__(self) -> None:
         self._flash_attn_with_kvcache = import_flash_attn_with_kvcache()
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        if getattr(batch, "static_max_seq_len", None) is not None:
-            raise NotImplementedError("fa3 backend: no device-only plan for CUDA-graph capture yet; run it with "
-                                      "--disable-cuda-graph")
         check_device(batch.input_ids.device)
-        batch.attn_metadata = flash_attention_metadata(build_ragged_layout(batch))
+        if batch.static_max_seq_len is not None:
+            batch.attn_metadata = static_flash_attention_metadata(batch)
+        else:
+            batch.attn_metadata = flash_attention_metadata(build_ragged_layout(batch))
 
     def _call(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, part: PagedCall,
               layer: AttentionLayer, *, return_lse: bool):

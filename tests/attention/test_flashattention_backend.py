@@ -201,9 +201,16 @@ def test_gpu_awkward_shapes(name, page_size, dtype):
     check_backend(fab.FlashAttentionBackend(), pb, label=f"{name}-h4x2x64-p{page_size}-{dtype}")
 
 
-def test_refuses_cuda_graph_planning(fake_fa3):
-    pb = make_problem(SCENARIOS["decode_bs5"], page_size=1, dtype=torch.bfloat16, device=torch.device("cpu"))
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "verify_chain", "draft_decode_k3",
+                                  "draft_extend_uniform"])
+def test_static_plan_matches_torch_native(fake_fa3, name, page_size):
+    """The CUDA-graph plan: page tables built on the device from the length bound (here 64)."""
+    from .test_triton_backend import STATIC_SCENARIOS
+
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=page_size, dtype=torch.bfloat16, seed=3, d=32,
+                      device=torch.device("cpu"))
     backend = fab.FlashAttentionBackend()
-    assert backend.supports_cuda_graph is False
-    with pytest.raises(NotImplementedError, match="--disable-cuda-graph"):
-        backend.init_forward_metadata(dataclasses.replace(pb.batch, static_max_seq_len=64))
+    assert backend.supports_cuda_graph and not backend.plans_on_host
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=64)
+    check_backend(backend, dataclasses.replace(pb, batch=static))

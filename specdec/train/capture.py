@@ -30,6 +30,12 @@ class Captured:
     features: torch.Tensor
     # [bs, seq_len, vocab] fp32 target logits at each position (predicting the next token)
     logits: torch.Tensor
+    # [bs] first position whose token the loss predicts (0: all; the response start of a regenerated row)
+    loss_start: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_start is None:
+            self.loss_start = torch.zeros_like(self.lengths)
 
 
 def pad_batch(seqs: list[list[int]], *, pad_id: int = 0, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +51,8 @@ def pad_batch(seqs: list[list[int]], *, pad_id: int = 0, device: torch.device | 
 
 
 @torch.no_grad()
-def capture(target: LlamaForCausalLM, input_ids: torch.Tensor, lengths: torch.Tensor) -> Captured:
+def capture(target: LlamaForCausalLM, input_ids: torch.Tensor, lengths: torch.Tensor,
+            loss_start: torch.Tensor | None = None) -> Captured:
     """Run ``target`` over ``input_ids`` [bs, seq_len] (teacher forcing) and collect its outputs."""
     b, t = input_ids.shape
     if t > target.config.max_position_embeddings:
@@ -59,4 +66,5 @@ def capture(target: LlamaForCausalLM, input_ids: torch.Tensor, lengths: torch.Te
         lengths=lengths,
         features=out.hidden_states.view(b, t, -1),
         logits=out.next_token_logits.view(b, t, -1),
+        loss_start=loss_start,
     )

@@ -7,17 +7,20 @@ Sources (all from ``../shared/datasets``, override with ``SPECDEC_DATASETS``; se
 * ``alpaca``: the Alpaca self-instruct seed tasks (instruction + input, output);
 * ``alpaca_eval``: the 805 AlpacaEval instructions (text-davinci-003's outputs as the response);
 * ``spec_bench``: Spec-Bench's short-prompt categories that none of our evaluation sets draws on
-  (translation, qa); its MT-bench, GSM8K-test ("math_reasoning") and long-document ones are left out.
+  (translation, qa); its MT-bench, GSM8K-test ("math_reasoning") and long-document ones are left out
+  (and its qa questions are EAGLE's qa benchmark, so the screen below drops them all).
 
 ``python -m specdec.train.data OUT.jsonl SOURCES...`` writes a prompt file (``prompt``, ``source``
 per line) that travels with the repository: ``specdec/data/train_prompts/smollm2.jsonl`` was made so.
 
 Evaluation prompts are ``specdec/data/prompts/*.jsonl`` (TinyStories VALIDATION first sentences,
-EAGLE's mt_bench / humaneval / gsm8k question files). They are never read as training text: any
-training sample that contains an evaluation prompt verbatim is dropped (short TinyStories
+EAGLE's mt_bench / humaneval / gsm8k question files); training data is screened against those and,
+when ``datasets_dir()`` has them, every evaluation set there (``screen_prompts``: EAGLE's six
+benchmark files, MT-bench, GSM8K test, HumanEval). They are never read as training text: any
+training sample that contains a screened prompt verbatim is dropped (short TinyStories
 sentences such as "Once upon a time, there was a little boy named Tim." recur across splits), and
-``overlapping_prompts`` checks the result. Instruction sets also drop near-duplicates of an
-evaluation prompt (word-set Jaccard similarity >= 0.5: AlpacaEval's Vicuna questions include
+``overlapping_prompts`` checks the result. Instruction sets also drop near-duplicates of a
+screened prompt (word-set Jaccard similarity >= 0.5: AlpacaEval's Vicuna questions include
 MT-bench's, some with different numbers).
 """
 
@@ -66,6 +69,37 @@ def eval_prompts(prompt_dir: Path = EVAL_PROMPT_DIR) -> list[str]:
             if line.strip():
                 out.extend(t for t in json.loads(line).get("turns", []) if t.strip())
     return out
+
+
+# evaluation sets of ``datasets_dir()`` screened too when present (JSONL with ``turns``, GSM8K test with
+# ``question``, HumanEval with ``prompt``): EAGLE's six benchmark files, MT-bench, GSM8K test, HumanEval
+SCREEN_FILES = ("eagle_bench/alpaca/question.jsonl", "eagle_bench/gsm8k/question.jsonl",
+                "eagle_bench/humaneval/question.jsonl", "eagle_bench/mt_bench/question.jsonl",
+                "eagle_bench/qa/question.jsonl", "eagle_bench/sum/question.jsonl", "mt_bench/question.jsonl",
+                "gsm8k/test.jsonl", "humaneval/HumanEval.jsonl.gz")
+
+
+def _screen_file(path: Path) -> list[str]:
+    import gzip
+
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out.extend(t for t in row.get("turns", [row.get("question") or row.get("prompt") or ""]) if t.strip())
+    return out
+
+
+def screen_prompts(prompt_dir: Path = EVAL_PROMPT_DIR, datasets: Path | None = None) -> list[str]:
+    """What training prompts are screened against: ``eval_prompts`` plus every evaluation set of
+    ``SCREEN_FILES`` found under ``datasets`` (default ``datasets_dir()``), deduplicated."""
+    root = datasets or datasets_dir()
+    out = eval_prompts(prompt_dir)
+    for name in SCREEN_FILES:
+        if (root / name).is_file():
+            out.extend(_screen_file(root / name))
+    return list(dict.fromkeys(out))
 
 
 def overlapping_prompts(texts: list[str], prompts: list[str]) -> list[str]:
@@ -138,13 +172,38 @@ def _words(text: str) -> frozenset[str]:
 
 
 def near_duplicates(texts: list[str], prompts: list[str], threshold: float = NEAR_DUPLICATE) -> list[int]:
-    """Indices of ``texts`` whose word set has Jaccard similarity >= ``threshold`` with a prompt's."""
+    """Indices of ``texts`` whose word set has Jaccard similarity >= ``threshold`` with a prompt's.
+
+    Intersection sizes for all pairs come from one product (texts x prompt-vocabulary) @
+    (prompt-vocabulary x prompts) per chunk of texts, so tens of thousands of texts screen in seconds; the counts are
+    integers, exact in float32, and the test is ``|w & r| >= threshold * |w | r|`` as written.
+    """
+    import torch  # NOTE: lazy, so that reading prompt files needs no torch
+
     ref = [w for w in (_words(p) for p in prompts) if w]
+    if not ref or not texts:
+        return []
+    index = {word: j for j, word in enumerate(sorted(set().union(*ref)))}
+    cols = torch.tensor([index[x] for r in ref for x in r], dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(ref)), torch.tensor([len(r) for r in ref]))
+    ref_matrix = torch.zeros(len(index), len(ref))  # [prompt vocabulary, prompts] 0/1
+    ref_matrix[cols, rows] = 1.0
+    ref_sizes = torch.tensor([len(r) for r in ref], dtype=torch.float32)
+    words = [_words(t) for t in texts]
     out = []
-    for i, text in enumerate(texts):
-        w = _words(text)
-        if w and any(len(w & r) >= threshold * len(w | r) for r in ref):
-            out.append(i)
+    for start in range(0, len(texts), 4096):
+        chunk = words[start : start + 4096]
+        hits = [(i, index[x]) for i, w in enumerate(chunk) for x in w if x in index]
+        if not hits:
+            continue
+        at = torch.tensor(hits, dtype=torch.int64)
+        text_matrix = torch.zeros(len(chunk), len(index))  # [chunk, prompt vocabulary] 0/1
+        text_matrix[at[:, 0], at[:, 1]] = 1.0
+        inter = text_matrix @ ref_matrix  # [chunk, prompts] |w & r|
+        sizes = torch.tensor([len(w) for w in chunk], dtype=torch.float32)
+        union = sizes[:, None] + ref_sizes[None] - inter
+        dup = ((inter >= threshold * union) & (sizes[:, None] > 0)).any(dim=1)
+        out.extend(start + i for i in dup.nonzero().flatten().tolist())
     return out
 
 
@@ -173,7 +232,7 @@ def load_samples(dataset: str, *, num_samples: int | None = None, seed: int = 0)
             samples.extend(_from_file(Path(name)))
         else:
             raise ValueError(f"--dataset: {name!r} is neither one of {', '.join(SOURCES)} nor a file")
-    banned = eval_prompts()
+    banned = screen_prompts()
     samples = _drop_eval_overlap(samples, banned)
     instructions = [i for i, s in enumerate(samples) if s.source in INSTRUCTION_SOURCES]
     near = {instructions[j] for j in near_duplicates([samples[i].prompt for i in instructions], banned)}

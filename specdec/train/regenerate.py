@@ -2,10 +2,12 @@
 
 A head that only saw human text meets, at decode time, text the target wrote (greedy output in
 particular loops and repeats in ways human text does not). As EAGLE recommends, each training
-prompt is answered by the target through ``specdec.Engine`` (no speculation): greedily
-(temperature 0) and/or by sampling (temperature > 0), ``ignore_eos`` as the benchmark runs.
-Results can be cached in a JSONL file (a header line with the settings, then one token list per
-line) and are reused when the settings match.
+prompt is answered by the target itself: greedily (temperature 0) and/or by sampling
+(temperature > 0), ``ignore_eos`` as the benchmark runs. Two samplers give the same text for a
+greedy run: ``dense`` (generate.py: fixed-length batched rounds over a dense KV cache, the fast
+one for many prompts) and ``engine`` (``specdec.Engine``, no speculation, the serving path).
+Results can be cached (``torch.save`` of the settings header and the token rows as one flat int32
+tensor with offsets) and are reused when the settings match.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable
 
+import torch
+
+from specdec.train.generate import GenerateSettings, generate
 from specdec.train.progress import progress
 
 
@@ -26,8 +31,13 @@ class RegenSettings:
     seed: int = 0
     ignore_eos: bool = True
     dtype: str = "auto"  # the engine's --dtype: part of the cache key, since it changes the text
+    sampler: str = "dense"  # dense | engine (part of the key: sampled text depends on it)
 
     def __post_init__(self) -> None:
+        if self.sampler not in ("dense", "engine"):
+            raise ValueError(f"regenerate: sampler={self.sampler!r} must be dense or engine")
+        if not self.ignore_eos and self.sampler == "dense":
+            raise ValueError("regenerate: the dense sampler always runs to max_new_tokens (ignore_eos)")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError(f"regenerate: temperatures={self.temperatures} must be one or more values >= 0")
         if self.max_new_tokens < 1:
@@ -59,10 +69,23 @@ def generate_with_engine(
 def _read_cache(path: Path, header: dict) -> list[list[int]] | None:
     if not path.is_file():
         return None
-    lines = path.read_text().splitlines()
-    if not lines or json.loads(lines[0]) != header:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("header") != json.dumps(header, sort_keys=True):
         return None
-    return [json.loads(line) for line in lines[1:] if line.strip()]
+    flat, offsets = state["tokens"].tolist(), state["offsets"].tolist()
+    return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def _write_cache(path: Path, header: dict, seqs: list[list[int]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    offsets = [0]
+    for s in seqs:
+        offsets.append(offsets[-1] + len(s))
+    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"header": json.dumps(header, sort_keys=True), "tokens": flat,
+                "offsets": torch.tensor(offsets, dtype=torch.int64)}, tmp)
+    tmp.replace(path)
 
 
 def regenerate(
@@ -71,8 +94,12 @@ def regenerate(
     *,
     cache: str | Path | None = None,
     engine_kwargs: dict[str, Any] | None = None,
+    target: Callable[[], Any] | None = None,
+    batch_size: int = 256,
 ) -> list[list[int]]:
-    """Target-written sequences (prompt + response) for every prompt at every temperature."""
+    """Target-written sequences (prompt + response) for every prompt at every temperature, the
+    temperatures' blocks one after the other. ``target`` (dense sampler): returns the loaded target,
+    called only when the cache misses; the engine sampler loads ``settings.model_path`` itself."""
     header = {"settings": dataclasses.asdict(settings), "prompts": len(prompt_ids),
               "prompt_tokens": sum(len(p) for p in prompt_ids)}
     header["settings"]["temperatures"] = list(settings.temperatures)
@@ -81,21 +108,25 @@ def regenerate(
         if hit is not None:
             print(f"regenerate: reusing {len(hit)} sequences from {cache}")
             return hit
-    from specdec.engine.engine import Engine  # NOTE: lazy, training code is an edge like the CLI
-
-    kwargs = {"max_running_requests": 128, "dtype": settings.dtype, **(engine_kwargs or {})}
-    engine = Engine(settings.model_path, random_seed=settings.seed, **kwargs)
     seqs: list[list[int]] = []
-    for temp in settings.temperatures:
-        seqs.extend(generate_with_engine(engine, prompt_ids, temperature=temp,
-                                         max_new_tokens=settings.max_new_tokens,
-                                         ignore_eos=settings.ignore_eos, chunk=kwargs["max_running_requests"]))
+    if settings.sampler == "dense":
+        if target is None:
+            raise ValueError("regenerate: the dense sampler needs the target")
+        model = target()
+        for i, temp in enumerate(settings.temperatures):
+            gen = GenerateSettings(temperature=temp, max_new_tokens=settings.max_new_tokens, batch_size=batch_size,
+                                   seed=settings.seed * 101 + i)
+            rows = generate(model, prompt_ids, gen, desc="regenerate")
+            seqs.extend(list(p) + r for p, r in zip(prompt_ids, rows))
+    else:
+        from specdec.engine.engine import Engine  # NOTE: lazy, training code is an edge like the CLI
+
+        kwargs = {"max_running_requests": 128, "dtype": settings.dtype, **(engine_kwargs or {})}
+        engine = Engine(settings.model_path, random_seed=settings.seed, **kwargs)
+        for temp in settings.temperatures:
+            seqs.extend(generate_with_engine(engine, prompt_ids, temperature=temp,
+                                             max_new_tokens=settings.max_new_tokens,
+                                             ignore_eos=settings.ignore_eos, chunk=kwargs["max_running_requests"]))
     if cache is not None:
-        Path(cache).parent.mkdir(parents=True, exist_ok=True)
-        Path(cache).write_text("\n".join(json.dumps(x) for x in _with_header(header, seqs)) + "\n")
+        _write_cache(Path(cache), header, seqs)
     return seqs
-
-
-def _with_header(header: dict, seqs: Iterable[list[int]]) -> Iterable[Any]:
-    yield header
-    yield from seqs

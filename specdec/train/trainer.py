@@ -32,6 +32,15 @@ from specdec.train.vocab import DraftVocab
 DraftHead = EagleDraftModel | Eagle3DraftModel
 
 
+def _usable(seqs: list[list[int]], starts: list[int] | None) -> tuple[list[list[int]], list[int]]:
+    """Sequences of two or more tokens (one prediction at least) and their loss starts."""
+    starts = [0] * len(seqs) if starts is None else list(starts)
+    if len(starts) != len(seqs):
+        raise ValueError(f"DraftTrainer: {len(starts)} loss starts for {len(seqs)} sequences")
+    keep = [i for i, s in enumerate(seqs) if len(s) >= 2]
+    return [seqs[i] for i in keep], [starts[i] for i in keep]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     algorithm: str = "EAGLE"  # EAGLE | EAGLE3
@@ -48,15 +57,26 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 25
     checkpoint_every: int = 200
+    # optimizer steps in all (the schedule's length); None = epochs over the training sequences
+    max_steps: int | None = None
+    # seconds for the whole run (training + held-out evaluation): after ``probe_steps`` steps, and at
+    # every log line from then on, the run measures its pace and shortens the schedule to fit (never
+    # lengthens it); None = no limit
+    time_budget: float | None = None
+    probe_steps: int = 30
 
     def __post_init__(self) -> None:
         if self.algorithm not in ("EAGLE", "EAGLE3"):
             raise ValueError(f"--algorithm {self.algorithm!r}: expected EAGLE or EAGLE3")
-        for name in ("epochs", "batch_size", "ttt_steps", "log_every", "checkpoint_every"):
+        for name in ("epochs", "batch_size", "ttt_steps", "log_every", "checkpoint_every", "probe_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"--lr {self.lr} must be > 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"--max-steps {self.max_steps} must be >= 1")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise ValueError(f"--time-budget {self.time_budget} must be > 0")
 
 
 @torch.no_grad()
@@ -92,6 +112,7 @@ class TrainResult:
     train_accuracy: list[float]  # per TTT step, over the last epoch
     val_accuracy: list[float]  # per TTT step, held-out sequences
     val_loss: list[float]
+    planned_by: str = "epochs"  # what set the number of steps: epochs | max_steps | time_budget
 
     @property
     def expected_acceptance(self) -> float:
@@ -107,15 +128,19 @@ class DraftTrainer:
         train_seqs: list[list[int]],
         val_seqs: list[list[int]] | None = None,
         *,
+        train_starts: list[int] | None = None,
+        val_starts: list[int] | None = None,
         checkpoint_path: str | Path | None = None,
     ) -> None:
+        """``*_starts[i]``: the first position of sequence i whose prediction is trained / scored
+        (its response start; default 0, every token)."""
         if not train_seqs:
             raise ValueError("DraftTrainer: no training sequences")
         self.target = target.eval().requires_grad_(False)
         self.head = head.train()
         self.config = config
-        self.train_seqs = [s for s in train_seqs if len(s) >= 2]
-        self.val_seqs = [s for s in (val_seqs or []) if len(s) >= 2]
+        self.train_seqs, self.train_starts = _usable(train_seqs, train_starts)
+        self.val_seqs, self.val_starts = _usable(val_seqs or [], val_starts)
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         kept = head.d2t + torch.arange(head.d2t.shape[0], device=head.d2t.device) if isinstance(head, Eagle3DraftModel) else None
         self.loss_settings = LossSettings(
@@ -124,7 +149,8 @@ class DraftTrainer:
         )
         self.device = head.fc.weight.device
         self.batches_per_epoch = math.ceil(len(self.train_seqs) / config.batch_size)
-        self.total_steps = self.batches_per_epoch * config.epochs
+        self.total_steps = config.max_steps or self.batches_per_epoch * config.epochs
+        self.planned_by = "max_steps" if config.max_steps else "epochs"
         params = [p for p in head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
@@ -142,58 +168,99 @@ class DraftTrainer:
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
         return torch.randperm(len(self.train_seqs), generator=gen).tolist()
 
-    def _batch(self, seqs: list[list[int]]):
+    def _batch(self, seqs: list[list[int]], starts: list[int] | None = None):
         ids, lengths = pad_batch(seqs, device=self.device)
-        return capture(self.target, ids, lengths)
+        loss_start = torch.tensor(starts, dtype=torch.int64).to(self.device) if starts is not None else None
+        return capture(self.target, ids, lengths, loss_start)
 
-    def train_step(self, seqs: list[list[int]]) -> tuple[float, StepMetrics]:
-        loss, metrics = ttt_loss(self.head, self._batch(seqs), self.loss_settings)
+    def train_step(self, seqs: list[list[int]], starts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; (loss, [3, ttt_steps] statistics), both left on the device."""
+        loss, stats = ttt_loss(self.head, self._batch(seqs, starts), self.loss_settings)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.config.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        return float(loss.detach()), metrics
+        return loss.detach(), stats
 
     @torch.no_grad()
-    def evaluate(self, seqs: list[list[int]] | None = None) -> StepMetrics:
-        seqs = self.val_seqs if seqs is None else seqs
+    def evaluate(self, seqs: list[list[int]] | None = None, starts: list[int] | None = None) -> StepMetrics:
+        if seqs is None:
+            seqs, starts = self.val_seqs, self.val_starts
         self.head.eval()
-        metrics = StepMetrics.zeros(self.config.ttt_steps)
-        for start in range(0, len(seqs), self.config.batch_size):
-            metrics.add(ttt_loss(self.head, self._batch(seqs[start : start + self.config.batch_size]), self.loss_settings)[1])
+        bs = self.config.batch_size
+        stats = torch.zeros(3, self.config.ttt_steps, dtype=torch.float64, device=self.device)
+        for start in range(0, len(seqs), bs):
+            part = None if starts is None else starts[start : start + bs]
+            stats += ttt_loss(self.head, self._batch(seqs[start : start + bs], part), self.loss_settings)[1]
         self.head.train()
-        return metrics
+        return StepMetrics.from_tensor(stats)
+
+    def _fit_time_budget(self, elapsed: float, pace: float) -> None:
+        """Shorten the schedule so that training and the final evaluation end within the budget."""
+        eval_batches = math.ceil(len(self.val_seqs) / self.config.batch_size)
+        left = self.config.time_budget - elapsed - 0.5 * pace * eval_batches
+        fit = self.step + max(1, int(left / pace))
+        if fit < self.total_steps:
+            self.total_steps, self.planned_by = fit, "time_budget"
+            print(f"time budget {self.config.time_budget:.0f}s: {pace * 1e3:.0f} ms per step, "
+                  f"{self.total_steps} steps planned", flush=True)
+
+    def _pace(self, start_time: float, logging: bool) -> None:
+        """Time budget: the pace is measured from a few warm-up steps on (when the step of ``probe_steps``
+        later is done), then re-measured at every log line, since other work on the device may slow
+        the run down (two heads training at once, say). The schedule only ever gets shorter."""
+        cfg = self.config
+        if cfg.time_budget is None or self.step < self._pace_from:
+            return
+        if self.step == self._pace_from:
+            self._sync()
+            self._pace_time = time.perf_counter()
+        elif self.step == self._pace_from + cfg.probe_steps or (logging and self.step > self._pace_from + cfg.probe_steps):
+            self._sync()
+            now = time.perf_counter()
+            self._fit_time_budget(now - start_time, (now - self._pace_time) / (self.step - self._pace_from))
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def train(self, *, resume: bool = False) -> TrainResult:
         if resume:
             self.load_checkpoint()
         start_time, cfg = time.perf_counter(), self.config
-        window = StepMetrics.zeros(cfg.ttt_steps)
-        epoch_metrics = StepMetrics.zeros(cfg.ttt_steps)
+        steps = cfg.ttt_steps
+        window = torch.zeros(3, steps, dtype=torch.float64, device=self.device)
+        epoch_stats = torch.zeros_like(window)
+        self._pace_from = self.step + min(5, cfg.probe_steps)
         bar = progress(range(self.step, self.total_steps), desc=f"train {cfg.algorithm}", total=self.total_steps,
                        initial=self.step)
         for step in bar:
+            if step >= self.total_steps:  # NOTE: the time budget may shorten the schedule on the way
+                break
             epoch, offset = divmod(step, self.batches_per_epoch)
             if offset == 0:
-                epoch_metrics = StepMetrics.zeros(cfg.ttt_steps)
+                epoch_stats.zero_()
             order = self._epoch_order(epoch)[offset * cfg.batch_size : (offset + 1) * cfg.batch_size]
-            loss, metrics = self.train_step([self.train_seqs[i] for i in order])
-            window.add(metrics)
-            epoch_metrics.add(metrics)
-            if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                acc = " ".join(f"{a:.3f}" for a in window.accuracy())
-                print(f"step {self.step}/{self.total_steps} epoch {epoch + 1} loss {loss:.4f} "
-                      f"lr {self.scheduler.get_last_lr()[0]:.2e} acc/step [{acc}]", flush=True)
-                window = StepMetrics.zeros(cfg.ttt_steps)
+            loss, stats = self.train_step([self.train_seqs[i] for i in order], [self.train_starts[i] for i in order])
+            window += stats
+            epoch_stats += stats
+            logging = self.step % cfg.log_every == 0
+            self._pace(start_time, logging)
+            if logging or self.step == self.total_steps:
+                acc = " ".join(f"{a:.3f}" for a in StepMetrics.from_tensor(window).accuracy())
+                print(f"step {self.step}/{self.total_steps} epoch {epoch + 1} loss {float(loss):.4f} "
+                      f"lr {self.scheduler.get_last_lr()[0]:.2e} acc/step [{acc}] "
+                      f"{time.perf_counter() - start_time:.0f}s", flush=True)
+                window.zero_()
             end_of_epoch = self.step % self.batches_per_epoch == 0
             if self.checkpoint_path and (self.step % cfg.checkpoint_every == 0 or end_of_epoch):
                 self.save_checkpoint()
-        val = self.evaluate() if self.val_seqs else epoch_metrics
+        val = self.evaluate() if self.val_seqs else StepMetrics.from_tensor(epoch_stats)
         return TrainResult(steps=self.step, seconds=time.perf_counter() - start_time,
-                           train_accuracy=epoch_metrics.accuracy(), val_accuracy=val.accuracy(),
-                           val_loss=val.mean_loss())
+                           train_accuracy=StepMetrics.from_tensor(epoch_stats).accuracy(),
+                           val_accuracy=val.accuracy(), val_loss=val.mean_loss(), planned_by=self.planned_by)
 
     # ------------------------------------------------------------ checkpoint
     def save_checkpoint(self) -> None:

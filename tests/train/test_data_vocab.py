@@ -13,6 +13,7 @@ from specdec.train.data import (
     eval_prompts,
     load_samples,
     overlapping_prompts,
+    screen_prompts,
 )
 from specdec.train.regenerate import generate_with_engine
 from specdec.train.vocab import build_draft_vocab, coverage, token_counts
@@ -57,10 +58,11 @@ def test_eval_overlap_is_dropped():
 @pytest.mark.skipif(not (datasets_dir() / "tinystories").is_dir(), reason="shared datasets not present")
 @pytest.mark.parametrize("dataset", ["tinystories", "gsm8k", "alpaca", "alpaca_eval", "spec_bench"])
 def test_training_text_never_contains_an_eval_prompt(dataset):
-    prompts = eval_prompts()
-    assert len(prompts) >= 4 * 80  # tinystories, mt_bench (2 turns), humaneval, gsm8k
+    prompts = screen_prompts()
+    assert len(prompts) > len(eval_prompts()) >= 4 * 80  # tinystories, mt_bench (2 turns), humaneval, gsm8k
     samples = load_samples(dataset)
-    assert len(samples) > 100
+    # NOTE: Spec-Bench's qa questions are EAGLE's qa benchmark, so the screen keeps only its translations
+    assert len(samples) >= 80
     assert overlapping_prompts([s.text for s in samples], prompts) == []
     # regeneration prompts are a part of the training text, so they are disjoint too
     assert overlapping_prompts([s.prompt for s in samples], prompts) == []

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdec.train.chat import has_chat_template, render_user_prompt
-from specdec.train.data import _from_file, eval_prompts, near_duplicates, overlapping_prompts
+from specdec.train.data import _from_file, near_duplicates, overlapping_prompts, screen_prompts
 
 DATA = Path(__file__).resolve().parents[2] / "specdec" / "data"
 SMOLLM2_PROMPTS = DATA / "train_prompts" / "smollm2.jsonl"
@@ -40,10 +40,10 @@ def test_near_duplicates_worked_example():
 
 def test_committed_smollm2_prompts_are_disjoint_from_evaluation():
     samples = _from_file(SMOLLM2_PROMPTS)
-    assert len(samples) == 2636
+    assert len(samples) == 2554
     assert {s.source for s in samples} == {"alpaca_eval", "alpaca", "spec_bench", "gsm8k"}
     assert all(s.prompt.strip() and not s.response for s in samples)
-    banned = eval_prompts()
+    banned = screen_prompts()  # the benchmark's prompt files, plus the shared evaluation sets when present
     prompts = [s.prompt for s in samples]
     assert overlapping_prompts(prompts, banned) == []
     # instruction sets are also free of near-duplicates (GSM8K's official train split is disjoint from
@@ -66,7 +66,7 @@ def test_cli_regen_only_then_fp16_export(tmp_path, capsys):
               "--max-len", "24", "--regen-max-new-tokens", "4", "--regen-temperatures", "0", "--batch-size", "4",
               "--epochs", "1", "--no-human-text", "--regen-batch-size", "3", "--save-dtype", "float16"]
     main(common + ["--regen-only"])
-    assert len(list((tmp_path / "work").glob("regen-*.jsonl"))) == 1
+    assert len(list((tmp_path / "work").glob("regen-*.pt"))) == 1
     assert not (tmp_path / "head" / "model.safetensors").exists()
     main(common)
     assert "regenerate: reusing 6 sequences" in capsys.readouterr().out
@@ -84,3 +84,39 @@ def test_cli_rejects_bad_choices(bad):
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--output-dir", "x", *bad])
+
+
+def test_cli_init_from_keeps_the_heads_draft_vocab(tmp_path, capsys):
+    """--init-from: an EAGLE-3 head exported with a 64-id draft vocab continues training with that
+    vocab (not the 32 ids --draft-vocab-size asks for), starting from its exported weights."""
+    from specdec.models.loaders import load_draft_head, load_target
+    from specdec.server.args import DEFAULT_MODEL
+    from specdec.train.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(line + "\n" for line in SMOLLM2_PROMPTS.read_text().splitlines()[:4]))
+    common = ["--model-path", DEFAULT_MODEL, "--dataset", str(prompts), "--algorithm", "EAGLE3",
+              "--work-dir", str(tmp_path / "work"), "--max-len", "24", "--regen-max-new-tokens", "4",
+              "--regen-temperatures", "0", "--batch-size", "4", "--no-human-text", "--regen-batch-size", "4"]
+    main(common + ["--output-dir", str(tmp_path / "first"), "--draft-vocab-size", "64", "--max-steps", "2"])
+    main(common + ["--output-dir", str(tmp_path / "second"), "--draft-vocab-size", "32", "--max-steps", "1",
+                   "--init-from", str(tmp_path / "first"), "--lr", "1e-9"])
+    summary = json.loads((tmp_path / "second" / "training.json").read_text())
+    assert summary["draft_vocab_size"] == 64 and summary["init_from"] == str(tmp_path / "first")
+    target = load_target(DEFAULT_MODEL, aux_hidden_layers=tuple(summary["aux_hidden_layers"]))
+    first, second = (load_draft_head(tmp_path / d, target) for d in ("first", "second"))
+    assert torch.equal(first.d2t, second.d2t)
+    for name, tensor in first.state_dict().items():  # lr 1e-9: one step moves nothing visibly
+        torch.testing.assert_close(second.state_dict()[name], tensor, rtol=0, atol=1e-6)
+
+
+def test_committed_magpie_prompts_are_clean_and_disjoint_from_evaluation():
+    """The instructions SmolLM2 wrote itself for its heads (scripts/train_smollm2.sh, run on the H100)."""
+    samples = _from_file(DATA / "train_prompts" / "smollm2_magpie.jsonl")
+    assert len(samples) == 10062 and {s.source for s in samples} == {"magpie"}
+    prompts = [s.prompt for s in samples]
+    assert all(p == p.strip() and len(p.split()) >= 3 and "<|" not in p for p in prompts)
+    assert len({" ".join(p.lower().split()) for p in prompts}) == len(prompts)
+    banned = screen_prompts()
+    assert overlapping_prompts(prompts, banned) == []
+    assert near_duplicates(prompts, banned) == []

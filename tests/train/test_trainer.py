@@ -113,7 +113,7 @@ def test_export_round_trip(tmp_path, algorithm):
     ids, lengths = pad_batch(seqs)
     cap = capture(target, ids, lengths)
     settings = LossSettings(ttt_steps=2, kept=_kept(head))
-    assert ttt_loss(head, cap, settings)[1] == ttt_loss(loaded, cap, settings)[1]
+    assert torch.equal(ttt_loss(head, cap, settings)[1], ttt_loss(loaded, cap, settings)[1])
 
 
 def test_resume_restores_step_and_weights(tmp_path):
@@ -140,3 +140,104 @@ def test_resume_restores_step_and_weights(tmp_path):
     assert resumed.step == full.step == 6
     for name, tensor in full.head.state_dict().items():
         torch.testing.assert_close(resumed.head.state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def _ttt_loss_by_selection(head, cap, settings):
+    """The loss written the plain way (boolean selection of the scored rows, a shifted copy of the
+    target per step): the specification ``ttt_loss``'s sliced, sync-free form must equal."""
+    import torch.nn.functional as F
+
+    from specdec.train.attention import TTTAttention, training_batch
+    from specdec.train.losses import _shift
+
+    b, t = cap.input_ids.shape
+    backend = TTTAttention(b, t)
+    col = torch.arange(t)
+    hidden = cap.features.reshape(b * t, -1)
+    total, stats = torch.zeros(()), torch.zeros(3, settings.ttt_steps, dtype=torch.float64)
+    for s in range(settings.ttt_steps):
+        if s:
+            backend.next_step()
+        shift = 1 + s
+        valid = (col[None] + shift < cap.lengths[:, None]) & (col[None] + shift >= cap.loss_start[:, None])
+        out = head(training_batch(_shift(cap.input_ids, shift), backend, spec_hidden_states=hidden, position_offset=s))
+        hidden = out.hidden_states
+        target_logits = _shift(cap.logits, shift)[valid]
+        draft_logits = out.next_token_logits.view(b, t, -1)[valid]
+        target_top, draft_top = target_logits.argmax(-1), draft_logits.argmax(-1)
+        if settings.kept is not None:
+            draft_top = settings.kept[draft_top]
+            in_vocab = head.t2d[target_top]
+            target_logits, draft_logits = target_logits[in_vocab][:, settings.kept], draft_logits[in_vocab]
+        rows = -(torch.softmax(target_logits, -1) * torch.log_softmax(draft_logits, -1)).sum(-1)
+        step_loss = rows.sum()
+        if settings.hidden_weight:
+            h, target_h = hidden.view(b, t, -1)[valid], _shift(cap.features, shift)[valid]
+            step_loss = step_loss + settings.hidden_weight * F.smooth_l1_loss(h, target_h, reduction="none").mean(-1).sum()
+        n = int(target_top.shape[0])
+        total = total + settings.step_decay**s * step_loss / max(n, 1)
+        stats[:, s] = torch.tensor([float(rows.sum()), int((draft_top == target_top).sum()), n], dtype=torch.float64)
+    return total, stats
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+@torch.no_grad()
+def test_sliced_loss_equals_selection_reference(algorithm):
+    """Ragged rows, loss starts inside the rows (one past its end), 4 TTT steps on 9..22-token rows."""
+    target = _target(algorithm)
+    seqs = _seqs(5, seed=8)
+    head = _head(target, algorithm, seqs).eval()
+    ids, lengths = pad_batch(seqs)
+    starts = torch.tensor([0, 3, 7, len(seqs[3]) + 2, 1])
+    cap = capture(target, ids, lengths, starts)
+    settings = LossSettings(ttt_steps=4, kept=_kept(head), hidden_weight=0.1 if algorithm == "EAGLE" else 0.0)
+    loss, stats = ttt_loss(head, cap, settings)
+    ref_loss, ref_stats = _ttt_loss_by_selection(head, cap, settings)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats, ref_stats, rtol=1e-5, atol=1e-4)
+    assert stats[2].tolist() == [sum(max(0, len(q) - max(s + 1, int(a))) for q, a in zip(seqs, starts))
+                                 for s in range(4)]  # counted = predicted tokens at or after each start
+
+
+def test_time_budget_shortens_the_schedule():
+    target = _target("EAGLE3")
+    seqs = _seqs(12, seed=4)
+    config = TrainConfig(algorithm="EAGLE3", epochs=50, lr=5e-3, batch_size=4, ttt_steps=2, log_every=1000,
+                         time_budget=1e-3, probe_steps=2)
+    trainer = DraftTrainer(target, _head(target, "EAGLE3", seqs), config, seqs)
+    result = trainer.train()
+    # warm-up min(5, probe_steps) = 2 steps, 2 timed steps, then one more fits (the minimum)
+    assert result.planned_by == "time_budget" and result.steps == 2 + 2 + 1
+    fixed = DraftTrainer(target, _head(target, "EAGLE3", seqs), dataclasses.replace(config, time_budget=None,
+                                                                                     max_steps=4), seqs)
+    assert fixed.train().steps == 4 and fixed.planned_by == "max_steps"
+
+
+def test_time_budget_follows_a_slower_pace(monkeypatch):
+    """A fake clock: steps take 1 s, then 3 s from step 8 on (another job took the device). Budget 30 s,
+    warm-up 2 steps, pace timed over 2: at step 4 the pace is 1 s -> 4 + 26 = 30 steps; at every log
+    line after that the pace since step 2 is re-measured and the schedule only shrinks."""
+    import specdec.train.trainer as trainer_module
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: clock[0])
+    target = _target("EAGLE3")
+    seqs = _seqs(12, seed=4)
+    config = TrainConfig(algorithm="EAGLE3", epochs=50, lr=5e-3, batch_size=4, ttt_steps=2, log_every=1,
+                         time_budget=30.0, probe_steps=2)
+    trainer = DraftTrainer(target, _head(target, "EAGLE3", seqs), config, seqs)
+    plans = []
+    real_step = trainer.train_step
+
+    def timed_step(*args):
+        clock[0] += 1.0 if trainer.step < 8 else 3.0
+        out = real_step(*args)
+        plans.append(trainer.total_steps)
+        return out
+
+    trainer.train_step = timed_step
+    result = trainer.train()
+    # plans[k] is read as step k + 1 ends, before that step's pace check
+    assert plans[4] == 30 and plans[:4] == [150] * 4  # epochs-based until the pace is known
+    assert all(b <= a for a, b in zip(plans, plans[1:]))  # never longer
+    assert result.planned_by == "time_budget" and clock[0] <= 30.0 + 3.0  # ends within one step of the budget

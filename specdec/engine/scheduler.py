@@ -17,8 +17,8 @@ The host cannot know a request's length while its last step is unread, so it kee
 request's KV slots reserved up to the longest that step could make it plus one draft tree
 (``Request.kv_alloc``), and the worker reads the tree's slots from ``req_to_token`` on the device
 (``slots_reserved``). A request that finishes in step t has already been launched in step t + 1:
-that step's tokens for it are dropped and its KV is released once step t + 1 is read. A prefill
-or an abort reads the step in flight first.
+that step's tokens for it are dropped and its KV is released once step t + 1 is read (an aborted
+request's likewise). A prefill reads the step in flight first.
 """
 
 from __future__ import annotations

@@ -50,6 +50,18 @@ class KVMemory(Protocol):
         """Free KV slots."""
 
 
+def table_slots(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context] int32
+    req_pool_indices: torch.Tensor,  # [bs]
+    seq_lens: torch.Tensor,  # [bs]
+    tokens: int,
+) -> torch.Tensor:  # [bs * tokens] int64, request by request
+    """The slots ``req_to_token`` holds for positions seq_len .. seq_len + tokens - 1 of each request
+    (positions the host reserved ahead, read on the device without a host sync)."""
+    positions = seq_lens[:, None] + torch.arange(tokens, device=seq_lens.device)  # [bs, tokens]
+    return req_to_token[req_pool_indices[:, None], positions].flatten().long()
+
+
 @runtime_checkable
 class TargetKVCache(Protocol):
     def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:

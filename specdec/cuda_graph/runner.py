@@ -47,6 +47,13 @@ def default_batch_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s < max_bs] + [max_bs]
 
 
+def padded_lengths(lengths: Sequence[int] | None, padded_bs: int) -> list[int]:
+    """Host lengths of a replay padded to its captured size: padding requests have length 0
+    (``lengths`` None: capture time, every request is padding)."""
+    values = list(lengths or [])
+    return values + [0] * (padded_bs - len(values))
+
+
 class CudaGraphRunner:
     def __init__(
         self,

@@ -16,14 +16,9 @@ from __future__ import annotations
 import torch
 
 from specdec.attention.base import StaticPlan
-from specdec.cuda_graph import CudaGraphRunner, StaticInput
+from specdec.cuda_graph import CudaGraphRunner, StaticInput, padded_lengths
 from specdec.eagle.draft import DraftRunner
 from specdec.forward import ForwardMode
-
-
-def _padded(prefix_lens: list[int] | None, padded: int) -> list[int]:
-    prefix = list(prefix_lens or [])
-    return prefix + [0] * (padded - len(prefix))
 
 
 class EAGLEDraftCudaGraphRunner:
@@ -45,7 +40,7 @@ class EAGLEDraftCudaGraphRunner:
 
         def plan(padded: int, views, seq_lens_cpu: list[int] | None) -> None:
             # draft step i: one sequence per branch, its prefix plus i + 1 ancestors
-            branches = [p for p in _padded(seq_lens_cpu, padded) for _ in range(k)]
+            branches = [p for p in padded_lengths(seq_lens_cpu, padded) for _ in range(k)]
             for step in range(draft.num_steps - 1):
                 backend.plan_static(StaticPlan(ForwardMode.DECODE, branches, q_len=1, own=step + 1,
                                                max_seq_len=max_seq_len, device=device))
@@ -101,7 +96,7 @@ class EAGLEDraftExtendCudaGraphRunner:
         self.needs_host_lengths = backend.plans_on_host
 
         def plan(padded: int, views, seq_lens_cpu: list[int] | None) -> None:
-            backend.plan_static(StaticPlan(ForwardMode.DRAFT_EXTEND, _padded(seq_lens_cpu, padded), q_len=t, own=t,
+            backend.plan_static(StaticPlan(ForwardMode.DRAFT_EXTEND, padded_lengths(seq_lens_cpu, padded), q_len=t, own=t,
                                            max_seq_len=max_seq_len, device=device))
 
         def extend(input_ids, features, positions, out_cache_loc, req_pool_indices, seq_lens, num_committed):

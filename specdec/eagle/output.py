@@ -43,6 +43,18 @@ class PendingDecode:
         return self._output
 
 
+def pending_one_token(seq_lens: torch.Tensor, next_ids: torch.Tensor) -> PendingDecode:
+    """A queued plain decode step: one committed token per request ([bs] each, on the device)."""
+    host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
+
+    def read() -> DecodeOutput:
+        rows = host_view()
+        return DecodeOutput(tokens=[[t] for _, t in rows], seq_lens=[s + 1 for s, _ in rows],
+                            accept_lengths=[0] * len(rows))
+
+    return PendingDecode(seq_lens + 1, next_ids, read)
+
+
 def copy_to_host_async(values: torch.Tensor) -> Callable[[], list[list[int]]]:
     """Start copying ``values`` ([bs, m] int64) to the host; returns a function that waits for the
     copy and gives the rows as lists. On CUDA the copy is ordered after the work queued so far

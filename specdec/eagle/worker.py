@@ -28,7 +28,7 @@ from specdec.config import SpecConfig
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.heads import resolve_head
-from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async
+from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
 from specdec.eagle.state import DraftState
 from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import BuiltTree, TreeMaskMode, build_tree
@@ -39,7 +39,7 @@ from specdec.eagle.verify import (
     verify_sampling,
 )
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
-from specdec.host import KVMemory, SamplingInfo, TargetModelRunner
+from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, table_slots
 from specdec.kernels import compact_accepted_kv_locs
 
 
@@ -170,7 +170,7 @@ class EAGLEWorker:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
         # the step's slots come first, while the device may be idle (the host allocator may sync)
         if slots_reserved:
-            tree_slots = self._reserved_slots(req_pool_indices, seq_lens, n)
+            tree_slots = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, n)
         else:
             tree_slots = self._alloc(req_pool_indices, seq_lens, n, seq_lens_cpu, rows_cpu)
         with maybe_phase(self.timer, "draft"):
@@ -233,7 +233,7 @@ class EAGLEWorker:
         """
         bs = int(req_pool_indices.shape[0])
         if slots_reserved:
-            out_cache_loc = self._reserved_slots(req_pool_indices, seq_lens, 1)
+            out_cache_loc = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, 1)
         else:
             out_cache_loc = self._alloc(req_pool_indices, seq_lens, 1, seq_lens_cpu, rows_cpu)
         batch = ForwardBatch.decode(
@@ -244,16 +244,10 @@ class EAGLEWorker:
         )
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)  # [bs]
-        host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
+        pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
         self._draft_extend(next_ids, out.hidden_states, seq_lens, out_cache_loc,
                            req_pool_indices, seq_lens, [1] * bs, prefix_lens_cpu=seq_lens_cpu)
-
-        def read() -> DecodeOutput:
-            old_lens, tokens = zip(*host_view()) if bs else ((), ())
-            return DecodeOutput(tokens=[[t] for t in tokens], seq_lens=[s + 1 for s in old_lens],
-                                accept_lengths=[0] * bs)
-
-        return PendingDecode(seq_lens + 1, next_ids, read)
+        return pending
 
     # ---------------------------------------------------------------- phases
     def _alloc(self, req_pool_indices, seq_lens, tokens: int, seq_lens_cpu, rows_cpu) -> torch.Tensor:
@@ -261,11 +255,6 @@ class EAGLEWorker:
         if seq_lens_cpu is not None and rows_cpu is not None:
             return self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [tokens] * len(rows_cpu))
         return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
-
-    def _reserved_slots(self, req_pool_indices, seq_lens, tokens: int) -> torch.Tensor:
-        """Slots the host reserved for positions seq_len .. seq_len + tokens - 1: [bs * tokens]."""
-        positions = seq_lens[:, None] + torch.arange(tokens, device=seq_lens.device)  # [bs, tokens]
-        return self.memory.req_to_token[req_pool_indices[:, None], positions].flatten().long()
 
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         root = self.state.load(req_pool_indices)

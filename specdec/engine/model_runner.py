@@ -14,7 +14,7 @@ import torch
 
 from specdec.attention import KVCache
 from specdec.attention.base import StaticPlan
-from specdec.cuda_graph import CudaGraphRunner, StaticInput
+from specdec.cuda_graph import CudaGraphRunner, StaticInput, padded_lengths
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
 
@@ -99,9 +99,8 @@ class ModelRunner:
 
     def _host_planner(self, mode: ForwardMode, tokens: int, max_seq_len: int):
         def prepare(padded: int, views: dict[str, torch.Tensor], prefix_lens: list[int] | None) -> None:
-            prefix = list(prefix_lens or [])
             self.attn_backend.plan_static(StaticPlan(
-                mode, prefix + [0] * (padded - len(prefix)), q_len=tokens, own=tokens, max_seq_len=max_seq_len,
+                mode, padded_lengths(prefix_lens, padded), q_len=tokens, own=tokens, max_seq_len=max_seq_len,
                 device=self.kv_cache.device, tree_mask=views.get("tree_mask")))
 
         return prepare

@@ -28,12 +28,13 @@ import dataclasses
 
 import torch
 
-from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async
+from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import FinishReason, Request
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
+from specdec.host import table_slots
 
 
 class BatchSampling:
@@ -343,9 +344,8 @@ class Scheduler:
 
     def _launch_plain(self, rows, seq_lens, last, sampling: BatchSampling, *, seq_lens_cpu, rows_cpu) -> PendingDecode:
         """One target token per request (no speculation configured)."""
-        if self.overlap:
-            positions = seq_lens[:, None]  # [bs, 1] reserved by _reserve
-            out_cache_loc = self.memory.req_to_token[rows[:, None], positions].flatten().long()
+        if self.overlap:  # reserved by _reserve
+            out_cache_loc = table_slots(self.memory.req_to_token, rows, seq_lens, 1)
         else:
             out_cache_loc = self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [1] * len(rows_cpu))
         batch = ForwardBatch.decode(
@@ -354,11 +354,4 @@ class Scheduler:
             attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens_cpu,
         )
         next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)  # [bs]
-        host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
-
-        def read() -> DecodeOutput:
-            old_lens, tokens = zip(*host_view())
-            return DecodeOutput(tokens=[[t] for t in tokens], seq_lens=[s + 1 for s in old_lens],
-                                accept_lengths=[0] * len(tokens))
-
-        return PendingDecode(seq_lens + 1, next_ids, read)
+        return pending_one_token(seq_lens, next_ids)

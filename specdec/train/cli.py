@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also sample this many user instructions from the target's own chat template "
                    "(Magpie; cleaned and screened against evaluation prompts) and train on its answers")
     g.add_argument("--synth-max-new-tokens", type=int, default=96, help="longest synthesized instruction")
+    g.add_argument("--synth-openings", default=None,
+                   help="a text file of user-text openings (one a line, '#' comments) that synthesized "
+                   "instructions start with, cycled (e.g. specdec/data/train_prompts/synth_openings.txt)")
     g.add_argument("--synth-output", default=None, help="write the kept synthesized prompts here (JSONL)")
     g.add_argument("--loss-on", default="response", choices=["response", "all"],
                    help="regenerated rows: predict only the response tokens, or every token")
@@ -107,10 +110,11 @@ def _split(samples: list, val_fraction: float) -> tuple[list, list]:
 def _synthesized(args: argparse.Namespace, tokenizer, target, work: Path) -> tuple[list[str], dict]:
     """The cleaned synthesized instructions (cached in ``work``) and their cleaning counts."""
     from specdec.train.data import screen_prompts
-    from specdec.train.synth import CleanStats, SynthSettings, synthesize_prompts
+    from specdec.train.synth import CleanStats, SynthSettings, read_openings, synthesize_prompts
 
+    openings = read_openings(args.synth_openings) if args.synth_openings else ()
     settings = SynthSettings(num_samples=args.synth_prompts, max_new_tokens=args.synth_max_new_tokens,
-                             batch_size=args.regen_batch_size, seed=args.seed)
+                             batch_size=args.regen_batch_size, seed=args.seed, openings=openings)
     screen = screen_prompts()
     key = hashlib.sha1(json.dumps([str(args.model_path), args.dtype, dataclasses.asdict(settings), screen])
                        .encode()).hexdigest()[:12]
@@ -128,8 +132,13 @@ def _synthesized(args: argparse.Namespace, tokenizer, target, work: Path) -> tup
     if args.synth_output:
         out = Path(args.synth_output)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps({"prompt": p, "source": "magpie"}) + "\n" for p in state["prompts"]))
+        source = _synth_source(args)
+        out.write_text("".join(json.dumps({"prompt": p, "source": source}) + "\n" for p in state["prompts"]))
     return state["prompts"], state["stats"]
+
+
+def _synth_source(args: argparse.Namespace) -> str:
+    return "magpie_steered" if args.synth_openings else "magpie"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     synth_stats = None
     if args.synth_prompts:
         synth, synth_stats = _synthesized(args, tokenizer, target, work)
-        samples += [Sample(prompt=p, response="", source="magpie") for p in synth]
+        samples += [Sample(prompt=p, response="", source=_synth_source(args)) for p in synth]
         random.Random(args.seed).shuffle(samples)  # NOTE: mixed before the held-out split
     train_samples, val_samples = _split(samples, args.val_fraction)
     cut = lambda ids: ids[: args.max_len]  # noqa: E731

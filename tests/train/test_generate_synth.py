@@ -15,7 +15,8 @@ import torch
 from specdec.models.testing import StandaloneRunner, greedy_generate_reference, make_random_target, tiny_llama_config
 from specdec.train.data import near_duplicates
 from specdec.train.generate import GenerateSettings, generate, generate_round, plan_rounds, truncate_at
-from specdec.train.synth import CleanStats, SynthSettings, clean_prompts, synthesize_prompts, user_turn_prefix
+from specdec.train.synth import (CleanStats, SynthSettings, clean_prompts, read_openings, synthesize_prompts,
+                                 user_turn_prefix)
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -127,6 +128,28 @@ def test_synthesize_prompts_from_a_tiny_target():
     assert got == synthesize_prompts(target, _CharTokenizer(), settings, ["zzzz"])
     assert all(t == t.strip() and t for t in got)
     json.dumps(got)  # plain strings
+
+
+def test_synthesized_prompts_start_with_their_openings(tmp_path):
+    """Steered synthesis: sample i continues the user-turn header + openings[i % N], and its kept text
+    begins with that opening; every opening is drawn."""
+    target = make_random_target(tiny_llama_config(), seed=4)
+    with torch.no_grad():
+        target.lm_head_weight[2] += 0.6 * target.lm_head_weight.std() * torch.sign(target.lm_head_weight[2])
+    path = tmp_path / "openings.txt"
+    path.write_text("# comment\n\nab\n  cd  \n")
+    openings = read_openings(path)
+    assert openings == ("ab", "cd")
+    tok = _CharTokenizer()
+    settings = SynthSettings(num_samples=64, max_new_tokens=12, batch_size=16, seed=3, min_words=1,
+                             openings=openings)
+    got = synthesize_prompts(target, tok, settings, ["zzzz"])
+    heads = [tok.decode(tok.encode(o)) for o in openings]
+    assert got and all(any(t.startswith(h) for h in heads) for t in got)
+    assert {h for h in heads if any(t.startswith(h) for t in got)} == set(heads)
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(ValueError, match="--synth-openings"):
+        read_openings(tmp_path / "empty.txt")
 
 
 def test_evaluate_grid_and_answer_accuracy_on_stories260k(tmp_path):

@@ -10,6 +10,11 @@ as one batch through ``specdec.Engine`` (``ignore_eos``, ``--max-new-tokens``, r
 fresh engine per cell so that no cell depends on another). Acceptance length = tokens committed
 per verify step (accepted + bonus), over all verify steps of the cell.
 
+``--stop-at-eos`` is EAGLE's own protocol instead: answers end at the target's end of turn (or
+``--max-new-tokens``), so nothing is measured on text the model writes past its answer; with
+``--num-prompts 80`` it covers a whole benchmark file. ``--device cuda`` runs the cells on a GPU
+(Triton attention by default; acceptance does not depend on the device beyond float rounding).
+
 ``--answer-accuracy N``: the target answers the first N prompts of each dataset greedily
 (``--max-new-tokens``), and each head's teacher-forced top-1 accuracy per draft step is measured
 on those answers (response positions only, as the trainer's held-out figure).
@@ -35,14 +40,16 @@ def _parse_shapes(text: str) -> list[tuple[int, int, int]]:
 
 
 def acceptance_cell(target, head, tokenizer, algorithm: str, prompts: list[str], shape: tuple[int, int, int], *,
-                    temperature: float, max_new_tokens: int) -> dict:
+                    temperature: float, max_new_tokens: int, stop_at_eos: bool = False, device: str = "cpu",
+                    attention_backend: str = "torch_native") -> dict:
     from specdec.engine.engine import Engine
 
     steps, topk, draft_tokens = shape
     engine = Engine(target_model=target, draft_model=head, tokenizer=tokenizer, speculative_algorithm=algorithm,
                     speculative_num_steps=steps, speculative_eagle_topk=topk,
-                    speculative_num_draft_tokens=draft_tokens, max_running_requests=len(prompts), random_seed=0)
-    params = {"temperature": temperature, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+                    speculative_num_draft_tokens=draft_tokens, max_running_requests=len(prompts), random_seed=0,
+                    device=device, attention_backend=attention_backend, disable_cuda_graph=True)
+    params = {"temperature": temperature, "max_new_tokens": max_new_tokens, "ignore_eos": not stop_at_eos}
     start = time.perf_counter()
     results = engine.generate(prompts, [params] * len(prompts))
     committed = [k + 1 for r in results for k in r["meta_info"]["spec_accept_lengths"]]
@@ -86,8 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--answer-accuracy", type=int, default=0, help="prompts per dataset for teacher-forced accuracy")
     p.add_argument("--output", default=None, help="write the results as JSON")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="answers end at the end of turn (EAGLE's protocol) instead of ignore_eos")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--attention-backend", default=None, help="default: torch_native on CPU, triton on CUDA")
     p.add_argument("--num-threads", type=int, default=None)
     args = p.parse_args(argv)
+    backend = args.attention_backend or ("triton" if args.device.startswith("cuda") else "torch_native")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
 
@@ -100,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     heads = {}
     for path in (h for h in args.heads.split(",") if h):
         aux = draft_aux_hidden_layers(path, layers)
-        target = load_target(args.model_path, aux_hidden_layers=aux)
-        head = load_draft_head(path, target).eval()
+        target = load_target(args.model_path, aux_hidden_layers=aux, device=args.device)
+        head = load_draft_head(path, target, device=args.device).eval()
         heads[path] = ("EAGLE3" if aux is not None else "EAGLE", head, target)
     rows = []
     for path, (algorithm, head, target) in heads.items():
@@ -109,13 +121,16 @@ def main(argv: list[str] | None = None) -> None:
             for temp in (float(t) for t in args.temperatures.split(",")):
                 for d in datasets:
                     cell = acceptance_cell(target, head, tokenizer, algorithm, prompts[d][: args.num_prompts], shape,
-                                           temperature=temp, max_new_tokens=args.max_new_tokens)
+                                           temperature=temp, max_new_tokens=args.max_new_tokens,
+                                           stop_at_eos=args.stop_at_eos, device=args.device,
+                                           attention_backend=backend)
                     rows.append({"head": path, "algorithm": algorithm, "dataset": d, "temperature": temp,
                                  "num_steps": shape[0], "topk": shape[1], "num_draft_tokens": shape[2], **cell})
                     print(json.dumps(rows[-1]), flush=True)
     result = {"protocol": {"num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
-                           "chat_template": chat, "ignore_eos": True, "random_seed": 0,
-                           "batched": "all prompts of a cell at once"}, "rows": rows}
+                           "chat_template": chat, "ignore_eos": not args.stop_at_eos, "random_seed": 0,
+                           "batched": "all prompts of a cell at once", "device": args.device,
+                           "attention_backend": backend}, "rows": rows}
     if args.answer_accuracy:
         result["answer_accuracy"] = {}
         for d in datasets:

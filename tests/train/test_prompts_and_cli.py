@@ -110,10 +110,12 @@ def test_cli_init_from_keeps_the_heads_draft_vocab(tmp_path, capsys):
         torch.testing.assert_close(second.state_dict()[name], tensor, rtol=0, atol=1e-6)
 
 
-def test_committed_magpie_prompts_are_clean_and_disjoint_from_evaluation():
+@pytest.mark.parametrize("name,count,source", [("smollm2_magpie.jsonl", 10062, "magpie"),
+                                               ("smollm2_magpie_steered.jsonl", 17511, "magpie_steered")])
+def test_committed_magpie_prompts_are_clean_and_disjoint_from_evaluation(name, count, source):
     """The instructions SmolLM2 wrote itself for its heads (scripts/train_smollm2.sh, run on the H100)."""
-    samples = _from_file(DATA / "train_prompts" / "smollm2_magpie.jsonl")
-    assert len(samples) == 10062 and {s.source for s in samples} == {"magpie"}
+    samples = _from_file(DATA / "train_prompts" / name)
+    assert len(samples) == count and {s.source for s in samples} == {source}
     prompts = [s.prompt for s in samples]
     assert all(p == p.strip() and len(p.split()) >= 3 and "<|" not in p for p in prompts)
     assert len({" ".join(p.lower().split()) for p in prompts}) == len(prompts)

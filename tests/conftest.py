@@ -30,6 +30,16 @@ def pytest_collection_modifyitems(config, items):
 torch.set_num_threads(1)
 
 
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """TRITON_INTERPRET=1 inside a test of Triton kernels when there is no GPU: the kernels were
+    imported interpreted (tests/triton_env.py), and the code that dispatches CPU tensors to them
+    reads the variable at call time. Kernel test modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("triton_interpreter")``."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Importing Triton kernels for tests: interpreted on CPU, compiled on a GPU.
+"""Importing Triton kernels for tests: interpreted on CPU, compiled on a GPU; seeded test inputs.
 
 NOTE: ``@triton.jit`` reads TRITON_INTERPRET when a kernel module is imported. It is switched on
 only while such modules import (and, by each such module's fixture, inside its own tests): left on
@@ -31,3 +31,9 @@ def import_kernels(module: str) -> ModuleType:
         else:
             os.environ["TRITON_INTERPRET"] = saved
 
+
+
+def rand(*shape: int, dtype=torch.float32, device="cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    """A seeded standard-normal tensor (times ``scale``), drawn on the CPU: the same values on any device."""
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)

@@ -3,17 +3,14 @@
 import pytest
 import torch
 
-from ..triton_env import INTERPRET, import_kernels
+from ..triton_env import import_kernels
 
 kernels = import_kernels("specdec.attention.triton_kernels.store_kv")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.fixture(autouse=True)
-def _interpret_on_cpu(monkeypatch):
-    if INTERPRET:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def _case(n, hkv, d, cache_dtype, src_dtype, seed, slots=50):

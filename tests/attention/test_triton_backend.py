@@ -25,7 +25,7 @@ import sys
 import pytest
 import torch
 
-from ..triton_env import INTERPRET, import_kernels
+from ..triton_env import import_kernels
 
 import_kernels("specdec.attention.triton_backend")
 
@@ -34,10 +34,7 @@ from specdec.attention.torch_native import TorchNativeBackend  # noqa: E402
 from specdec.forward import ForwardBatch, ForwardMode  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _interpret_on_cpu(monkeypatch):
-    if INTERPRET:  # the backend dispatches CPU tensors to Triton only while this is set
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

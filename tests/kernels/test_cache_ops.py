@@ -26,10 +26,7 @@ DEVICES = [
 POISON = -7
 
 
-@pytest.fixture(autouse=True)
-def _interpret_cpu(monkeypatch):
-    if _INTERPRETED:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def run_both(op, ref, args: list, device: str, **kwargs) -> None:

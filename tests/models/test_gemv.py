@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ..triton_env import import_kernels
+from ..triton_env import import_kernels, rand
 
 gk = import_kernels("specdec.models.ops.gemv_kernels")
 
@@ -33,15 +33,7 @@ _INTERPRETED = gk.INTERPRETED
 C = gk.GemvConfig
 
 
-@pytest.fixture(autouse=True)
-def _interpret_cpu(monkeypatch):
-    if _INTERPRETED:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def rand(*shape: int, dtype=torch.float32, device="cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def check_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

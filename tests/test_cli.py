@@ -47,6 +47,6 @@ def test_bench_bad_flag_names_it(tmp_path):
 
 
 def _default_draft() -> str:
-    from specdec.server.args import DEFAULT_DRAFT
+    from specdec.engine.embedded import DEFAULT_DRAFT
 
     return DEFAULT_DRAFT

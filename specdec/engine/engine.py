@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from specdec.attention import KVCache, create_attention_backend
 from specdec.config import SpecConfig
 from specdec.cuda_graph import default_batch_sizes
+from specdec.engine.args import EngineArgs
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import Request
@@ -43,74 +45,57 @@ class Engine:
         self,
         model_path: str | None = None,
         *,
-        speculative_algorithm: str | None = None,
-        speculative_draft_model_path: str | None = None,
-        speculative_num_steps: int | None = None,
-        speculative_eagle_topk: int | None = None,
-        speculative_num_draft_tokens: int | None = None,
-        speculative_accept_threshold_single: float = 1.0,
-        speculative_accept_threshold_acc: float = 1.0,
-        speculative_token_map: str | None = None,
-        speculative_batch_size_threshold: int | None = None,
-        speculative_simulate_accept_length: float | None = None,
-        attention_backend: str = "torch_native",
-        page_size: int = 1,
-        device: str = "cpu",
-        dtype: str | torch.dtype | None = None,
-        max_total_tokens: int | None = None,
-        max_running_requests: int = 64,
-        context_length: int | None = None,
-        random_seed: int = 0,
-        cuda_graph_max_bs: int | None = None,
-        disable_cuda_graph: bool = False,
-        overlap_schedule: bool | None = None,
+        args: EngineArgs | None = None,
         target_model: torch.nn.Module | None = None,
         draft_model: torch.nn.Module | None = None,
         tokenizer: Any = None,
+        **flags: Any,
     ) -> None:
-        """Load a target (``model_path``) or take one built in memory (``target_model``)."""
+        """Load a target (``model_path``) or take one built in memory (``target_model``).
+
+        The settings are ``EngineArgs``: given whole as ``args``, or as its keywords (SGLang's flag
+        names with ``_``), e.g. ``Engine(path, speculative_algorithm="EAGLE3", page_size=16)``.
+        """
         from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers
         from specdec.models.tokenizer import load_tokenizer
 
-        torch_dtype = _parse_dtype(dtype, device)
+        if args is None:
+            args = EngineArgs(model_path=model_path, **flags)
+        elif flags or model_path is not None:
+            raise TypeError("Engine: give either args=EngineArgs(...) or its keywords, not both")
+        self.args = args
+        torch_dtype = _parse_dtype(args.dtype, args.device)
         self.spec_config = None
-        if speculative_algorithm is not None:
+        if args.speculative:
             self.spec_config = SpecConfig.from_flags(
-                speculative_algorithm,
-                speculative_draft_model_path=speculative_draft_model_path,
-                speculative_num_steps=speculative_num_steps,
-                speculative_eagle_topk=speculative_eagle_topk,
-                speculative_num_draft_tokens=speculative_num_draft_tokens,
-                speculative_accept_threshold_single=speculative_accept_threshold_single,
-                speculative_accept_threshold_acc=speculative_accept_threshold_acc,
-                speculative_token_map=speculative_token_map,
-                speculative_batch_size_threshold=speculative_batch_size_threshold,
-                speculative_simulate_accept_length=speculative_simulate_accept_length,
+                args.speculative_algorithm,
+                **{f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+                   if f.name.startswith("speculative_") and f.name != "speculative_algorithm"},
             )
-            if draft_model is None and speculative_draft_model_path is None:
+            if draft_model is None and args.speculative_draft_model_path is None:
                 raise ValueError("--speculative-draft-model-path is required with --speculative-algorithm")
         if target_model is None:
-            if model_path is None:
+            if args.model_path is None:
                 raise ValueError("--model-path is required")
             aux = None
             if self.spec_config is not None and self.spec_config.is_eagle3 and draft_model is None:
-                aux = draft_aux_hidden_layers(speculative_draft_model_path, read_num_layers(model_path))
-            target_model = load_target(model_path, dtype=torch_dtype, device=device, aux_hidden_layers=aux)
+                aux = draft_aux_hidden_layers(args.speculative_draft_model_path, read_num_layers(args.model_path))
+            target_model = load_target(args.model_path, dtype=torch_dtype, device=args.device, aux_hidden_layers=aux)
             if tokenizer is None:
-                tokenizer = load_tokenizer(model_path)
+                tokenizer = load_tokenizer(args.model_path)
         if self.spec_config is not None and draft_model is None:
             draft_model = load_draft_head(
-                speculative_draft_model_path, target_model, dtype=torch_dtype, device=device,
-                token_map=speculative_token_map,
+                args.speculative_draft_model_path, target_model, dtype=torch_dtype, device=args.device,
+                token_map=args.speculative_token_map,
             )
         self.tokenizer = tokenizer
         self.target_model = target_model
         self.draft_model = draft_model
-        self._build(target_model, draft_model, attention_backend=attention_backend, page_size=page_size,
-                    device=device, max_total_tokens=max_total_tokens,
-                    max_running_requests=max_running_requests, context_length=context_length,
-                    random_seed=random_seed, cuda_graph_max_bs=cuda_graph_max_bs,
-                    disable_cuda_graph=disable_cuda_graph, overlap_schedule=overlap_schedule)
+        self._build(target_model, draft_model, attention_backend=args.attention_backend, page_size=args.page_size,
+                    device=args.device, max_total_tokens=args.max_total_tokens,
+                    max_running_requests=args.max_running_requests, context_length=args.context_length,
+                    random_seed=args.random_seed, cuda_graph_max_bs=args.cuda_graph_max_bs,
+                    disable_cuda_graph=args.disable_cuda_graph, overlap_schedule=args.overlap_schedule)
 
     def _build(self, target_model, draft_model, *, attention_backend, page_size, device, max_total_tokens,
                max_running_requests, context_length, random_seed, cuda_graph_max_bs, disable_cuda_graph,

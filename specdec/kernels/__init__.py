@@ -17,10 +17,10 @@ from specdec.kernels.cache_ops import (
     draft_scratch_slots,
     draft_scratch_slots_ref,
 )
+from specdec.kernels.common import TreeMaskMode
+from specdec.kernels.dispatch import TRITON_IMPLS
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
 from specdec.kernels.tree_build import (
-    TRITON_IMPLS,
-    TreeMaskMode,
     build_tree_kernel_efficient,
     build_tree_kernel_efficient_ref,
     reconstruct_indices_from_tree_mask,

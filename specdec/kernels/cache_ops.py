@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.kernels.tree_build import check_tensor, matches, select_impl
+from specdec.kernels.common import check_tensor, matches
+from specdec.kernels.dispatch import select_impl
 
 _INDEX = (torch.int32, torch.int64)
 

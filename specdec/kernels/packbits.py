@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.kernels.tree_build import check_tensor, matches, select_impl
+from specdec.kernels.common import check_tensor, matches
+from specdec.kernels.dispatch import select_impl
 
 
 def segment_packbits(

@@ -20,105 +20,10 @@ Retrieve arrays (per request, local node indices, -1 = none):
 
 from __future__ import annotations
 
-import enum
-import functools
-import os
-from typing import Callable, Sequence
-
 import torch
 
-
-class TreeMaskMode(enum.IntEnum):
-    FULL_MASK = 0  # per request: N rows x (seq_len + N) columns, prefix then tree block
-    QLEN_ONLY = 1  # per request: N x N tree block
-    QLEN_ONLY_BITPACKING = 2  # per request: N packed rows, bit j of row t = node t sees node j
-
-
-_MASK_MODES = {int(mode): mode for mode in TreeMaskMode}
-
-
-# Triton implementations by op name, filled by ``specdec.kernels.triton.load_impls`` the first time
-# an op runs where Triton applies; empty (every device uses the reference) if triton won't import.
-TRITON_IMPLS: dict[str, Callable[..., None]] = {}
-
-
-@functools.cache
-def _load_triton_impls() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    from specdec.kernels.triton import load_impls  # NOTE: errors in our kernels must surface
-
-    TRITON_IMPLS.update(load_impls())
-    return True
-
-
-def select_impl(name: str, ref: Callable[..., None], device: torch.device) -> Callable[..., None]:
-    """The implementation of op ``name`` for tensors on ``device``.
-
-    Triton on CUDA tensors, and on CPU tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter,
-    so CI exercises the kernels themselves); the torch reference otherwise or if triton is missing.
-    NOTE: the variable is read per call, but triton honours it only if it was set before triton
-    was first imported.
-    """
-    use_triton = device.type == "cuda" or (
-        device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-    )
-    if use_triton and _load_triton_impls() and name in TRITON_IMPLS:
-        return TRITON_IMPLS[name]
-    return ref
-
-
-def check_tensor(
-    name: str,
-    t: object,
-    *,
-    dtype: torch.dtype | Sequence[torch.dtype] | None = None,
-    shape: Sequence[int] | None = None,
-    dim: int | None = None,
-    device: torch.device | None = None,
-) -> None:
-    """Raise ValueError naming ``name`` unless ``t`` is a contiguous tensor as described."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    dtypes = (dtype,) if isinstance(dtype, torch.dtype) else dtype
-    if dtypes is not None and t.dtype not in dtypes:
-        raise ValueError(f"{name}: expected dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if dim is not None and t.dim() != dim:
-        raise ValueError(f"{name}: expected {dim} dims, got shape {tuple(t.shape)}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor")
-
-
-def matches(
-    t: object,
-    dtype: torch.dtype | tuple[torch.dtype, ...],
-    shape: tuple[int, ...] | None,
-    device: torch.device,
-) -> bool:
-    """``check_tensor``'s success case (``shape`` None: any) in a few attribute reads.
-
-    NOTE: the ops run eagerly between graph replays, where host time is the step's critical path:
-    each op's checks test valid input in one pass of ``matches`` and only on a mismatch rerun the
-    ``check_tensor`` calls one by one, in the same order, to raise the error naming the argument.
-    """
-    return (isinstance(t, torch.Tensor)
-            and (t.dtype in dtype if type(dtype) is tuple else t.dtype == dtype)
-            and (shape is None or t.shape == shape)
-            and t.device == device
-            and t.is_contiguous())
-
-
-def packed_mask_bytes(draft_token_num: int) -> int:
-    """Bytes per packed mask row in QLEN_ONLY_BITPACKING (sgl_kernel: 1, 2 or 4)."""
-    if draft_token_num > 32:
-        raise ValueError(f"QLEN_ONLY_BITPACKING supports draft_token_num <= 32, got {draft_token_num}")
-    return 1 if draft_token_num <= 8 else 2 if draft_token_num <= 16 else 4
+from specdec.kernels.common import MASK_MODES, TreeMaskMode, check_tensor, matches, packed_mask_bytes
+from specdec.kernels.dispatch import select_impl
 
 
 def _check_tree_indices(
@@ -185,7 +90,7 @@ def build_tree_kernel_efficient(
     n = int(draft_token_num)
     if topk < 1 or depth < 1 or n < 1:
         raise ValueError(f"topk, depth, draft_token_num must be >= 1, got {topk}, {depth}, {n}")
-    mode = _MASK_MODES.get(tree_mask_mode)  # TreeMaskMode(int(...)) costs 0.5 µs a call
+    mode = MASK_MODES.get(tree_mask_mode)  # TreeMaskMode(int(...)) costs 0.5 µs a call
     if mode is None:
         try:
             mode = TreeMaskMode(int(tree_mask_mode))

@@ -25,7 +25,8 @@ import torch
 
 from specdec.kernels.residual import residual_draw_ref
 
-from specdec.kernels.tree_build import check_tensor, matches, select_impl
+from specdec.kernels.common import check_tensor, matches
+from specdec.kernels.dispatch import select_impl
 
 
 def _check_tree_inputs(

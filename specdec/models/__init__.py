@@ -1,6 +1,6 @@
 """Models: the Llama-family target (hidden-state capture), EAGLE / EAGLE-3 draft heads, loaders.
 
-``specdec.models.testing`` holds tiny random models and the perfect-draft fixture for tests.
+``tests/builders.py`` holds tiny random models and the perfect-draft fixture for tests.
 """
 
 from specdec.models.eagle import EagleDraftModel

@@ -45,6 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.engine.args import EngineArgs
 from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
 from specdec.server.protocol import (
     FALLBACK_CHAT_TEMPLATE,
@@ -63,6 +64,7 @@ from specdec.server.protocol import (
     sse,
     with_stop_ids,
 )
+from specdec.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_path: str | None = None,
@@ -304,14 +306,14 @@ class GracefulServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(args) -> None:
-    """Build the engine from parsed ``specdec serve`` flags and serve until a shutdown signal."""
+def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
+    """Build the engine and serve it until a shutdown signal."""
     from specdec.engine.engine import Engine
-    from specdec.server.args import engine_kwargs
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    async_engine = AsyncEngine(Engine(**engine_kwargs(args)))
-    app = create_app(async_engine, model_name=args.served_model_name or args.model_path, model_path=args.model_path)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=5,
-                            timeout_graceful_shutdown=5)
-    GracefulServer(config, async_engine, drain_timeout=args.shutdown_timeout).run()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    async_engine = AsyncEngine(Engine(args=engine_args))
+    app = create_app(async_engine, model_name=settings.served_model_name or engine_args.model_path,
+                     model_path=engine_args.model_path)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_keep_alive=5, timeout_graceful_shutdown=5)
+    GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout).run()

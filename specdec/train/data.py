@@ -10,7 +10,7 @@ Sources (all from ``../shared/datasets``, override with ``SPECDEC_DATASETS``; se
   (translation, qa); its MT-bench, GSM8K-test ("math_reasoning") and long-document ones are left out
   (and its qa questions are EAGLE's qa benchmark, so the screen below drops them all).
 
-``python -m specdec.train.data OUT.jsonl SOURCES...`` writes a prompt file (``prompt``, ``source``
+``python -m specdec.cli.train prompts OUT.jsonl SOURCES...`` writes a prompt file (``prompt``, ``source``
 per line) that travels with the repository: ``specdec/data/train_prompts/smollm2.jsonl`` was made so.
 
 Evaluation prompts are ``specdec/data/prompts/*.jsonl`` (TinyStories VALIDATION first sentences,
@@ -252,22 +252,3 @@ def write_prompt_file(path: str | Path, sources: list[str], *, limits: dict[str,
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("".join(json.dumps({"prompt": s.prompt, "source": s.source}) + "\n" for s in out))
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m specdec.train.data", description="write a training prompt file")
-    p.add_argument("output")
-    p.add_argument("sources", nargs="+", help=f"SOURCE or SOURCE:LIMIT, SOURCE one of {', '.join(SOURCES)}")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    names = [s.partition(":")[0] for s in args.sources]
-    limits = {s.partition(":")[0]: int(s.partition(":")[2]) for s in args.sources if ":" in s}
-    out = write_prompt_file(args.output, names, limits=limits, seed=args.seed)
-    counts = {n: sum(s.source == n for s in out) for n in names}
-    print(f"wrote {len(out)} prompts to {args.output}: {counts}")
-
-
-if __name__ == "__main__":
-    main()

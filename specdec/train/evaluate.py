@@ -1,6 +1,6 @@
 """Measure trained heads: acceptance length over a grid, and teacher-forced accuracy on evaluation answers.
 
-    python -m specdec.train.evaluate --model-path SmolLM2-135M-Instruct.Q4_1.gguf \\
+    python -m specdec.cli.train evaluate --model-path SmolLM2-135M-Instruct.Q4_1.gguf \\
         --heads specdec/data/smollm2/eagle3_head,specdec/data/smollm2/eagle_head --output grid.json
 
 Acceptance grid (the protocol of ``benchmarks/results/2026-11-22-smollm2*.md``): for every head,
@@ -22,12 +22,14 @@ on those answers (response positions only, as the trainer's held-out figure).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import torch
+
+from specdec.engine.args import flag
 
 SHAPES = ((3, 1, 4), (5, 4, 8), (6, 8, 32))
 
@@ -76,29 +78,40 @@ def answer_accuracy(target, heads: dict, prompt_ids: list[list[int]], max_new_to
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    from specdec.benchmark import load_prompts
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvaluateSettings:
+    """What to measure (one field a flag of ``python -m specdec.cli.train evaluate``)."""
+
+    model_path: str = dataclasses.field(metadata=flag("the target the heads draft for"))
+    heads: str = dataclasses.field(metadata=flag("comma-separated draft head directories"))
+    datasets: str = dataclasses.field(default="mt_bench,humaneval,gsm8k", metadata=flag(
+        "comma-separated prompt sets"))
+    shapes: str = dataclasses.field(default=":".join(",".join(map(str, s)) for s in SHAPES), metadata=flag(
+        "steps,topk,draft_tokens[:...] (default 3,1,4:5,4,8:6,8,32)"))
+    temperatures: str = dataclasses.field(default="0,1", metadata=flag("comma-separated temperatures"))
+    num_prompts: int = dataclasses.field(default=10, metadata=flag("prompts per cell"))
+    max_new_tokens: int = dataclasses.field(default=64, metadata=flag("longest answer"))
+    answer_accuracy: int = dataclasses.field(default=0, metadata=flag(
+        "prompts per dataset for teacher-forced accuracy"))
+    output: str | None = dataclasses.field(default=None, metadata=flag("write the results as JSON"))
+    stop_at_eos: bool = dataclasses.field(default=False, metadata=flag(
+        "answers end at the end of turn (EAGLE's protocol) instead of ignore_eos"))
+    device: str = dataclasses.field(default="cpu", metadata=flag("cpu or cuda[:N]"))
+    attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
+        "default: torch_native on CPU, triton on CUDA"))
+    num_threads: int | None = dataclasses.field(default=None, metadata=flag("torch CPU threads"))
+
+    def __post_init__(self) -> None:
+        _parse_shapes(self.shapes)
+
+
+def evaluate(args: EvaluateSettings) -> dict:
+    """The acceptance grid (and, with ``answer_accuracy``, the teacher-forced accuracies)."""
+    from specdec.engine.chat import has_chat_template, render_user_prompt
+    from specdec.engine.embedded import load_prompts
     from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers
     from specdec.models.tokenizer import load_tokenizer
-    from specdec.train.chat import has_chat_template, render_user_prompt
 
-    p = argparse.ArgumentParser(prog="python -m specdec.train.evaluate", description=__doc__.splitlines()[0])
-    p.add_argument("--model-path", required=True)
-    p.add_argument("--heads", required=True, help="comma-separated draft head directories")
-    p.add_argument("--datasets", default="mt_bench,humaneval,gsm8k")
-    p.add_argument("--shapes", default=":".join(",".join(map(str, s)) for s in SHAPES),
-                   help="steps,topk,draft_tokens[:...] (default 3,1,4:5,4,8:6,8,32)")
-    p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--answer-accuracy", type=int, default=0, help="prompts per dataset for teacher-forced accuracy")
-    p.add_argument("--output", default=None, help="write the results as JSON")
-    p.add_argument("--stop-at-eos", action="store_true",
-                   help="answers end at the end of turn (EAGLE's protocol) instead of ignore_eos")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--attention-backend", default=None, help="default: torch_native on CPU, triton on CUDA")
-    p.add_argument("--num-threads", type=int, default=None)
-    args = p.parse_args(argv)
     backend = args.attention_backend or ("triton" if args.device.startswith("cuda") else "torch_native")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -140,7 +153,4 @@ def main(argv: list[str] | None = None) -> None:
             print(d, json.dumps(result["answer_accuracy"][d]), flush=True)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return result

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.engine.args import EngineArgs
 from specdec.train.generate import GenerateSettings, generate
 from specdec.train.progress import progress
 
@@ -93,13 +94,14 @@ def regenerate(
     settings: RegenSettings,
     *,
     cache: str | Path | None = None,
-    engine_kwargs: dict[str, Any] | None = None,
+    engine_args: EngineArgs | None = None,
     target: Callable[[], Any] | None = None,
     batch_size: int = 256,
 ) -> list[list[int]]:
     """Target-written sequences (prompt + response) for every prompt at every temperature, the
     temperatures' blocks one after the other. ``target`` (dense sampler): returns the loaded target,
-    called only when the cache misses; the engine sampler loads ``settings.model_path`` itself."""
+    called only when the cache misses; the engine sampler loads ``settings.model_path`` itself, with
+    ``engine_args`` (device, backend, sizes; its model, dtype and seed come from ``settings``)."""
     header = {"settings": dataclasses.asdict(settings), "prompts": len(prompt_ids),
               "prompt_tokens": sum(len(p) for p in prompt_ids)}
     header["settings"]["temperatures"] = list(settings.temperatures)
@@ -121,12 +123,13 @@ def regenerate(
     else:
         from specdec.engine.engine import Engine  # NOTE: lazy, training code is an edge like the CLI
 
-        kwargs = {"max_running_requests": 128, "dtype": settings.dtype, **(engine_kwargs or {})}
-        engine = Engine(settings.model_path, random_seed=settings.seed, **kwargs)
+        args = dataclasses.replace(engine_args or EngineArgs(max_running_requests=128),
+                                   model_path=settings.model_path, dtype=settings.dtype, random_seed=settings.seed)
+        engine = Engine(args=args)
         for temp in settings.temperatures:
             seqs.extend(generate_with_engine(engine, prompt_ids, temperature=temp,
                                              max_new_tokens=settings.max_new_tokens,
-                                             ignore_eos=settings.ignore_eos, chunk=kwargs["max_running_requests"]))
+                                             ignore_eos=settings.ignore_eos, chunk=args.max_running_requests))
     if cache is not None:
         _write_cache(Path(cache), header, seqs)
     return seqs

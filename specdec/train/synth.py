@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.models.llama import LlamaForCausalLM
-from specdec.train.chat import render_user_prompt
+from specdec.engine.chat import render_user_prompt
 from specdec.train.data import near_duplicates, overlapping_prompts
 from specdec.train.generate import GenerateSettings, generate, truncate_at
 

@@ -415,7 +415,7 @@ def _greedy(max_new):
 
 def _pair(algorithm: str, kind: str, dtype: torch.dtype):
     from specdec.models.llama import default_eagle3_layers
-    from specdec.models.testing import make_perfect_draft_pair, make_random_eagle3_head, \
+    from ..builders import make_perfect_draft_pair, make_random_eagle3_head, \
         make_random_eagle_head, make_random_target, tiny_llama_config
 
     config = tiny_llama_config()

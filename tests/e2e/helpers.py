@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.engine.engine import Engine
-from specdec.models.testing import make_perfect_draft_pair, make_random_eagle3_head, make_random_eagle_head, \
+from ..builders import make_perfect_draft_pair, make_random_eagle3_head, make_random_eagle_head, \
     make_random_target, tiny_llama_config
 from specdec.models.llama import default_eagle3_layers
 

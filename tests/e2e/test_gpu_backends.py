@@ -19,7 +19,7 @@ import torch
 from specdec.attention import available_backends
 from specdec.engine.engine import Engine
 from specdec.forward import LogitsMode
-from specdec.models.testing import StandaloneRunner
+from ..builders import StandaloneRunner
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 

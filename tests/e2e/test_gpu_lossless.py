@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec.forward import LogitsMode
-from specdec.models.testing import StandaloneRunner
+from ..builders import StandaloneRunner
 
 from specdec.attention import available_backends
 
@@ -71,7 +71,7 @@ def assert_equal_or_near_tie(target, prompts, got, expected):
 def test_gpu_stories260k_trained_head_lossless(backend):
     """A real model (head_dim 8) and its trained EAGLE head, on the GPU."""
     from specdec.engine.engine import Engine
-    from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL
+    from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL
 
     prompts = ["Once upon a time, there was a little dog.", "Lily and Ben went to the park.", "The sun"]
     params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec.models.testing import greedy_generate_reference
+from ..builders import greedy_generate_reference
 
 from .helpers import TREE_SHAPES, assert_no_leak, engine, make_pair, prompts_of
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec.models.testing import make_random_eagle_head
+from ..builders import make_random_eagle_head
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 
@@ -127,7 +127,7 @@ def test_mismatched_draft_head_is_rejected():
 
 def test_draft_head_of_another_target_is_rejected(tmp_path):
     from specdec.models.loaders import load_draft_head, save_draft_head
-    from specdec.models.testing import make_random_target, tiny_llama_config
+    from ..builders import make_random_target, tiny_llama_config
 
     other = make_random_target(tiny_llama_config(hidden_size=32, vocab_size=50), seed=5)
     save_draft_head(make_random_eagle_head(other, seed=6), tmp_path / "head")

@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from specdec.engine.sampling import SamplingBatch, SamplingParams, probs_from_logits
 from specdec.forward import LogitsMode
-from specdec.models.testing import StandaloneRunner
+from ..builders import StandaloneRunner
 
 from .helpers import assert_no_leak, engine, make_pair
 

@@ -6,9 +6,9 @@ import torch
 from specdec.engine.engine import Engine
 from specdec.models.llama import default_eagle3_layers
 from specdec.models.loaders import load_target
-from specdec.models.testing import make_random_eagle3_head, make_random_eagle_head
+from ..builders import make_random_eagle3_head, make_random_eagle_head
 from specdec.models.tokenizer import load_tokenizer
-from specdec.server.args import DEFAULT_MODEL
+from specdec.engine.embedded import DEFAULT_MODEL
 
 from .helpers import assert_no_leak
 

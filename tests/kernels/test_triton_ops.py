@@ -23,7 +23,7 @@ triton_verify = import_kernels("specdec.kernels.triton.verify")
 triton_tree_build = import_kernels("specdec.kernels.triton.tree_build")
 
 from specdec import kernels as K  # noqa: E402
-from specdec.kernels.tree_build import TRITON_IMPLS, select_impl  # noqa: E402
+from specdec.kernels.dispatch import TRITON_IMPLS, select_impl  # noqa: E402
 
 _INTERPRETED = type(triton_tree_build._build_tree_kernel).__name__ == "InterpretedFunction"
 DEVICES = [

@@ -14,7 +14,7 @@ from specdec.models import (
     load_draft_head,
     save_draft_head,
 )
-from specdec.models.testing import (
+from ..builders import (
     StandaloneRunner,
     make_perfect_draft_pair,
     make_random_eagle3_head,

@@ -198,7 +198,7 @@ def test_gpu_model_new_path_equals_old_within_bf16():
     """Two 8B-shaped layers (32000-token vocab): prefill of 20 tokens, then 4 decode steps; logits
     with the Triton path vs ``cublas_only()`` differ like two bf16 GEMM summation orders do."""
     from specdec.models.llama import LlamaConfig, LlamaForCausalLM
-    from specdec.models.testing import StandaloneRunner
+    from ..builders import StandaloneRunner
 
     cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
                       num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5)

@@ -13,7 +13,7 @@ import torch
 
 from specdec.forward import LogitsMode
 from specdec.models import load_target, load_tokenizer, read_num_layers
-from specdec.models.testing import StandaloneRunner, greedy_generate_reference, make_random_target, tiny_llama_config
+from ..builders import StandaloneRunner, greedy_generate_reference, make_random_target, tiny_llama_config
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")

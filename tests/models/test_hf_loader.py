@@ -10,7 +10,7 @@ from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode
 from specdec.attention import KVCache
 from specdec.attention.torch_native import TorchNativeBackend
 from specdec.models import load_target, read_num_layers
-from specdec.models.testing import StandaloneRunner, make_random_target, tiny_llama_config
+from ..builders import StandaloneRunner, make_random_target, tiny_llama_config
 
 
 def _write_hf(model, path, *, extra=None, shards=2):

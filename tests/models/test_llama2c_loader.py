@@ -12,7 +12,7 @@ import torch
 
 from specdec.forward import LogitsMode
 from specdec.models import load_target, load_tokenizer, read_num_layers
-from specdec.models.testing import StandaloneRunner, greedy_generate_reference
+from ..builders import StandaloneRunner, greedy_generate_reference
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 BIN = SHARED / "models" / "stories260K" / "stories260K.bin"

@@ -10,7 +10,7 @@ from specdec.attention import KVCache
 from specdec.attention.torch_native import TorchNativeBackend
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.models import LlamaConfig, default_eagle3_layers
-from specdec.models.testing import StandaloneRunner, make_random_target, tiny_llama_config
+from ..builders import StandaloneRunner, make_random_target, tiny_llama_config
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}

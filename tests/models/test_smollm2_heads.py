@@ -62,7 +62,7 @@ def test_eagle3_draft_vocab_maps():
 
 
 def test_smollm2_eagle3_greedy_speculation_is_lossless():
-    from specdec.benchmark import smollm2_gguf_path
+    from specdec.engine.embedded import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     if gguf is None:
@@ -71,7 +71,7 @@ def test_smollm2_eagle3_greedy_speculation_is_lossless():
     from specdec.engine.engine import Engine
     from specdec.models.loaders import load_target
     from specdec.models.tokenizer import load_tokenizer
-    from specdec.train.chat import render_user_prompt
+    from specdec.engine.chat import render_user_prompt
 
     tok = load_tokenizer(gguf)
     target = load_target(gguf, aux_hidden_layers=AUX)

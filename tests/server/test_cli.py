@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from specdec.server.cli import build_parser
+from specdec.cli.serve import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_serve_command_answers_and_drains_on_sigterm():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.server.cli", "--port", str(port), "--log-level",
+    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), "--log-level",
                              "warning"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.models.testing import make_random_target, tiny_llama_config
+from ..builders import make_random_target, tiny_llama_config
 from specdec.train.data import (
     Sample,
     _drop_eval_overlap,
@@ -70,7 +70,7 @@ def test_training_text_never_contains_an_eval_prompt(dataset):
 
 def test_regenerate_with_engine_matches_greedy_reference():
     from specdec.engine.engine import Engine
-    from specdec.models.testing import greedy_generate_reference
+    from ..builders import greedy_generate_reference
 
     target = make_random_target(tiny_llama_config(), seed=2)
     engine = Engine(target_model=target, max_total_tokens=512)

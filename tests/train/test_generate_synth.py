@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.models.testing import StandaloneRunner, greedy_generate_reference, make_random_target, tiny_llama_config
+from ..builders import StandaloneRunner, greedy_generate_reference, make_random_target, tiny_llama_config
 from specdec.train.data import near_duplicates
 from specdec.train.generate import GenerateSettings, generate, generate_round, plan_rounds, truncate_at
 from specdec.train.synth import (CleanStats, SynthSettings, clean_prompts, read_openings, synthesize_prompts,
@@ -153,10 +153,10 @@ def test_synthesized_prompts_start_with_their_openings(tmp_path):
 
 
 def test_evaluate_grid_and_answer_accuracy_on_stories260k(tmp_path):
-    """``python -m specdec.train.evaluate`` on the embedded stories260K and its two heads: one cell per
+    """``python -m specdec.cli.train evaluate`` on the embedded stories260K and its two heads: one cell per
     head and temperature, acceptance within [1, steps + 1], accuracies in [0, 1] per draft step."""
-    from specdec.server.args import DEFAULT_MODEL
-    from specdec.train.evaluate import main
+    from specdec.engine.embedded import DEFAULT_MODEL
+    from specdec.cli.train import evaluate_main as main
 
     heads = [str(Path(DEFAULT_MODEL).parent / h) for h in ("eagle_head", "eagle3_head")]
     out = tmp_path / "grid.json"

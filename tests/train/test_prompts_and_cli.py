@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdec.train.chat import has_chat_template, render_user_prompt
+from specdec.engine.chat import has_chat_template, render_user_prompt
 from specdec.train.data import _from_file, near_duplicates, overlapping_prompts, screen_prompts
 
 DATA = Path(__file__).resolve().parents[2] / "specdec" / "data"
@@ -56,8 +56,8 @@ def test_cli_regen_only_then_fp16_export(tmp_path, capsys):
     """stories260K (no chat template): --regen-only fills the cache and stops; the second run reuses
     it, trains, and writes float16 weights that load back."""
     from specdec.models.loaders import load_draft_head, load_target
-    from specdec.server.args import DEFAULT_MODEL
-    from specdec.train.cli import main
+    from specdec.engine.embedded import DEFAULT_MODEL
+    from specdec.cli.train import train_draft_main as main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(line + "\n" for line in SMOLLM2_PROMPTS.read_text().splitlines()[:6]))
@@ -80,7 +80,7 @@ def test_cli_regen_only_then_fp16_export(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [["--dtype", "float64"], ["--chat-template", "yes"]])
 def test_cli_rejects_bad_choices(bad):
-    from specdec.train.cli import build_parser
+    from specdec.cli.train import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--output-dir", "x", *bad])
@@ -90,8 +90,8 @@ def test_cli_init_from_keeps_the_heads_draft_vocab(tmp_path, capsys):
     """--init-from: an EAGLE-3 head exported with a 64-id draft vocab continues training with that
     vocab (not the 32 ids --draft-vocab-size asks for), starting from its exported weights."""
     from specdec.models.loaders import load_draft_head, load_target
-    from specdec.server.args import DEFAULT_MODEL
-    from specdec.train.cli import main
+    from specdec.engine.embedded import DEFAULT_MODEL
+    from specdec.cli.train import train_draft_main as main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(line + "\n" for line in SMOLLM2_PROMPTS.read_text().splitlines()[:4]))

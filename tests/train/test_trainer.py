@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from specdec.forward import CaptureHiddenMode
 from specdec.models.loaders import load_draft_head, save_draft_head
-from specdec.models.testing import StandaloneRunner, make_random_target, tiny_llama_config
+from ..builders import StandaloneRunner, make_random_target, tiny_llama_config
 from specdec.train.capture import capture, pad_batch
 from specdec.train.losses import LossSettings, ttt_loss
 from specdec.train.trainer import DraftTrainer, TrainConfig, build_head

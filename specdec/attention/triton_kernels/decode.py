@@ -30,7 +30,7 @@ from specdec.attention.triton_kernels.common import (
     store_rows,
 )
 from specdec.attention.triton_kernels.merge import merge_partials
-from specdec.kernels.tree_build import check_tensor
+from specdec.kernels.common import check_tensor
 
 
 @triton.jit

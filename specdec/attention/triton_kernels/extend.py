@@ -40,7 +40,7 @@ from specdec.attention.triton_kernels.common import (
 )
 from specdec.attention.triton_kernels.decode import _check_inputs
 from specdec.attention.triton_kernels.merge import merge_partials
-from specdec.kernels.tree_build import check_tensor
+from specdec.kernels.common import check_tensor
 
 
 @triton.jit

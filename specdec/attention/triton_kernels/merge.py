@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import head_dim_block, check_device, plan_num_splits, triton_can_run_on
-from specdec.kernels.tree_build import check_tensor
+from specdec.kernels.common import check_tensor
 
 __all__ = ["merge_partials", "merge_partials_ref", "plan_num_splits", "triton_can_run_on"]
 

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import check_device
-from specdec.kernels.tree_build import check_tensor
+from specdec.kernels.common import check_tensor
 
 
 @triton.jit

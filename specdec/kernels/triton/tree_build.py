@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.tree_build import TreeMaskMode, packed_mask_bytes
+from specdec.kernels.common import TreeMaskMode, packed_mask_bytes
 from specdec.kernels.triton._common import custom_op, error_flag_for, next_pow2, raise_on_cpu
 
 _BUILD_ERRORS = {

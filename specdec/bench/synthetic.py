@@ -16,7 +16,6 @@ step's share of the weight-bandwidth floor (weight bytes / measured device copy 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import gc
@@ -24,6 +23,8 @@ import json
 import math
 import time
 from pathlib import Path
+
+from specdec.engine.args import EngineArgs, flag
 
 SHAPES = {
     # Llama-3.1-8B (hidden 4096, 32 layers, GQA 32/8, vocab 128256)
@@ -39,31 +40,43 @@ CONFIGS = [(3, 1, 4), (5, 4, 8), (6, 8, 32)]
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--synthetic", required=True, choices=sorted(SHAPES), help="target shape (random weights)")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--attention-backend", default="triton")
-    parser.add_argument("--speculative-simulate-accept-length", type=float, default=3.5, metavar="TAU",
-                        help="mean committed tokens per verify step")
-    parser.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
-    parser.add_argument("--configs", default=";".join(",".join(map(str, c)) for c in CONFIGS),
-                        help="(steps, topk, draft tokens) triples, e.g. '3,1,4;5,4,8'")
-    parser.add_argument("--context-len", type=int, default=1024, help="prompt tokens per request")
-    parser.add_argument("--decode-steps", type=int, default=24, help="timed decode steps per point")
-    parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--disable-cuda-graph", action="store_true")
-    parser.add_argument("--disable-overlap-schedule", action="store_true",
-                        help="read each decode step before launching the next (both engines)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default="bench_synthetic.json")
-    parser.add_argument("--plot", default=None, metavar="PATH", help="speedup vs batch size as a PNG (matplotlib)")
-    parser.add_argument("--profile-host", default=None, metavar="PATH",
-                        help="after each engine's sweep, profile the host (cProfile) over the timed steps at the "
-                        "smallest and largest batch size, and write the top functions to PATH")
-    parser.add_argument("--profile-device", default=None, metavar="PATH",
-                        help="after each engine's sweep, profile the device (torch.profiler, kernels inside CUDA "
-                        "graphs included) over the timed steps at the smallest batch size, and write the "
-                        "kernels by total GPU time to PATH")
+SYNTH = "synthetic benchmark"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyntheticSettings:
+    """The sweep's settings; the engine's (device, backend, graphs, overlap) are ``EngineArgs``."""
+
+    synthetic: str = dataclasses.field(metadata=flag("target shape (random weights)", group=SYNTH,
+                                                     choices=sorted(SHAPES)))
+    speculative_simulate_accept_length: float = dataclasses.field(default=3.5, metadata=flag(
+        "mean committed tokens per verify step", group=SYNTH, metavar="TAU"))
+    batch_sizes: str = dataclasses.field(default=",".join(map(str, BATCH_SIZES)), metadata=flag(
+        "comma-separated batch sizes", group=SYNTH))
+    configs: str = dataclasses.field(default=";".join(",".join(map(str, c)) for c in CONFIGS), metadata=flag(
+        "(steps, topk, draft tokens) triples, e.g. '3,1,4;5,4,8'", group=SYNTH))
+    context_len: int = dataclasses.field(default=1024, metadata=flag("prompt tokens per request", group=SYNTH))
+    decode_steps: int = dataclasses.field(default=24, metadata=flag("timed decode steps per point", group=SYNTH))
+    warmup_steps: int = dataclasses.field(default=3, metadata=flag("untimed decode steps first", group=SYNTH))
+    seed: int = dataclasses.field(default=0, metadata=flag("weights, prompts and the engine's sampler", group=SYNTH))
+    output: str = dataclasses.field(default="bench_synthetic.json", metadata=flag("JSON results file", group=SYNTH))
+    plot: str | None = dataclasses.field(default=None, metadata=flag(
+        "speedup vs batch size as a PNG (matplotlib)", group=SYNTH, metavar="PATH"))
+    profile_host: str | None = dataclasses.field(default=None, metadata=flag(
+        "after each engine's sweep, profile the host (cProfile) over the timed steps at the smallest and "
+        "largest batch size, and write the top functions to PATH", group=SYNTH, metavar="PATH"))
+    profile_device: str | None = dataclasses.field(default=None, metadata=flag(
+        "after each engine's sweep, profile the device (torch.profiler, kernels inside CUDA graphs included) "
+        "over the timed steps at the smallest batch size, and write the kernels by total GPU time to PATH",
+        group=SYNTH, metavar="PATH"))
+
+    def __post_init__(self) -> None:
+        parse_configs(self.configs)
+
+
+# the engine flags the sweep takes, and their defaults here
+ENGINE_FLAGS = {"device": "cuda", "attention_backend": "triton", "disable_cuda_graph": False,
+                "overlap_schedule": None}
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:
@@ -141,53 +154,54 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(engine, bs: int, args, vocab: int) -> dict:
+def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
     """Prefill ``bs`` requests, then time decode steps; returns the point's figures."""
     import torch
 
     from specdec.eagle.timing import PhaseTimer
     from specdec.engine.sampling import SamplingParams
 
-    gen = torch.Generator().manual_seed(args.seed + bs)
+    gen = torch.Generator().manual_seed(settings.seed + bs)
     spec = engine.worker is not None
     per_step = (engine.spec_config.num_steps + 1) if spec else 1
-    max_new = (args.warmup_steps + args.decode_steps + 2) * per_step
+    max_new = (settings.warmup_steps + settings.decode_steps + 2) * per_step
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
     reqs = []
     for i in range(bs):
-        prompt = torch.randint(3, vocab, (args.context_len,), generator=gen).tolist()
+        prompt = torch.randint(3, vocab, (settings.context_len,), generator=gen).tolist()
         req = engine.make_request(input_ids=prompt, sampling_params=params, rid=f"b{bs}-{i}")
         engine.add_request(req)
         reqs.append(req)
     while any(not r.output_ids for r in reqs):  # prefill (one or more batches)
         engine.step()
-    for _ in range(args.warmup_steps):
+    for _ in range(settings.warmup_steps):
         engine.step()
-    timer = PhaseTimer(args.device)
+    device = engine.args.device
+    timer = PhaseTimer(device)
     if spec:
         engine.worker.timer = timer
     produced = sum(len(r.output_ids) for r in reqs)
-    _sync(args.device)
+    _sync(device)
     t0 = time.perf_counter()
-    for _ in range(args.decode_steps):
+    for _ in range(settings.decode_steps):
         engine.step()
-    _sync(args.device)
+    _sync(device)
     elapsed = time.perf_counter() - t0
     produced = sum(len(r.output_ids) for r in reqs) - produced
-    phases = {k: v / args.decode_steps for k, v in timer.summary().items()}
+    phases = {k: v / settings.decode_steps for k, v in timer.summary().items()}
     if spec:
         engine.worker.timer = None
     for r in reqs:
         engine.abort(r.rid)
     engine.scheduler.drain()  # the step launched past the aborts still holds their KV
-    step_ms = elapsed * 1e3 / args.decode_steps
+    step_ms = elapsed * 1e3 / settings.decode_steps
     if phases:
         phases["other"] = step_ms - sum(phases.values())
     return {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms,
-            "committed_per_request_step": produced / (bs * args.decode_steps), "phases_ms": phases}
+            "committed_per_request_step": produced / (bs * settings.decode_steps), "phases_ms": phases}
 
 
-def profile_host(engine, bs: int, args, vocab: int, title: str) -> None:
+def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
     """Append the host's top functions (cumulative time) over one point's timed steps to --profile-host."""
     import cProfile
     import io
@@ -205,70 +219,73 @@ def profile_host(engine, bs: int, args, vocab: int, title: str) -> None:
 
     engine.step = profiled_step
     try:
-        measure(engine, bs, args, vocab)
+        measure(engine, bs, settings, vocab)
     finally:
         engine.step = original
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
-    with open(args.profile_host, "a") as f:
+    with open(settings.profile_host, "a") as f:
         f.write(f"==== {title} (every step of the point, prefill and warm-up included)\n{text.getvalue()}\n")
 
 
-def profile_device(engine, bs: int, args, vocab: int, title: str) -> None:
+def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
     """Append the kernels by GPU time over one point's steps (warm-up included) to --profile-device."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        point = measure(engine, bs, args, vocab)
+        point = measure(engine, bs, settings, vocab)
     events = prof.key_averages()
-    steps = args.warmup_steps + args.decode_steps
+    steps = settings.warmup_steps + settings.decode_steps
     try:
         table = events.table(sort_by="self_device_time_total", row_limit=40)
     except (AttributeError, KeyError):  # older torch names it after CUDA
         table = events.table(sort_by="self_cuda_time_total", row_limit=40)
-    with open(args.profile_device, "a") as f:
+    with open(settings.profile_device, "a") as f:
         f.write(f"==== {title}: {steps + 1} decode steps (+ prefill), {point['step_ms']:.2f} ms/step timed\n"
                 f"{table}\n")
 
 
 # ----------------------------------------------------------------------------- the sweep
-def run(args: argparse.Namespace) -> dict:
+def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     import torch
 
     from specdec.engine.engine import Engine
 
-    configs = parse_configs(args.configs)
-    batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
-    target, head = build_models(args.synthetic, args.device, args.seed)
+    configs = parse_configs(settings.configs)
+    batch_sizes = sorted({int(b) for b in settings.batch_sizes.split(",")})
+    target, head = build_models(settings.synthetic, engine_args.device, settings.seed)
     vocab = target.config.vocab_size
-    bandwidth = copy_bandwidth(args.device)
+    bandwidth = copy_bandwidth(engine_args.device)
     max_bs = max(batch_sizes)
     most_steps = max([c[0] + 1 for c in configs] + [1])
-    context = args.context_len + (args.warmup_steps + args.decode_steps + 3) * most_steps + 64
+    context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3) * most_steps + 64
     results = {"plain": [], "speculative": {}}
     for config in [None] + configs:
-        kw = dict(target_model=target, device=args.device, attention_backend=args.attention_backend,
-                  max_running_requests=max_bs, context_length=context, max_total_tokens=max_bs * (context + 64),
-                  disable_cuda_graph=True, random_seed=args.seed,
-                  overlap_schedule=False if args.disable_overlap_schedule else None)
+        # NOTE: graphs are captured below, for exactly the swept batch sizes
+        args = dataclasses.replace(engine_args, max_running_requests=max_bs, context_length=context,
+                                   max_total_tokens=max_bs * (context + 64), disable_cuda_graph=True,
+                                   random_seed=settings.seed)
+        models = {"target_model": target}
         if config is not None:
             steps, topk, ntok = config
-            kw.update(draft_model=head, speculative_algorithm="EAGLE3", speculative_num_steps=steps,
-                      speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok,
-                      speculative_simulate_accept_length=min(args.speculative_simulate_accept_length, steps + 1))
-        engine = Engine(**kw)
+            models["draft_model"] = head
+            args = dataclasses.replace(
+                args, speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=ntok,
+                speculative_simulate_accept_length=min(settings.speculative_simulate_accept_length, steps + 1))
+        engine = Engine(args=args, **models)
         capture_s = 0.0
-        if not args.disable_cuda_graph and args.device.startswith("cuda"):
+        if not engine_args.disable_cuda_graph and engine_args.device.startswith("cuda"):
             t0 = time.perf_counter()
             engine.cuda_graph_bytes = engine.capture_cuda_graphs(batch_sizes)
             capture_s = time.perf_counter() - t0
-        points = [measure(engine, bs, args, vocab) for bs in batch_sizes]
+        points = [measure(engine, bs, settings, vocab) for bs in batch_sizes]
         name = "plain" if config is None else "x".join(map(str, config))
-        if args.profile_host:
+        if settings.profile_host:
             for bs in sorted({batch_sizes[0], batch_sizes[-1]}):
-                profile_host(engine, bs, args, vocab, f"{name} bs={bs}")
-        if args.profile_device:
-            profile_device(engine, batch_sizes[0], args, vocab, f"{name} bs={batch_sizes[0]}")
+                profile_host(engine, bs, settings, vocab, f"{name} bs={bs}")
+        if settings.profile_device:
+            profile_device(engine, batch_sizes[0], settings, vocab, f"{name} bs={batch_sizes[0]}")
         print(f"{name}: graphs captured in {capture_s:.1f} s ({engine.cuda_graph_bytes / 2**20:.0f} MiB)", flush=True)
         for p in points:
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
@@ -279,16 +296,16 @@ def run(args: argparse.Namespace) -> dict:
             results["speculative"][name] = points
         del engine
         gc.collect()  # NOTE: the engine holds reference cycles; free its KV cache before the next one
-        if args.device.startswith("cuda"):
+        if engine_args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     _add_ratios(results, weight_bytes(target), bandwidth)
     results["setup"] = {
-        "shape": args.synthetic, "target_weight_bytes": weight_bytes(target), "head_weight_bytes": weight_bytes(head),
-        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": args.context_len, "decode_steps": args.decode_steps,
-        "simulated_accept_length": args.speculative_simulate_accept_length, "configs": configs,
-        "batch_sizes": batch_sizes, "cuda_graphs": not args.disable_cuda_graph,
-        "overlap_schedule": not args.disable_overlap_schedule,
-        "attention_backend": args.attention_backend, "device": _device_name(args.device),
+        "shape": settings.synthetic, "target_weight_bytes": weight_bytes(target), "head_weight_bytes": weight_bytes(head),
+        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len, "decode_steps": settings.decode_steps,
+        "simulated_accept_length": settings.speculative_simulate_accept_length, "configs": configs,
+        "batch_sizes": batch_sizes, "cuda_graphs": not engine_args.disable_cuda_graph,
+        "overlap_schedule": engine_args.overlap_schedule is not False,
+        "attention_backend": engine_args.attention_backend, "device": _device_name(engine_args.device),
         "date": datetime.date.today().isoformat(),
     }
     return results
@@ -337,25 +354,13 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="specdec bench --synthetic", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(parser)
-    args = parser.parse_args(argv)
-    try:
-        parse_configs(args.configs)
-    except ValueError as e:
-        parser.error(str(e))
-    results = run(args)
-    Path(args.output).write_text(json.dumps(results, indent=1))
-    if args.plot:
-        plot(results, args.plot)
+def write_report(results: dict, settings: SyntheticSettings) -> None:
+    """Write the JSON (and, with ``--plot``, the PNG) and print the speedups."""
+    Path(settings.output).write_text(json.dumps(results, indent=1))
+    if settings.plot:
+        plot(results, settings.plot)
     for name, points in results["speculative"].items():
         print(f"Speedup {name}: " + ", ".join(f"bs{p['batch_size']}={p['speedup']:.2f}x" for p in points))
     share = results["plain"][0]["floor_share"]
     if share == share:  # NOTE: NaN off CUDA, where no device copy bandwidth is measured
         print(f"Plain decode at bs={results['plain'][0]['batch_size']}: {share:.0%} of the weight-bandwidth floor")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Where a decode step's GPU time goes, and the skinny GEMMs of ``specdec.models.ops.gemv`` vs cuBLAS.
 
-Llama-3.1-8B shapes, bf16, one device call (``python scripts/bench_decode_kernels.py --parts ...``):
+Llama-3.1-8B shapes, bf16, one device call (``python benchmarks/bench_decode_kernels.py --parts ...``):
 
   bandwidth  device copy (read + write) and read-only (a large sum) bandwidth: the floors
   gemm       every linear shape of the target and the EAGLE-3 head at M = 1..32 tokens: cuBLAS

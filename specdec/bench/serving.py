@@ -24,7 +24,6 @@ Every request is bounded by ``--timeout`` and every loop by the number of prompt
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import dataclasses
@@ -39,7 +38,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from specdec.benchmark import DATASETS, format_histogram, git_commit, load_prompts, plot_histogram, progress_bar
+from specdec.bench.report import format_histogram, git_commit, plot_histogram, progress_bar
+from specdec.engine.args import flag
+from specdec.engine.embedded import DATASETS, load_prompts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,38 +217,47 @@ def summarize(results: list[RequestResult], seconds: float) -> dict:
 
 
 # ------------------------------------------------------------------ the benchmark
-def add_bench_serving_args(parser: argparse.ArgumentParser) -> None:
-    s = parser.add_argument_group("server")
-    s.add_argument("--base-url", default=None, help="the server to measure (default: http://HOST:PORT)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=30000)
-    s.add_argument("--baseline-url", default=None, help="the same model served without speculation: "
-                   "given the same workload first, for Speedup")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: 600)")
-    w = parser.add_argument_group("workload")
-    w.add_argument("--dataset", default=None, help=f"prompt set: {', '.join(DATASETS)}, or random (token ids "
-                   "from the server's vocabulary; needs no tokenizer). Default: random when the server has no "
-                   "tokenizer, tinystories for the embedded model, mt_bench otherwise")
-    w.add_argument("--num-prompts", type=int, default=16, help="requests (a prompt set repeats when shorter)")
-    w.add_argument("--max-new-tokens", type=int, default=64)
-    w.add_argument("--temperature", type=float, default=0.0)
-    w.add_argument("--random-input-len", type=int, default=128, help="--dataset random: prompt tokens")
-    w.add_argument("--random-output-len", type=int, default=None,
-                   help="--dataset random: new tokens per request (default: --max-new-tokens)")
-    w.add_argument("--random-range-ratio", type=float, default=1.0,
-                   help="--dataset random: lengths are drawn uniformly from [ratio * len, len]")
-    w.add_argument("--concurrency", type=int, default=None, help="most requests in flight (default: no limit)")
-    w.add_argument("--request-rate", type=float, default=math.inf,
-                   help="requests per second, Poisson arrivals (default: inf, all at once)")
-    w.add_argument("--seed", type=int, default=0, help="random prompts and arrival times")
-    o = parser.add_argument_group("output")
-    o.add_argument("--output", default="bench_serving.json", help="JSON results file")
-    o.add_argument("--plot", default=None, metavar="PATH", help="also write the acceptance histogram as a PNG "
-                   "(needs matplotlib)")
-    o.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+SERVER, WORKLOAD, OUTPUT = "server", "workload", "output"
 
 
-def _check(args: argparse.Namespace) -> None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServingSettings:
+    """``specdec bench-serving``'s settings: the server(s), the workload, the output."""
+
+    base_url: str | None = dataclasses.field(default=None, metadata=flag(
+        "the server to measure (default: http://HOST:PORT)", group=SERVER))
+    host: str = dataclasses.field(default="127.0.0.1", metadata=flag("server host", group=SERVER))
+    port: int = dataclasses.field(default=30000, metadata=flag("server port", group=SERVER))
+    baseline_url: str | None = dataclasses.field(default=None, metadata=flag(
+        "the same model served without speculation: given the same workload first, for Speedup", group=SERVER))
+    timeout: float = dataclasses.field(default=600.0, metadata=flag(
+        "seconds per request (default: 600)", group=SERVER))
+    dataset: str | None = dataclasses.field(default=None, metadata=flag(
+        f"prompt set: {', '.join(DATASETS)}, or random (token ids from the server's vocabulary; needs no "
+        "tokenizer). Default: random when the server has no tokenizer, tinystories for the embedded model, "
+        "mt_bench otherwise", group=WORKLOAD))
+    num_prompts: int = dataclasses.field(default=16, metadata=flag(
+        "requests (a prompt set repeats when shorter)", group=WORKLOAD))
+    max_new_tokens: int = dataclasses.field(default=64, metadata=flag("new tokens per request", group=WORKLOAD))
+    temperature: float = dataclasses.field(default=0.0, metadata=flag("sampling temperature", group=WORKLOAD))
+    random_input_len: int = dataclasses.field(default=128, metadata=flag(
+        "--dataset random: prompt tokens", group=WORKLOAD))
+    random_output_len: int | None = dataclasses.field(default=None, metadata=flag(
+        "--dataset random: new tokens per request (default: --max-new-tokens)", group=WORKLOAD))
+    random_range_ratio: float = dataclasses.field(default=1.0, metadata=flag(
+        "--dataset random: lengths are drawn uniformly from [ratio * len, len]", group=WORKLOAD))
+    concurrency: int | None = dataclasses.field(default=None, metadata=flag(
+        "most requests in flight (default: no limit)", group=WORKLOAD))
+    request_rate: float = dataclasses.field(default=math.inf, metadata=flag(
+        "requests per second, Poisson arrivals (default: inf, all at once)", group=WORKLOAD))
+    seed: int = dataclasses.field(default=0, metadata=flag("random prompts and arrival times", group=WORKLOAD))
+    output: str = dataclasses.field(default="bench_serving.json", metadata=flag("JSON results file", group=OUTPUT))
+    plot: str | None = dataclasses.field(default=None, metadata=flag(
+        "also write the acceptance histogram as a PNG (needs matplotlib)", group=OUTPUT, metavar="PATH"))
+    disable_tqdm: bool = dataclasses.field(default=False, metadata=flag("no progress bar", group=OUTPUT))
+
+
+def _check(args: ServingSettings) -> None:
     for name in ("num_prompts", "max_new_tokens", "random_input_len", "random_output_len", "concurrency"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -269,7 +279,7 @@ def model_info(base_url: str, timeout: float) -> dict:
         raise SystemExit(f"cannot read {base_url}/get_model_info (is the server up?): {e}") from None
 
 
-def build_prompts(args: argparse.Namespace, info: dict) -> tuple[str, list[Prompt]]:
+def build_prompts(args: ServingSettings, info: dict) -> tuple[str, list[Prompt]]:
     """The dataset's name and its prompts; ``random`` draws token ids from the server's vocabulary."""
     dataset = args.dataset
     if dataset is None:
@@ -294,7 +304,7 @@ def build_prompts(args: argparse.Namespace, info: dict) -> tuple[str, list[Promp
                      for i in range(args.num_prompts)]
 
 
-def run_benchmark(args: argparse.Namespace) -> dict:
+def run_benchmark(args: ServingSettings) -> dict:
     _check(args)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     baseline_url = args.baseline_url.rstrip("/") if args.baseline_url else None
@@ -390,20 +400,13 @@ def print_report(res: dict) -> None:
             print(row)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="specdec bench-serving", description=__doc__.splitlines()[0])
-    add_bench_serving_args(parser)
-    args = parser.parse_args(argv)
-    res = run_benchmark(args)
+def write_report(res: dict, settings: ServingSettings) -> None:
+    """Print the report, write the JSON (and, with ``--plot``, the histogram PNG)."""
     print_report(res)
-    Path(args.output).write_text(json.dumps(res, indent=2))
-    print(f"Wrote {args.output}")
-    if args.plot:
+    Path(settings.output).write_text(json.dumps(res, indent=2))
+    print(f"Wrote {settings.output}")
+    if settings.plot:
         info = res["server"]
-        plot_histogram(res["speculative"]["acceptance_histogram"], args.plot,
+        plot_histogram(res["speculative"]["acceptance_histogram"], settings.plot,
                        title=f"{Path(str(info.get('served_model_name'))).name} ({info.get('speculative_algorithm')}), "
                              f"{res['dataset']}, concurrency {res['concurrency'] or 'unlimited'}")
-
-
-if __name__ == "__main__":
-    main()

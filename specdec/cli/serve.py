@@ -13,28 +13,29 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.server.args import DEFAULT_MODEL, add_engine_args
+from specdec.cli.flags import add_engine_args, add_flags, engine_args_from, settings_from
+from specdec.engine.embedded import DEFAULT_MODEL
+from specdec.server.settings import ServerSettings
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec serve",
                                      description="Serve a model over HTTP (SGLang-compatible API).")
     add_engine_args(parser, default_model=DEFAULT_MODEL)
-    g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=30000)
-    g.add_argument("--served-model-name", default=None, help="model name in OpenAI responses (default: --model-path)")
-    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may run after a shutdown signal before they are aborted")
+    add_flags(parser, ServerSettings)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings, engine_args = settings_from(ServerSettings, args), engine_args_from(args)
+    except ValueError as e:
+        parser.error(str(e))
     from specdec.server.app import serve
 
-    serve(args)
+    serve(settings, engine_args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """``specdec train-draft``: train an EAGLE / EAGLE-3 draft head for a target and export it.
 
     specdec train-draft --algorithm EAGLE --output-dir heads/eagle          (embedded stories260K)
-    python -m specdec.train.cli --algorithm EAGLE3 --output-dir heads/e3 --draft-vocab-size 256
+    specdec train-draft --algorithm EAGLE3 --output-dir heads/e3 --draft-vocab-size 256
     scripts/train_smollm2.sh                                                (SmolLM2-135M-Instruct, GPU)
 
 Pipeline: training samples (data.py, evaluation prompts excluded) [+ user instructions the target
@@ -16,90 +16,107 @@ stops, so that several heads can then train at once on the same target-written d
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import hashlib
 import json
-import shlex
-import sys
 from pathlib import Path
 
 import torch
 
-from specdec.server.args import DEFAULT_MODEL
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specdec train-draft", description=__doc__.splitlines()[0])
-    p.add_argument("--model-path", default=DEFAULT_MODEL, help="target: HF directory, llama2.c .bin or .gguf "
-                   "(default: the embedded stories260K)")
-    p.add_argument("--algorithm", default="EAGLE", choices=["EAGLE", "EAGLE3"])
-    p.add_argument("--output-dir", required=True, help="where the head (config.json, model.safetensors) goes")
-    p.add_argument("--dataset", default="tinystories",
-                   help="comma-separated: tinystories, gsm8k, alpaca, or .txt/.jsonl files (default tinystories)")
-    p.add_argument("--num-samples", type=int, default=None, help="training prompts/texts to use (default: all)")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-len", type=int, default=256, help="tokens per training sequence (truncated)")
-    p.add_argument("--ttt-steps", type=int, default=None,
-                   help="draft steps per training position, own hidden fed back (default 1 EAGLE, 5 EAGLE3)")
-    p.add_argument("--draft-vocab-size", type=int, default=None,
-                   help="EAGLE-3 reduced vocab: most frequent tokens (default min(vocab, 32000))")
-    p.add_argument("--aux-layers", default=None,
-                   help="EAGLE-3 target capture indices, comma-separated, as LlamaForCausalLM's "
-                   "aux_hidden_layers (default SGLang's [2, L//2, L-3])")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                   help="target and head dtype for regeneration and training (float32 uses TF32 matmuls on CUDA)")
-    p.add_argument("--save-dtype", default="float32", choices=sorted(DTYPES),
-                   help="dtype of the exported weights (float16 halves the checkpoint)")
-    p.add_argument("--chat-template", default="auto", choices=["auto", "none"],
-                   help="auto: render prompts as a user turn with the tokenizer's chat template when it has one")
-    p.add_argument("--resume", nargs="?", const="auto", default=None,
-                   help="continue from a trainer checkpoint (default: WORK_DIR/<output-dir name>-<algorithm>.pt)")
-    p.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("regeneration and details")
-    g.add_argument("--regen-temperatures", default="0,1",
-                   help="the target answers every prompt at each temperature ('' = human text only)")
-    g.add_argument("--regen-max-new-tokens", type=int, default=192)
-    g.add_argument("--regen-batch-size", type=int, default=128, help="prompts answered at once")
-    g.add_argument("--regen-sampler", default="dense", choices=["dense", "engine"],
-                   help="dense: batched rounds over a dense KV cache (fast); engine: specdec.Engine")
-    g.add_argument("--regen-attention-backend", default="torch_native", help="attention backend (engine sampler)")
-    g.add_argument("--synth-prompts", type=int, default=0,
-                   help="also sample this many user instructions from the target's own chat template "
-                   "(Magpie; cleaned and screened against evaluation prompts) and train on its answers")
-    g.add_argument("--synth-max-new-tokens", type=int, default=96, help="longest synthesized instruction")
-    g.add_argument("--synth-openings", default=None,
-                   help="a text file of user-text openings (one a line, '#' comments) that synthesized "
-                   "instructions start with, cycled (e.g. specdec/data/train_prompts/synth_openings.txt)")
-    g.add_argument("--synth-output", default=None, help="write the kept synthesized prompts here (JSONL)")
-    g.add_argument("--loss-on", default="response", choices=["response", "all"],
-                   help="regenerated rows: predict only the response tokens, or every token")
-    g.add_argument("--max-steps", type=int, default=None, help="optimizer steps (default: --epochs)")
-    g.add_argument("--time-budget", type=float, default=None,
-                   help="seconds for training + evaluation: the schedule is shortened to fit after 30 steps")
-    g.add_argument("--deadline", type=float, default=None,
-                   help="wall-clock time (epoch seconds) by which training + evaluation must end: sets (or "
-                   "tightens) --time-budget when training starts, so start-up time is accounted for")
-    g.add_argument("--init-from", default=None,
-                   help="start from this exported head (same algorithm; an EAGLE-3 head keeps its draft vocab) "
-                   "with a fresh optimizer and schedule, e.g. to continue a run in another session")
-    g.add_argument("--checkpoint-every", type=int, default=200, help="steps between trainer checkpoints")
-    g.add_argument("--regen-only", action="store_true", help="regenerate (fill the cache in --work-dir) and stop")
-    g.add_argument("--no-human-text", action="store_true", help="train on regenerated text only")
-    g.add_argument("--val-fraction", type=float, default=0.05, help="prompts held out for the final accuracy")
-    g.add_argument("--hidden-weight", type=float, default=0.1, help="EAGLE-1 hidden regression weight")
-    g.add_argument("--step-decay", type=float, default=0.8, help="TTT step s weighs step_decay**s")
-    g.add_argument("--work-dir", default=None, help="trainer checkpoints and the regeneration cache "
-                   "(default ~/.cache/specdec/train)")
-    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    return p
-
+from specdec.engine.args import EngineArgs, flag
+from specdec.engine.embedded import DEFAULT_MODEL
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+REGEN = "regeneration and details"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainDraftSettings:
+    """``specdec train-draft``'s settings, one field a flag."""
+
+    model_path: str = dataclasses.field(default=DEFAULT_MODEL, metadata=flag(
+        "target: HF directory, llama2.c .bin or .gguf (default: the embedded stories260K)"))
+    algorithm: str = dataclasses.field(default="EAGLE", metadata=flag("head kind", choices=["EAGLE", "EAGLE3"]))
+    output_dir: str = dataclasses.field(metadata=flag("where the head (config.json, model.safetensors) goes"))
+    dataset: str = dataclasses.field(default="tinystories", metadata=flag(
+        "comma-separated: tinystories, gsm8k, alpaca, or .txt/.jsonl files (default tinystories)"))
+    num_samples: int | None = dataclasses.field(default=None, metadata=flag(
+        "training prompts/texts to use (default: all)"))
+    epochs: int = dataclasses.field(default=4, metadata=flag("passes over the training sequences"))
+    lr: float = dataclasses.field(default=3e-3, metadata=flag("peak learning rate"))
+    batch_size: int = dataclasses.field(default=16, metadata=flag("sequences per optimizer step"))
+    max_len: int = dataclasses.field(default=256, metadata=flag("tokens per training sequence (truncated)"))
+    ttt_steps: int | None = dataclasses.field(default=None, metadata=flag(
+        "draft steps per training position, own hidden fed back (default 1 EAGLE, 5 EAGLE3)"))
+    draft_vocab_size: int | None = dataclasses.field(default=None, metadata=flag(
+        "EAGLE-3 reduced vocab: most frequent tokens (default min(vocab, 32000))"))
+    aux_layers: str | None = dataclasses.field(default=None, metadata=flag(
+        "EAGLE-3 target capture indices, comma-separated, as LlamaForCausalLM's aux_hidden_layers "
+        "(default SGLang's [2, L//2, L-3])"))
+    device: str = dataclasses.field(default="cpu", metadata=flag("cpu or cuda[:N]"))
+    dtype: str = dataclasses.field(default="float32", metadata=flag(
+        "target and head dtype for regeneration and training (float32 uses TF32 matmuls on CUDA)",
+        choices=sorted(DTYPES)))
+    save_dtype: str = dataclasses.field(default="float32", metadata=flag(
+        "dtype of the exported weights (float16 halves the checkpoint)", choices=sorted(DTYPES)))
+    chat_template: str = dataclasses.field(default="auto", metadata=flag(
+        "auto: render prompts as a user turn with the tokenizer's chat template when it has one",
+        choices=["auto", "none"]))
+    resume: str | None = dataclasses.field(default=None, metadata=flag(
+        "continue from a trainer checkpoint (default: WORK_DIR/<output-dir name>-<algorithm>.pt)",
+        nargs="?", const="auto"))
+    seed: int = dataclasses.field(default=0, metadata=flag("data order, initialisation and sampling"))
+    regen_temperatures: str = dataclasses.field(default="0,1", metadata=flag(
+        "the target answers every prompt at each temperature ('' = human text only)", group=REGEN))
+    regen_max_new_tokens: int = dataclasses.field(default=192, metadata=flag(
+        "longest regenerated answer", group=REGEN))
+    regen_batch_size: int = dataclasses.field(default=128, metadata=flag("prompts answered at once", group=REGEN))
+    regen_sampler: str = dataclasses.field(default="dense", metadata=flag(
+        "dense: batched rounds over a dense KV cache (fast); engine: specdec.Engine", group=REGEN,
+        choices=["dense", "engine"]))
+    regen_attention_backend: str = dataclasses.field(default="torch_native", metadata=flag(
+        "attention backend (engine sampler)", group=REGEN))
+    synth_prompts: int = dataclasses.field(default=0, metadata=flag(
+        "also sample this many user instructions from the target's own chat template (Magpie; cleaned and "
+        "screened against evaluation prompts) and train on its answers", group=REGEN))
+    synth_max_new_tokens: int = dataclasses.field(default=96, metadata=flag(
+        "longest synthesized instruction", group=REGEN))
+    synth_openings: str | None = dataclasses.field(default=None, metadata=flag(
+        "a text file of user-text openings (one a line, '#' comments) that synthesized instructions start "
+        "with, cycled (e.g. specdec/data/train_prompts/synth_openings.txt)", group=REGEN))
+    synth_output: str | None = dataclasses.field(default=None, metadata=flag(
+        "write the kept synthesized prompts here (JSONL)", group=REGEN))
+    loss_on: str = dataclasses.field(default="response", metadata=flag(
+        "regenerated rows: predict only the response tokens, or every token", group=REGEN,
+        choices=["response", "all"]))
+    max_steps: int | None = dataclasses.field(default=None, metadata=flag(
+        "optimizer steps (default: --epochs)", group=REGEN))
+    time_budget: float | None = dataclasses.field(default=None, metadata=flag(
+        "seconds for training + evaluation: the schedule is shortened to fit after 30 steps", group=REGEN))
+    deadline: float | None = dataclasses.field(default=None, metadata=flag(
+        "wall-clock time (epoch seconds) by which training + evaluation must end: sets (or tightens) "
+        "--time-budget when training starts, so start-up time is accounted for", group=REGEN))
+    init_from: str | None = dataclasses.field(default=None, metadata=flag(
+        "start from this exported head (same algorithm; an EAGLE-3 head keeps its draft vocab) with a fresh "
+        "optimizer and schedule, e.g. to continue a run in another session", group=REGEN))
+    checkpoint_every: int = dataclasses.field(default=200, metadata=flag(
+        "steps between trainer checkpoints", group=REGEN))
+    regen_only: bool = dataclasses.field(default=False, metadata=flag(
+        "regenerate (fill the cache in --work-dir) and stop", group=REGEN))
+    no_human_text: bool = dataclasses.field(default=False, metadata=flag(
+        "train on regenerated text only", group=REGEN))
+    val_fraction: float = dataclasses.field(default=0.05, metadata=flag(
+        "prompts held out for the final accuracy", group=REGEN))
+    hidden_weight: float = dataclasses.field(default=0.1, metadata=flag(
+        "EAGLE-1 hidden regression weight", group=REGEN))
+    step_decay: float = dataclasses.field(default=0.8, metadata=flag("TTT step s weighs step_decay**s", group=REGEN))
+    work_dir: str | None = dataclasses.field(default=None, metadata=flag(
+        "trainer checkpoints and the regeneration cache (default ~/.cache/specdec/train)", group=REGEN))
+    num_threads: int | None = dataclasses.field(default=None, metadata=flag(
+        "torch CPU threads (default: torch's)", group=REGEN))
 
 
 def _split(samples: list, val_fraction: float) -> tuple[list, list]:
@@ -107,7 +124,7 @@ def _split(samples: list, val_fraction: float) -> tuple[list, list]:
     return samples[n_val:], samples[:n_val]
 
 
-def _synthesized(args: argparse.Namespace, tokenizer, target, work: Path) -> tuple[list[str], dict]:
+def _synthesized(args: TrainDraftSettings, tokenizer, target, work: Path) -> tuple[list[str], dict]:
     """The cleaned synthesized instructions (cached in ``work``) and their cleaning counts."""
     from specdec.train.data import screen_prompts
     from specdec.train.synth import CleanStats, SynthSettings, read_openings, synthesize_prompts
@@ -137,24 +154,23 @@ def _synthesized(args: argparse.Namespace, tokenizer, target, work: Path) -> tup
     return state["prompts"], state["stats"]
 
 
-def _synth_source(args: argparse.Namespace) -> str:
+def _synth_source(args: TrainDraftSettings) -> str:
     return "magpie_steered" if args.synth_openings else "magpie"
 
 
-def main(argv: list[str] | None = None) -> None:
+def train_draft(args: TrainDraftSettings, *, command: str = "specdec train-draft") -> None:
+    """The whole pipeline (see the module doc); ``command`` is recorded in training.json."""
     import random
 
     from specdec.models.llama import default_eagle3_layers
     from specdec.models.loaders import load_draft_head, load_target, read_num_layers, save_draft_head
     from specdec.models.tokenizer import load_tokenizer
-    from specdec.train.chat import has_chat_template, render_user_prompt
+    from specdec.engine.chat import has_chat_template, render_user_prompt
     from specdec.train.data import Sample, load_samples
     from specdec.train.regenerate import RegenSettings, regenerate
     from specdec.train.trainer import DraftTrainer, TrainConfig, build_head
     from specdec.train.vocab import DraftVocab, build_draft_vocab, coverage, token_counts
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     if args.device.startswith("cuda"):
@@ -206,10 +222,10 @@ def main(argv: list[str] | None = None) -> None:
         key = hashlib.sha1(json.dumps([settings.__dict__, prompts]).encode()).hexdigest()[:12]
         batch = args.regen_batch_size
         seqs = regenerate(prompts, settings, cache=work / f"regen-{key}.pt", target=target, batch_size=batch,
-                          engine_kwargs={
-                              "device": args.device, "attention_backend": args.regen_attention_backend,
-                              "max_running_requests": batch,
-                              "max_total_tokens": batch * (max(map(len, prompts)) + args.regen_max_new_tokens + 16)})
+                          engine_args=EngineArgs(
+                              device=args.device, attention_backend=args.regen_attention_backend,
+                              max_running_requests=batch,
+                              max_total_tokens=batch * (max(map(len, prompts)) + args.regen_max_new_tokens + 16)))
         n_train = len(train_samples)
         for block in range(len(temps)):
             rows = seqs[block * len(prompts) : (block + 1) * len(prompts)]
@@ -262,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     for s in train_samples + val_samples:
         sources[s.source] = sources.get(s.source, 0) + 1
     summary = {
-        "command": "specdec train-draft " + shlex.join(argv), "algorithm": args.algorithm,
+        "command": command, "algorithm": args.algorithm,
         "seed": args.seed, "epochs": args.epochs, "steps": result.steps, "steps_planned_by": result.planned_by,
         "train_seconds": round(result.seconds, 1), "init_from": args.init_from,
         "ttt_steps": ttt, "aux_hidden_layers": list(aux) if aux else None,
@@ -280,6 +296,3 @@ def main(argv: list[str] | None = None) -> None:
     (out_dir / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out_dir}/config.json, model.safetensors, training.json")
 
-
-if __name__ == "__main__":
-    main()

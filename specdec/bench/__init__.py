@@ -1,0 +1,7 @@
+"""What ``specdec bench`` and ``specdec bench-serving`` run.
+
+    throughput.py  the main job: the same prompts with and without speculation, in one process
+    synthetic.py   full-size random-weight targets, simulated acceptance, the batch-size sweep (GPU)
+    serving.py     streamed requests against a running server: TTFT / TPOT / ITL, acceptance, speedup
+    report.py      progress bar, acceptance histogram (text and PNG), the commit measured
+"""

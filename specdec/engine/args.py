@@ -1,0 +1,98 @@
+"""``EngineArgs``: every engine flag, once — the engine, the server, the benchmarks and the trainer
+read it, and ``specdec.cli`` turns its fields into command-line flags.
+
+Field ``foo_bar`` is the flag ``--foo-bar`` (SGLang's names); a field's metadata carries its help
+text and, where the flag differs from the plain form, how argparse should take it. Fields whose
+metadata says ``cli=False`` are engine keywords without a flag (in-process use and benchmarks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# NOTE: no torch here: the HTTP benchmark client imports this module's ``flag`` without loading torch
+
+
+def flag(help: str, **argparse_options: Any) -> dict:
+    """Field metadata: the flag's help text plus argparse options (choices, action, flag name...)."""
+    return {"help": help, **argparse_options}
+
+
+MODEL = "model and engine"
+SPEC = "speculative decoding"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineArgs:
+    """The reference engine's settings, named after SGLang's server flags (``Engine(**kwargs)``)."""
+
+    # ------------------------------------------------------------------ model and engine
+    model_path: str | None = dataclasses.field(default=None, metadata=flag(
+        "target model: HF directory (config.json + safetensors), llama2.c .bin or .gguf", group=MODEL))
+    device: str = dataclasses.field(default="cpu", metadata=flag("cpu or cuda[:N] (default: cpu)", group=MODEL))
+    dtype: Any = dataclasses.field(default="auto", metadata=flag(  # a name or a torch.dtype
+        "auto, float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group=MODEL, type=str))
+    attention_backend: str = dataclasses.field(default="torch_native", metadata=flag(
+        "attention implementation; available here: {backends}", group=MODEL))
+    page_size: int = dataclasses.field(default=1, metadata=flag("KV cache page size in tokens", group=MODEL))
+    max_total_tokens: int | None = dataclasses.field(default=None, metadata=flag(
+        "KV cache capacity in tokens", group=MODEL))
+    max_running_requests: int = dataclasses.field(default=64, metadata=flag(
+        "requests decoded together", group=MODEL))
+    context_length: int | None = dataclasses.field(default=None, metadata=flag(
+        "longest prompt + output", group=MODEL))
+    random_seed: int = dataclasses.field(default=0, metadata=flag("seed of the engine's sampler", group=MODEL))
+    cuda_graph_max_bs: int | None = dataclasses.field(default=None, metadata=flag(
+        "largest decode batch replayed as a CUDA graph (default: min(64, --max-running-requests)); "
+        "larger batches run eagerly", group=MODEL))
+    disable_cuda_graph: bool = dataclasses.field(default=False, metadata=flag(
+        "run every forward eagerly (CUDA graphs are used on CUDA with the triton backend)", group=MODEL))
+    # NOTE: None = the engine decides (on by default on CUDA); the flag can only turn it off
+    overlap_schedule: bool | None = dataclasses.field(default=None, metadata=flag(
+        "read each decode step before launching the next (overlap scheduling, the default on CUDA, launches "
+        "step t+1 from step t's device-resident outputs while the host reads step t)", group=MODEL,
+        flag="--disable-overlap-schedule", action="store_const", const=False))
+
+    # ------------------------------------------------------------------ speculative decoding
+    speculative_algorithm: str | None = dataclasses.field(default=None, metadata=flag(
+        "turn on speculative decoding with an EAGLE or EAGLE-3 draft head", group=SPEC,
+        choices=["EAGLE", "EAGLE3"]))
+    speculative_draft_model_path: str | None = dataclasses.field(default=None, metadata=flag(
+        "draft head directory (SGLang/EAGLE format)", group=SPEC))
+    speculative_num_steps: int | None = dataclasses.field(default=None, metadata=flag(
+        "draft tree depth (default 5)", group=SPEC))
+    speculative_eagle_topk: int | None = dataclasses.field(default=None, metadata=flag(
+        "branching per draft step (default 4)", group=SPEC))
+    speculative_num_draft_tokens: int | None = dataclasses.field(default=None, metadata=flag(
+        "tree nodes verified per request, root included (default 8; steps+1 when topk=1)", group=SPEC))
+    speculative_accept_threshold_single: float = dataclasses.field(default=1.0, metadata=flag(
+        "accept a draft token whose target probability reaches this (1.0 = lossless)", group=SPEC))
+    speculative_accept_threshold_acc: float = dataclasses.field(default=1.0, metadata=flag(
+        "divide the accumulated acceptance probability by this (1.0 = lossless)", group=SPEC))
+    speculative_token_map: str | None = dataclasses.field(default=None, metadata=flag(
+        "reduced draft vocabulary file (EAGLE-2 style)", group=SPEC))
+    speculative_batch_size_threshold: int | None = dataclasses.field(default=None, metadata=flag(
+        "decode without speculation while more than this many requests run (the draft cache stays in step); "
+        "default: always speculate", group=SPEC))
+    # benchmark-only: commit a drawn number of tokens per verify step (bench --synthetic)
+    speculative_simulate_accept_length: float | None = dataclasses.field(default=None, metadata=flag(
+        "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "max_running_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}: expected >= 1")
+        for name in ("max_total_tokens", "context_length", "cuda_graph_max_bs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={value}: expected >= 1")
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    def without_speculation(self) -> "EngineArgs":
+        """The same engine decoding plainly: every speculative setting back to its default."""
+        return dataclasses.replace(self, **{f.name: f.default for f in dataclasses.fields(self)
+                                            if f.name.startswith("speculative_")})

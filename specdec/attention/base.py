@@ -25,8 +25,13 @@ class AttentionLayer:
     num_kv_heads: int
     head_dim: int
     scaling: float
+    # keys a query sees, itself included (HF: key position > query position - window); None: all.
+    # Only backends with ``supports_sliding_window`` honour it (the engine checks before building).
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} must be >= 1 or None")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
@@ -69,6 +74,8 @@ class AttentionBackend(abc.ABC):
     # runners then call ``plan_static`` first and replay only when they have the host's lengths.
     # Otherwise ``init_forward_metadata`` plans them from device tensors alone, inside the graph.
     plans_on_host: bool = False
+    # whether ``AttentionLayer.sliding_window`` is honoured (Mistral, Gemma 3 local layers)
+    supports_sliding_window: bool = False
 
     def plan_static(self, plan: StaticPlan) -> None:
         """Plan a static forward before its graph is captured or replayed (host-planned backends)."""

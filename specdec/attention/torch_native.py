@@ -26,6 +26,16 @@ class TorchNativeMetadata:
     kv_slots: torch.Tensor
     # [num_seqs, max_q, max_kv] True where the query may attend the kv entry
     allowed: torch.Tensor
+    # [num_seqs, max_q] position of each query; [num_seqs, max_kv] of each kv entry (sliding windows)
+    q_pos: torch.Tensor
+    kv_pos: torch.Tensor
+
+    def window(self, sliding_window: int | None) -> torch.Tensor:  # [num_seqs, max_q, max_kv]
+        """``allowed`` narrowed to keys with position > query position - window (HF's rule)."""
+        if sliding_window is None:
+            return self.allowed
+        near = self.kv_pos[:, None, :] > self.q_pos[:, :, None] - sliding_window
+        return self.allowed & (near | ~self.q_valid[:, :, None])  # padded rows keep their column
 
 
 def _padded_metadata(batch: ForwardBatch) -> TorchNativeMetadata:
@@ -75,7 +85,15 @@ def _padded_metadata(batch: ForwardBatch) -> TorchNativeMetadata:
     allowed &= kv_valid[:, None, :] & q_valid[:, :, None]
     # NOTE: padded query rows get one visible column so softmax stays finite; they are dropped.
     allowed[:, :, 0] |= ~q_valid
-    return TorchNativeMetadata(q_rows=q_rows, q_valid=q_valid, kv_slots=kv_slots, allowed=allowed)
+    positions = batch.positions.to(device=device, dtype=torch.int64)
+    q_pos = positions[q_rows]  # [n, max_q]
+    if batch.draft_ancestors is not None:  # ancestor i of a branch sits at depth i past the prefix
+        own_pos = seq_prefix[:, None] + own_col
+    else:
+        own_pos = q_pos.gather(1, own_col.clamp(max=q_pos.shape[1] - 1))
+    kv_pos = torch.where(in_prefix, col, own_pos)  # [n, max_kv]
+    return TorchNativeMetadata(q_rows=q_rows, q_valid=q_valid, kv_slots=kv_slots, allowed=allowed,
+                               q_pos=q_pos, kv_pos=kv_pos)
 
 
 def _tree_block(batch: ForwardBatch, extend: torch.Tensor, prefix: torch.Tensor, max_q: int, max_kv: int) -> torch.Tensor:
@@ -98,6 +116,7 @@ def _tree_block(batch: ForwardBatch, extend: torch.Tensor, prefix: torch.Tensor,
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
+    supports_sliding_window = True
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = _padded_metadata(batch)
@@ -120,7 +139,7 @@ class TorchNativeBackend(AttentionBackend):
         group = hq // hkv
         qs = qs.view(qs.shape[0], qs.shape[1], hkv, group, d).permute(0, 2, 3, 1, 4)  # [s, hkv, g, q, d]
         scores = torch.einsum("shgqd,skhd->shgqk", qs, ks) * layer.scaling
-        scores = scores.masked_fill(~md.allowed[:, None, None], float("-inf"))
+        scores = scores.masked_fill(~md.window(layer.sliding_window)[:, None, None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out = torch.einsum("shgqk,skhd->sqhgd", probs, vs).reshape(qs.shape[0], -1, hq * d)
         result = torch.empty(q.shape[0], hq * d, dtype=q.dtype, device=q.device)

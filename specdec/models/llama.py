@@ -1,4 +1,4 @@
-"""Llama-family target model (Llama 2/3, Qwen2-style qkv bias) running one ForwardBatch.
+"""Llama-family target model (Llama 2/3, Mistral, Qwen2 qkv bias, Qwen3 q/k norms) running one ForwardBatch.
 
 Glossary: T = num_tokens of the forward, H = hidden_size, D = head_dim, Hq / Hkv = query / KV
 heads, L = num_hidden_layers, I = intermediate_size. Attention goes through ``batch.attn_backend``
@@ -18,6 +18,13 @@ so that every residual add happens inside the following norm):
     x, residual = add_rms_norm(x, residual)       post_attention_layernorm
     x = silu_and_mul(x @ [Wgate | Wup]^T) @ Wdown^T
 
+Variation is resolved once, at construction: ``config.qk_norm`` adds per-head q/k RMSNorms before
+RoPE (Qwen3), ``config.layer_window(i)`` gives a layer a sliding window (Mistral), ``hidden_act``
+picks the gated activation, and ``tp`` (``specdec.models.parallel.TPGroup``) shards heads,
+intermediate features and vocabulary over tensor-parallel ranks (one all-reduce after o_proj and
+after down_proj, an all-gather of the logits). Gemma 3 (``specdec.models.gemma3``) reuses these
+parts with its own norms and block.
+
 Every linear layer (the lm_head too) goes through ``ops.gemv.linear``: on a GPU, for a few tokens
 (decode, small verify forwards), a Triton skinny GEMM where it beats cuBLAS.
 
@@ -31,18 +38,20 @@ What the target hands a draft head (``LogitsOutput.hidden_states``, per ``captur
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specdec.attention.base import AttentionLayer
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, LogitsOutput
+from specdec.models.config import KVLayout, LlamaConfig, default_eagle3_layers
 from specdec.models.ops import add_rms_norm, apply_rope_, rms_norm, silu_and_mul
 from specdec.models.ops.gemv import linear
 from specdec.models.ops.stacked_linear import FusedGemmModule, StackedLinear
+from specdec.models.parallel import SINGLE, TPGroup, make_embedding
 
 __all__ = [
     "LlamaConfig",
@@ -57,156 +66,6 @@ __all__ = [
     "LlamaDecoderLayer",
     "select_output",
 ]
-
-
-_REQUIRED_HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-_ROPE_KEYS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                                 "original_max_position_embeddings")}
-
-
-@dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-    """Shape and numerics of a Llama-family model (HF ``config.json`` names)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int | None = None  # None -> num_attention_heads (no GQA)
-    head_dim: int | None = None  # None -> hidden_size // num_attention_heads
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    # None, or {"rope_type": "linear" | "llama3", "factor": ..., ...} as in HF
-    rope_scaling: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False  # bias on q/k/v (Qwen2 style)
-    attention_out_bias: bool = False  # bias on o_proj (HF Llama's attention_bias=True sets both)
-    mlp_bias: bool = False
-    max_position_embeddings: int = 2048
-    bos_token_id: int | None = 1
-    eos_token_id: int | tuple[int, ...] | None = 2
-
-    def __post_init__(self) -> None:
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
-        if self.num_key_value_heads is None:
-            set_("num_key_value_heads", self.num_attention_heads)
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"LlamaConfig.{name}={value!r} must be a positive int")
-        if self.head_dim is None:
-            if self.hidden_size % self.num_attention_heads:
-                raise ValueError(
-                    f"LlamaConfig: hidden_size={self.hidden_size} is not a multiple of "
-                    f"num_attention_heads={self.num_attention_heads}; give head_dim explicitly"
-                )
-            set_("head_dim", self.hidden_size // self.num_attention_heads)
-        if self.head_dim < 2 or self.head_dim % 2:
-            raise ValueError(f"LlamaConfig.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"LlamaConfig: num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
-            raise ValueError(
-                f"LlamaConfig: rms_norm_eps={self.rms_norm_eps} and rope_theta={self.rope_theta} must be > 0"
-            )
-        set_("rope_scaling", _normalize_rope_scaling(self.rope_scaling))
-        if isinstance(self.eos_token_id, (list, tuple)):
-            set_("eos_token_id", tuple(int(i) for i in self.eos_token_id))
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        eos = self.eos_token_id
-        return () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-
-    @classmethod
-    def from_hf(cls, d: Mapping[str, Any]) -> "LlamaConfig":
-        """Build from an HF ``config.json`` dict (Llama, Mistral-without-sliding-window, Qwen2)."""
-        missing = [k for k in _REQUIRED_HF_KEYS if d.get(k) is None]
-        if missing:
-            raise ValueError(f"config.json: missing required key(s) {', '.join(missing)} for a Llama-family model")
-        act = d.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"config.json: hidden_act={act!r} is not supported (only silu)")
-        rope_theta, rope_scaling = d.get("rope_theta", 10000.0), d.get("rope_scaling")
-        params = d.get("rope_parameters")  # transformers >= 5 keeps theta and scaling together
-        if isinstance(params, Mapping):
-            rope_theta = params.get("rope_theta", rope_theta)
-            if rope_scaling is None and params.get("rope_type", params.get("type", "default")) != "default":
-                rope_scaling = dict(params)
-        qwen2 = d.get("model_type") == "qwen2"
-        attn_bias = bool(d.get("attention_bias", False))
-        return cls(
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads"),
-            head_dim=d.get("head_dim"),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
-            rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=attn_bias or qwen2,
-            attention_out_bias=attn_bias and not qwen2,
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_id=d.get("eos_token_id"),
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        """HF ``config.json`` keys (inverse of ``from_hf`` for Llama-style configs)."""
-        out: dict[str, Any] = {
-            "model_type": "llama",
-            "hidden_act": "silu",
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-        }
-        out["attention_bias"] = self.attention_bias
-        if self.attention_bias and not self.attention_out_bias:
-            out["model_type"] = "qwen2"
-        del out["attention_out_bias"]
-        if isinstance(out["eos_token_id"], tuple):
-            out["eos_token_id"] = list(out["eos_token_id"])
-        return out
-
-
-def _normalize_rope_scaling(scaling: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if scaling is None:
-        return None
-    s = dict(scaling)
-    kind = s.get("rope_type", s.get("type", "default"))
-    s["rope_type"] = kind
-    if kind == "default":
-        return None
-    if kind not in _ROPE_KEYS:
-        raise ValueError(f"rope_scaling: rope_type={kind!r} is not supported (default, linear, llama3)")
-    missing = [k for k in _ROPE_KEYS[kind] if s.get(k) is None]
-    if missing:
-        raise ValueError(f"rope_scaling ({kind}): missing key(s) {', '.join(missing)}")
-    return s
-
-
-@dataclasses.dataclass(frozen=True)
-class KVLayout:
-    """What a KV cache for a model must hold: one K and one V buffer per attention layer."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-
-def default_eagle3_layers(num_layers: int) -> tuple[int, int, int]:
-    """SGLang's default EAGLE-3 capture layers [2, L//2, L-3], clamped into [0, L-1] for tiny L."""
-    if num_layers < 1:
-        raise ValueError(f"num_layers={num_layers} must be >= 1")
-    clamp = lambda i: min(max(i, 0), num_layers - 1)  # noqa: E731
-    return (clamp(2), clamp(num_layers // 2), clamp(num_layers - 3))
 
 
 class RMSNorm(nn.Module):
@@ -287,7 +146,18 @@ class RotaryEmbedding(nn.Module):
         apply_rope_(q, k, positions, self.inv_freq(q.device))
 
 
+def row_parallel(x: torch.Tensor, proj: nn.Linear, tp: TPGroup) -> torch.Tensor:
+    """``proj(x)`` for a row-parallel ``proj``: partial sums all-reduced, then the bias once."""
+    if tp.size == 1:
+        return linear(x, proj.weight, proj.bias)
+    out = tp.all_reduce(linear(x, proj.weight))
+    return out if proj.bias is None else out + proj.bias
+
+
 class LlamaAttention(FusedGemmModule):
+    """q/k/v as one GEMM, optional per-head q/k norms (``config.qk_norm``), RoPE, the backend's
+    attention (a sliding window where ``config.layer_window`` says), o_proj."""
+
     _stacked_names = ("qkv_proj",)
 
     def __init__(
@@ -299,9 +169,12 @@ class LlamaAttention(FusedGemmModule):
         device: Any,
         in_features: int | None = None,
         qkv_bias: bool | None = None,
+        norm_cls: type[nn.Module] | None = None,
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
-        hq, hkv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        shard, d = tp.heads(config), config.head_dim
+        hq, hkv = shard.num_q, shard.num_kv
         in_f = in_features or config.hidden_size
         bias = config.attention_bias if qkv_bias is None else qkv_bias
         kw = dict(dtype=dtype, device=device)
@@ -310,10 +183,17 @@ class LlamaAttention(FusedGemmModule):
         self.v_proj = nn.Linear(in_f, hkv * d, bias=bias, **kw)
         self.o_proj = nn.Linear(hq * d, config.hidden_size, bias=config.attention_out_bias, **kw)
         self.qkv_proj = StackedLinear(self.q_proj, self.k_proj, self.v_proj)
-        self.q_size, self.kv_size = hq * d, hkv * d
-        self.rotary = RotaryEmbedding(d, config.rope_theta, config.rope_scaling)
+        if config.qk_norm:
+            norm_cls = norm_cls or RMSNorm
+            self.q_norm = norm_cls(d, config.rms_norm_eps, dtype=dtype, device=device)
+            self.k_norm = norm_cls(d, config.rms_norm_eps, dtype=dtype, device=device)
+        self.qk_norm = config.qk_norm
+        self.q_size, self.kv_size, self.head_dim = hq * d, hkv * d, d
+        self.tp = tp
+        self.rotary = RotaryEmbedding(d, *config.layer_rope(layer_id))
         self.layer = AttentionLayer(
-            layer_id=layer_id, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=d**-0.5
+            layer_id=layer_id, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=config.attn_scaling,
+            sliding_window=config.layer_window(layer_id),
         )
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -322,27 +202,45 @@ class LlamaAttention(FusedGemmModule):
         q = qkv[:, : self.q_size]  # [T, Hq * D]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]  # [T, Hkv * D]
         v = qkv[:, self.q_size + self.kv_size :]  # [T, Hkv * D]
+        if self.qk_norm:
+            t, d = q.shape[0], self.head_dim
+            q = self.q_norm(q.reshape(-1, d)).view(t, -1)  # per head: [T * Hq, D]
+            k = self.k_norm(k.reshape(-1, d)).view(t, -1)
         self.rotary(positions, q, k)
         out = batch.attn_backend.forward(q, k, v, self.layer, batch)
-        return linear(out, self.o_proj.weight, self.o_proj.bias)
+        return row_parallel(out, self.o_proj, self.tp)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """Gemma's GeGLU: gelu(gate, tanh approximation) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+_GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": silu_and_mul,
+    "gelu_pytorch_tanh": gelu_tanh_and_mul,
+}
 
 
 class LlamaMLP(FusedGemmModule):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one GEMM."""
+    """Gated MLP: down(act(gate(x)) * up(x)), gate and up as one GEMM (SwiGLU, or Gemma's GeGLU)."""
 
     _stacked_names = ("gate_up_proj",)
 
-    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any) -> None:
+    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        h, i, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        h, i, b = config.hidden_size, config.intermediate_size // tp.size, config.mlp_bias
         self.gate_proj = nn.Linear(h, i, bias=b, dtype=dtype, device=device)
         self.up_proj = nn.Linear(h, i, bias=b, dtype=dtype, device=device)
         self.down_proj = nn.Linear(i, h, bias=b, dtype=dtype, device=device)
         self.gate_up_proj = StackedLinear(self.gate_proj, self.up_proj)
+        self.act = _GATED_ACTIVATIONS[config.hidden_act]
+        self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         gate_up = self.gate_up_proj(x)  # [T, 2I]
-        return linear(silu_and_mul(gate_up), self.down_proj.weight, self.down_proj.bias)  # [T, I] -> [T, H]
+        return row_parallel(self.act(gate_up), self.down_proj, self.tp)  # [T, I] -> [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -352,14 +250,15 @@ class LlamaDecoderLayer(nn.Module):
     """
 
     def __init__(
-        self, config: LlamaConfig, layer_id: int, *, dtype: torch.dtype, device: Any, input_norm: bool = True
+        self, config: LlamaConfig, layer_id: int, *, dtype: torch.dtype, device: Any, input_norm: bool = True,
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         eps, h = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(h, eps, dtype=dtype, device=device) if input_norm else IdentityNorm()
-        self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, device=device)
+        self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, device=device, tp=tp)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
-        self.mlp = LlamaMLP(config, dtype=dtype, device=device)
+        self.mlp = LlamaMLP(config, dtype=dtype, device=device, tp=tp)
 
     def forward(
         self,
@@ -399,14 +298,18 @@ def select_output(
 def logits_and_hidden(
     logits_input: torch.Tensor,  # [T, H] what the lm_head reads
     hidden: torch.Tensor | None,  # [T, F] what a draft head conditions on
-    lm_head_weight: torch.Tensor,  # [vocab, H]
+    lm_head_weight: torch.Tensor,  # [vocab, H] ([chunk, H] this rank's rows under tensor parallelism)
     batch: ForwardBatch,
+    *,
+    tp: TPGroup = SINGLE,
+    vocab_size: int | None = None,
 ) -> LogitsOutput:
-    """Apply logits_mode / capture_hidden_mode; logits are returned in fp32."""
+    """Apply logits_mode / capture_hidden_mode; logits are returned in fp32 (all-gathered over
+    tensor-parallel ranks and cut to ``vocab_size``)."""
     needs_last = batch.logits_mode == LogitsMode.LAST or batch.capture_hidden_mode == CaptureHiddenMode.LAST
     rows = last_token_rows(batch, logits_input.device) if needs_last else None
     x = select_output(logits_input, batch, last=batch.logits_mode == LogitsMode.LAST, rows=rows)
-    logits = linear(x, lm_head_weight).float()
+    logits = tp.gather_vocab(linear(x, lm_head_weight).float(), vocab_size or lm_head_weight.shape[0])
     captured = None
     if batch.capture_hidden_mode != CaptureHiddenMode.NULL and hidden is not None:
         captured = select_output(hidden, batch, last=batch.capture_hidden_mode == CaptureHiddenMode.LAST, rows=rows)
@@ -414,16 +317,24 @@ def logits_and_hidden(
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any) -> None:
+    def __init__(
+        self, config: LlamaConfig, layer_cls: type[nn.Module], norm_cls: type[nn.Module], *,
+        dtype: torch.dtype, device: Any, tp: TPGroup,
+    ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = make_embedding(config.vocab_size, config.hidden_size, tp, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, dtype=dtype, device=device) for i in range(config.num_hidden_layers)
+            layer_cls(config, i, dtype=dtype, device=device, tp=tp) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.norm = norm_cls(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
 
 
 class LlamaForCausalLM(nn.Module):
+    """The target. Subclasses (Gemma 3) swap ``layer_cls`` / ``norm_cls`` and ``embed``."""
+
+    layer_cls: type[nn.Module] = LlamaDecoderLayer
+    norm_cls: type[nn.Module] = RMSNorm
+
     def __init__(
         self,
         config: LlamaConfig,
@@ -431,9 +342,12 @@ class LlamaForCausalLM(nn.Module):
         aux_hidden_layers: tuple[int, ...] | list[int] | None = None,
         dtype: torch.dtype = torch.float32,
         device: Any = "cpu",
+        tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
         self.config = config
+        tp.check(config)
+        self.tp = tp
         if aux_hidden_layers is not None:
             aux_hidden_layers = tuple(int(i) for i in aux_hidden_layers)
             bad = [i for i in aux_hidden_layers if not 0 <= i <= config.num_hidden_layers]
@@ -444,19 +358,25 @@ class LlamaForCausalLM(nn.Module):
                 )
         # layer indices whose input is captured for EAGLE-3, or None (capture the final normed state)
         self.aux_hidden_layers: tuple[int, ...] | None = aux_hidden_layers
-        self.model = LlamaModel(config, dtype=dtype, device=device)
+        self.model = LlamaModel(config, self.layer_cls, self.norm_cls, dtype=dtype, device=device, tp=tp)
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
+            rows = tp.vocab_chunk(config.vocab_size)
+            self.lm_head = nn.Linear(config.hidden_size, rows, bias=False, dtype=dtype, device=device)
 
     @property
-    def embed_tokens(self) -> nn.Embedding:
+    def embed_tokens(self) -> nn.Module:
+        """The token embedding (vocab-parallel under tensor parallelism; callable the same way)."""
         return self.model.embed_tokens
 
     @property
-    def lm_head_weight(self) -> torch.Tensor:  # [vocab, H]
+    def lm_head_weight(self) -> torch.Tensor:  # [vocab, H] ([chunk, H] under tensor parallelism)
         if self.config.tie_word_embeddings:
             return self.model.embed_tokens.weight
         return self.lm_head.weight
+
+    def full_lm_head_weight(self) -> torch.Tensor:  # [vocab, H]
+        """The whole lm_head on every rank (all-gathered under tensor parallelism)."""
+        return self.tp.gather_rows(self.lm_head_weight, self.config.vocab_size)
 
     @property
     def hidden_feature_size(self) -> int:
@@ -466,11 +386,14 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def kv_layout(self) -> KVLayout:
-        c = self.config
-        return KVLayout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        heads = self.tp.heads(self.config)
+        return KVLayout(self.config.num_hidden_layers, heads.num_kv, self.config.head_dim)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        return self.model.embed_tokens(input_ids)
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
-        x = self.model.embed_tokens(batch.input_ids)  # [T, H]
+        x = self.embed(batch.input_ids)  # [T, H]
         residual: torch.Tensor | None = None  # the stream is x + residual (see the module docstring)
         capture = batch.capture_hidden_mode != CaptureHiddenMode.NULL and self.aux_hidden_layers is not None
         # residual stream entering each layer, kept only for the captured ones (index L = last output)
@@ -487,4 +410,5 @@ class LlamaForCausalLM(nn.Module):
             hidden = torch.cat([streams.get(i, h) for i in self.aux_hidden_layers], dim=-1)  # [T, len * H]
         else:
             hidden = None
-        return logits_and_hidden(normed, hidden, self.lm_head_weight, batch)
+        return logits_and_hidden(normed, hidden, self.lm_head_weight, batch, tp=self.tp,
+                                 vocab_size=self.config.vocab_size)

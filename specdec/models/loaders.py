@@ -13,11 +13,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from specdec.models.eagle import EagleDraftModel
 from specdec.models.eagle3 import Eagle3DraftModel
+from specdec.models.gguf_loader import load_gguf_target, read_gguf_num_layers
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
+from specdec.models.parallel import SINGLE, TPGroup
+from specdec.models.registry import build_target, config_from_hf
+from specdec.models.weights import assign_weights, read_config, read_state_dict, unpermute_rope, weight_names
 
 DraftModel = EagleDraftModel | Eagle3DraftModel
 EAGLE_ARCH = "LlamaForCausalLMEagle"
@@ -26,61 +29,12 @@ EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 _LLAMA2C_MAGIC = 0x616B3432
 
 
-# ----------------------------------------------------------------------------- file helpers
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    file = path / "config.json"
-    if not file.is_file():
-        raise ValueError(f"{path}: no config.json")
-    return json.loads(file.read_text())
-
-
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of ``*.safetensors`` (preferred) or ``pytorch_model*.bin`` files in a directory."""
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors"))
-    state: dict[str, torch.Tensor] = {}
-    if files:
-        from safetensors.torch import load_file
-
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
-    files = sorted(path.glob("pytorch_model*.bin"))
-    if not files:
-        raise ValueError(f"{path}: no *.safetensors or pytorch_model*.bin weight files")
-    for f in files:
-        state.update(torch.load(str(f), map_location="cpu", weights_only=True))
-    return state
-
-
-def _assign(model: nn.Module, state: dict[str, torch.Tensor], *, what: str, dtype: torch.dtype, device: Any) -> None:
-    """Load ``state`` into ``model`` exactly: missing, unexpected or mis-shaped names raise."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{what}: missing weights {missing[:8]}; unexpected weights {unexpected[:8]}")
-    for name, ref in expected.items():
-        if tuple(state[name].shape) != tuple(ref.shape):
-            raise ValueError(f"{what}: weight {name} has shape {tuple(state[name].shape)}, expected {tuple(ref.shape)}")
-    cast = {}
-    for name, t in state.items():
-        t = t.to(device=device, dtype=dtype if t.is_floating_point() else expected[name].dtype)
-        # NOTE: safetensors hands out tensors at arbitrary offsets of one buffer; CPU matmul kernels
-        # pick paths by alignment, so an unaligned copy would not reproduce outputs bit for bit.
-        cast[name] = t.clone() if t.data_ptr() % 64 or not t.is_contiguous() else t
-    model.load_state_dict(cast, strict=True, assign=True)
-
-
 def read_num_layers(path: str | Path) -> int:
-    """num_hidden_layers of a target checkpoint (HF directory or llama2.c .bin) without loading it."""
+    """num_hidden_layers of a target checkpoint (HF directory, llama2.c .bin, .gguf) without loading it."""
     path = Path(path)
     if path.is_dir():
-        return int(LlamaConfig.from_hf(_read_config(path)).num_hidden_layers)
+        return int(config_from_hf(read_config(path)).num_hidden_layers)
     if path.suffix == ".gguf":
-        from specdec.models.gguf_loader import read_gguf_num_layers
         return read_gguf_num_layers(path)
     return int(_llama2c_header(path)[2])
 
@@ -94,37 +48,42 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     device: Any = "cpu",
     aux_hidden_layers: tuple[int, ...] | None = None,
+    tp: TPGroup = SINGLE,
 ) -> LlamaForCausalLM:
-    """A directory is an HF checkpoint; a ``.bin`` file a llama2.c checkpoint; a ``.gguf`` file llama.cpp's."""
+    """A directory is an HF checkpoint; a ``.bin`` file a llama2.c checkpoint; a ``.gguf`` file llama.cpp's.
+
+    ``tp``: build rank ``tp.rank``'s shard of the model (the checkpoint is read whole and sliced).
+    """
     path = Path(path)
+    kw = dict(dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers, tp=tp)
     if path.is_dir():
-        return load_hf_llama(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)
+        return load_hf_target(path, **kw)
     if path.suffix == ".gguf" and path.is_file():
-        from specdec.models.gguf_loader import load_gguf_llama
-        return load_gguf_llama(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)
+        return load_gguf_target(path, **kw)
     if path.suffix == ".bin" and path.is_file():
-        return load_llama2c(path, dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers)
+        return load_llama2c(path, **kw)
     raise ValueError(f"--model-path {path}: expected an HF checkpoint directory, a llama2.c .bin file or a .gguf file")
 
 
-def load_hf_llama(
+def load_hf_target(
     path: str | Path,
     *,
     dtype: torch.dtype = torch.float32,
     device: Any = "cpu",
     aux_hidden_layers: tuple[int, ...] | None = None,
+    tp: TPGroup = SINGLE,
 ) -> LlamaForCausalLM:
+    """An HF checkpoint directory of any registered architecture (``specdec.models.registry``)."""
     path = Path(path)
-    config = LlamaConfig.from_hf(_read_config(path))
+    config = config_from_hf(read_config(path))
     state = read_state_dict(path)
     # Old checkpoints carry rotary tables; tied checkpoints may still carry a copy of the head.
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, aux_hidden_layers=aux_hidden_layers, dtype=dtype, device="meta")
-    _assign(model, state, what=f"target {path}", dtype=dtype, device=device)
-    return model.eval()
+    return build_target(config, state, what=f"target {path}", dtype=dtype, device=device,
+                        aux_hidden_layers=aux_hidden_layers, tp=tp)
+
+
+load_hf_llama = load_hf_target  # the name before the registry
 
 
 def _llama2c_header(path: Path) -> np.ndarray:
@@ -136,23 +95,13 @@ def _llama2c_header(path: Path) -> np.ndarray:
     return header
 
 
-def _unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Rows of a llama2.c q/k projection -> HF rotate_half order (what HF's conversion does).
-
-    llama2.c rotates interleaved pairs (0,1), (2,3), ... of each head; HF rotates (i, i + D/2).
-    Per head, row 2i moves to i and row 2i+1 to i + D/2, e.g. D=4: rows [0,1,2,3] -> [0,2,1,3].
-    """
-    out_f, in_f = w.shape
-    d = out_f // n_heads
-    return w.view(n_heads, d // 2, 2, in_f).transpose(1, 2).reshape(out_f, in_f)
-
-
 def load_llama2c(
     path: str | Path,
     *,
     dtype: torch.dtype = torch.float32,
     device: Any = "cpu",
     aux_hidden_layers: tuple[int, ...] | None = None,
+    tp: TPGroup = SINGLE,
 ) -> LlamaForCausalLM:
     """A llama2.c legacy checkpoint: 7 int32 header + fp32 weights in run.c's order."""
     path = Path(path)
@@ -195,8 +144,8 @@ def load_llama2c(
         p = f"model.layers.{i}."
         state.update({
             p + "input_layernorm.weight": rms_att[i],
-            p + "self_attn.q_proj.weight": _unpermute_rope(wq[i], n_heads),
-            p + "self_attn.k_proj.weight": _unpermute_rope(wk[i], n_kv),
+            p + "self_attn.q_proj.weight": unpermute_rope(wq[i], n_heads),
+            p + "self_attn.k_proj.weight": unpermute_rope(wk[i], n_kv),
             p + "self_attn.v_proj.weight": wv[i],
             p + "self_attn.o_proj.weight": wo[i],
             p + "post_attention_layernorm.weight": rms_ffn[i],
@@ -206,10 +155,8 @@ def load_llama2c(
         })
     if wcls is not None:
         state["lm_head.weight"] = wcls
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config, aux_hidden_layers=aux_hidden_layers, dtype=dtype, device="meta")
-    _assign(model, {k: v.contiguous() for k, v in state.items()}, what=f"llama2.c {path}", dtype=dtype, device=device)
-    return model.eval()
+    return build_target(config, {k: v.contiguous() for k, v in state.items()}, what=f"llama2.c {path}",
+                        dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers, tp=tp)
 
 
 # ----------------------------------------------------------------------------- draft heads
@@ -229,7 +176,7 @@ def eagle3_aux_hidden_layers(draft_config: dict[str, Any], num_target_layers: in
 
 def draft_aux_hidden_layers(path: str | Path, num_target_layers: int) -> tuple[int, ...] | None:
     """What ``aux_hidden_layers`` a target needs for the draft head at ``path`` (None for EAGLE-1)."""
-    cfg = _read_config(Path(path))
+    cfg = read_config(Path(path))
     if _draft_arch(cfg, None, Path(path)) != EAGLE3_ARCH:
         return None
     return eagle3_aux_hidden_layers(cfg, num_target_layers)
@@ -242,7 +189,7 @@ def _draft_arch(cfg: dict[str, Any], state: dict[str, torch.Tensor] | None, path
         return arch
     if arch == "LlamaForCausalLM":
         # The EAGLE repository's own uploads say LlamaForCausalLM; tell them apart by their weights.
-        names = set(state) if state is not None else set(_weight_names(path))
+        names = set(state) if state is not None else set(weight_names(path))
         if any(n.startswith(("midlayer.", "model.midlayer.")) for n in names):
             return EAGLE3_ARCH
         if "fc.weight" in names or "model.fc.weight" in names:
@@ -251,19 +198,6 @@ def _draft_arch(cfg: dict[str, Any], state: dict[str, torch.Tensor] | None, path
         f"draft head {path}: architectures={archs!r} is not a supported draft head "
         f"(expected {EAGLE_ARCH} or {EAGLE3_ARCH})"
     )
-
-
-def _weight_names(path: Path) -> list[str]:
-    files = sorted(path.glob("*.safetensors"))
-    if files:
-        from safetensors import safe_open
-
-        names = []
-        for f in files:
-            with safe_open(str(f), framework="pt") as fh:
-                names.extend(fh.keys())
-        return names
-    return list(read_state_dict(path))
 
 
 def _check(path: Path, field: str, draft: Any, target: Any) -> None:
@@ -285,7 +219,7 @@ def load_draft_head(
     may propose (SGLang's ``--speculative-token-map``); its lm_head keeps just those rows.
     """
     path = Path(path)
-    cfg = _read_config(path)
+    cfg = read_config(path)
     state = read_state_dict(path)
     state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     arch = _draft_arch(cfg, state, path)
@@ -308,7 +242,8 @@ def load_draft_head(
         # An EAGLE-1 head reads the target's final hidden state, not captured layer inputs.
         _check(path, "aux_hidden_layers", None, target.aux_hidden_layers)
         hot = load_token_map(token_map, tc.vocab_size) if token_map is not None else None
-        lm_head = target.lm_head_weight if hot is None else target.lm_head_weight[hot.to(target.lm_head_weight.device)]
+        full = _shared_lm_head(target)
+        lm_head = full if hot is None else full[hot.to(full.device)]
         with torch.device("meta"):
             model: DraftModel = EagleDraftModel(
                 config, embed_tokens=target.embed_tokens, lm_head_weight=lm_head,
@@ -319,8 +254,15 @@ def load_draft_head(
         if token_map is not None:
             raise ValueError("--speculative-token-map applies to EAGLE heads; an EAGLE-3 head carries its own d2t map")
         model = _build_eagle3(path, cfg, config, state, target, own_embedding, dtype)
-    _assign(model, state, what=f"draft head {path}", dtype=dtype, device=device)
+    assign_weights(model, state, what=f"draft head {path}", dtype=dtype, device=device)
     return model.eval()
+
+
+def _shared_lm_head(target: LlamaForCausalLM) -> torch.Tensor:  # [vocab, H]
+    """The target's lm_head for a head that shares it. NOTE: the head is replicated over
+    tensor-parallel ranks (it is small; no collective per draft step), so it gets the whole
+    weight; without tensor parallelism it is the target's own Parameter (sharing survives .to())."""
+    return target.lm_head_weight if target.tp.size == 1 else target.full_lm_head_weight()
 
 
 def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
@@ -353,7 +295,7 @@ def _build_eagle3(
         return Eagle3DraftModel(
             config, aux_hidden_layers=expected, embed_tokens=target.embed_tokens,
             draft_vocab_size=draft_vocab, target_hidden_size=cfg.get("target_hidden_size"),
-            lm_head_weight=target.lm_head_weight if shared_head else None,
+            lm_head_weight=_shared_lm_head(target) if shared_head else None,
             own_embedding=own_embedding, fc_bias=bool(cfg.get("bias", False)), dtype=dtype, device="meta",
         )
 

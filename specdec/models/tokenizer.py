@@ -1,5 +1,5 @@
-"""Tokenizers: SentencePiece (llama2.c's ``tok512.model``), HF ``tokenizer.json``, and the shared base
-the GGUF tokenizer (``gguf_loader``) builds on.
+"""Tokenizers: SentencePiece (llama2.c's ``tok512.model``), HF ``tokenizer.json``, and the one
+entry point ``load_tokenizer`` (GGUF files: ``gguf_tokenizer``; the interface: ``tokenizer_base``).
 
 Both give the same small interface: ``encode(text, add_bos=True)``, ``decode(ids)``,
 ``bos_token_id``, ``eos_token_id``, ``vocab_size``. Optional packages are imported only when used.
@@ -9,33 +9,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from specdec.models.gguf_tokenizer import load_gguf_tokenizer
+from specdec.models.tokenizer_base import Tokenizer, TokenizersTokenizer, require
 
-class Tokenizer(Protocol):
-    bos_token_id: int | None
-    eos_token_id: int | None
-    vocab_size: int
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-
-def _require(package: str, extra: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(package)
-    except ImportError as e:
-        raise ImportError(f"{extra} needs the package {package!r}; install it with `pip install {package}`") from e
+__all__ = ["Tokenizer", "TokenizersTokenizer", "SentencePieceTokenizer", "HFTokenizer", "load_tokenizer"]
 
 
 class SentencePieceTokenizer:
     def __init__(self, model_file: str | Path) -> None:
-        spm = _require("sentencepiece", f"the tokenizer {model_file}")
+        spm = require("sentencepiece", f"the tokenizer {model_file}")
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
         self.vocab_size = int(self.sp.get_piece_size())
         self.bos_token_id = self.sp.bos_id() if self.sp.bos_id() >= 0 else None
@@ -49,29 +35,10 @@ class SentencePieceTokenizer:
         return self.sp.decode([int(i) for i in ids])
 
 
-class TokenizersTokenizer:
-    """Shared encode/decode over a ``tokenizers.Tokenizer`` (``self.tok``); subclasses fill it in
-    with ``vocab_size``, ``bos_token_id``, ``eos_token_id`` and ``add_bos``."""
-
-    tok: Any
-    bos_token_id: int | None
-    eos_token_id: int | None
-    add_bos: bool
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = list(self.tok.encode(text, add_special_tokens=False).ids)
-        if add_bos and self.add_bos and self.bos_token_id is not None:
-            ids = [self.bos_token_id] + ids
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-
 class HFTokenizer(TokenizersTokenizer):
     def __init__(self, directory: str | Path) -> None:
         directory = Path(directory)
-        tokenizers = _require("tokenizers", f"the tokenizer {directory / 'tokenizer.json'}")
+        tokenizers = require("tokenizers", f"the tokenizer {directory / 'tokenizer.json'}")
         self.tok = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
         meta = _read_json(directory / "tokenizer_config.json")
@@ -89,7 +56,6 @@ class HFTokenizer(TokenizersTokenizer):
             if tid is not None:
                 return int(tid)
         return fallback
-
 
 
 def _read_json(file: Path) -> dict[str, Any]:
@@ -117,7 +83,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer | None:
         if path.name == "tokenizer.json":
             return HFTokenizer(path.parent)
         if path.suffix == ".gguf":
-            from specdec.models.gguf_loader import load_gguf_tokenizer
             return load_gguf_tokenizer(path)
         if path.suffix == ".bin":
             sp = _sentencepiece_next_to(path)

@@ -1,0 +1,91 @@
+"""Gemma 3 target (HF ``Gemma3ForCausalLM``, ``model_type: gemma3_text``), built from the Llama parts.
+
+What differs from Llama, each resolved at construction:
+* RMSNorm scales by ``1 + weight`` (weights stored as offsets from 1), in fp32 before the cast;
+* the embedding is multiplied by sqrt(hidden_size) (rounded to the model dtype, as HF does);
+* four norms per block ("sandwich"): the attention and the MLP outputs are each normed before
+  they join the residual stream;
+* per-head q/k norms, scores scaled by ``query_pre_attn_scalar ** -0.5``;
+* GeGLU MLP (gelu with tanh approximation);
+* sliding-window layers interleaved with global ones (``layer_types``), the local ones with
+  their own RoPE theta (``rope_local_base_freq``) and no rope scaling.
+
+One block (the stream is the residual stream; ``residual`` carries it as in ``specdec.models.llama``):
+
+    h = post_attention_layernorm(attn(input_layernorm(stream)));  stream = stream + h
+    h = post_feedforward_layernorm(mlp(pre_feedforward_layernorm(stream)))   -> returned with stream
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.forward import ForwardBatch
+from specdec.models.config import LlamaConfig
+from specdec.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from specdec.models.parallel import SINGLE, TPGroup
+
+__all__ = ["GemmaRMSNorm", "Gemma3DecoderLayer", "Gemma3ForCausalLM"]
+
+
+class GemmaRMSNorm(nn.Module):
+    """``x / rms(x) * (1 + weight)`` in fp32, then cast (HF ``Gemma3RMSNorm``); RMSNorm's interface."""
+
+    def __init__(self, size: int, eps: float, *, dtype: torch.dtype, device: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward_add(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] stream)
+        stream = x if residual is None else x + residual
+        return self(stream), stream
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer_id: int, *, dtype: torch.dtype, device: Any,
+                 tp: TPGroup = SINGLE) -> None:
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(h, eps, **kw)
+        self.self_attn = LlamaAttention(config, layer_id, norm_cls=GemmaRMSNorm, tp=tp, **kw)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps, **kw)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, **kw)
+        self.mlp = LlamaMLP(config, tp=tp, **kw)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps, **kw)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T]
+        x: torch.Tensor,  # [T, H]
+        residual: torch.Tensor | None,  # [T, H]
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed MLP output, [T, H] stream after attention)
+        h, stream = self.input_layernorm.forward_add(x, residual)
+        stream = stream + self.post_attention_layernorm(self.self_attn(positions, h, batch))
+        h = self.mlp(self.pre_feedforward_layernorm(stream))
+        return self.post_feedforward_layernorm(h), stream
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    layer_cls = Gemma3DecoderLayer
+    norm_cls = GemmaRMSNorm
+
+    def __init__(self, config: LlamaConfig, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.embed_scale = config.hidden_size**0.5
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        x = self.model.embed_tokens(input_ids)
+        # NOTE: HF rounds the scale to the model dtype before multiplying
+        return x * torch.tensor(self.embed_scale, dtype=x.dtype)

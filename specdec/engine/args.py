@@ -43,6 +43,9 @@ class EngineArgs:
     context_length: int | None = dataclasses.field(default=None, metadata=flag(
         "longest prompt + output", group=MODEL))
     random_seed: int = dataclasses.field(default=0, metadata=flag("seed of the engine's sampler", group=MODEL))
+    tp_size: int = dataclasses.field(default=1, metadata=flag(
+        "tensor-parallel ranks: the engine starts tp_size - 1 worker processes (NCCL on CUDA, rank r on "
+        "cuda:r; gloo on CPU)", group=MODEL))
     cuda_graph_max_bs: int | None = dataclasses.field(default=None, metadata=flag(
         "largest decode batch replayed as a CUDA graph (default: min(64, --max-running-requests)); "
         "larger batches run eagerly", group=MODEL))
@@ -80,7 +83,7 @@ class EngineArgs:
         "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "max_running_requests"):
+        for name in ("page_size", "max_running_requests", "tp_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}: expected >= 1")
         for name in ("max_total_tokens", "context_length", "cuda_graph_max_bs"):

@@ -22,7 +22,9 @@ from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
 from specdec.engine.scheduler import Scheduler
+from specdec.engine.tp_worker import MirroredScheduler, TPWorkers, rank_device
 from specdec.forward import CaptureHiddenMode
+from specdec.models.parallel import TPGroup
 
 DEFAULT_CPU_KV_TOKENS = 32768
 DEFAULT_CUDA_GRAPH_MAX_BS = 64
@@ -49,20 +51,52 @@ class Engine:
         target_model: torch.nn.Module | None = None,
         draft_model: torch.nn.Module | None = None,
         tokenizer: Any = None,
+        tp_group: TPGroup | None = None,
         **flags: Any,
     ) -> None:
         """Load a target (``model_path``) or take one built in memory (``target_model``).
 
         The settings are ``EngineArgs``: given whole as ``args``, or as its keywords (SGLang's flag
         names with ``_``), e.g. ``Engine(path, speculative_algorithm="EAGLE3", page_size=16)``.
+        With ``tp_size > 1`` this engine is rank 0 and starts the other ranks (``tp_worker``);
+        ``tp_group`` is how a worker builds its own rank's engine.
         """
-        from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers
-        from specdec.models.tokenizer import load_tokenizer
-
         if args is None:
             args = EngineArgs(model_path=model_path, **flags)
         elif flags or model_path is not None:
             raise TypeError("Engine: give either args=EngineArgs(...) or its keywords, not both")
+        self._tp_workers: TPWorkers | None = None
+        if args.tp_size > 1 and tp_group is None:
+            if target_model is not None or draft_model is not None or args.model_path is None:
+                raise ValueError("--tp-size > 1: every rank loads its shard from --model-path (no in-memory models)")
+            from specdec.models.loaders import read_target_config
+
+            TPGroup(rank=0, size=args.tp_size).check(read_target_config(args.model_path))
+            self._tp_workers, tp_group = TPWorkers.start(args, type(self))
+            args = dataclasses.replace(args, device=rank_device(args.device, 0))
+        try:
+            self._load(args, target_model, draft_model, tokenizer, tp_group or TPGroup())
+            if self._tp_workers is not None:
+                self._tp_workers.wait_ready()
+                self.scheduler = MirroredScheduler(self.scheduler, self._tp_workers)
+        except RuntimeError as e:  # under tensor parallelism: most likely a failed collective
+            if self._tp_workers is not None:
+                raise self._tp_workers.failure(e) from e
+            raise
+        except BaseException:
+            if self._tp_workers is not None:
+                self._tp_workers.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do without them)."""
+        if self._tp_workers is not None:
+            self._tp_workers.shutdown()
+
+    def _load(self, args: EngineArgs, target_model, draft_model, tokenizer, tp: TPGroup) -> None:
+        from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers
+        from specdec.models.tokenizer import load_tokenizer
+
         self.args = args
         torch_dtype = _parse_dtype(args.dtype, args.device)
         self.spec_config = None
@@ -80,7 +114,8 @@ class Engine:
             aux = None
             if self.spec_config is not None and self.spec_config.is_eagle3 and draft_model is None:
                 aux = draft_aux_hidden_layers(args.speculative_draft_model_path, read_num_layers(args.model_path))
-            target_model = load_target(args.model_path, dtype=torch_dtype, device=args.device, aux_hidden_layers=aux)
+            target_model = load_target(args.model_path, dtype=torch_dtype, device=args.device, aux_hidden_layers=aux,
+                                       tp=tp)
             if tokenizer is None:
                 tokenizer = load_tokenizer(args.model_path)
         if self.spec_config is not None and draft_model is None:
@@ -103,12 +138,18 @@ class Engine:
         from specdec.eagle.worker import EAGLEWorker
 
         cfg = target_model.config
+        kv_layout = target_model.kv_layout  # this rank's KV heads under tensor parallelism
         self.context_length = int(context_length or min(cfg.max_position_embeddings, 8192))
         tree = self.spec_config.num_draft_tokens if self.spec_config else 1
         # a request may hold its context, the tokens of one step launched past its end, and a tree
         step_tokens = self.spec_config.num_steps + 1 if self.spec_config else 1
         max_context_len = self.context_length + step_tokens + tree + page_size
         backend = create_attention_backend(attention_backend)
+        if getattr(cfg, "has_sliding_layers", False) and not backend.supports_sliding_window:
+            raise ValueError(
+                f"--attention-backend {attention_backend} has no sliding-window attention, which this model "
+                f"uses (sliding_window={cfg.sliding_window}); use --attention-backend torch_native"
+            )
         # overlap scheduling (default on CUDA): launch each decode step before reading the last one.
         # NOTE: not by default with speculation on a backend that plans on the host (FlashInfer): it
         # needs the lengths an unread step decides, so its graphs could not replay
@@ -126,8 +167,8 @@ class Engine:
         )
         weight = next(target_model.parameters())
         # NOTE: one slot past the allocator's: padding requests of CUDA graphs write there
-        kv = KVCache(num_layers=cfg.num_hidden_layers, num_slots=num_slots + 1,
-                     num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        kv = KVCache(num_layers=kv_layout.num_layers, num_slots=num_slots + 1,
+                     num_kv_heads=kv_layout.num_kv_heads, head_dim=kv_layout.head_dim,
                      dtype=weight.dtype, device=device)
         self.runner = ModelRunner(target_model, kv, backend)
         self.generator = torch.Generator(device=device).manual_seed(random_seed)

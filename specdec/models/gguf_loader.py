@@ -29,7 +29,7 @@ from specdec.models.parallel import SINGLE, TPGroup
 from specdec.models.registry import build_target, resolve_gguf
 from specdec.models.weights import unpermute_rope
 
-__all__ = ["load_gguf_target", "load_gguf_llama", "read_gguf_num_layers", "gguf_config", "GGUFTokenizer",
+__all__ = ["load_gguf_target", "load_gguf_llama", "read_gguf_num_layers", "read_gguf_config", "gguf_config", "GGUFTokenizer",
            "load_gguf_tokenizer", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
@@ -73,6 +73,13 @@ def read_gguf_num_layers(path: str | Path) -> int:
     path = Path(path)
     meta = GGUFMeta(open_reader(path), path)
     return int(meta.require(f"{_architecture(meta)}.block_count"))
+
+
+def read_gguf_config(path: str | Path) -> LlamaConfig:
+    """The config of a GGUF file, without dequantizing any tensor."""
+    path = Path(path)
+    reader = open_reader(path)
+    return gguf_config(GGUFMeta(reader, path), tied="output.weight" not in {t.name for t in reader.tensors})
 
 
 def _rope_scaling(meta: GGUFMeta, k: Any) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ import torch
 
 from specdec.models.eagle import EagleDraftModel
 from specdec.models.eagle3 import Eagle3DraftModel
-from specdec.models.gguf_loader import load_gguf_target, read_gguf_num_layers
+from specdec.models.gguf_loader import load_gguf_target, read_gguf_config, read_gguf_num_layers
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
 from specdec.models.parallel import SINGLE, TPGroup
 from specdec.models.registry import build_target, config_from_hf
@@ -32,11 +32,19 @@ _LLAMA2C_MAGIC = 0x616B3432
 def read_num_layers(path: str | Path) -> int:
     """num_hidden_layers of a target checkpoint (HF directory, llama2.c .bin, .gguf) without loading it."""
     path = Path(path)
-    if path.is_dir():
-        return int(config_from_hf(read_config(path)).num_hidden_layers)
     if path.suffix == ".gguf":
         return read_gguf_num_layers(path)
-    return int(_llama2c_header(path)[2])
+    return read_target_config(path).num_hidden_layers
+
+
+def read_target_config(path: str | Path) -> LlamaConfig:
+    """The config of a target checkpoint (HF directory, llama2.c .bin, .gguf) without its weights."""
+    path = Path(path)
+    if path.is_dir():
+        return config_from_hf(read_config(path))
+    if path.suffix == ".gguf":
+        return read_gguf_config(path)
+    return _llama2c_config(path)
 
 
 # ----------------------------------------------------------------------------- targets
@@ -95,6 +103,16 @@ def _llama2c_header(path: Path) -> np.ndarray:
     return header
 
 
+def _llama2c_config(path: Path) -> LlamaConfig:
+    dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = (int(x) for x in _llama2c_header(path))
+    return LlamaConfig(
+        vocab_size=abs(vocab), hidden_size=dim, intermediate_size=hidden, num_hidden_layers=n_layers,
+        num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=dim // n_heads, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=vocab > 0, max_position_embeddings=seq_len,
+        bos_token_id=1, eos_token_id=2,
+    )
+
+
 def load_llama2c(
     path: str | Path,
     *,
@@ -133,12 +151,7 @@ def load_llama2c(
     wcls = None if shared else take(vocab, dim)
     if offset != data.numel():
         raise ValueError(f"{path}: {data.numel() - offset} trailing floats after the weights the header describes")
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=dim, intermediate_size=hidden, num_hidden_layers=n_layers,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv, head_dim=d, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=shared, max_position_embeddings=seq_len,
-        bos_token_id=1, eos_token_id=2,
-    )
+    config = _llama2c_config(path)
     state = {"model.embed_tokens.weight": embed, "model.norm.weight": rms_final}
     for i in range(n_layers):
         p = f"model.layers.{i}."

@@ -1,0 +1,110 @@
+"""Tensor parallelism on CPU (gloo, 2 ranks): greedy output equals tp 1 token for token for plain
+and EAGLE-3 decoding; bad --tp-size values and dying workers end in clear errors, never a hang."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from specdec.engine.engine import Engine  # noqa: E402
+from specdec.engine.tp_worker import TPWorkerError  # noqa: E402
+from specdec.models import load_target  # noqa: E402
+from specdec.models.config import default_eagle3_layers  # noqa: E402
+
+from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint  # noqa: E402
+
+PROMPTS = [[5, 17, 3, 88, 41, 9, 60], [2, 33, 71, 14, 52, 8, 95, 11, 4]]
+GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+SPEC = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_eagle_topk=2,
+            speculative_num_draft_tokens=5)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """Qwen3 (q/k norms) with one KV head: tp 2 replicates it; vocab 97 splits 49 + 48 (+1 padding row)."""
+    root = tmp_path_factory.mktemp("tp")
+    _, path = write_hf_checkpoint("qwen3", root / "target", seed=7, num_key_value_heads=1)
+    target = load_target(path, aux_hidden_layers=default_eagle3_layers(2))
+    head = write_eagle3_head(target, root / "head", draft_vocab_size=80)
+    return str(path), str(head)
+
+
+def _outputs(engine, params=GREEDY):
+    return [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+
+
+def test_tp2_equals_tp1_plain_and_eagle3(checkpoint):
+    path, head = checkpoint
+    plain = _outputs(Engine(path))
+    tp_plain = Engine(path, tp_size=2)
+    try:
+        assert tp_plain.runner.kv_cache.num_kv_heads == 1 and tp_plain.target_model.tp.size == 2
+        assert _outputs(tp_plain) == plain
+        sampled = {"temperature": 0.8, "top_k": 20, "max_new_tokens": 12, "ignore_eos": True}
+        assert _outputs(tp_plain, sampled) == _outputs(Engine(path), sampled)  # same seed, same draws
+    finally:
+        tp_plain.shutdown()
+    tp_spec = Engine(path, tp_size=2, speculative_draft_model_path=head, **SPEC)
+    try:
+        out = tp_spec.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in out] == plain
+        assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
+    finally:
+        tp_spec.shutdown()
+
+
+def test_tp_that_does_not_divide_the_heads(checkpoint):
+    path, _ = checkpoint
+    with pytest.raises(ValueError, match="--tp-size 3 does not divide num_attention_heads=4"):
+        Engine(path, tp_size=3)
+    with pytest.raises(ValueError, match="tp-size"):
+        Engine(target_model=load_target(path), tp_size=2)
+
+
+def _worker_pid(engine) -> int:
+    return engine._tp_workers.procs[0].pid
+
+
+def test_worker_killed_between_steps(checkpoint):
+    path, _ = checkpoint
+    engine = Engine(path, tp_size=2)
+    try:
+        os.kill(_worker_pid(engine), signal.SIGKILL)
+        time.sleep(0.2)
+        with pytest.raises(TPWorkerError, match=r"worker 1 died \(exit code -9\)"):
+            engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    finally:
+        engine.shutdown()
+
+
+def test_worker_killed_inside_a_collective(checkpoint):
+    path, _ = checkpoint
+    engine = Engine(path, tp_size=2)
+    long = {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}
+    killer = threading.Timer(0.5, os.kill, args=(_worker_pid(engine), signal.SIGKILL))
+    start = time.perf_counter()
+    try:
+        killer.start()
+        with pytest.raises(TPWorkerError, match="worker 1 died"):
+            for _ in range(50):  # each round decodes until the kill lands in one of its steps
+                engine.generate(input_ids=PROMPTS, sampling_params=long)
+        assert time.perf_counter() - start < 60
+    finally:
+        killer.cancel()
+        engine.shutdown()
+
+
+def test_worker_error_reaches_rank0_with_its_traceback(checkpoint):
+    path, _ = checkpoint
+    engine = Engine(path, tp_size=2)
+    try:
+        engine._tp_workers.send("no_such_call")  # the worker's scheduler has no such method: it raises
+        with pytest.raises(TPWorkerError, match=r"(?s)worker 1 died \(exit code 1\).*AttributeError.*no_such_call"):
+            engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    finally:
+        engine.shutdown()

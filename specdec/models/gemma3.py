@@ -87,5 +87,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         x = self.model.embed_tokens(input_ids)
-        # NOTE: HF rounds the scale to the model dtype before multiplying
-        return x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        # NOTE: HF rounds the scale to the model dtype before multiplying (a Python float here: no
+        # host tensor inside a CUDA graph)
+        return x * float(torch.tensor(self.embed_scale, dtype=x.dtype))

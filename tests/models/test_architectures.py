@@ -14,7 +14,7 @@ from specdec.forward import LogitsMode  # noqa: E402
 from specdec.models import load_target, read_num_layers  # noqa: E402
 from specdec.models.config import default_eagle3_layers  # noqa: E402
 from specdec.models.registry import config_from_hf  # noqa: E402
-from specdec.models.testing import StandaloneRunner  # noqa: E402
+from ..builders import StandaloneRunner  # noqa: E402
 
 from .hf_checkpoints import ARCHS, hf_logits, write_eagle3_head, write_hf_checkpoint  # noqa: E402
 

@@ -11,7 +11,7 @@ pytest.importorskip("tokenizers")
 
 from specdec.models import load_target, load_tokenizer  # noqa: E402
 from specdec.models.gguf_tokenizer import spm_merges  # noqa: E402
-from specdec.models.testing import greedy_generate_reference  # noqa: E402
+from ..builders import greedy_generate_reference  # noqa: E402
 
 # id: piece, score (SentencePiece log-probs: higher merges first), type (1 normal, 3 control, 6 byte)
 VOCAB = [("<pad>", 0, 3), ("<eos>", 0, 3), ("<bos>", 0, 3), ("<0x0A>", 0, 6), ("<0xC3>", 0, 6), ("<0xA9>", 0, 6),

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from specdec.forward import LogitsMode  # noqa: E402
 from specdec.models import load_target, read_num_layers  # noqa: E402
-from specdec.models.testing import StandaloneRunner  # noqa: E402
+from ..builders import StandaloneRunner  # noqa: E402
 
 from .gguf_arch_writer import write_arch_gguf  # noqa: E402
 from .hf_checkpoints import write_hf_checkpoint  # noqa: E402

@@ -4,6 +4,10 @@
 #   bench      kernel and attention benchmarks, the main job on the GPU
 #   synthetic  the Llama-3.1-8B-shaped sweep with simulated acceptance (CUDA graphs on), and its plot
 #   tests      every GPU test;  graphs  only the CUDA-graph and lossless GPU tests
+#   adaptive   adaptive speculation: its GPU tests, then the 8B sweep (plain, each fixed shape, adaptive)
+#              at ctx 1024 (bs 1-128) and 4096 (bs 1-64: bs 128 x 4k tokens of KV does not fit in 80 GB),
+#              combined by benchmarks/adaptive_sweep.py into sweep.json / sweep.png / sweep.md
+#              (ADAPTIVE_CTX="1024 4096" picks the contexts; ADAPTIVE_TESTS=0 skips the tests)
 # The commit being measured is read from .commit (carry it: `git rev-parse --short HEAD > .commit`).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
@@ -30,6 +34,21 @@ fi
 if [ "$what" = synthetic ] || [ "$what" = all ]; then
   python3 -m specdec.cli bench --synthetic llama-3.1-8b ${SYNTHETIC_ARGS:-} \
     --output "$OUT/bench_synthetic_8b.json" --plot "$OUT/speedup_8b.png" 2>&1 | tee "$OUT/bench_synthetic_8b.log"
+fi
+if [ "$what" = adaptive ]; then
+  if [ "${ADAPTIVE_TESTS:-1}" != 0 ]; then
+    python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/e2e/test_adaptive.py 2>&1 | tee "$OUT/gpu_adaptive_tests.log" | tail -5
+    status=${PIPESTATUS[0]}
+  fi
+  jsons=()
+  for ctx in ${ADAPTIVE_CTX:-1024 4096}; do
+    bs="1,2,4,8,16,32,64,128"; [ "$ctx" -gt 2048 ] && bs="1,2,4,8,16,32,64"
+    python3 -m specdec.cli bench --synthetic llama-3.1-8b --context-len "$ctx" --batch-sizes "$bs" \
+      --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 ${SYNTHETIC_ARGS:-} \
+      --output "$OUT/synthetic_ctx$ctx.json" 2>&1 | tee "$OUT/synthetic_ctx$ctx.log" | grep -E "^(plain|[0-9]|adaptive|Speedup)"
+    [ -f "$OUT/synthetic_ctx$ctx.json" ] && jsons+=("$OUT/synthetic_ctx$ctx.json")
+  done
+  [ ${#jsons[@]} -gt 0 ] && python3 benchmarks/adaptive_sweep.py "${jsons[@]}" --output-dir "$OUT" --commit "$SPECDEC_COMMIT"
 fi
 if [ "$what" = graphs ]; then
   python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/e2e/test_gpu_cuda_graphs.py tests/e2e/test_gpu_lossless.py \

@@ -54,6 +54,9 @@ class SpecConfig:
     # benchmark only: verify in full, then commit a drawn number of tokens per request (mean TAU)
     # along the tree's first path, so full-size cost is measurable without a trained head
     simulate_accept_length: float | None = None
+    # benchmark only: verify in full, then accept each tree node's child of rank r at depth d with
+    # hazard simulate_hazards[d - 1][r] (specdec.eagle.acceptance), along the real tree
+    simulate_hazards: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, SpecAlgorithm):
@@ -82,6 +85,13 @@ class SpecConfig:
                     f"--speculative-simulate-accept-length must be a number in [1, --speculative-num-steps + 1 "
                     f"= {self.num_steps + 1}] (committed tokens per step), got {tau!r}"
                 )
+        if self.simulate_hazards is not None:
+            rows = self.simulate_hazards
+            if (not rows or any(len(r) != len(rows[0]) for r in rows)
+                    or not all(isinstance(h, (int, float)) and 0.0 <= h <= 1.0 for r in rows for h in r)):
+                raise ConfigError("the simulated acceptance model must be a [depth][rank] table of hazards in [0, 1]")
+            if self.simulate_accept_length is not None:
+                raise ConfigError("simulate either a mean accept length or an acceptance model, not both")
         for flag, value in (
             ("--speculative-accept-threshold-single", self.accept_threshold_single),
             ("--speculative-accept-threshold-acc", self.accept_threshold_acc),
@@ -111,6 +121,7 @@ class SpecConfig:
         speculative_token_map: str | None = None,
         speculative_batch_size_threshold: int | None = None,
         speculative_simulate_accept_length: float | None = None,
+        speculative_simulate_acceptance_model: str | None = None,
     ) -> "SpecConfig":
         """Resolve SGLang's flag semantics: all three unset -> (5, 4, 8); topk=1 -> chain."""
         steps, topk, ntok = speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens
@@ -134,7 +145,21 @@ class SpecConfig:
             token_map=speculative_token_map,
             batch_size_threshold=speculative_batch_size_threshold,
             simulate_accept_length=speculative_simulate_accept_length,
+            simulate_hazards=_read_hazards(speculative_simulate_acceptance_model),
         )
+
+
+def _read_hazards(path: str | None) -> tuple[tuple[float, ...], ...] | None:
+    """The ``hazards`` table of an acceptance-model JSON file (``specdec.eagle.acceptance``)."""
+    if path is None:
+        return None
+    import json
+
+    try:
+        rows = json.loads(open(path).read())["hazards"]
+        return tuple(tuple(float(h) for h in row) for row in rows)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--speculative-simulate-acceptance-model {path}: {e}") from None
 
 
 def _check_int(flag: str, value: object, *, low: int) -> None:

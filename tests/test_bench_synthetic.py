@@ -11,17 +11,44 @@ from specdec.cli.bench import synthetic_main
 def test_tiny_sweep_reports_every_point(tmp_path):
     out = tmp_path / "synthetic.json"
     synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
-                          "--batch-sizes", "1,3", "--configs", "3,1,4;2,2,4", "--context-len", "12",
-                          "--decode-steps", "4", "--warmup-steps", "1", "--speculative-simulate-accept-length", "2.5",
-                          "--output", str(out)])
+                    "--batch-sizes", "1,3", "--configs", "3,1,4;2,2,4", "--context-len", "12",
+                    "--decode-steps", "4", "--warmup-steps", "1", "--output", str(out)])
     res = json.loads(out.read_text())
     assert [p["batch_size"] for p in res["plain"]] == [1, 3]
     assert all(abs(p["committed_per_request_step"] - 1.0) < 1e-9 for p in res["plain"])
     assert set(res["speculative"]) == {"3x1x4", "2x2x4"}
-    for points in res["speculative"].values():
+    for name, points in res["speculative"].items():
         for p in points:
             assert p["speedup"] > 0 and set(p["phases_ms"]) == {"draft", "verify", "commit", "draft_extend", "other"}
             assert 1.0 <= p["committed_per_request_step"] <= 4.0
+            assert p["shapes"] == {name: 4}  # a fixed shape speculates every step
+    # adaptive speculation, bounded by (3, 2, 4): every timed step is one of its shapes, or plain
+    adaptive = res["adaptive"]
+    assert [p["batch_size"] for p in adaptive] == [1, 3]
+    allowed = set(res["adaptive_policy"]["expected_committed"]) | {"plain"}
+    for p in adaptive:
+        assert p["speedup"] > 0 and sum(p["shapes"].values()) == 4 and set(p["shapes"]) <= allowed
+    # the measured acceptance model is recorded, and the sweep rows are there
+    assert res["setup"]["acceptance_model"]["protocol"]["dataset"] == "mt_bench"
+    assert [r["bs"] for r in res["sweep"]] == [1, 3] and set(res["sweep"][0]["fixed"]) == {"3x1x4", "2x2x4"}
+    assert res["sweep"][0]["ctx"] == 12 and res["sweep"][0]["adaptive_speedup"] == adaptive[0]["speedup"]
+
+
+def test_constant_accept_length_without_an_acceptance_model(tmp_path):
+    out = tmp_path / "synthetic.json"
+    synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+                    "--batch-sizes", "2", "--configs", "3,1,4", "--context-len", "12", "--decode-steps", "4",
+                    "--warmup-steps", "1", "--acceptance-model", "none", "--speculative-simulate-accept-length",
+                    "4", "--skip-adaptive", "--output", str(out)])
+    res = json.loads(out.read_text())
+    assert "adaptive" not in res and res["setup"]["acceptance_model"] is None
+    # TAU = S + 1: every draft token is accepted, every step commits 4 tokens per request
+    assert res["speculative"]["3x1x4"][0]["committed_per_request_step"] == 4.0
+
+
+def test_bad_acceptance_model_names_the_flag():
+    with pytest.raises(ValueError, match="--acceptance-model"):
+        bench_synthetic.SyntheticSettings(synthetic="tiny", acceptance_model="/nonexistent.json")
 
 
 def test_bad_configs_name_the_flag():

@@ -1,21 +1,25 @@
 """Full-size decode cost without published weights: ``specdec bench --synthetic llama-3.1-8b``.
 
 A target of a real model's shape with random bf16 weights, an EAGLE-3-shaped head (one layer,
-32000-token draft vocabulary), and ``--speculative-simulate-accept-length TAU``: every decode step
-drafts, builds the tree and verifies it in full, then commits 1 + Binomial(S, (TAU - 1) / S)
-tokens per request along the tree's first path. What it measures is the system's cost per step
-at a chosen acceptance, which random weights cannot otherwise show.
+32000-token draft vocabulary), and a simulated acceptance: every decode step drafts, builds the
+tree and verifies it in full, then commits the path an acceptance model picks. By default that
+model is measured with a real head (``--acceptance-model``: per-depth, per-rank hazards of the
+SmolLM2 EAGLE-3 head on MT-bench, shipped in ``specdec/data/acceptance``), so that chains and
+trees compare as they would with real weights; ``--acceptance-model none`` commits
+1 + Binomial(S, (TAU - 1) / S) tokens along the first path instead (``--speculative-simulate-accept-length``).
 
-For each batch size and each (steps, topk, draft tokens), and for plain decoding in the same
-run: admit ``bs`` requests of ``--context-len`` random tokens (one prefill), warm up, then time
-``--decode-steps`` decode steps (per-phase GPU times from CUDA events, no syncs in between).
-The report gives tok/s, ms per step and per phase (draft, verify, commit, draft extend, other =
-host time and gaps), the speedup over plain decoding at the same batch size, and the plain
+For each batch size, for plain decoding, each fixed (steps, topk, draft tokens) and adaptive
+speculation (a shape per step, bounded by the largest configured one): admit ``bs`` requests of
+``--context-len`` random tokens (one prefill), warm up, then time ``--decode-steps`` decode steps
+(per-phase GPU times from CUDA events, no syncs in between). The report gives tok/s, ms per step
+and per phase (draft, verify, commit, draft extend, other = host time and gaps), the speedup over
+plain decoding at the same batch size, the shapes adaptive speculation chose, and the plain
 step's share of the weight-bandwidth floor (weight bytes / measured device copy bandwidth).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import gc
@@ -49,8 +53,14 @@ class SyntheticSettings:
 
     synthetic: str = dataclasses.field(metadata=flag("target shape (random weights)", group=SYNTH,
                                                      choices=sorted(SHAPES)))
+    acceptance_model: str = dataclasses.field(default="shipped", metadata=flag(
+        "the simulated verify's per-depth, per-rank acceptance (JSON from 'specdec bench-acceptance'): "
+        "'shipped' (the SmolLM2 EAGLE-3 head on MT-bench), a path, or 'none' (a constant mean, TAU)",
+        group=SYNTH, metavar="PATH"))
     speculative_simulate_accept_length: float = dataclasses.field(default=3.5, metadata=flag(
-        "mean committed tokens per verify step", group=SYNTH, metavar="TAU"))
+        "with --acceptance-model none: mean committed tokens per verify step", group=SYNTH, metavar="TAU"))
+    skip_adaptive: bool = dataclasses.field(default=False, metadata=flag(
+        "leave out adaptive speculation (a shape per step, bounded by the largest --configs)", group=SYNTH))
     batch_sizes: str = dataclasses.field(default=",".join(map(str, BATCH_SIZES)), metadata=flag(
         "comma-separated batch sizes", group=SYNTH))
     configs: str = dataclasses.field(default=";".join(",".join(map(str, c)) for c in CONFIGS), metadata=flag(
@@ -72,6 +82,18 @@ class SyntheticSettings:
 
     def __post_init__(self) -> None:
         parse_configs(self.configs)
+        if self.acceptance_model not in ("shipped", "none") and not Path(self.acceptance_model).is_file():
+            raise ValueError(f"--acceptance-model {self.acceptance_model!r}: not 'shipped', 'none' or a JSON file")
+
+    def acceptance_path(self) -> str | None:
+        """The acceptance model's JSON file (None: the constant accept length)."""
+        if self.acceptance_model == "none":
+            return None
+        if self.acceptance_model == "shipped":
+            from specdec.engine.spec_profile import PRIOR
+
+            return str(PRIOR)
+        return self.acceptance_model
 
 
 # the engine flags the sweep takes, and their defaults here
@@ -181,6 +203,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
     if spec:
         engine.worker.timer = timer
     produced = sum(len(r.output_ids) for r in reqs)
+    shapes_before = collections.Counter(engine.scheduler.spec_shape_steps) if spec else None
     _sync(device)
     t0 = time.perf_counter()
     for _ in range(settings.decode_steps):
@@ -189,6 +212,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
     elapsed = time.perf_counter() - t0
     produced = sum(len(r.output_ids) for r in reqs) - produced
     phases = {k: v / settings.decode_steps for k, v in timer.summary().items()}
+    shapes = dict(engine.scheduler.spec_shape_steps - shapes_before) if spec else None
     if spec:
         engine.worker.timer = None
     for r in reqs:
@@ -197,8 +221,11 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
     step_ms = elapsed * 1e3 / settings.decode_steps
     if phases:
         phases["other"] = step_ms - sum(phases.values())
-    return {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms,
-            "committed_per_request_step": produced / (bs * settings.decode_steps), "phases_ms": phases}
+    point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms,
+             "committed_per_request_step": produced / (bs * settings.decode_steps), "phases_ms": phases}
+    if shapes is not None:
+        point["shapes"] = shapes
+    return point
 
 
 def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
@@ -246,6 +273,28 @@ def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, tit
 
 
 # ----------------------------------------------------------------------------- the sweep
+ADAPTIVE = "adaptive"
+
+
+def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, batch_sizes, context) -> EngineArgs:
+    """One point's engine: plain (config None), a fixed shape, or ADAPTIVE (bounded by the largest configs)."""
+    max_bs = max(batch_sizes)
+    args = dataclasses.replace(engine_args, max_running_requests=max_bs, context_length=context,
+                               max_total_tokens=max_bs * (context + 64), cuda_graph_bs=tuple(batch_sizes),
+                               random_seed=settings.seed)
+    if config is None:
+        return args
+    configs = parse_configs(settings.configs)
+    steps, topk, ntok = config if config != ADAPTIVE else (max(c[i] for c in configs) for i in range(3))
+    acceptance = settings.acceptance_path()
+    return dataclasses.replace(
+        args, speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk,
+        speculative_num_draft_tokens=ntok, speculative_adaptive="on" if config == ADAPTIVE else "off",
+        speculative_simulate_acceptance_model=acceptance,
+        speculative_simulate_accept_length=None if acceptance else min(settings.speculative_simulate_accept_length,
+                                                                       steps + 1))
+
+
 def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     import torch
 
@@ -256,42 +305,34 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     target, head = build_models(settings.synthetic, engine_args.device, settings.seed)
     vocab = target.config.vocab_size
     bandwidth = copy_bandwidth(engine_args.device)
-    max_bs = max(batch_sizes)
     most_steps = max([c[0] + 1 for c in configs] + [1])
     context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3) * most_steps + 64
     results = {"plain": [], "speculative": {}}
-    for config in [None] + configs:
-        # NOTE: graphs are captured below, for exactly the swept batch sizes
-        args = dataclasses.replace(engine_args, max_running_requests=max_bs, context_length=context,
-                                   max_total_tokens=max_bs * (context + 64), disable_cuda_graph=True,
-                                   random_seed=settings.seed)
-        models = {"target_model": target}
-        if config is not None:
-            steps, topk, ntok = config
-            models["draft_model"] = head
-            args = dataclasses.replace(
-                args, speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk,
-                speculative_num_draft_tokens=ntok,
-                speculative_simulate_accept_length=min(settings.speculative_simulate_accept_length, steps + 1))
-        engine = Engine(args=args, **models)
-        capture_s = 0.0
-        if not engine_args.disable_cuda_graph and engine_args.device.startswith("cuda"):
-            t0 = time.perf_counter()
-            engine.cuda_graph_bytes = engine.capture_cuda_graphs(batch_sizes)
-            capture_s = time.perf_counter() - t0
+    policies = [None] + configs + ([] if settings.skip_adaptive else [ADAPTIVE])
+    for config in policies:
+        args = _engine_args(settings, engine_args, config, batch_sizes, context)
+        models = {"target_model": target} | ({} if config is None else {"draft_model": head})
+        t0 = time.perf_counter()
+        engine = Engine(args=args, **models)  # captures the CUDA graphs (and profiles the adaptive policy)
+        build_s = time.perf_counter() - t0
         points = [measure(engine, bs, settings, vocab) for bs in batch_sizes]
-        name = "plain" if config is None else "x".join(map(str, config))
+        name = {None: "plain", ADAPTIVE: ADAPTIVE}.get(config) or "x".join(map(str, config))
         if settings.profile_host:
             for bs in sorted({batch_sizes[0], batch_sizes[-1]}):
                 profile_host(engine, bs, settings, vocab, f"{name} bs={bs}")
         if settings.profile_device:
             profile_device(engine, batch_sizes[0], settings, vocab, f"{name} bs={batch_sizes[0]}")
-        print(f"{name}: graphs captured in {capture_s:.1f} s ({engine.cuda_graph_bytes / 2**20:.0f} MiB)", flush=True)
+        print(f"{name}: engine built in {build_s:.1f} s (CUDA graphs: {engine.cuda_graph_bytes / 2**20:.0f} MiB)",
+              flush=True)
         for p in points:
+            shapes = f"  shapes {p['shapes']}" if "shapes" in p else ""
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
-                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}", flush=True)
+                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}", flush=True)
         if config is None:
             results["plain"] = points
+        elif config == ADAPTIVE:
+            results[ADAPTIVE] = points
+            results["adaptive_policy"] = _policy_record(engine.worker.policy)
         else:
             results["speculative"][name] = points
         del engine
@@ -299,16 +340,42 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
         if engine_args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     _add_ratios(results, weight_bytes(target), bandwidth)
+    acceptance = settings.acceptance_path()
     results["setup"] = {
         "shape": settings.synthetic, "target_weight_bytes": weight_bytes(target), "head_weight_bytes": weight_bytes(head),
         "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len, "decode_steps": settings.decode_steps,
-        "simulated_accept_length": settings.speculative_simulate_accept_length, "configs": configs,
-        "batch_sizes": batch_sizes, "cuda_graphs": not engine_args.disable_cuda_graph,
+        "acceptance_model": json.loads(Path(acceptance).read_text()) if acceptance else None,
+        "simulated_accept_length": None if acceptance else settings.speculative_simulate_accept_length,
+        "configs": configs, "batch_sizes": batch_sizes,
+        "cuda_graphs": not engine_args.disable_cuda_graph and engine_args.device.startswith("cuda"),
         "overlap_schedule": engine_args.overlap_schedule is not False,
         "attention_backend": engine_args.attention_backend, "device": _device_name(engine_args.device),
         "date": datetime.date.today().isoformat(),
     }
+    results["sweep"] = sweep_rows(results)
     return results
+
+
+def _policy_record(policy) -> dict:
+    """What the adaptive engine decided from: its step costs and its acceptance estimate at the end."""
+    model = policy.stats.model()
+    return {"step_costs": policy.costs.to_json(), "hazards": model.hazards.round(4).tolist(),
+            "expected_committed": {s.name: round(model.expected_committed(s.num_steps, s.topk, s.num_draft_tokens), 3)
+                                   for s in policy.shapes}}
+
+
+def sweep_rows(results: dict) -> list[dict]:
+    """One row per batch size: plain ms per step, and each policy's speedup over plain decoding."""
+    ctx = results["setup"]["context_len"]
+    adaptive = {p["batch_size"]: p["speedup"] for p in results.get(ADAPTIVE, [])}
+    rows = []
+    for p in results["plain"]:
+        bs = p["batch_size"]
+        fixed = {name: next(q["speedup"] for q in points if q["batch_size"] == bs)
+                 for name, points in results["speculative"].items()}
+        rows.append({"bs": bs, "ctx": ctx, "plain_ms": p["step_ms"], "adaptive_speedup": adaptive.get(bs),
+                     "fixed": fixed})
+    return rows
 
 
 def _add_ratios(results: dict, weight_nbytes: int, bandwidth: float) -> None:
@@ -317,7 +384,7 @@ def _add_ratios(results: dict, weight_nbytes: int, bandwidth: float) -> None:
     for p in results["plain"]:
         p["weight_floor_ms"] = floor_ms
         p["floor_share"] = floor_ms / p["step_ms"]
-    for points in results["speculative"].values():
+    for points in [*results["speculative"].values(), results.get(ADAPTIVE, [])]:
         for p in points:
             base = plain[p["batch_size"]]
             p["speedup"] = p["tokens_per_s"] / base["tokens_per_s"]
@@ -340,15 +407,18 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in results["speculative"].items():
-        ax.plot([p["batch_size"] for p in points], [p["speedup"] for p in points], marker="o", label=name)
+    lines = {**results["speculative"], **({ADAPTIVE: results[ADAPTIVE]} if ADAPTIVE in results else {})}
+    for name, points in lines.items():
+        ax.plot([p["batch_size"] for p in points], [p["speedup"] for p in points], marker="o", label=name,
+                lw=2.5 if name == ADAPTIVE else 1.2)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup over plain decoding")
     setup = results["setup"]
-    ax.set_title(f"{setup['shape']}, simulated accept length {setup['simulated_accept_length']}\n{setup['device']}",
-                 fontsize=9)
+    acceptance = ("measured acceptance model" if setup["acceptance_model"]
+                  else f"simulated accept length {setup['simulated_accept_length']}")
+    ax.set_title(f"{setup['shape']}, ctx {setup['context_len']}, {acceptance}\n{setup['device']}", fontsize=9)
     ax.legend(title="steps x topk x draft tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -359,7 +429,7 @@ def write_report(results: dict, settings: SyntheticSettings) -> None:
     Path(settings.output).write_text(json.dumps(results, indent=1))
     if settings.plot:
         plot(results, settings.plot)
-    for name, points in results["speculative"].items():
+    for name, points in [*results["speculative"].items(), *([(ADAPTIVE, results[ADAPTIVE])] if ADAPTIVE in results else [])]:
         print(f"Speedup {name}: " + ", ".join(f"bs{p['batch_size']}={p['speedup']:.2f}x" for p in points))
     share = results["plain"][0]["floor_share"]
     if share == share:  # NOTE: NaN off CUDA, where no device copy bandwidth is measured

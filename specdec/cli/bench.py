@@ -82,3 +82,40 @@ def bench_serving_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     settings = settings_from(serving.ServingSettings, args)
     serving.write_report(serving.run_benchmark(settings), settings)
+
+
+# ----------------------------------------------------------------------------- acceptance model
+def acceptance_main(argv: list[str] | None = None) -> None:
+    """``python -m specdec.cli.bench acceptance``: a head's per-depth, per-rank acceptance model."""
+    import json
+    from pathlib import Path
+
+    from specdec.bench.acceptance import AcceptanceSettings, __doc__ as doc, measure_acceptance
+    from specdec.engine import embedded
+
+    parser = argparse.ArgumentParser(prog="python -m specdec.cli.bench acceptance", description=doc.splitlines()[0])
+    add_engine_args(parser, default_model=None)
+    parser.set_defaults(speculative_num_steps=6, speculative_eagle_topk=8, speculative_num_draft_tokens=32)
+    add_flags(parser, AcceptanceSettings)
+    args = parser.parse_args(argv)
+    settings = settings_from(AcceptanceSettings, args)
+    if args.model_path is None:  # the main job's default target and its EAGLE-3 head
+        gguf = embedded.smollm2_gguf_path()
+        if gguf is None:
+            parser.error(f"--model-path: none given and SmolLM2 is not installed ({SMOLLM2_INSTALL})")
+        args.model_path = str(gguf)
+        args.speculative_algorithm = args.speculative_algorithm or "EAGLE3"
+        args.speculative_draft_model_path = args.speculative_draft_model_path or str(
+            embedded.SMOLLM2_HEADS / ("eagle3_head" if args.speculative_algorithm == "EAGLE3" else "eagle_head"))
+    result = measure_acceptance(settings, engine_args_from(args))
+    Path(settings.output).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["protocol"]))
+    print(f"Wrote {settings.output}")
+
+
+TOOLS = {"acceptance": acceptance_main, "bench": bench_main, "bench-serving": bench_serving_main}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
+        raise SystemExit(f"usage: python -m specdec.cli.bench {{{','.join(TOOLS)}}} [flags]")
+    TOOLS[sys.argv[1]](sys.argv[2:])

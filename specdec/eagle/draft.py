@@ -37,7 +37,10 @@ class DraftRunner:
         attn_backend,
         req_to_token: torch.Tensor,
         scratch_base: int,
+        root_topk: int | None = None,
     ) -> None:
+        """``root_topk``: children of the root an extend keeps (default ``topk``; more when
+        several tree shapes share the draft state)."""
         self.model = model
         self.adapter = adapter
         self.num_steps = num_steps
@@ -47,18 +50,19 @@ class DraftRunner:
         self.attn_backend = attn_backend
         self.req_to_token = req_to_token
         self.scratch_base = scratch_base
+        self.root_topk = root_topk or topk
 
     def _forward(self, batch: ForwardBatch) -> LogitsOutput:
         self.attn_backend.init_forward_metadata(batch)
         return self.model(batch)
 
-    def _root_topk(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K most likely draft tokens of each row and their probabilities: [rows, K] each."""
+    def _root_topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most likely draft tokens of each row and their probabilities: [rows, k] each."""
         logits = logits.float()
-        if self.topk == 1:  # a chain: one max reduction and a log-sum-exp, not softmax + radix top-k
+        if k == 1:  # a chain: one max reduction and a log-sum-exp, not softmax + radix top-k
             best, index = logits.max(dim=-1, keepdim=True)  # [rows, 1]
             return torch.exp(best - torch.logsumexp(logits, dim=-1, keepdim=True)), self.adapter.to_target_ids(index)
-        topk_p, topk_index = torch.softmax(logits, dim=-1).topk(self.topk, dim=-1)
+        topk_p, topk_index = torch.softmax(logits, dim=-1).topk(k, dim=-1)
         return topk_p, self.adapter.to_target_ids(topk_index)
 
     def extend(
@@ -100,7 +104,7 @@ class DraftRunner:
             static_max_seq_len=static_max_seq_len,
         )
         out = self._forward(batch)
-        topk_p, topk_index = self._root_topk(out.next_token_logits)
+        topk_p, topk_index = self._root_topk(out.next_token_logits, self.root_topk)
         return topk_p, topk_index, out.hidden_states
 
     def expand(
@@ -158,7 +162,7 @@ class DraftRunner:
                 static_max_seq_len=static_max_seq_len,
             )
             out = self._forward(batch)
-            topk_p, topk_index = self._root_topk(out.next_token_logits)  # [bs*K, K]
+            topk_p, topk_index = self._root_topk(out.next_token_logits, k)  # [bs*K, K]
             sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
         return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)
 

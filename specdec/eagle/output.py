@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from specdec.eagle.acceptance import PathObservations
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOutput:
@@ -21,6 +23,10 @@ class DecodeOutput:
     seq_lens: list[int]
     # accepted draft tokens per request (committed - 1)
     accept_lengths: list[int]
+    # the tree shape verified, "SxKxN"; None for a plain step (no draft tree)
+    shape: str | None = None
+    # the draft ranks each request's path tried and accepted per depth (adaptive speculation)
+    paths: PathObservations | None = None
 
 
 class PendingDecode:

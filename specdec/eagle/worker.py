@@ -21,14 +21,19 @@ replay CUDA graphs (``capture_cuda_graphs``) and the host's runner may replay th
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import torch
 
 from specdec.attention import KVCache, create_attention_backend
 from specdec.config import SpecConfig
+from specdec.eagle.acceptance import observe_paths
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
+from specdec.eagle.simulate import child_cdf, simulate_tree_acceptance
 from specdec.eagle.state import DraftState
 from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import BuiltTree, TreeMaskMode, build_tree
@@ -43,6 +48,33 @@ from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, table_slots
 from specdec.kernels import compact_accepted_kv_locs
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftResources:
+    """The draft head's memory, shared by every tree shape's worker of one engine (adaptive
+    speculation): its KV cache — the host's slots, then a tree scratch area sized for the deepest
+    and widest shape, then one padding slot — and each request row's root expansion, kept at the
+    widest topk (a narrower shape reads its first ``topk`` columns: top-k is sorted)."""
+
+    kv: KVCache
+    state: DraftState
+    pad_slot: int
+    root_topk: int
+
+    @classmethod
+    def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
+              num_steps: int, topk: int) -> "DraftResources":
+        dcfg = draft_model.config
+        weight = next(draft_model.parameters())
+        scratch = max_running_requests * max(num_steps - 1, 0) * topk
+        pad_slot = memory.capacity + scratch
+        kv = KVCache(num_layers=dcfg.num_hidden_layers, num_slots=pad_slot + 1,
+                     num_kv_heads=dcfg.num_key_value_heads, head_dim=dcfg.head_dim,
+                     dtype=weight.dtype, device=weight.device)
+        state = DraftState(max_reqs=memory.req_to_token.shape[0], topk=topk, hidden_size=dcfg.hidden_size,
+                           dtype=weight.dtype, device=weight.device)
+        return cls(kv, state, pad_slot, topk)
+
+
 class EAGLEWorker:
     def __init__(
         self,
@@ -54,28 +86,32 @@ class EAGLEWorker:
         attention_backend: str,
         max_running_requests: int,
         generator: torch.Generator | None = None,
+        resources: DraftResources | None = None,
+        observe_paths: bool = False,
     ) -> None:
+        """``resources``: the draft memory shared with other shapes' workers (default: this
+        worker's own); ``observe_paths``: each step's result carries which draft ranks were tried
+        and accepted at every depth (``specdec.eagle.acceptance``), at the cost of a few more
+        columns in the step's one device read."""
         self.config = config
         self.target = target
         self.memory = memory
         self.generator = generator
+        self.observe_paths = observe_paths
+        self.shape_name = f"{config.num_steps}x{config.topk}x{config.num_draft_tokens}"
         self.adapter = resolve_head(
             config, draft_model, hidden_size=target.hidden_size, target_aux_layers=target.aux_hidden_layers
         )
-        dcfg = draft_model.config
-        weight = next(draft_model.parameters())
-        self.device = weight.device
-        scratch = max_running_requests * max(config.num_steps - 1, 0) * config.topk
-        # draft KV slots: the host's, then the tree scratch area, then one padding slot
-        self.pad_slot = memory.capacity + scratch
-        self.draft_kv = KVCache(
-            num_layers=dcfg.num_hidden_layers,
-            num_slots=self.pad_slot + 1,
-            num_kv_heads=dcfg.num_key_value_heads,
-            head_dim=dcfg.head_dim,
-            dtype=weight.dtype,
-            device=weight.device,
-        )
+        self.device = next(draft_model.parameters()).device
+        if resources is None:
+            resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
+                                             num_steps=config.num_steps, topk=config.topk)
+        if resources.root_topk < config.topk:
+            raise ValueError(f"draft resources keep {resources.root_topk} root children, the shape needs {config.topk}")
+        self.resources = resources
+        self.pad_slot = resources.pad_slot
+        self.draft_kv = resources.kv
+        self.state = resources.state
         self.draft = DraftRunner(
             draft_model,
             self.adapter,
@@ -86,19 +122,19 @@ class EAGLEWorker:
             attn_backend=create_attention_backend(attention_backend),
             req_to_token=memory.req_to_token,
             scratch_base=memory.capacity,
-        )
-        self.state = DraftState(
-            max_reqs=memory.req_to_token.shape[0],
-            topk=config.topk,
-            hidden_size=dcfg.hidden_size,
-            dtype=weight.dtype,
-            device=weight.device,
+            root_topk=resources.root_topk,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
+        self._simulate_cdf: torch.Tensor | None = None  # [S + 1, K] benchmark only
         self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
         self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None
         # set by a benchmark to time the phases of each decode step
         self.timer: PhaseTimer | None = None
+
+    @property
+    def verify_tokens(self) -> list[int]:
+        """Tree sizes the target verifies (one captured verify graph each)."""
+        return [self.config.num_draft_tokens]
 
     # ------------------------------------------------------------ CUDA graphs
     @torch.inference_mode()
@@ -181,7 +217,7 @@ class EAGLEWorker:
             )
         with maybe_phase(self.timer, "verify"):
             logits, features = self._target_verify(req_pool_indices, seq_lens, seq_lens_cpu, tree, tree_slots)
-            result = self._verify(tree, logits, sampling)
+            result = self._verify(tree, logits, sampling, seq_lens)
         with maybe_phase(self.timer, "commit"):
             slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
             nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
@@ -189,22 +225,35 @@ class EAGLEWorker:
             accept = result.accept_length  # [bs]
             next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
             next_seq_lens = seq_lens + accept + 1  # [bs]
-            host_view = copy_to_host_async(torch.cat(
-                [req_pool_indices[:, None], seq_lens[:, None], accept[:, None], tokens], 1))
+            columns = [req_pool_indices[:, None], seq_lens[:, None], accept[:, None], tokens]
+            if self.observe_paths:  # the accepted path as local node indices, and the tree's links
+                local = result.accept_index - (torch.arange(bs, device=tokens.device) * n)[:, None]
+                columns += [torch.where(result.accept_index >= 0, local, -1), tree.retrive_next_token,
+                            tree.retrive_next_sibling]
+            host_view = copy_to_host_async(torch.cat(columns, 1))
         with maybe_phase(self.timer, "draft_extend"):
             self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result, nodes, tokens,
                                          features, slots, committed)
 
         def read() -> DecodeOutput:
             # the step's one read of the device; the draft extend keeps running meanwhile
-            rows, old_lens, accept_host, tokens_host = _unpack(host_view())
+            host = host_view()
+            width = cfg.num_steps + 1
+            rows, old_lens, accept_host, tokens_host = _unpack([r[: 3 + width] for r in host])
             new_lens = [s + k + 1 for s, k in zip(old_lens, accept_host)]
             if not slots_reserved:
                 self.memory.truncate(rows, [s + n for s in old_lens], new_lens)
+            paths = None
+            if self.observe_paths:
+                links = np.asarray([r[3 + width:] for r in host], dtype=np.int64)
+                paths = observe_paths(links[:, :width], links[:, width : width + n], links[:, width + n :],
+                                      max_depth=cfg.num_steps, max_topk=cfg.topk)
             return DecodeOutput(
                 tokens=[t[: k + 1] for t, k in zip(tokens_host, accept_host)],
                 seq_lens=new_lens,
                 accept_lengths=accept_host,
+                shape=self.shape_name,
+                paths=paths,
             )
 
         return PendingDecode(next_seq_lens, next_tokens, read)
@@ -257,7 +306,9 @@ class EAGLEWorker:
         return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
 
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        root = self.state.load(req_pool_indices)
+        topk_p, topk_index, hidden = self.state.load(req_pool_indices)
+        k = self.config.topk
+        root = (topk_p[:, :k], topk_index[:, :k], hidden)  # the state keeps the widest shape's topk
         bs = int(req_pool_indices.shape[0])
         if self.draft_graph is not None and self.draft_graph.can_run(bs, seq_lens_cpu):
             return self.draft_graph(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
@@ -287,7 +338,8 @@ class EAGLEWorker:
         out = self.target.forward(batch)
         return out.next_token_logits, out.hidden_states
 
-    def _verify(self, tree: BuiltTree, logits: torch.Tensor, sampling: SamplingInfo) -> VerifyResult:
+    def _verify(self, tree: BuiltTree, logits: torch.Tensor, sampling: SamplingInfo,
+                seq_lens: torch.Tensor) -> VerifyResult:
         cfg = self.config
         n = cfg.num_draft_tokens
         candidates = tree.draft_tokens.view(-1, n)
@@ -295,6 +347,12 @@ class EAGLEWorker:
         if cfg.simulate_accept_length is not None:
             return simulate_acceptance(candidates, logits, tree.retrive_next_token, num_steps=cfg.num_steps,
                                        mean_committed=cfg.simulate_accept_length, generator=self.generator)
+        if cfg.simulate_hazards is not None:
+            if self._simulate_cdf is None:
+                self._simulate_cdf = child_cdf(cfg.simulate_hazards, logits.device)[:, : cfg.topk]
+            return simulate_tree_acceptance(
+                candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
+                tree.retrive_next_sibling, self._simulate_cdf, num_steps=cfg.num_steps, generator=self.generator)
         retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
         if sampling.is_all_greedy:
             return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)

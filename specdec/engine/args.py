@@ -49,6 +49,9 @@ class EngineArgs:
     cuda_graph_max_bs: int | None = dataclasses.field(default=None, metadata=flag(
         "largest decode batch replayed as a CUDA graph (default: min(64, --max-running-requests)); "
         "larger batches run eagerly", group=MODEL))
+    cuda_graph_bs: tuple[int, ...] | None = dataclasses.field(default=None, metadata=flag(
+        "the decode batch sizes replayed as CUDA graphs (default: 1-8, then steps of 8 to 64, then of 32, "
+        "up to --cuda-graph-max-bs)", group=MODEL, type=int, nargs="+", metavar="BS"))
     disable_cuda_graph: bool = dataclasses.field(default=False, metadata=flag(
         "run every forward eagerly (CUDA graphs are used on CUDA with the triton backend)", group=MODEL))
     # NOTE: None = the engine decides (on by default on CUDA); the flag can only turn it off
@@ -78,9 +81,20 @@ class EngineArgs:
     speculative_batch_size_threshold: int | None = dataclasses.field(default=None, metadata=flag(
         "decode without speculation while more than this many requests run (the draft cache stays in step); "
         "default: always speculate", group=SPEC))
+    speculative_adaptive: str = dataclasses.field(default="auto", metadata=flag(
+        "adaptive speculation: each decode step picks the tree shape within the steps / topk / draft-tokens "
+        "bounds (chains and the configured tree), or no speculation, that commits the most tokens per second "
+        "at its batch size and context, from step costs measured at start-up and acceptance learnt online. "
+        "auto: on on CUDA with CUDA graphs", group=SPEC, choices=["auto", "on", "off"]))
+    speculative_adaptive_profile: str | None = dataclasses.field(default=None, metadata=flag(
+        "JSON file of measured step costs for adaptive speculation: read when it exists, else measured at "
+        "start-up and written there (default: a cache per device and model under ~/.cache/specdec)", group=SPEC))
     # benchmark-only: commit a drawn number of tokens per verify step (bench --synthetic)
     speculative_simulate_accept_length: float | None = dataclasses.field(default=None, metadata=flag(
         "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))
+    # benchmark-only: draw each step's accepted path from a per-depth, per-rank acceptance model (JSON)
+    speculative_simulate_acceptance_model: str | None = dataclasses.field(default=None, metadata=flag(
+        "acceptance model JSON for simulated acceptance (benchmarks only)", group=SPEC, cli=False))
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_running_requests", "tp_size"):
@@ -90,6 +104,12 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={value}: expected >= 1")
+        if self.cuda_graph_bs is not None:
+            sizes = tuple(sorted(set(self.cuda_graph_bs)))
+            if not sizes or sizes[0] < 1 or sizes[-1] > self.max_running_requests:
+                raise ValueError(f"--cuda-graph-bs={list(self.cuda_graph_bs)}: expected batch sizes in "
+                                 f"1..--max-running-requests ({self.max_running_requests})")
+            object.__setattr__(self, "cuda_graph_bs", sizes)
 
     @property
     def speculative(self) -> bool:

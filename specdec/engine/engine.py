@@ -26,6 +26,13 @@ from specdec.engine.tp_worker import MirroredScheduler, TPWorkers, rank_device
 from specdec.forward import CaptureHiddenMode
 from specdec.models.parallel import TPGroup
 
+# the EngineArgs fields that make the subsystem's SpecConfig (SpecConfig.from_flags)
+SPEC_CONFIG_FLAGS = (
+    "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "speculative_accept_threshold_single", "speculative_accept_threshold_acc",
+    "speculative_token_map", "speculative_batch_size_threshold", "speculative_simulate_accept_length",
+    "speculative_simulate_acceptance_model",
+)
 DEFAULT_CPU_KV_TOKENS = 32768
 DEFAULT_CUDA_GRAPH_MAX_BS = 64
 
@@ -102,10 +109,7 @@ class Engine:
         self.spec_config = None
         if args.speculative:
             self.spec_config = SpecConfig.from_flags(
-                args.speculative_algorithm,
-                **{f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-                   if f.name.startswith("speculative_") and f.name != "speculative_algorithm"},
-            )
+                args.speculative_algorithm, **{name: getattr(args, name) for name in SPEC_CONFIG_FLAGS})
             if draft_model is None and args.speculative_draft_model_path is None:
                 raise ValueError("--speculative-draft-model-path is required with --speculative-algorithm")
         if target_model is None:
@@ -130,11 +134,13 @@ class Engine:
                     device=args.device, max_total_tokens=args.max_total_tokens,
                     max_running_requests=args.max_running_requests, context_length=args.context_length,
                     random_seed=args.random_seed, cuda_graph_max_bs=args.cuda_graph_max_bs,
+                    cuda_graph_bs=args.cuda_graph_bs,
                     disable_cuda_graph=args.disable_cuda_graph, overlap_schedule=args.overlap_schedule)
 
     def _build(self, target_model, draft_model, *, attention_backend, page_size, device, max_total_tokens,
-               max_running_requests, context_length, random_seed, cuda_graph_max_bs, disable_cuda_graph,
+               max_running_requests, context_length, random_seed, cuda_graph_max_bs, cuda_graph_bs, disable_cuda_graph,
                overlap_schedule) -> None:
+        from specdec.eagle.adaptive import AdaptiveEAGLEWorker
         from specdec.eagle.worker import EAGLEWorker
 
         cfg = target_model.config
@@ -156,8 +162,8 @@ class Engine:
         overlap = str(device).startswith("cuda") and not (self.spec_config and backend.plans_on_host)
         if overlap_schedule is not None:
             overlap = bool(overlap_schedule)
-        graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, disable_cuda_graph,
-                                              max_running_requests)
+        graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,
+                                              disable_cuda_graph, max_running_requests)
         num_slots = int(max_total_tokens or self._default_kv_tokens(
             device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len))
         num_slots = -(-num_slots // page_size) * page_size
@@ -173,10 +179,11 @@ class Engine:
         self.runner = ModelRunner(target_model, kv, backend)
         self.generator = torch.Generator(device=device).manual_seed(random_seed)
         worker = None
+        adaptive = self.spec_config is not None and self._adaptive(self.args.speculative_adaptive, graph_sizes)
         if self.spec_config is not None:
-            worker = EAGLEWorker(self.spec_config, self.runner, self.memory, draft_model,
-                                 attention_backend=attention_backend,
-                                 max_running_requests=max_running_requests, generator=self.generator)
+            worker = (AdaptiveEAGLEWorker if adaptive else EAGLEWorker)(
+                self.spec_config, self.runner, self.memory, draft_model, attention_backend=attention_backend,
+                max_running_requests=max_running_requests, generator=self.generator)
         self.worker = worker
         self.cuda_graph_bytes = 0
         if graph_sizes:
@@ -186,10 +193,21 @@ class Engine:
                                    overlap=overlap, generator=self.generator)
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}
+        if adaptive:
+            from specdec.engine.spec_profile import start_adaptive_policy
+
+            start_adaptive_policy(self, graph_sizes or default_batch_sizes(max_running_requests))
+
+    @staticmethod
+    def _adaptive(setting: str, graph_sizes: list[int]) -> bool:
+        """--speculative-adaptive: on, off, or auto = on when decode steps replay CUDA graphs."""
+        if setting not in ("auto", "on", "off"):
+            raise ValueError(f"--speculative-adaptive={setting!r}: choose auto, on or off")
+        return setting == "on" or (setting == "auto" and bool(graph_sizes))
 
     # ------------------------------------------------------------ CUDA graphs
     @staticmethod
-    def _graph_batch_sizes(device, backend, cuda_graph_max_bs, disable_cuda_graph,
+    def _graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs, disable_cuda_graph,
                            max_running_requests) -> list[int]:
         """Batch sizes to capture: none off CUDA, with --disable-cuda-graph, or on a backend that
         cannot plan inside a graph (torch_native)."""
@@ -197,6 +215,8 @@ class Engine:
             raise ValueError(f"--cuda-graph-max-bs={cuda_graph_max_bs}: expected >= 1")
         if disable_cuda_graph or not str(device).startswith("cuda") or not backend.supports_cuda_graph:
             return []
+        if cuda_graph_bs is not None:
+            return list(cuda_graph_bs)
         return default_batch_sizes(min(cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS, max_running_requests))
 
     def capture_cuda_graphs(self, batch_sizes: list[int], *, use_graphs: bool = True) -> int:
@@ -216,7 +236,7 @@ class Engine:
         runner_graphs = self.runner.capture_cuda_graphs(
             batch_sizes=batch_sizes, req_to_token=self.memory.req_to_token, pad_slot=self.memory.capacity,
             max_seq_len=bound, decode_hidden=CaptureHiddenMode.LAST if spec else CaptureHiddenMode.NULL,
-            verify_tokens=self.spec_config.num_draft_tokens if spec else None, pool=pool, use_graphs=use_graphs)
+            verify_tokens=self.worker.verify_tokens if spec else [], pool=pool, use_graphs=use_graphs)
         return total + runner_graphs
 
     @staticmethod

@@ -56,15 +56,15 @@ class ModelRunner:
         pad_slot: int,
         max_seq_len: int,
         decode_hidden: CaptureHiddenMode,
-        verify_tokens: int | None,
+        verify_tokens: list[int],
         pool=None,
         use_graphs: bool = True,
     ) -> int:
-        """Capture DECODE (and, with ``verify_tokens``, TARGET_VERIFY) graphs; returns their bytes."""
+        """Capture DECODE graphs and a TARGET_VERIFY graph per tree size in ``verify_tokens``;
+        returns their bytes."""
         device = self.kv_cache.device
         kinds = [(ForwardMode.DECODE, decode_hidden, 1)]
-        if verify_tokens is not None:
-            kinds.append((ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, verify_tokens))
+        kinds += [(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n) for n in verify_tokens]
         total = 0
         for mode, hidden, tokens in kinds:
             runner = CudaGraphRunner(

@@ -31,6 +31,8 @@ class Request:
     finish_reason: FinishReason | None = None
     spec_verify_ct: int = 0
     accept_lengths: list[int] = dataclasses.field(default_factory=list)
+    # decode steps by tree shape ("SxKxN"), "plain" for steps without a draft tree (speculative engines)
+    spec_shapes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -63,7 +65,11 @@ class Request:
             "spec_accept_lengths": list(self.accept_lengths),
         }
         if self.spec_verify_ct:
-            meta["spec_accept_length"] = len(self.output_ids) / self.spec_verify_ct
+            # SGLang's figure, completion tokens per verify step, less the tokens of plain steps
+            plain = self.spec_shapes.get("plain", 0)
+            meta["spec_accept_length"] = (len(self.output_ids) - plain) / self.spec_verify_ct
+        if self.spec_shapes:
+            meta["spec_shapes"] = dict(self.spec_shapes)
         out = {"output_ids": list(self.output_ids), "meta_info": meta}
         if tokenizer is not None:
             out["text"] = tokenizer.decode(self.output_ids)

@@ -119,6 +119,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.launched: _Launched | None = None
         self.reserved = 0
+        # decode steps (sub-batches) by tree shape ("SxKxN"; "plain": no draft tree), speculative engines
+        self.spec_shape_steps: collections.Counter[str] = collections.Counter()
 
     # ------------------------------------------------------------ bookkeeping
     def worst_case_tokens(self, prompt_len: int, max_new_tokens: int) -> int:
@@ -262,13 +264,18 @@ class Scheduler:
         finished = []
         for part in launched.parts:
             out: DecodeOutput = part.pending.result()
+            if self.worker is not None:
+                self.spec_shape_steps[out.shape or "plain"] += 1
             for req, tokens, kv_len, k in zip(part.reqs, out.tokens, out.seq_lens, out.accept_lengths):
                 if req.finished:
                     continue
                 req.kv_len = kv_len
-                if part.speculative:
+                if out.shape is not None:  # a verify step (adaptive speculation may decode plainly)
                     req.spec_verify_ct += 1
                     req.accept_lengths.append(k)
+                if self.worker is not None:
+                    shape = out.shape or "plain"
+                    req.spec_shapes[shape] = req.spec_shapes.get(shape, 0) + 1
                 req.append(tokens)
                 if req.finished:
                     finished.append(req)

@@ -8,6 +8,8 @@ draft tokens (0..num_steps) and the step commits k + 1 tokens (accepted + bonus)
     specdec:spec_accept_length                      mean committed tokens per verify step = mean(k + 1)
     specdec:spec_accepted_tokens_total{position=i}  verify steps whose draft token at depth i was accepted (k >= i)
     specdec:spec_accept_rate{position=i}            accepted_tokens{i} / verify steps
+    specdec:spec_shape_steps_total{shape=SxKxN}     decode steps by speculative shape ("plain": no draft tree);
+                                                    adaptive speculation's choices
 
 Example: three verify steps with k = 2, 0, 1 → accept_length (3 + 1 + 2) / 3 = 2.0,
 accept_rate{1} = 2/3, accept_rate{2} = 1/3, accept_rate{3..S} = 0.
@@ -45,6 +47,9 @@ class EngineMetrics:
                                    ["position"], registry=r)
         self.accept_rate = Gauge(p + "spec_accept_rate", "Accepted at depth i / verify steps", ["position"],
                                  registry=r)
+        self.shape_steps = Counter(p + "spec_shape_steps", "Decode steps by speculative shape (SxKxN; plain: no "
+                                   "draft tree): adaptive speculation's choices", ["shape"], registry=r)
+        self._shape_steps: dict[str, int] = {}
         self._steps = 0
         self._committed = 0
         self._accepted: list[int] = [0] * num_draft_positions  # [num_steps], index i-1 = depth i
@@ -70,6 +75,14 @@ class EngineMetrics:
         self.accept_length.set(self._committed / self._steps)
         for i, n in enumerate(self._accepted):
             self.accept_rate.labels(position=str(i + 1)).set(n / self._steps)
+
+    def observe_shapes(self, totals: dict[str, int]) -> None:
+        """Bring the shape counters up to the engine's running totals (decode steps by shape)."""
+        for shape, total in totals.items():
+            seen = self._shape_steps.get(shape, 0)
+            if total > seen:
+                self.shape_steps.labels(shape=shape).inc(total - seen)
+                self._shape_steps[shape] = total
 
     def observe_step(self, seconds: float, *, num_running: int, num_queue: int) -> None:
         self.step_time.observe(seconds)

@@ -103,6 +103,10 @@ def test_64_concurrent_clients_with_aborts_and_bad_requests():
         rates = [m[("specdec:spec_accept_rate", (("position", str(i)),))] for i in range(1, SHAPE[0] + 1)]
         assert 0 < rates[0] <= 1 and rates == sorted(rates, reverse=True)
         assert m[("specdec:spec_accept_length", ())] == pytest.approx(1 + sum(rates))
+        # decode steps by shape: a fixed shape speculates in every decode step
+        shape_steps = {dict(labels)["shape"]: v for (name, labels), v in m.items()
+                       if name == "specdec:spec_shape_steps_total"}
+        assert shape_steps.keys() == {"x".join(map(str, SHAPE))} and shape_steps["4x2x6"] > 0
         assert m[("specdec:num_running_reqs", ())] == 0 and m[("specdec:num_queue_reqs", ())] == 0
         assert m[("specdec:prompt_tokens_total", ())] >= sum(lengths)
         assert m[("specdec:step_time_seconds_count", ())] > 0

@@ -1,0 +1,116 @@
+"""Adaptive speculation against plain decoding and each fixed shape: the sweep's files from the
+synthetic benchmark's JSON results (one per context length).
+
+    python benchmarks/adaptive_sweep.py out/synthetic_ctx1024.json out/synthetic_ctx4096.json --output-dir DIR
+
+writes ``DIR/sweep.json`` (a list of ``{"bs", "ctx", "plain_ms", "adaptive_speedup", "fixed": {shape: x}}``),
+``DIR/sweep.png`` (speedup against batch size, one line per policy, a panel per context length) and
+``DIR/sweep.md`` (the table, with the goal checks: adaptive >= 0.97 x the best of plain and every fixed
+shape, and >= 1.0 x plain, in every cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GOAL_OF_BEST = 0.97
+
+
+def load_rows(paths: list[str]) -> tuple[list[dict], list[dict]]:
+    """(sweep rows, each file's setup)."""
+    rows, setups = [], []
+    for path in paths:
+        results = json.loads(Path(path).read_text())
+        rows += results["sweep"]
+        setups.append(results["setup"])
+    return sorted(rows, key=lambda r: (r["ctx"], r["bs"])), setups
+
+
+def goal_checks(row: dict) -> dict:
+    """The row's best alternative (plain = 1.0 or a fixed shape) and whether adaptive meets the goals."""
+    best_name, best = max([("plain", 1.0), *row["fixed"].items()], key=lambda kv: kv[1])
+    adaptive = row["adaptive_speedup"]
+    return {"best": best_name, "best_speedup": best, "of_best": adaptive / best,
+            "meets": adaptive >= GOAL_OF_BEST * best and adaptive >= 1.0}
+
+
+def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
+    setup = setups[0]
+    shapes = list(rows[0]["fixed"])
+    acceptance = setup.get("acceptance_model") or {}
+    protocol = acceptance.get("protocol", {})
+    lines = [
+        f"# Adaptive speculation: {setup['shape']} (random weights), {setup['device']}",
+        "",
+        f"{setup['date']} · {setup['device']} · commit {commit} · {setup['attention_backend']} attention, "
+        f"CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, overlap {'on' if setup['overlap_schedule'] else 'off'}",
+        "",
+        "Acceptance: " + (f"measured per-depth, per-rank hazards of the {protocol.get('draft')} head on "
+                          f"{protocol.get('dataset')} (acceptance length {protocol.get('acceptance_length', 0):.2f} at "
+                          f"{protocol.get('shape')})" if acceptance else
+                          f"constant accept length {setup.get('simulated_accept_length')}"),
+        "",
+        "Speedup in tokens/s over plain decoding at the same batch size and context. "
+        f"Goal: adaptive >= {GOAL_OF_BEST} x the best of plain and every fixed shape, and >= 1.0 x plain.",
+        "",
+        "| ctx | bs | plain ms/step | " + " | ".join(shapes) + " | adaptive | adaptive / best | goal |",
+        "|---|---|---|" + "---|" * len(shapes) + "---|---|---|",
+    ]
+    for row in rows:
+        check = goal_checks(row)
+        fixed = " | ".join(f"{row['fixed'][s]:.2f}x" for s in shapes)
+        lines.append(f"| {row['ctx']} | {row['bs']} | {row['plain_ms']:.2f} | {fixed} | "
+                     f"**{row['adaptive_speedup']:.2f}x** | {check['of_best']:.3f} ({check['best']}) | "
+                     f"{'yes' if check['meets'] else 'NO'} |")
+    met = sum(goal_checks(r)["meets"] for r in rows)
+    lines += ["", f"Goal met in {met} of {len(rows)} cells."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], setups: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contexts = sorted({r["ctx"] for r in rows})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.5 * len(contexts), 4), squeeze=False)
+    for ax, ctx in zip(axes[0], contexts):
+        cells = [r for r in rows if r["ctx"] == ctx]
+        bs = [r["bs"] for r in cells]
+        for name in cells[0]["fixed"]:
+            ax.plot(bs, [r["fixed"][name] for r in cells], marker="o", lw=1.2, label=name)
+        ax.plot(bs, [r["adaptive_speedup"] for r in cells], marker="s", lw=2.6, color="black", label="adaptive")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--", label="plain")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup over plain decoding")
+        ax.set_title(f"ctx {ctx}", fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{setups[0]['shape']}, measured acceptance model, {setups[0]['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="synthetic benchmark JSON files (specdec bench --synthetic)")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--commit", default="unknown")
+    args = parser.parse_args()
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, setups = load_rows(args.results)
+    (out / "sweep.json").write_text(json.dumps(rows, indent=1))
+    (out / "sweep.md").write_text(markdown(rows, setups, args.commit))
+    try:
+        plot(rows, setups, out / "sweep.png")
+    except ImportError:
+        print("no matplotlib here: sweep.png not drawn")
+    print((out / "sweep.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Measure a draft head's acceptance model: per-depth, per-rank hazards on a prompt set.
+
+    python -m specdec.cli.bench acceptance --dataset mt_bench --num-prompts 80   (SmolLM2 + its EAGLE-3 head)
+
+Runs the target greedily with speculation at one wide tree shape (default (6, 8, 32): deep and
+wide enough to observe ranks 0-7 at depths 1-6), every verify step recording which draft ranks
+its accepted path tried and accepted at each depth (``specdec.eagle.acceptance``), and writes the
+hazards with their counts as JSON: the acceptance model that ``specdec bench --synthetic`` draws
+from (``--acceptance-model``) and that adaptive speculation starts from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from specdec.engine.args import EngineArgs, flag
+
+ACC = "acceptance model"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AcceptanceSettings:
+    dataset: str = dataclasses.field(default="mt_bench", metadata=flag("prompt set", group=ACC))
+    num_prompts: int = dataclasses.field(default=80, metadata=flag("prompts, run as one batch", group=ACC))
+    max_new_tokens: int = dataclasses.field(default=256, metadata=flag(
+        "longest answer (answers end at the end of turn)", group=ACC))
+    output: str = dataclasses.field(default="acceptance_model.json", metadata=flag("JSON output", group=ACC))
+
+
+def measure_acceptance(settings: AcceptanceSettings, engine_args: EngineArgs) -> dict:
+    """The hazards of ``engine_args``' head at its configured shape, over the prompt set."""
+    from specdec.config import SpecConfig
+    from specdec.eagle.acceptance import AcceptanceStats
+    from specdec.eagle.policy import PLAIN, SpecShape, StepCosts, candidate_shapes
+    from specdec.engine.chat import has_chat_template, render_user_prompt
+    from specdec.engine.embedded import load_prompts
+    from specdec.engine.engine import Engine
+
+    with tempfile.TemporaryDirectory() as tmp:  # flat costs: the forced shape runs every step anyway
+        config = SpecConfig.from_flags(engine_args.speculative_algorithm,
+                                       speculative_num_steps=engine_args.speculative_num_steps,
+                                       speculative_eagle_topk=engine_args.speculative_eagle_topk,
+                                       speculative_num_draft_tokens=engine_args.speculative_num_draft_tokens)
+        names = [PLAIN] + [s.name for s in candidate_shapes(config)]
+        costs = Path(tmp) / "costs.json"
+        costs.write_text(json.dumps(StepCosts({n: {1: 1.0} for n in names}, {}).to_json()))
+        engine = Engine(args=dataclasses.replace(engine_args, speculative_adaptive="on",
+                                                 speculative_adaptive_profile=str(costs),
+                                                 max_running_requests=settings.num_prompts))
+    worker = engine.worker
+    worker.force = SpecShape(config.num_steps, config.topk, config.num_draft_tokens)
+    worker.policy.stats = AcceptanceStats(worker.policy.stats.prior, horizon=float("inf"))  # raw counts
+    prompts = load_prompts(settings.dataset, settings.num_prompts)
+    if has_chat_template(engine.tokenizer):
+        prompts = [render_user_prompt(engine.tokenizer, p) for p in prompts]
+    results = engine.generate(prompts, {"temperature": 0, "max_new_tokens": settings.max_new_tokens})
+    stats = worker.policy.stats
+    hazards = np.where(stats.tried > 0, stats.accepted / np.maximum(stats.tried, 1), 0.0)
+    committed = [k + 1 for r in results for k in r["meta_info"]["spec_accept_lengths"]]
+    return {
+        "hazards": [[round(float(h), 4) for h in row] for row in hazards],
+        "tried": stats.tried.round(1).tolist(),
+        "accepted": stats.accepted.round(1).tolist(),
+        "protocol": {"model_path": engine_args.model_path, "draft": engine_args.speculative_draft_model_path,
+                     "algorithm": engine_args.speculative_algorithm, "dataset": settings.dataset,
+                     "num_prompts": len(prompts), "max_new_tokens": settings.max_new_tokens, "temperature": 0,
+                     "shape": worker.force.name, "verify_steps": len(committed),
+                     "acceptance_length": sum(committed) / max(len(committed), 1)},
+    }

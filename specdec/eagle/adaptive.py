@@ -1,0 +1,129 @@
+"""AdaptiveEAGLEWorker: each decode step speculates with the tree shape that commits the most tokens
+per second at this batch size and context, or not at all.
+
+One ``EAGLEWorker`` per candidate shape (``policy.candidate_shapes``: chains and the configured tree,
+all within the configured (S, K, N)), over one shared draft memory (``DraftResources``: the draft
+KV cache with a scratch area for the largest shape, and each request's root expansion kept at the
+largest topk). Every step, whatever its shape, ends with the same draft extend over the committed
+tokens, so the draft KV and root state are current for any shape, or for a plain step, next.
+Greedy and sampled output stay lossless whatever the choice: each shape's step is an ordinary
+lossless speculative step, and a plain step is an ordinary decode step.
+
+The policy (``AdaptivePolicy``) needs step costs, measured at start-up by the host
+(``specdec.engine.spec_profile``); until it has them, ``force`` decides (default: the configured
+shape). The worker presents the host contract of ``EAGLEWorker`` (``prefill``, ``launch_decode``,
+``launch_decode_plain``, ``capture_cuda_graphs``), with ``config`` the configured bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specdec.config import SpecConfig
+from specdec.eagle.output import DecodeOutput, PendingDecode
+from specdec.eagle.policy import AdaptivePolicy, SpecShape, candidate_shapes
+from specdec.eagle.timing import PhaseTimer
+from specdec.eagle.worker import DraftResources, EAGLEWorker
+from specdec.forward import ForwardBatch
+from specdec.host import KVMemory, SamplingInfo, TargetModelRunner
+
+AUTO = "auto"
+
+
+class AdaptiveEAGLEWorker:
+    def __init__(
+        self,
+        config: SpecConfig,
+        target: TargetModelRunner,
+        memory: KVMemory,
+        draft_model: torch.nn.Module,
+        *,
+        attention_backend: str,
+        max_running_requests: int,
+        generator: torch.Generator | None = None,
+        shapes: list[SpecShape] | None = None,
+    ) -> None:
+        self.config = config
+        self.shapes = shapes or candidate_shapes(config)
+        if any(s.num_steps > config.num_steps or s.topk > config.topk or s.num_draft_tokens > config.num_draft_tokens
+               for s in self.shapes):
+            raise ValueError(f"adaptive shapes {[s.name for s in self.shapes]} exceed the configured "
+                             f"({config.num_steps}, {config.topk}, {config.num_draft_tokens})")
+        resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
+                                         num_steps=config.num_steps, topk=config.topk)
+        self.workers = {
+            shape: EAGLEWorker(
+                _shape_config(config, shape),
+                target, memory, draft_model, attention_backend=attention_backend,
+                max_running_requests=max_running_requests, generator=generator, resources=resources,
+                observe_paths=True)
+            for shape in self.shapes
+        }
+        self.configured = SpecShape(config.num_steps, config.topk, config.num_draft_tokens)
+        # any worker prefills and decodes plainly: they share the draft memory and its extend
+        self.base = self.workers.get(self.configured) or next(iter(self.workers.values()))
+        self.max_batch_size = max_running_requests
+        self.policy: AdaptivePolicy | None = None
+        # with no policy, or to measure one shape: a SpecShape, None (plain steps), or AUTO
+        self.force: SpecShape | None | str = AUTO
+        self._context = 0.0  # mean tokens in KV of the last read step (lengths unread under overlap)
+        self._timer: PhaseTimer | None = None
+
+    @property
+    def verify_tokens(self) -> list[int]:
+        """Tree sizes the target verifies: one captured verify graph each."""
+        return sorted({s.num_draft_tokens for s in self.shapes})
+
+    @property
+    def timer(self) -> PhaseTimer | None:
+        return self._timer
+
+    @timer.setter
+    def timer(self, timer: PhaseTimer | None) -> None:
+        self._timer = timer
+        for worker in self.workers.values():
+            worker.timer = timer
+
+    def capture_cuda_graphs(self, **kw) -> int:
+        """Every shape's draft loop and draft extend graphs (``EAGLEWorker.capture_cuda_graphs``)."""
+        return sum(worker.capture_cuda_graphs(**kw) for worker in self.workers.values())
+
+    def prefill(self, batch: ForwardBatch, sampling: SamplingInfo) -> torch.Tensor:
+        return self.base.prefill(batch, sampling)
+
+    def launch_decode_plain(self, *args, **kw) -> PendingDecode:
+        return self.base.launch_decode_plain(*args, **kw)
+
+    def choose(self, bs: int, seq_lens_cpu: list[int] | None) -> SpecShape | None:
+        """This step's shape (None: plain): ``force`` unless AUTO, else the policy's choice."""
+        if self.force != AUTO:
+            return self.force
+        if self.policy is None:
+            return self.configured
+        context = sum(seq_lens_cpu) / len(seq_lens_cpu) if seq_lens_cpu else self._context
+        return self.policy.choose(bs, context)
+
+    def launch_decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> PendingDecode:
+        shape = self.choose(int(req_pool_indices.shape[0]), kw.get("seq_lens_cpu"))
+        if shape is None:
+            pending = self.base.launch_decode_plain(req_pool_indices, seq_lens, verified_ids, sampling, **kw)
+        else:
+            pending = self.workers[shape].launch_decode(req_pool_indices, seq_lens, verified_ids, sampling, **kw)
+        return PendingDecode(pending.next_seq_lens, pending.next_tokens, lambda: self._read(shape, pending))
+
+    def _read(self, shape: SpecShape | None, pending: PendingDecode) -> DecodeOutput:
+        out = pending.result()
+        if out.seq_lens:
+            self._context = sum(out.seq_lens) / len(out.seq_lens)
+        if shape is not None and self.policy is not None:
+            self.policy.record(shape, [k + 1 for k in out.accept_lengths], out.paths)
+        return out
+
+
+def _shape_config(config: SpecConfig, shape: SpecShape) -> SpecConfig:
+    tau = config.simulate_accept_length  # benchmark only: a mean the shape can reach
+    return dataclasses.replace(config, num_steps=shape.num_steps, topk=shape.topk,
+                               num_draft_tokens=shape.num_draft_tokens,
+                               simulate_accept_length=None if tau is None else min(tau, shape.num_steps + 1))

@@ -1,0 +1,159 @@
+"""Adaptive speculation's choice: which tree shape, or none, decodes the next step fastest.
+
+For a batch of ``bs`` requests with ``ctx`` tokens of context on average, each candidate is scored
+by expected committed tokens per millisecond::
+
+    plain           1 / step_ms("plain", bs, ctx)
+    (S, K, N)       E[committed | (S, K, N), acceptance statistics] / step_ms("SxKxN", bs, ctx)
+
+E[committed] comes from the online per-depth, per-rank acceptance hazards
+(``specdec.eagle.acceptance``), scaled per shape by how the shape's observed acceptance compared
+with that static estimate (the dynamic tree ranks by the draft's confidence and commits more).
+Step times come from ``StepCosts``: a table measured at start-up (``specdec.engine.spec_profile``)
+of milliseconds per decode step by batch size at a short context, plus a per-shape slope for
+every token of context each request attends to.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+from pathlib import Path
+
+from specdec.config import SpecConfig
+from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, PathObservations
+
+PLAIN = "plain"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class SpecShape:
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.num_steps}x{self.topk}x{self.num_draft_tokens}"
+
+    @classmethod
+    def parse(cls, name: str) -> "SpecShape":
+        try:
+            steps, topk, ntok = (int(x) for x in name.split("x"))
+        except ValueError:
+            raise ValueError(f"tree shape {name!r}: expected STEPSxTOPKxDRAFT_TOKENS, e.g. 3x1x4") from None
+        return cls(steps, topk, ntok)
+
+
+def candidate_shapes(config: SpecConfig) -> list[SpecShape]:
+    """The shapes adaptive speculation chooses among, bounded by the configured (S, K, N): chains
+    of depth 1, 2, 3, 5 and S that fit (depth <= S, depth + 1 <= N); for a configured tree wider
+    than (5, 4, 8), the middle tree (5, 4, 8) too; and the configured shape."""
+    s, k, n = config.num_steps, config.topk, config.num_draft_tokens
+    shapes = {SpecShape(d, 1, d + 1) for d in (1, 2, 3, 5, s) if d <= s and d + 1 <= n}
+    middle = SpecShape(min(s, 5), min(k, 4), min(n, 8))
+    if middle.topk > 1 and middle.num_draft_tokens > middle.num_steps + 1:
+        shapes.add(middle)
+    shapes.add(SpecShape(s, k, n))
+    return sorted(shapes)
+
+
+@dataclasses.dataclass
+class StepCosts:
+    """Milliseconds per decode step: ``table[name][bs]`` at ``base_ctx`` tokens of context, plus
+    ``slope[name]`` ms for every further token of context of every request in the batch."""
+
+    table: dict[str, dict[int, float]]
+    slope: dict[str, float]
+    base_ctx: int = 0
+
+    def step_ms(self, name: str, bs: int, ctx: float) -> float:
+        points = self.table[name]
+        sizes = sorted(points)
+        i = bisect.bisect_left(sizes, bs)
+        if i < len(sizes) and sizes[i] == bs:
+            base = points[bs]
+        elif i == 0:
+            base = points[sizes[0]]
+        elif i == len(sizes):  # past the largest measured batch: per-request cost of the last segment
+            lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (0, sizes[-1])
+            per_req = (points[hi] - points.get(lo, 0.0)) / (hi - lo)
+            base = points[hi] + per_req * (bs - hi)
+        else:
+            lo, hi = sizes[i - 1], sizes[i]
+            base = points[lo] + (points[hi] - points[lo]) * (bs - lo) / (hi - lo)
+        return base + self.slope.get(name, 0.0) * bs * max(ctx - self.base_ctx, 0.0)
+
+    def to_json(self) -> dict:
+        return {"base_ctx": self.base_ctx, "slope": self.slope,
+                "table": {name: {str(bs): ms for bs, ms in points.items()} for name, points in self.table.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StepCosts":
+        return cls(table={name: {int(bs): float(ms) for bs, ms in points.items()} for name, points in data["table"].items()},
+                   slope={k: float(v) for k, v in data["slope"].items()}, base_ctx=int(data.get("base_ctx", 0)))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "StepCosts":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+class AdaptivePolicy:
+    """Chooses a shape (or None: plain decoding) per step, and learns acceptance as steps are read.
+
+    NOTE: ``choose`` runs on the host before every step, so it only divides cached estimates by
+    interpolated costs; the estimates are rebuilt from the statistics every ``refresh_every`` reads.
+    """
+
+    def __init__(self, shapes: list[SpecShape], costs: StepCosts, prior: AcceptanceModel, *,
+                 calibration_weight: float = 32.0, refresh_every: int = 16) -> None:
+        missing = [n for n in [PLAIN] + [s.name for s in shapes] if n not in costs.table]
+        if missing:
+            raise ValueError(f"adaptive speculation: no step costs for {', '.join(missing)}")
+        self.shapes = shapes
+        self.costs = costs
+        self.stats = AcceptanceStats(prior)
+        # a shape's observed / estimated committed tokens starts at 1 with this many tokens' weight
+        self.calibration_weight = calibration_weight
+        self.refresh_every = refresh_every
+        self.observed = {s.name: 0.0 for s in shapes}  # summed mean committed tokens of its steps
+        self.predicted = {s.name: 0.0 for s in shapes}  # summed static estimates of those steps
+        self.chosen: dict[str, int] = {}  # steps by choice, plain included
+        self._reads = 0
+        self._refresh()
+
+    def _refresh(self) -> None:
+        model = self.stats.model()
+        self._static = {s.name: model.expected_committed(s.num_steps, s.topk, s.num_draft_tokens)
+                        for s in self.shapes}
+        w = self.calibration_weight
+        self._expected = {name: est * (self.observed[name] + w) / (self.predicted[name] + w)
+                          for name, est in self._static.items()}
+
+    def expected_committed(self, shape: SpecShape) -> float:
+        return self._expected[shape.name]
+
+    def scores(self, bs: int, ctx: float) -> dict[str, float]:
+        """Expected committed tokens per ms of every candidate, plain included."""
+        out = {PLAIN: 1.0 / self.costs.step_ms(PLAIN, bs, ctx)}
+        for shape in self.shapes:
+            out[shape.name] = self._expected[shape.name] / self.costs.step_ms(shape.name, bs, ctx)
+        return out
+
+    def choose(self, bs: int, ctx: float) -> SpecShape | None:
+        scores = self.scores(bs, ctx)
+        best = max(scores, key=scores.get)
+        self.chosen[best] = self.chosen.get(best, 0) + 1
+        return None if best == PLAIN else next(s for s in self.shapes if s.name == best)
+
+    def record(self, shape: SpecShape, committed: list[int], paths: PathObservations | None) -> None:
+        """A read verify step of ``shape``: its committed tokens per request and path observations."""
+        if committed:
+            self.observed[shape.name] += sum(committed) / len(committed)
+            self.predicted[shape.name] += self._static[shape.name]
+        if paths is not None:
+            self.stats.update(paths)
+        self._reads += 1
+        if self._reads % self.refresh_every == 0:
+            self._refresh()

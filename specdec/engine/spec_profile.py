@@ -1,0 +1,149 @@
+"""Start-up step-cost profile for adaptive speculation, cached per device and model.
+
+The policy (``specdec.eagle.policy``) needs milliseconds per decode step for plain decoding and for
+every candidate tree shape, at every batch size it may see. They are measured here on the engine
+itself — its graphs, its host overhead, its attention backend — by decoding dummy requests:
+
+    for plain and each shape, for bs in the captured batch sizes:
+        bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then timed steps
+    context slope, per choice:  the same at LONG_CTX tokens and a middle batch size:
+        (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX))
+
+The result is written as JSON (``--speculative-adaptive-profile``, else a cache file keyed by the
+device, the model shapes, the dtype, the backend, the page size, the shapes and the batch sizes),
+and read instead of measured when the file exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.eagle.acceptance import AcceptanceModel
+from specdec.eagle.adaptive import AUTO
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts
+
+logger = logging.getLogger(__name__)
+
+BASE_CTX = 64
+LONG_CTX = 1024
+# the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
+# MT-bench, measured on CPU (benchmarks/results/2026-11-24-h100-adaptive/acceptance_model.json)
+PRIOR = Path(__file__).resolve().parents[1] / "data" / "acceptance" / "smollm2_eagle3_mt_bench.json"
+
+
+def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str | None = None) -> AdaptivePolicy:
+    """Give ``engine``'s adaptive worker its policy: step costs read from the profile file when it
+    exists, measured (and written) otherwise."""
+    worker = engine.worker
+    path = Path(profile_path or engine.args.speculative_adaptive_profile or _cache_path(engine, batch_sizes))
+    if path.is_file():
+        costs = StepCosts.load(path)
+        logger.info("adaptive speculation: step costs from %s", path)
+    else:
+        costs = measure_step_costs(engine, batch_sizes)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(costs.to_json(), indent=1))
+        logger.info("adaptive speculation: step costs measured, written to %s", path)
+    worker.policy = AdaptivePolicy(worker.shapes, costs, _fit(_prior(), worker.config.num_steps, worker.config.topk))
+    return worker.policy
+
+
+def _prior() -> AcceptanceModel:
+    """The shipped acceptance prior; a flat 0.5 hazard where the package data is missing."""
+    if PRIOR.is_file():
+        return AcceptanceModel.load(PRIOR)
+    logger.warning("adaptive speculation: no acceptance prior at %s, starting from a flat 0.5", PRIOR)
+    return AcceptanceModel.uniform(0.5, max_depth=8, max_topk=8)
+
+
+def _fit(model: AcceptanceModel, depth: int, topk: int) -> AcceptanceModel:
+    """The model cut or extended (repeating its last depth / rank) to [depth, topk]."""
+    h = model.hazards
+    rows = np.minimum(np.arange(depth), h.shape[0] - 1)
+    cols = np.minimum(np.arange(topk), h.shape[1] - 1)
+    return AcceptanceModel(h[np.ix_(rows, cols)])
+
+
+def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 6, warmup: int = 2,
+                       base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX) -> StepCosts:
+    """Milliseconds per decode step of every choice (plain and each shape) at each batch size."""
+    worker = engine.worker
+    choices = [(PLAIN, None)] + [(s.name, s) for s in worker.shapes]
+    new_tokens = (warmup + steps + 2) * (worker.config.num_steps + 1)  # a choice's requests never finish
+    room = engine.context_length - new_tokens
+    if room < 8:
+        raise ValueError(f"adaptive speculation: context length {engine.context_length} leaves no room to profile "
+                         f"step costs ({new_tokens} tokens of decoding); raise --context-length")
+    base_ctx, long_ctx = min(base_ctx, room), min(long_ctx, room)
+    table: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
+    slope = {}
+    try:
+        for name, shape in choices:
+            worker.force = shape
+            for bs in batch_sizes:
+                table[name][bs] = _time_steps(engine, bs, base_ctx, new_tokens, steps, warmup)
+            mid = batch_sizes[len(batch_sizes) // 2]
+            if long_ctx > base_ctx:
+                ms = _time_steps(engine, mid, long_ctx, new_tokens, steps, warmup)
+                slope[name] = max(ms - table[name][mid], 0.0) / (mid * (long_ctx - base_ctx))
+    finally:
+        worker.force = AUTO
+    return StepCosts(table=table, slope=slope, base_ctx=base_ctx)
+
+
+def _time_steps(engine, bs: int, ctx: int, new_tokens: int, steps: int, warmup: int) -> float:
+    """ms per decode step for ``bs`` dummy requests of ``ctx`` random tokens (the worker's current ``force``)."""
+    device = engine.memory.req_to_token.device
+    gen = torch.Generator().manual_seed(bs * 7919 + ctx)
+    vocab = engine.target_model.config.vocab_size
+    params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0}
+    reqs = []
+    for i in range(bs):
+        prompt = torch.randint(3, vocab, (ctx,), generator=gen).tolist()
+        reqs.append(engine.make_request(input_ids=prompt, sampling_params=params, rid=f"profile-{bs}-{ctx}-{i}"))
+        engine.add_request(reqs[-1])
+    try:
+        while any(not r.output_ids for r in reqs):  # prefill
+            engine.step()
+        for _ in range(warmup):
+            engine.step()
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        _sync(device)
+        return (time.perf_counter() - start) * 1e3 / steps
+    finally:
+        for r in reqs:
+            engine.abort(r.rid)
+        engine.scheduler.drain()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cache_path(engine, batch_sizes: list[int]) -> Path:
+    worker = engine.worker
+    target, draft = engine.target_model.config, engine.draft_model.config
+    device = engine.memory.req_to_token.device
+    key = json.dumps({
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "target": [target.hidden_size, target.num_hidden_layers, target.num_attention_heads,
+                   target.num_key_value_heads, target.vocab_size, str(next(engine.target_model.parameters()).dtype)],
+        "draft": [draft.hidden_size, draft.num_hidden_layers],
+        "backend": engine.args.attention_backend, "page_size": engine.memory.page_size,
+        "graphs": not engine.args.disable_cuda_graph, "overlap": engine.scheduler.overlap,
+        "shapes": [s.name for s in worker.shapes], "batch_sizes": batch_sizes,
+    }, sort_keys=True)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return Path.home() / ".cache" / "specdec" / "step_costs" / f"{digest}.json"

@@ -1,0 +1,138 @@
+"""Adaptive speculation: any sequence of shape choices (plain steps included) is lossless and keeps
+the draft cache in step; the policy turns speculation off where step costs make it lose and back
+on where they do not; the start-up profile is measured once and then read."""
+
+import json
+
+import pytest
+
+from specdec.eagle.adaptive import AdaptiveEAGLEWorker
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts, candidate_shapes
+from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL, load_prompts
+from specdec.engine.engine import Engine
+from specdec.engine.spec_profile import measure_step_costs
+
+from .helpers import assert_no_leak, engine, make_pair, prompts_of
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+class Cycle:
+    """A policy stand-in: the candidates in turn, plain steps included."""
+
+    def __init__(self, shapes):
+        self.choices = [None] + list(shapes)
+        self.i = 0
+        self.recorded = 0
+
+    def choose(self, bs, ctx):
+        self.i += 1
+        return self.choices[self.i % len(self.choices)]
+
+    def record(self, shape, committed, paths):
+        assert paths is not None and paths.tried.shape == (shape.num_steps, shape.topk)
+        self.recorded += 1
+
+
+def flat_costs(tmp_path, shapes, *, spec_ms: float, plain_ms: float = 1.0) -> str:
+    table = {PLAIN: {1: plain_ms, 16: plain_ms}}
+    table.update({s.name: {1: spec_ms, 16: spec_ms} for s in shapes})
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(StepCosts(table, slope={}).to_json()))
+    return str(path)
+
+
+def adaptive_engine(target, draft, algorithm, tmp_path, *, spec_ms=1.0, **kw) -> Engine:
+    from specdec.config import SpecConfig
+
+    shapes = candidate_shapes(SpecConfig.from_flags(algorithm, speculative_num_steps=5, speculative_eagle_topk=4,
+                                                    speculative_num_draft_tokens=8))
+    return engine(target, draft, algorithm=algorithm, shape=(5, 4, 8), speculative_adaptive="on",
+                  speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=spec_ms), **kw)
+
+
+@pytest.mark.parametrize("algorithm,page_size,overlap", [("EAGLE", 1, False), ("EAGLE3", 16, False),
+                                                         ("EAGLE3", 1, True)])
+def test_every_sequence_of_choices_is_lossless(algorithm, page_size, overlap, tmp_path):
+    target, draft = make_pair(algorithm, "mixed")
+    prompts = prompts_of([5, 12, 3, 9], target.config.vocab_size, seed=4)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (30, 17, 41, 25)]
+    expected = engine(target, page_size=page_size).generate(input_ids=prompts, sampling_params=params)
+    spec = adaptive_engine(target, draft, algorithm, tmp_path, page_size=page_size, overlap_schedule=overlap)
+    assert isinstance(spec.worker, AdaptiveEAGLEWorker)
+    spec.worker.policy = cycle = Cycle(spec.worker.shapes)
+    got = spec.generate(input_ids=prompts, sampling_params=params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    shapes = {name for g in got for name in g["meta_info"]["spec_shapes"]}
+    assert shapes == {PLAIN} | {s.name for s in spec.worker.shapes}
+    assert cycle.recorded > 0
+    assert_no_leak(spec)
+
+
+def _stories(tmp_path, spec_ms: float) -> Engine:
+    from specdec.config import SpecConfig
+
+    shapes = candidate_shapes(SpecConfig.from_flags("EAGLE", speculative_num_steps=3, speculative_eagle_topk=2,
+                                                    speculative_num_draft_tokens=5))
+    return Engine(DEFAULT_MODEL, speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT,
+                  speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=5,
+                  speculative_adaptive="on", max_running_requests=4,
+                  speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=spec_ms))
+
+
+def test_policy_turns_speculation_off_when_it_loses_and_on_when_it_pays(tmp_path):
+    """The embedded stories260K and its trained EAGLE head: with speculative steps 10x a plain
+    step nothing speculates; with them 1.2x, speculation runs; switching the costs mid-run turns
+    it back on, and the output is plain greedy decoding's throughout."""
+    prompts = load_prompts("tinystories", 2)
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    expected = Engine(DEFAULT_MODEL).generate(prompts, params)
+    costly = _stories(tmp_path, spec_ms=10.0)
+    got = costly.generate(prompts, params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert all(g["meta_info"]["spec_shapes"] == {PLAIN: g["meta_info"]["spec_shapes"][PLAIN]} for g in got)
+    assert costly.worker.policy.chosen.keys() == {PLAIN}
+    # the same engine, its step costs re-measured as cheap: speculation comes back
+    policy = costly.worker.policy
+    policy.costs = StepCosts({name: {1: 1.0 if name == PLAIN else 1.2} for name in policy.costs.table}, slope={})
+    again = costly.generate(prompts, params)
+    assert [g["output_ids"] for g in again] == [e["output_ids"] for e in expected]
+    assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in again)
+    assert_no_leak(costly)
+
+
+def test_profile_is_measured_once_then_read(tmp_path):
+    target, draft = make_pair("EAGLE", "mixed")
+    path = tmp_path / "profile.json"
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 2, 5), speculative_adaptive="on",
+                  speculative_adaptive_profile=str(path))
+    costs = json.loads(path.read_text())
+    names = {PLAIN} | {s.name for s in spec.worker.shapes}
+    assert set(costs["table"]) == names and all(ms > 0 for t in costs["table"].values() for ms in t.values())
+    assert isinstance(spec.worker.policy, AdaptivePolicy)
+    assert_no_leak(spec)
+    mtime = path.stat().st_mtime_ns
+    engine(target, draft, algorithm="EAGLE", shape=(3, 2, 5), speculative_adaptive="on",
+           speculative_adaptive_profile=str(path))
+    assert path.stat().st_mtime_ns == mtime  # read, not measured again
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size,overlap", [(1, True), (16, False)])
+def test_gpu_choices_replaying_graphs_are_lossless(page_size, overlap, tmp_path):
+    """On CUDA every shape's draft, verify and draft-extend graphs and the plain decode graph
+    replay in one run, switching every step; fp32 keeps the comparison exact."""
+    target, draft = make_pair("EAGLE3", "mixed")
+    target, draft = target.cuda(), draft.cuda()
+    prompts = prompts_of([5, 12, 3, 9, 30, 7], target.config.vocab_size, seed=9)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (30, 17, 41, 25, 8, 33)]
+    kw = dict(device="cuda", attention_backend="triton", page_size=page_size, cuda_graph_bs=(1, 2, 4, 8))
+    expected = engine(target, **kw).generate(input_ids=prompts, sampling_params=params)
+    spec = adaptive_engine(target, draft, "EAGLE3", tmp_path, overlap_schedule=overlap, **kw)
+    assert all(g.use_graphs for g in spec.runner.graphs.values())
+    spec.worker.policy = Cycle(spec.worker.shapes)
+    got = spec.generate(input_ids=prompts, sampling_params=params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert {name for g in got for name in g["meta_info"]["spec_shapes"]} == {PLAIN} | {
+        s.name for s in spec.worker.shapes}
+    assert_no_leak(spec)

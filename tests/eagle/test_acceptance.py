@@ -1,0 +1,84 @@
+"""Acceptance hazards: worked examples of the expected-committed estimate, path observations from
+tree links, online statistics, and the policy's choices."""
+
+import numpy as np
+import pytest
+
+from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, observe_paths
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts
+
+
+def test_expected_committed_worked_example():
+    """The module doc's example: K = 2, h = [[.8, .5], [.6, .5]]."""
+    model = AcceptanceModel(np.array([[0.8, 0.5], [0.6, 0.5]]))
+    np.testing.assert_allclose(model.child_probs(), [[0.8, 0.1], [0.6, 0.2]])
+    assert model.expected_committed(2, 2, 4) == pytest.approx(1 + 0.8 + 0.48 + 0.16)
+    assert model.expected_committed(2, 1, 3) == pytest.approx(1 + 0.8 + 0.48)
+    assert model.expected_committed(1, 1, 2) == pytest.approx(1.8)
+    # at most K nodes per depth: (2, 2, 8) holds 2 + 2 nodes, the same as (2, 2, 5)
+    assert model.expected_committed(2, 2, 8) == pytest.approx(model.expected_committed(2, 2, 5))
+    assert model.expected_committed(2, 2, 5) == pytest.approx(1 + 0.8 + 0.1 + 0.48 + 0.16)
+
+
+def test_a_uniform_chain_is_geometric():
+    model = AcceptanceModel.uniform(0.5, max_depth=4, max_topk=1)
+    assert model.expected_committed(4, 1, 5) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
+
+
+def test_observe_paths_from_tree_links():
+    """One request, N = 5: root -> {1, 2, 3} (ranks 0, 1, 2), 2 -> {4}.
+
+        root ─┬─ 1        accepted path: root, 2, 4 (depth 1 rank 1, depth 2 rank 0), k = 2
+              ├─ 2 ── 4
+              └─ 3
+    A second request rejects at the root: its two children tried, none accepted.
+    """
+    next_token = np.array([[1, -1, 4, -1, -1], [1, -1, -1, -1, -1]])
+    next_sibling = np.array([[-1, 2, 3, -1, -1], [-1, 2, -1, -1, -1]])
+    accept_index = np.array([[0, 2, 4], [0, -1, -1]])
+    obs = observe_paths(accept_index, next_token, next_sibling, max_depth=2, max_topk=3)
+    np.testing.assert_array_equal(obs.tried, [[1 + 1, 1 + 1, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(obs.accepted, [[0, 1, 0], [1, 0, 0]])
+
+
+def test_stats_converge_to_the_observed_rates_and_forget():
+    prior = AcceptanceModel.uniform(0.5, max_depth=1, max_topk=1)
+    stats = AcceptanceStats(prior, prior_weight=4, horizon=100)
+    one = lambda tried, accepted: type("O", (), {"tried": np.array([[tried]]), "accepted": np.array([[accepted]])})()
+    for _ in range(200):
+        stats.update(one(10.0, 9.0))
+    assert stats.model().hazards[0, 0] == pytest.approx(0.9, abs=0.02)  # the prior keeps 4 of ~109 counts
+    for _ in range(200):
+        stats.update(one(10.0, 2.0))
+    assert stats.model().hazards[0, 0] == pytest.approx(0.2, abs=0.03)
+
+
+def _policy(spec_ms: float, plain_ms: float = 1.0) -> AdaptivePolicy:
+    shapes = [SpecShape(3, 1, 4), SpecShape(5, 4, 8)]
+    table = {PLAIN: {1: plain_ms, 64: plain_ms * 4}}
+    table.update({s.name: {1: spec_ms, 64: spec_ms * 16} for s in shapes})
+    return AdaptivePolicy(shapes, StepCosts(table, slope={}), AcceptanceModel.uniform(0.7, max_depth=5, max_topk=4))
+
+
+def test_policy_picks_plain_when_speculation_costs_too_much_and_a_tree_when_cheap():
+    assert _policy(spec_ms=10.0).choose(1, 100) is None
+    cheap = _policy(spec_ms=1.2)
+    assert cheap.choose(1, 100) == SpecShape(5, 4, 8)  # more committed for little more time
+    assert cheap.choose(64, 100) is None  # at bs 64 a tree step costs 16x its bs-1 time, plain 4x
+
+
+def test_policy_learns_that_a_shape_commits_less_than_estimated():
+    policy = _policy(spec_ms=1.3)
+    first = policy.choose(1, 0)
+    assert first is not None
+    for _ in range(64):  # every step of it committed just the bonus token
+        policy.record(first, [1, 1], None)
+    assert policy.choose(1, 0) != first
+
+
+def test_step_costs_interpolate_and_extrapolate():
+    costs = StepCosts({PLAIN: {1: 2.0, 8: 4.0, 16: 8.0}}, slope={PLAIN: 0.001}, base_ctx=64)
+    assert costs.step_ms(PLAIN, 4, 64) == pytest.approx(2.0 + 2.0 * 3 / 7)
+    assert costs.step_ms(PLAIN, 32, 64) == pytest.approx(8.0 + 0.5 * 16)
+    assert costs.step_ms(PLAIN, 8, 1064) == pytest.approx(4.0 + 0.001 * 8 * 1000)
+    assert StepCosts.from_json(costs.to_json()) == costs

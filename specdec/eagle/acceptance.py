@@ -13,9 +13,11 @@ tried and rejected (censored: the accepted rank, if any, was not in the tree).
 From hazards, the probability that a node is on the accepted path is the product over its path of
 ``q[d, r] = h[d, r] * prod_{j<r} (1 - h[d, j])``, and a tree's expected committed tokens are
 1 + the sum of its nodes' probabilities. ``expected_committed`` builds, for a shape (S, K, N),
-the N - 1 most probable nodes an EAGLE-2 tree can hold (at most K per depth, K children per
-node, depth at most S): a static estimate of what the dynamic tree (which ranks by the draft's own
-confidence) commits. Worked example, K = 2, h = [[.8, .5], [.6, .5]]:
+the tree the EAGLE-2 draft loop would build if the draft's confidences were these probabilities
+(depth 1: the root's K children; each further depth: the K children of each of the previous
+depth's K best nodes; the N - 1 best of all kept): a static estimate of what the dynamic tree
+(which ranks by the draft's own confidence) commits. The synthetic benchmark builds exactly this
+tree (``DraftRunner.rank_probs``). Worked example, K = 2, h = [[.8, .5], [.6, .5]]:
     q = [[.8, .1], [.6, .2]]; nodes of (2, 2, 4): d1r0 .8, d2r0 .48 (= .8 * .6), d2r1 .16 (= .8 * .2)
     -> 1 + .8 + .48 + .16 = 2.44 committed tokens per step; the chain (2, 1, 3): 1 + .8 + .48 = 2.28.
 """
@@ -23,7 +25,6 @@ confidence) commits. Worked example, K = 2, h = [[.8, .5], [.6, .5]]:
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import json
 from pathlib import Path
 
@@ -56,27 +57,25 @@ class AcceptanceModel:
         return h * survive
 
     def expected_committed(self, num_steps: int, topk: int, num_draft_tokens: int) -> float:
-        """1 + the summed path probabilities of the N - 1 best nodes an (S, K, N) tree can hold."""
+        """1 + the summed path probabilities of the nodes an (S, K, N) EAGLE tree keeps.
+
+        The tree is built as the draft loop builds it, with the model's child probabilities for
+        scores: depth 1 holds the root's K children; every further depth the K children of each of
+        the previous depth's K best nodes; the tree keeps the N - 1 best of all (a child never
+        scores above its parent, so a kept node's ancestors are kept).
+        """
         if num_steps > self.max_depth or topk > self.max_topk:
             raise ValueError(f"acceptance model covers depth {self.max_depth}, topk {self.max_topk}; "
                              f"asked for ({num_steps}, {topk}, {num_draft_tokens})")
         q = self.child_probs()
-        per_depth = [0] * (num_steps + 1)
-        total, taken = 1.0, 0
-        # best-first over (-probability, depth, ranks): a node's children become candidates once it is taken
-        frontier = [(-q[0, r], 1, (r,)) for r in range(topk)]
-        heapq.heapify(frontier)
-        while frontier and taken < num_draft_tokens - 1:
-            neg_p, depth, path = heapq.heappop(frontier)
-            if per_depth[depth] >= topk:
-                continue
-            per_depth[depth] += 1
-            taken += 1
-            total += -neg_p
-            if depth < num_steps:
-                for r in range(topk):
-                    heapq.heappush(frontier, (neg_p * q[depth, r], depth + 1, path + (r,)))
-        return total
+        level = q[0, :topk]  # path probabilities of this depth's candidates
+        candidates = [level]
+        for depth in range(1, num_steps):
+            expanded = np.sort(level)[::-1][:topk]
+            level = (expanded[:, None] * q[depth, :topk][None, :]).ravel()
+            candidates.append(level)
+        kept = np.sort(np.concatenate(candidates))[::-1][: num_draft_tokens - 1]
+        return 1.0 + float(kept.sum())
 
     def to_json(self) -> dict:
         return {"hazards": [[round(float(x), 4) for x in row] for row in self.hazards]}

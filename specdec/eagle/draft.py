@@ -38,6 +38,7 @@ class DraftRunner:
         req_to_token: torch.Tensor,
         scratch_base: int,
         root_topk: int | None = None,
+        rank_probs: torch.Tensor | None = None,
     ) -> None:
         """``root_topk``: children of the root an extend keeps (default ``topk``; more when
         several tree shapes share the draft state)."""
@@ -51,6 +52,9 @@ class DraftRunner:
         self.req_to_token = req_to_token
         self.scratch_base = scratch_base
         self.root_topk = root_topk or topk
+        # benchmark only ([S, K], simulated acceptance): each depth's child probabilities by rank replace
+        # the head's, so the tree is the best-first tree of the acceptance model the verify draws from
+        self.rank_probs = rank_probs
 
     def _forward(self, batch: ForwardBatch) -> LogitsOutput:
         self.attn_backend.init_forward_metadata(batch)
@@ -125,6 +129,8 @@ class DraftRunner:
         """
         bs, k = root_topk_p.shape
         device = root_topk_p.device
+        if self.rank_probs is not None:
+            root_topk_p = self.rank_probs[0, :k].expand(bs, k)
         score_list, token_list, parents_list = [], [], []
         sel = select_top_k_tokens(0, root_topk_p, root_topk_index, root_hidden, None, k)
         # [bs*K, S-1] each frontier node's ancestor scratch slots, itself last; two buffers
@@ -163,6 +169,8 @@ class DraftRunner:
             )
             out = self._forward(batch)
             topk_p, topk_index = self._root_topk(out.next_token_logits, k)  # [bs*K, K]
+            if self.rank_probs is not None:
+                topk_p = self.rank_probs[step + 1, :k].expand_as(topk_p)
             sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
         return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)
 

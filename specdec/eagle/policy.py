@@ -59,40 +59,50 @@ def candidate_shapes(config: SpecConfig) -> list[SpecShape]:
     return sorted(shapes)
 
 
+def _interpolate(points: dict[int, float], bs: int) -> float:
+    """``points`` (by batch size) at ``bs``: linear between measured sizes; past the largest, the last
+    segment's per-request cost continues; below the smallest, the smallest's."""
+    sizes = sorted(points)
+    i = bisect.bisect_left(sizes, bs)
+    if i < len(sizes) and sizes[i] == bs:
+        return points[bs]
+    if i == 0:
+        return points[sizes[0]]
+    if i == len(sizes):
+        lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (0, sizes[-1])
+        per_req = (points[hi] - points.get(lo, 0.0)) / (hi - lo)
+        return points[hi] + per_req * (bs - hi)
+    lo, hi = sizes[i - 1], sizes[i]
+    return points[lo] + (points[hi] - points[lo]) * (bs - lo) / (hi - lo)
+
+
 @dataclasses.dataclass
 class StepCosts:
     """Milliseconds per decode step: ``table[name][bs]`` at ``base_ctx`` tokens of context, plus
-    ``slope[name]`` ms for every further token of context of every request in the batch."""
+    ``slope[name][bs]`` ms for every further token of context of every request in the batch
+    (both interpolated linearly between measured batch sizes, extrapolated past the largest)."""
 
     table: dict[str, dict[int, float]]
-    slope: dict[str, float]
+    slope: dict[str, dict[int, float]]
     base_ctx: int = 0
 
     def step_ms(self, name: str, bs: int, ctx: float) -> float:
-        points = self.table[name]
-        sizes = sorted(points)
-        i = bisect.bisect_left(sizes, bs)
-        if i < len(sizes) and sizes[i] == bs:
-            base = points[bs]
-        elif i == 0:
-            base = points[sizes[0]]
-        elif i == len(sizes):  # past the largest measured batch: per-request cost of the last segment
-            lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (0, sizes[-1])
-            per_req = (points[hi] - points.get(lo, 0.0)) / (hi - lo)
-            base = points[hi] + per_req * (bs - hi)
-        else:
-            lo, hi = sizes[i - 1], sizes[i]
-            base = points[lo] + (points[hi] - points[lo]) * (bs - lo) / (hi - lo)
-        return base + self.slope.get(name, 0.0) * bs * max(ctx - self.base_ctx, 0.0)
+        by_bs = self.slope.get(name)
+        slope = _interpolate(by_bs, min(bs, max(by_bs))) if by_bs else 0.0  # per request: flat past the largest
+        return _interpolate(self.table[name], bs) + max(slope, 0.0) * bs * max(ctx - self.base_ctx, 0.0)
 
     def to_json(self) -> dict:
-        return {"base_ctx": self.base_ctx, "slope": self.slope,
-                "table": {name: {str(bs): ms for bs, ms in points.items()} for name, points in self.table.items()}}
+        def points(table: dict[str, dict[int, float]]) -> dict:
+            return {name: {str(bs): ms for bs, ms in by_bs.items()} for name, by_bs in table.items()}
+
+        return {"base_ctx": self.base_ctx, "slope": points(self.slope), "table": points(self.table)}
 
     @classmethod
     def from_json(cls, data: dict) -> "StepCosts":
-        return cls(table={name: {int(bs): float(ms) for bs, ms in points.items()} for name, points in data["table"].items()},
-                   slope={k: float(v) for k, v in data["slope"].items()}, base_ctx=int(data.get("base_ctx", 0)))
+        def points(table: dict) -> dict[str, dict[int, float]]:
+            return {name: {int(bs): float(ms) for bs, ms in by_bs.items()} for name, by_bs in table.items()}
+
+        return cls(table=points(data["table"]), slope=points(data["slope"]), base_ctx=int(data.get("base_ctx", 0)))
 
     @classmethod
     def load(cls, path: str | Path) -> "StepCosts":

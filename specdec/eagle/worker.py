@@ -123,6 +123,7 @@ class EAGLEWorker:
             req_to_token=memory.req_to_token,
             scratch_base=memory.capacity,
             root_topk=resources.root_topk,
+            rank_probs=_rank_probs(config, memory.req_to_token.device),
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
         self._simulate_cdf: torch.Tensor | None = None  # [S + 1, K] benchmark only
@@ -232,8 +233,8 @@ class EAGLEWorker:
                             tree.retrive_next_sibling]
             host_view = copy_to_host_async(torch.cat(columns, 1))
         with maybe_phase(self.timer, "draft_extend"):
-            self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result, nodes, tokens,
-                                         features, slots, committed)
+            self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result.accept_length, nodes,
+                                         tokens, features, slots, committed)
 
         def read() -> DecodeOutput:
             # the step's one read of the device; the draft extend keeps running meanwhile
@@ -294,8 +295,17 @@ class EAGLEWorker:
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)  # [bs]
         pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
-        self._draft_extend(next_ids, out.hidden_states, seq_lens, out_cache_loc,
-                           req_pool_indices, seq_lens, [1] * bs, prefix_lens_cpu=seq_lens_cpu)
+        # the committed-tokens draft extend with one token per request (its graph replays)
+        width = self.config.num_steps + 1
+        device = next_ids.device
+        tokens = torch.zeros(bs, width, dtype=next_ids.dtype, device=device)  # [bs, S + 1]
+        tokens[:, 0] = next_ids
+        committed = torch.zeros(bs, width, dtype=torch.bool, device=device)
+        committed[:, 0] = True
+        nodes = torch.arange(bs, device=device)[:, None].expand(bs, width)  # rows of out.hidden_states
+        self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu,
+                                     torch.zeros(bs, dtype=torch.long, device=device), nodes, tokens,
+                                     out.hidden_states, out_cache_loc[:, None].expand(bs, width), committed)
         return pending
 
     # ---------------------------------------------------------------- phases
@@ -388,9 +398,10 @@ class EAGLEWorker:
             self.target.kv_cache.move(src.flatten(), dst.flatten())  # padding entries copy a slot onto itself
         return dst, positions >= 0
 
-    def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, result: VerifyResult,
+    def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
                                 nodes, tokens, features, slots, committed) -> None:
-        """Draft extend over S + 1 tokens per request: the committed ones, then padding."""
+        """Draft extend over S + 1 tokens per request: the committed ones (accept_length + 1, [bs]),
+        then padding; replays the draft-extend graph where one is captured for the batch."""
         bs, width = tokens.shape
         device = tokens.device
         inputs = dict(
@@ -400,7 +411,7 @@ class EAGLEWorker:
             out_cache_loc=torch.where(committed, slots, self.pad_slot).flatten(),
             req_pool_indices=req_pool_indices,
             seq_lens=seq_lens,
-            num_committed=result.accept_length + 1,
+            num_committed=accept_length + 1,
         )
         if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs, seq_lens_cpu):
             topk_p, topk_index, hidden = self.draft_extend_graph(seq_lens_cpu=seq_lens_cpu, **inputs)
@@ -409,7 +420,7 @@ class EAGLEWorker:
                 input_ids=inputs["input_ids"], features=inputs["features"], positions=inputs["positions"],
                 out_cache_loc=inputs["out_cache_loc"], req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
                 extend_lens_cpu=[width] * bs, prefix_lens_cpu=seq_lens_cpu,
-                output_rows=torch.arange(bs, device=device) * width + result.accept_length,
+                output_rows=torch.arange(bs, device=device) * width + accept_length,
             )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
 
@@ -428,3 +439,15 @@ class EAGLEWorker:
 def _unpack(rows: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     """Columns (request row, seq_len, accept length, committed tokens) of the step's host copy."""
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3:] for r in rows]
+
+
+def _rank_probs(config: SpecConfig, device: torch.device) -> torch.Tensor | None:
+    """[S, K] P(the accepted child at depth d has rank r) of the simulated acceptance model (benchmark only)."""
+    if config.simulate_hazards is None:
+        return None
+    cdf = child_cdf(config.simulate_hazards, device)[:-1]  # [model depth, model K]
+    probs = torch.diff(cdf, dim=1, prepend=torch.zeros_like(cdf[:, :1]))
+    out = torch.zeros(config.num_steps, config.topk, device=device)  # past the model: never accepted
+    rows, cols = min(config.num_steps, probs.shape[0]), min(config.topk, probs.shape[1])
+    out[:rows, :cols] = probs[:rows, :cols]
+    return out

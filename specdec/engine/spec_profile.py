@@ -5,9 +5,9 @@ every candidate tree shape, at every batch size it may see. They are measured he
 itself — its graphs, its host overhead, its attention backend — by decoding dummy requests:
 
     for plain and each shape, for bs in the captured batch sizes:
-        bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then timed steps
-    context slope, per choice:  the same at LONG_CTX tokens and a middle batch size:
-        (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX))
+        bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then timed steps;
+        the same at LONG_CTX tokens (or as many as the KV cache holds for bs requests), for the
+        slope: (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX))
 
 The result is written as JSON (``--speculative-adaptive-profile``, else a cache file keyed by the
 device, the model shapes, the dtype, the backend, the page size, the shapes and the batch sizes),
@@ -31,6 +31,7 @@ from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts
 
 logger = logging.getLogger(__name__)
 
+PROFILE_FORMAT = 2  # bump when StepCosts' JSON or the measurement changes: old cache files are then not read
 BASE_CTX = 64
 LONG_CTX = 1024
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
@@ -73,7 +74,8 @@ def _fit(model: AcceptanceModel, depth: int, topk: int) -> AcceptanceModel:
 
 def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 6, warmup: int = 2,
                        base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX) -> StepCosts:
-    """Milliseconds per decode step of every choice (plain and each shape) at each batch size."""
+    """Milliseconds per decode step of every choice (plain and each shape) at each batch size, at
+    ``base_ctx`` tokens of context and at ``long_ctx`` (or as many as the KV cache holds)."""
     worker = engine.worker
     choices = [(PLAIN, None)] + [(s.name, s) for s in worker.shapes]
     new_tokens = (warmup + steps + 2) * (worker.config.num_steps + 1)  # a choice's requests never finish
@@ -81,18 +83,19 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 6, warmup
     if room < 8:
         raise ValueError(f"adaptive speculation: context length {engine.context_length} leaves no room to profile "
                          f"step costs ({new_tokens} tokens of decoding); raise --context-length")
-    base_ctx, long_ctx = min(base_ctx, room), min(long_ctx, room)
     table: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
-    slope = {}
+    slope: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
+    base_ctx = min(base_ctx, room)
     try:
         for name, shape in choices:
             worker.force = shape
             for bs in batch_sizes:
                 table[name][bs] = _time_steps(engine, bs, base_ctx, new_tokens, steps, warmup)
-            mid = batch_sizes[len(batch_sizes) // 2]
-            if long_ctx > base_ctx:
-                ms = _time_steps(engine, mid, long_ctx, new_tokens, steps, warmup)
-                slope[name] = max(ms - table[name][mid], 0.0) / (mid * (long_ctx - base_ctx))
+                fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
+                ctx = min(long_ctx, room, fits)
+                if ctx >= 2 * base_ctx:
+                    ms = _time_steps(engine, bs, ctx, new_tokens, steps, warmup)
+                    slope[name][bs] = max(ms - table[name][bs], 0.0) / (bs * (ctx - base_ctx))
     finally:
         worker.force = AUTO
     return StepCosts(table=table, slope=slope, base_ctx=base_ctx)
@@ -136,6 +139,7 @@ def _cache_path(engine, batch_sizes: list[int]) -> Path:
     target, draft = engine.target_model.config, engine.draft_model.config
     device = engine.memory.req_to_token.device
     key = json.dumps({
+        "format": PROFILE_FORMAT,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "target": [target.hidden_size, target.num_hidden_layers, target.num_attention_heads,

@@ -15,9 +15,10 @@ def test_expected_committed_worked_example():
     assert model.expected_committed(2, 2, 4) == pytest.approx(1 + 0.8 + 0.48 + 0.16)
     assert model.expected_committed(2, 1, 3) == pytest.approx(1 + 0.8 + 0.48)
     assert model.expected_committed(1, 1, 2) == pytest.approx(1.8)
-    # at most K nodes per depth: (2, 2, 8) holds 2 + 2 nodes, the same as (2, 2, 5)
-    assert model.expected_committed(2, 2, 8) == pytest.approx(model.expected_committed(2, 2, 5))
-    assert model.expected_committed(2, 2, 5) == pytest.approx(1 + 0.8 + 0.1 + 0.48 + 0.16)
+    # depth 2 holds the K children of both depth-1 nodes: 4 candidates, 6 in all, the N - 1 best kept
+    assert model.expected_committed(2, 2, 5) == pytest.approx(1 + 0.8 + 0.48 + 0.16 + 0.1)
+    assert model.expected_committed(2, 2, 8) == pytest.approx(1 + 0.8 + 0.1 + 0.48 + 0.16 + 0.06 + 0.02)
+    assert model.expected_committed(2, 2, 8) == model.expected_committed(2, 2, 7)  # nothing more to keep
 
 
 def test_a_uniform_chain_is_geometric():
@@ -77,7 +78,7 @@ def test_policy_learns_that_a_shape_commits_less_than_estimated():
 
 
 def test_step_costs_interpolate_and_extrapolate():
-    costs = StepCosts({PLAIN: {1: 2.0, 8: 4.0, 16: 8.0}}, slope={PLAIN: 0.001}, base_ctx=64)
+    costs = StepCosts({PLAIN: {1: 2.0, 8: 4.0, 16: 8.0}}, slope={PLAIN: {1: 0.001}}, base_ctx=64)
     assert costs.step_ms(PLAIN, 4, 64) == pytest.approx(2.0 + 2.0 * 3 / 7)
     assert costs.step_ms(PLAIN, 32, 64) == pytest.approx(8.0 + 0.5 * 16)
     assert costs.step_ms(PLAIN, 8, 1064) == pytest.approx(4.0 + 0.001 * 8 * 1000)

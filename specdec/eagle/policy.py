@@ -117,7 +117,7 @@ class AdaptivePolicy:
     """
 
     def __init__(self, shapes: list[SpecShape], costs: StepCosts, prior: AcceptanceModel, *,
-                 calibration_weight: float = 32.0, refresh_every: int = 16) -> None:
+                 calibration_weight: float = 256.0, refresh_every: int = 16) -> None:
         missing = [n for n in [PLAIN] + [s.name for s in shapes] if n not in costs.table]
         if missing:
             raise ValueError(f"adaptive speculation: no step costs for {', '.join(missing)}")

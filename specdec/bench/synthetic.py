@@ -42,6 +42,7 @@ SHAPES = {
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
 CONFIGS = [(3, 1, 4), (5, 4, 8), (6, 8, 32)]
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
+PREFILL_TOKENS = 32768
 
 
 SYNTH = "synthetic benchmark"
@@ -189,13 +190,15 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
     max_new = (settings.warmup_steps + settings.decode_steps + 2) * per_step
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
     reqs = []
+    group = max(1, PREFILL_TOKENS // settings.context_len)  # prefill activations of at most this many tokens
     for i in range(bs):
         prompt = torch.randint(3, vocab, (settings.context_len,), generator=gen).tolist()
         req = engine.make_request(input_ids=prompt, sampling_params=params, rid=f"b{bs}-{i}")
         engine.add_request(req)
         reqs.append(req)
-    while any(not r.output_ids for r in reqs):  # prefill (one or more batches)
-        engine.step()
+        if len(reqs) % group == 0 or len(reqs) == bs:
+            while any(not r.output_ids for r in reqs):  # prefill this group (its first decode steps are untimed)
+                engine.step()
     for _ in range(settings.warmup_steps):
         engine.step()
     device = engine.args.device

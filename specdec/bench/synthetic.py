@@ -187,10 +187,11 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
     gen = torch.Generator().manual_seed(settings.seed + bs)
     spec = engine.worker is not None
     per_step = (engine.spec_config.num_steps + 1) if spec else 1
-    max_new = (settings.warmup_steps + settings.decode_steps + 2) * per_step
+    group = max(1, PREFILL_TOKENS // settings.context_len)  # prefill activations of at most this many tokens
+    # the first groups decode while the later ones prefill: a step per later group more
+    max_new = (settings.warmup_steps + settings.decode_steps + 2 + math.ceil(bs / group)) * per_step
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
     reqs = []
-    group = max(1, PREFILL_TOKENS // settings.context_len)  # prefill activations of at most this many tokens
     for i in range(bs):
         prompt = torch.randint(3, vocab, (settings.context_len,), generator=gen).tolist()
         req = engine.make_request(input_ids=prompt, sampling_params=params, rid=f"b{bs}-{i}")
@@ -309,7 +310,8 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     vocab = target.config.vocab_size
     bandwidth = copy_bandwidth(engine_args.device)
     most_steps = max([c[0] + 1 for c in configs] + [1])
-    context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3) * most_steps + 64
+    groups = math.ceil(max(batch_sizes) / max(1, PREFILL_TOKENS // settings.context_len))
+    context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3 + groups) * most_steps + 64
     results = {"plain": [], "speculative": {}}
     policies = [None] + configs + ([] if settings.skip_adaptive else [ADAPTIVE])
     for config in policies:

@@ -20,6 +20,7 @@ step's share of the weight-bandwidth floor (weight bytes / measured device copy 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -177,8 +178,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
-    """Prefill ``bs`` requests, then time decode steps; returns the point's figures."""
+def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_timed=contextlib.nullcontext) -> dict:
+    """Prefill ``bs`` requests, then time decode steps; returns the point's figures.
+    ``around_timed()``: a context manager entered around the timed steps only (a profiler)."""
     import torch
 
     from specdec.eagle.timing import PhaseTimer
@@ -208,12 +210,13 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int) -> dict:
         engine.worker.timer = timer
     produced = sum(len(r.output_ids) for r in reqs)
     shapes_before = collections.Counter(engine.scheduler.spec_shape_steps) if spec else None
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(settings.decode_steps):
-        engine.step()
-    _sync(device)
-    elapsed = time.perf_counter() - t0
+    with around_timed():
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(settings.decode_steps):
+            engine.step()
+        _sync(device)
+        elapsed = time.perf_counter() - t0
     produced = sum(len(r.output_ids) for r in reqs) - produced
     phases = {k: v / settings.decode_steps for k, v in timer.summary().items()}
     shapes = dict(engine.scheduler.spec_shape_steps - shapes_before) if spec else None
@@ -260,19 +263,19 @@ def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title
 
 
 def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
-    """Append the kernels by GPU time over one point's steps (warm-up included) to --profile-device."""
+    """Append the kernels by GPU time over one point's timed decode steps to --profile-device."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        point = measure(engine, bs, settings, vocab)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    point = measure(engine, bs, settings, vocab, around_timed=lambda: prof)
     events = prof.key_averages()
-    steps = settings.warmup_steps + settings.decode_steps
+    steps = settings.decode_steps
     try:
         table = events.table(sort_by="self_device_time_total", row_limit=40)
     except (AttributeError, KeyError):  # older torch names it after CUDA
         table = events.table(sort_by="self_cuda_time_total", row_limit=40)
     with open(settings.profile_device, "a") as f:
-        f.write(f"==== {title}: {steps + 1} decode steps (+ prefill), {point['step_ms']:.2f} ms/step timed\n"
+        f.write(f"==== {title}: {steps} timed decode steps (profiled: {point['step_ms']:.2f} ms/step), totals\n"
                 f"{table}\n")
 
 

@@ -47,3 +47,28 @@ def _seed():
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _no_kv_leak(monkeypatch):
+    """Every engine a test builds and leaves without work ends idle: no request row or KV page
+    leaked, the prefix cache's pages all unlocked (tests/kv_leaks.py)."""
+    from specdec.engine.engine import Engine
+
+    from .kv_leaks import kv_idle_problems
+
+    built = []
+    init = Engine.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(Engine, "__init__", recording_init)
+    yield
+    for engine in built:
+        scheduler = getattr(engine, "scheduler", None)
+        if scheduler is None or scheduler.has_work:
+            continue  # a failed start, or left mid-run on purpose
+        problems = kv_idle_problems(engine)
+        assert not problems, f"KV leak after the test: {'; '.join(problems)}"

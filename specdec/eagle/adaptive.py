@@ -53,6 +53,7 @@ class AdaptiveEAGLEWorker:
                              f"({config.num_steps}, {config.topk}, {config.num_draft_tokens})")
         resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
                                          num_steps=config.num_steps, topk=config.topk)
+        self.resources = resources  # the draft memory every shape shares
         self.workers = {
             shape: EAGLEWorker(
                 _shape_config(config, shape),
@@ -90,8 +91,8 @@ class AdaptiveEAGLEWorker:
         """Every shape's draft loop and draft extend graphs (``EAGLEWorker.capture_cuda_graphs``)."""
         return sum(worker.capture_cuda_graphs(**kw) for worker in self.workers.values())
 
-    def prefill(self, batch: ForwardBatch, sampling: SamplingInfo) -> torch.Tensor:
-        return self.base.prefill(batch, sampling)
+    def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, **kw) -> torch.Tensor:
+        return self.base.prefill(batch, sampling, **kw)
 
     def launch_decode_plain(self, *args, **kw) -> PendingDecode:
         return self.base.launch_decode_plain(*args, **kw)

@@ -160,12 +160,20 @@ class EAGLEWorker:
         return self.draft_graph.capture() + self.draft_extend_graph.capture()
 
     # ---------------------------------------------------------------- prefill
-    def prefill(self, batch: ForwardBatch, sampling: SamplingInfo) -> torch.Tensor:
-        """Target EXTEND + draft EXTEND; returns the first sampled token of each request: [bs]."""
+    def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
+                next_tokens: list[int] | None = None) -> torch.Tensor:
+        """Target EXTEND + draft EXTEND; returns the token after each request's new ones: [bs].
+
+        The batch may extend a cached prefix (``prefix_lens``) whose target and draft KV are
+        already in place. ``next_tokens``: the token after each request's new ones where the host
+        knows it (a chunk of a longer prompt: the draft head's input at the chunk's last
+        position), -1 where it is sampled; ``sampling`` covers the sampled requests, in order.
+        Default: every request samples.
+        """
         if batch.capture_hidden_mode != CaptureHiddenMode.FULL:
             raise ValueError("speculative prefill needs capture_hidden_mode=FULL on the EXTEND batch")
         out = self.target.forward(batch)
-        next_ids = sampling.sample(out.next_token_logits)
+        next_ids = sample_after_prefill(out.next_token_logits, sampling, next_tokens)
         extend_lens = batch.host_extend_lens()
         # Draft input at position p is (token p + 1, target feature p): shift each request left.
         ends = torch.tensor(extend_lens, device=batch.input_ids.device).cumsum(0) - 1
@@ -173,7 +181,7 @@ class EAGLEWorker:
         shifted[ends] = next_ids
         self._draft_extend(
             shifted, out.hidden_states, batch.positions, batch.out_cache_loc,
-            batch.req_pool_indices, batch.prefix_lens, extend_lens,
+            batch.req_pool_indices, batch.prefix_lens, extend_lens, prefix_lens_cpu=batch.prefix_lens_cpu,
         )
         return next_ids
 
@@ -434,6 +442,23 @@ class EAGLEWorker:
             prefix_lens_cpu=prefix_lens_cpu,
         )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
+
+
+def sample_after_prefill(
+    logits: torch.Tensor,  # [bs, vocab] at each request's last new token
+    sampling: SamplingInfo,
+    next_tokens: list[int] | None,
+) -> torch.Tensor:  # [bs] int64
+    """The token after each request's new ones: ``next_tokens[b]`` where it is known (>= 0), else
+    drawn by ``sampling``, which covers just those requests, in order (None: all sample)."""
+    if next_tokens is None:
+        return sampling.sample(logits)
+    out = torch.tensor(next_tokens, dtype=torch.int64, device=logits.device)
+    sampled = [b for b, t in enumerate(next_tokens) if t < 0]
+    if sampled:
+        rows = torch.tensor(sampled, dtype=torch.int64, device=logits.device)
+        out[rows] = sampling.sample(logits[rows]).to(torch.int64)
+    return out
 
 
 def _unpack(rows: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:

@@ -20,7 +20,10 @@ def flag(help: str, **argparse_options: Any) -> dict:
 
 
 MODEL = "model and engine"
+MEMORY = "KV cache and scheduling"
 SPEC = "speculative decoding"
+# --chunked-prefill-size when unset (SGLang's on an 80 GB GPU); -1 turns chunking off
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +62,18 @@ class EngineArgs:
         "read each decode step before launching the next (overlap scheduling, the default on CUDA, launches "
         "step t+1 from step t's device-resident outputs while the host reads step t)", group=MODEL,
         flag="--disable-overlap-schedule", action="store_const", const=False))
+
+    # ------------------------------------------------------------------ KV cache and scheduling
+    disable_radix_cache: bool = dataclasses.field(default=False, metadata=flag(
+        "no prefix cache: every request prefills its whole prompt (by default a radix tree over token ids "
+        "keeps finished requests' target and draft KV pages for later requests with the same prefix)",
+        group=MEMORY))
+    chunked_prefill_size: int | None = dataclasses.field(default=None, metadata=flag(
+        f"most prompt tokens one prefill step computes; a longer prompt is prefilled in chunks, alternating "
+        f"with decode steps (default {DEFAULT_CHUNKED_PREFILL_SIZE}; -1: no chunking)", group=MEMORY))
+    schedule_conservativeness: float = dataclasses.field(default=1.0, metadata=flag(
+        "how much KV admission promises each request's output (> 1: fewer requests at once, fewer "
+        "retractions when the KV pool runs full)", group=MEMORY))
 
     # ------------------------------------------------------------------ speculative decoding
     speculative_algorithm: str | None = dataclasses.field(default=None, metadata=flag(
@@ -104,12 +119,23 @@ class EngineArgs:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={value}: expected >= 1")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1 \
+                and self.chunked_prefill_size != -1:
+            raise ValueError(f"--chunked-prefill-size={self.chunked_prefill_size}: expected >= 1, or -1 (no chunking)")
+        if not self.schedule_conservativeness > 0:
+            raise ValueError(f"--schedule-conservativeness={self.schedule_conservativeness}: expected > 0")
         if self.cuda_graph_bs is not None:
             sizes = tuple(sorted(set(self.cuda_graph_bs)))
             if not sizes or sizes[0] < 1 or sizes[-1] > self.max_running_requests:
                 raise ValueError(f"--cuda-graph-bs={list(self.cuda_graph_bs)}: expected batch sizes in "
                                  f"1..--max-running-requests ({self.max_running_requests})")
             object.__setattr__(self, "cuda_graph_bs", sizes)
+
+    @property
+    def prefill_chunk_tokens(self) -> int | None:
+        """Most prompt tokens per prefill step (None: no limit)."""
+        size = self.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL_SIZE
+        return None if size == -1 else size
 
     @property
     def speculative(self) -> bool:

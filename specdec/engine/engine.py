@@ -19,6 +19,7 @@ from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import EngineArgs
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.model_runner import ModelRunner
+from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
 from specdec.engine.scheduler import Scheduler
@@ -188,9 +189,14 @@ class Engine:
         self.cuda_graph_bytes = 0
         if graph_sizes:
             self.cuda_graph_bytes = self.capture_cuda_graphs(graph_sizes)
+        args = self.args
+        cache = NoPrefixCache(self.memory) if args.disable_radix_cache else \
+            RadixPrefixCache(self.memory, with_draft=worker is not None)
         self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
                                    max_running_requests=max_running_requests, tree_tokens=tree,
-                                   overlap=overlap, generator=self.generator)
+                                   overlap=overlap, generator=self.generator, prefix_cache=cache,
+                                   chunked_prefill_size=args.prefill_chunk_tokens,
+                                   schedule_conservativeness=args.schedule_conservativeness)
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}
         if adaptive:
@@ -259,6 +265,36 @@ class Engine:
         if fits < 1:
             raise ValueError("not enough GPU memory for a KV cache; lower --cuda-graph-max-bs or give --max-total-tokens")
         return min(fits, most_needed)
+
+    # ------------------------------------------------------------ memory
+    @property
+    def kv_bytes_per_token(self) -> dict[str, int]:
+        """KV cache bytes one token position takes: target, draft head, and both (this rank)."""
+        def per_slot(kv: KVCache) -> int:
+            return kv.nbytes() // kv.num_slots
+
+        out = {"target": per_slot(self.runner.kv_cache)}
+        out["draft"] = per_slot(self.worker.resources.kv) if self.worker is not None else 0
+        out["total"] = out["target"] + out["draft"]
+        return out
+
+    def cache_stats(self) -> dict[str, float | int]:
+        """Prefix cache and KV pool figures (``/metrics``, benchmarks)."""
+        sched, cache = self.scheduler, self.scheduler.cache
+        return {
+            "cache_hit_rate": cache.stats.hit_rate,
+            "cached_prompt_tokens": cache.stats.hit_tokens,
+            "queried_prompt_tokens": cache.stats.queried_tokens,
+            "prefill_tokens": sched.prefill_tokens,
+            "cached_pages": cache.cached_pages,
+            "free_pages": self.memory.num_free_pages(),
+            "num_pages": self.memory.num_pages,
+            "num_retracted_reqs": sched.num_retracted,
+        }
+
+    def flush_cache(self) -> int:
+        """Drop the prefix cache's unused pages (SGLang's /flush_cache); returns the pages freed."""
+        return self.scheduler.flush_cache()
 
     # ------------------------------------------------------------ requests
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:

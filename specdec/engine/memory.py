@@ -200,6 +200,41 @@ class PagedKVMemory:
         self._page_free[pages] = True
         self._num_free_pages += total
 
+    # ------------------------------------------------------------ shared pages
+    # A prefix cache (specdec.engine.prefix_cache) owns pages beyond any one request: it maps
+    # cached pages into a request's row, takes a finished request's pages over, and frees pages.
+    def row_pages(self, row: int, first: int, count: int) -> np.ndarray:
+        """Pages ``first .. first + count - 1`` of request ``row`` (request-local page indices)."""
+        ps = self.page_size
+        return self._table[row, np.arange(first, first + count) * ps].astype(np.int64) // ps
+
+    def map_pages(self, row: int, first: int, pages: Sequence[int] | np.ndarray) -> None:
+        """Point request ``row``'s pages ``first, first + 1, ...`` at ``pages`` (already taken:
+        cached ones): every position of those pages gets its slot in ``req_to_token``."""
+        pages = np.asarray(pages, dtype=np.int64)
+        if pages.size == 0:
+            return
+        ps = self.page_size
+        if (first + pages.size) * ps > self.max_context_len:
+            raise ValueError(f"map_pages: {first + pages.size} pages pass max_context_len={self.max_context_len}")
+        if bool(self._page_free[pages].any()):
+            raise RuntimeError("map_pages: a mapped page is free")
+        positions = np.arange(first * ps, (first + pages.size) * ps)  # [pages * ps]
+        slots = np.repeat(pages * ps, ps) + positions % ps
+        self._table[row, positions] = slots
+        packed = host_to_device(torch.from_numpy(np.stack([positions, slots])), self.device)
+        self.req_to_token[row, packed[0]] = packed[1].to(torch.int32)
+
+    def free_pages(self, pages: Sequence[int] | np.ndarray) -> None:
+        """Return pages to the pool (pages no request row maps any more)."""
+        pages = np.asarray(pages, dtype=np.int64)
+        if pages.size == 0:
+            return
+        if np.unique(pages).size != pages.size or bool(self._page_free[pages].any()):
+            raise RuntimeError("free_pages: a page would be freed twice (double free)")
+        self._page_free[pages] = True
+        self._num_free_pages += int(pages.size)
+
     # ---------------------------------------------------------------- helpers
     def _new_pages_per_req(self, prefix: np.ndarray, end: np.ndarray) -> np.ndarray:
         ps = self.page_size

@@ -21,8 +21,8 @@ class Request:
     params: SamplingParams
     # tokens that end the request: EOS (unless ignore_eos) and stop_token_ids
     stop_ids: frozenset[int]
-    # KV slots reserved for this request's worst case (admission control)
-    reserved_tokens: int = 0
+    # prompt tokens whose KV came from the prefix cache at admission (not computed)
+    cached_tokens: int = 0
     output_ids: list[int] = dataclasses.field(default_factory=list)
     row: int = -1  # request-pool row while running
     kv_len: int = 0  # tokens in the KV cache (the last output token is not yet)
@@ -61,6 +61,7 @@ class Request:
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": len(self.output_ids),
             "finish_reason": self.finish_reason.value if self.finish_reason else None,
+            "cached_tokens": self.cached_tokens,
             "spec_verify_ct": self.spec_verify_ct,
             "spec_accept_lengths": list(self.accept_lengths),
         }

@@ -1,10 +1,13 @@
 """Scheduler: continuous batching over the paged KV cache, with or without speculation.
 
-Each ``step`` runs one batch: a prefill of newly admitted requests when there are any, otherwise
-one decode step of every running request (plain: one token each; EAGLE: k + 1 tokens each).
-Requests join and leave between steps. Admission reserves a request's worst case (prompt +
-max_new_tokens + what one step may add + one draft tree), so a running request never runs out of
-KV slots mid-decode.
+Each ``step`` runs one batch: a prefill (chunks of newly admitted requests' prompts, less the
+prefix the prefix cache supplies), or one decode step of every running request (plain: one token
+each; EAGLE: k + 1 tokens each); with both pending the two alternate, so a long prompt stalls
+decoding by at most one chunk (``specdec.engine.admission``). Requests join and leave between
+steps. Admission promises a request its prompt plus an estimate of its output; when a decode step
+would not fit in the KV pool (free pages plus cached pages no request uses), the scheduler
+retracts requests, least progress first, until it does: a retracted request's KV goes to the
+prefix cache (or is freed) and it waits to be recomputed from its prompt and output so far.
 
 Overlap scheduling (``overlap=True``): a decode step is launched from the previous step's
 device-resident outputs (lengths, last tokens) *before* the host reads that step, so the device
@@ -29,8 +32,11 @@ import dataclasses
 import torch
 
 from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token
+from specdec.eagle.worker import sample_after_prefill
+from specdec.engine.admission import KVPromise, NewTokenRatio, PrefillChunk, chunk_request, fill_ids, retract_order
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
+from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import FinishReason, Request
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
@@ -102,9 +108,17 @@ class Scheduler:
         tree_tokens: int,
         overlap: bool = False,
         generator: torch.Generator | None = None,
+        prefix_cache: RadixPrefixCache | NoPrefixCache | None = None,
+        chunked_prefill_size: int | None = None,
+        schedule_conservativeness: float = 1.0,
     ) -> None:
+        """``prefix_cache``: default none (``NoPrefixCache``); ``chunked_prefill_size``: most
+        prompt tokens per prefill step (None: no limit)."""
         self.runner = runner
         self.memory = memory
+        self.cache = prefix_cache if prefix_cache is not None else NoPrefixCache(memory)
+        self.chunked_prefill_size = chunked_prefill_size
+        self.new_token_ratio = NewTokenRatio(schedule_conservativeness)
         self.worker = worker
         self.max_running_requests = max_running_requests
         # KV positions a decode step may hold beyond the committed ones (a whole draft tree)
@@ -117,8 +131,15 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         # admitted and not yet released (finished ones stay while a launched step still holds them)
         self.running: list[Request] = []
+        # the admitted request whose prompt is partly prefilled (chunked prefill)
+        self.chunked: Request | None = None
         self.launched: _Launched | None = None
-        self.reserved = 0
+        self.promise = KVPromise(step_tokens=self.worst_case_tokens(0, 0))
+        self._last_was_prefill = False
+        self.num_retracted = 0
+        # prefill work: tokens computed, and tokens the prefix cache supplied instead
+        self.prefill_tokens = 0
+        self.cached_prefill_tokens = 0
         # decode steps (sub-batches) by tree shape ("SxKxN"; "plain": no draft tree), speculative engines
         self.spec_shape_steps: collections.Counter[str] = collections.Counter()
 
@@ -134,7 +155,6 @@ class Scheduler:
         return -(-need // page) * page + page
 
     def add(self, req: Request) -> None:
-        req.reserved_tokens = self.worst_case_tokens(len(req.prompt_ids), req.params.max_new_tokens)
         self.waiting.append(req)
 
     def abort(self, rid: str) -> Request | None:
@@ -149,6 +169,11 @@ class Scheduler:
                     req.finish_reason = FinishReason.ABORT
                 self._release_finished()
                 return req
+        if self.chunked is not None and self.chunked.rid == rid:
+            req, self.chunked = self.chunked, None
+            req.finish_reason = FinishReason.ABORT
+            self._release(req)
+            return req
         return None
 
     def drain(self) -> list[Request]:
@@ -159,32 +184,28 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.launched)
+        return bool(self.waiting or self.running or self.launched or self.chunked)
+
+    def flush_cache(self) -> int:
+        """Drop every cached KV page no request uses; returns the pages freed."""
+        return self.cache.flush()
 
     def _release_finished(self) -> None:
         """Free the KV and rows of finished requests that no launched step still holds."""
         held = {id(r) for r in self.launched.reqs} if self.launched else set()
         done = [r for r in self.running if r.finished and id(r) not in held]
         for req in done:
-            self.memory.free_request_tokens(req.row, max(req.kv_len, req.kv_alloc))
-            self.memory.free_req(req.row)
-            self.reserved -= req.reserved_tokens
-            req.row = -1
-            req.kv_len = req.kv_alloc = 0
+            self._release(req)
         gone = {id(r) for r in done}
         self.running = [r for r in self.running if id(r) not in gone]
 
-    def _admit(self) -> list[Request]:
-        admitted = []
-        while self.waiting and len(self.running) + len(admitted) < self.max_running_requests:
-            req = self.waiting[0]
-            if self.reserved + req.reserved_tokens > self.memory.capacity:
-                break
-            self.waiting.popleft()
-            req.row = self.memory.alloc_req()
-            self.reserved += req.reserved_tokens
-            admitted.append(req)
-        return admitted
+    def _release(self, req: Request) -> None:
+        """Hand a leaving request's KV to the prefix cache (which frees what it does not keep)
+        and free its row."""
+        self.cache.release_request(req.row, fill_ids(req), req.kv_len, req.kv_alloc)
+        self.memory.free_req(req.row)
+        req.row = -1
+        req.kv_len = req.kv_alloc = 0
 
     # ------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -194,54 +215,133 @@ class Scheduler:
         With overlap, a decode ``step`` launches the next decode step and then reads the one
         launched by the previous ``step``: the tokens it hands out are one step behind.
         """
-        admitted = self._admit()
-        if admitted:
+        chunks = self._plan_prefill() if self._prefill_turn() else []
+        if chunks:
             finished = self._read_launched()  # the prefill needs the device's lengths settled
-            self._prefill(admitted)
-            finished += [r for r in admitted if r.finished]
+            self._prefill(chunks)
+            finished += [c.req for c in chunks if c.req.finished]
         else:
             finished = self._decode()
+        self._last_was_prefill = bool(chunks)
         self._release_finished()
         return finished
 
-    def _prefill(self, reqs: list[Request]) -> None:
+    def _prefill_turn(self) -> bool:
+        """Prefill when there is prefill work, alternating with decode steps while requests run."""
+        if self.chunked is None and not self.waiting:
+            return False
+        decoding = any(not r.finished for r in self.running)
+        return not (decoding and self._last_was_prefill)
+
+    # ------------------------------------------------------------ admission
+    def _plan_prefill(self) -> list[PrefillChunk]:
+        """This step's prefill chunks: the chunked request's next one, then newly admitted
+        requests while the chunk budget, the request rows and the KV promise allow."""
+        budget = self.chunked_prefill_size or float("inf")
+        ratio = self.new_token_ratio.value
+        decoding = [r for r in self.running if not r.finished]
+        # KV tokens not yet promised to anyone: reclaimable pages less the running requests' futures
+        room = self.cache.reclaimable_pages() * self.memory.page_size
+        room -= sum(self.promise.future_tokens(r, ratio) for r in decoding)
+        if self.chunked is not None:  # promised at its admission: the rest of its prompt and its output
+            rest = len(fill_ids(self.chunked)) - self.chunked.kv_len
+            room -= self.promise.admission_tokens(self.chunked, rest, ratio)
+        chunks: list[PrefillChunk] = []
+        if self.chunked is not None:
+            req = self.chunked
+            chunk = chunk_request(req, fill_ids(req), req.kv_len, budget)
+            if room < 0 and decoding:
+                return []  # decode first: it may finish requests or retract this one
+            self.chunked = req if not chunk.is_last else None
+            chunks.append(chunk)
+            budget -= chunk.length
+        while self.chunked is None and self.waiting and budget > 0 \
+                and len(self.running) + len(chunks) < self.max_running_requests:
+            req = self.waiting[0]
+            tokens = fill_ids(req)
+            extend = len(tokens) - self.cache.lookup(tokens)
+            need = self.promise.admission_tokens(req, extend, ratio)
+            if need > room and (decoding or chunks):
+                break  # wait for KV (an idle engine admits anyway: a request alone always fits)
+            self.waiting.popleft()
+            chunk = chunk_request(req, tokens, self._admit(req, tokens), budget)
+            self.chunked = req if not chunk.is_last else None
+            chunks.append(chunk)
+            budget -= chunk.length
+            room -= need
+        return chunks
+
+    def _admit(self, req: Request, tokens: list[int]) -> int:
+        """Give ``req`` a row and its cached prefix; returns the positions the cache supplied."""
+        req.row = self.memory.alloc_req()
+        cached = self.cache.acquire(req.row, tokens)
+        if not req.output_ids:  # a first admission (not a recompute after retraction)
+            req.cached_tokens = cached
+        req.kv_len = req.kv_alloc = cached
+        self.cached_prefill_tokens += cached
+        return cached
+
+    # ------------------------------------------------------------ prefill
+    def _prefill(self, chunks: list[PrefillChunk]) -> None:
+        """One EXTEND forward over every chunk; requests whose last chunk this is get their
+        next token and start decoding."""
         device = self.device
-        lens = [len(r.prompt_ids) for r in reqs]
-        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64, device=device)
-        zeros = torch.zeros(len(reqs), dtype=torch.int64, device=device)
-        extend_lens = torch.tensor(lens, dtype=torch.int64, device=device)
-        out_cache_loc = self.memory.alloc_extend(rows, zeros, extend_lens)
+        reqs = [c.req for c in chunks]
+        starts, lens = [c.start for c in chunks], [c.length for c in chunks]
+        rows_cpu = [r.row for r in reqs]
+        self._make_room(self.memory.pages_needed(starts, lens))
+        out_cache_loc = self.memory.alloc_extend(rows_cpu, starts, lens)
+        columns = host_to_device(torch.tensor([rows_cpu, starts, lens], dtype=torch.int64), device)
         batch = ForwardBatch(
             forward_mode=ForwardMode.EXTEND,
-            input_ids=torch.tensor([t for r in reqs for t in r.prompt_ids], dtype=torch.int64, device=device),
-            positions=torch.cat([torch.arange(n, device=device) for n in lens]),
+            input_ids=torch.tensor([t for c in chunks for t in c.tokens[c.start:c.end]], dtype=torch.int64,
+                                   device=device),
+            positions=torch.cat([torch.arange(c.start, c.end, device=device) for c in chunks]),
             out_cache_loc=out_cache_loc,
-            req_pool_indices=rows,
-            prefix_lens=zeros,
-            extend_lens=extend_lens,
+            req_pool_indices=columns[0],
+            prefix_lens=columns[1],
+            extend_lens=columns[2],
             req_to_token=self.memory.req_to_token,
             kv_cache=self.runner.kv_cache,
             attn_backend=self.runner.attn_backend,
             logits_mode=LogitsMode.LAST,
             capture_hidden_mode=CaptureHiddenMode.FULL if self.worker else CaptureHiddenMode.NULL,
-            prefix_lens_cpu=[0] * len(reqs),
+            prefix_lens_cpu=starts,
             extend_lens_cpu=lens,
         )
-        sampling = BatchSampling(reqs, device, self.generator)
+        # the token after each chunk: known inside a prompt, sampled after the last chunk
+        next_known = [c.next_token for c in chunks]
+        sampling = BatchSampling([c.req for c in chunks if c.is_last], device, self.generator)
         if self.worker is not None:
-            next_ids = self.worker.prefill(batch, sampling)
+            next_ids = self.worker.prefill(batch, sampling, next_tokens=next_known)
         else:
-            next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)
-        for req, n, token in zip(reqs, lens, next_ids.tolist()):
-            req.kv_len = req.kv_alloc = n
-            req.append([token])
-        self.running.extend(reqs)
+            next_ids = sample_after_prefill(self.runner.forward(batch).next_token_logits, sampling, next_known)
+        self.prefill_tokens += sum(lens)
+        for chunk, token in zip(chunks, next_ids.tolist()):
+            req = chunk.req
+            req.kv_len = req.kv_alloc = chunk.end
+            if chunk.is_last:
+                req.append([token])
+                self.running.append(req)
+            self.cache.cache_request(req.row, fill_ids(req), req.kv_len)
+
+    def _make_room(self, pages: int) -> None:
+        if not self.cache.make_room(pages):
+            raise RuntimeError(f"KV pool: {pages} pages needed, {self.cache.reclaimable_pages()} reclaimable "
+                               "(admission should have prevented this)")
 
     # ------------------------------------------------------------ decode
     def _decode(self) -> list[Request]:
         batch = [r for r in self.running if not r.finished]
+        finished = []
+        if batch and not self.cache.make_room(self._decode_pages(batch, self.launched)):
+            finished = self._read_launched()  # exact lengths, and the finished requests' KV back
+            self._release_finished()
+            batch = self._retract_until_room()
+        if batch:
+            self.new_token_ratio.decay()
         if not self.overlap:
-            finished = self._read_launched()
+            finished += self._read_launched()
             if batch:
                 self.launched = self._launch(batch, previous=None)
                 finished += self._read_launched()
@@ -251,8 +351,39 @@ class Scheduler:
             if batch:
                 self.launched = self._launch(batch, previous)
         finally:  # the previous step's tokens are handed out even if this launch fails
-            finished = self._apply(previous) if previous is not None else []
+            finished += self._apply(previous) if previous is not None else []
         return finished
+
+    def _decode_pages(self, reqs: list[Request], previous: _Launched | None) -> int:
+        """Fresh KV pages the next decode step of ``reqs`` may take: a whole draft tree past each
+        request's length (plus, under overlap, what the unread step may add)."""
+        growth = previous.growth if previous is not None else {}
+        tokens = self.tree_tokens if self.worker is not None else 1
+        if self.overlap:  # _reserve extends each request's reservation from kv_alloc
+            ends = [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs]
+            starts = [r.kv_alloc for r in reqs]
+            return self.memory.pages_needed(starts, [max(e - s, 0) for e, s in zip(ends, starts)])
+        return self.memory.pages_needed([r.kv_len for r in reqs], [tokens] * len(reqs))
+
+    def _retract_until_room(self) -> list[Request]:
+        """Retract requests (the chunked one first, then ``retract_order``) until the next decode
+        step fits; returns the requests left to decode. Nothing is in flight here."""
+        batch = [r for r in self.running if not r.finished]
+        while batch and not self.cache.make_room(self._decode_pages(batch, None)):
+            if self.chunked is not None:
+                victim, self.chunked = self.chunked, None
+            elif len(batch) > 1:
+                victim = retract_order(batch)[0]
+                batch.remove(victim)
+                self.running.remove(victim)
+            else:
+                raise RuntimeError("KV pool: one request's decode step does not fit (admission should have "
+                                   "refused it)")
+            self._release(victim)
+            self.waiting.appendleft(victim)
+            self.num_retracted += 1
+            self.new_token_ratio.on_retract()
+        return batch
 
     def _read_launched(self) -> list[Request]:
         launched, self.launched = self.launched, None

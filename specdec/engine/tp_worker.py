@@ -225,7 +225,7 @@ class MirroredScheduler:
     workers' schedulers too (sent first, so they start their collectives together); reads go to
     the local scheduler."""
 
-    _MIRRORED = ("add", "step", "abort", "drain")
+    _MIRRORED = ("add", "step", "abort", "drain", "flush_cache")
 
     def __init__(self, scheduler: Any, workers: TPWorkers) -> None:
         self._scheduler = scheduler

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.engine.engine import Engine
+from ..kv_leaks import assert_kv_idle
 from ..builders import make_perfect_draft_pair, make_random_eagle3_head, make_random_eagle_head, \
     make_random_target, tiny_llama_config
 from specdec.models.llama import default_eagle3_layers
@@ -57,6 +58,4 @@ def prompts_of(lengths, vocab, seed=0):
 
 
 def assert_no_leak(eng: Engine) -> None:
-    assert not eng.scheduler.running and not eng.scheduler.waiting
-    assert eng.memory.available_size() == eng.memory.capacity
-    assert eng.scheduler.reserved == 0
+    assert_kv_idle(eng)

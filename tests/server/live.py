@@ -17,6 +17,8 @@ import uvicorn
 from specdec.server.app import GracefulServer, create_app
 from specdec.server.async_engine import AsyncEngine
 
+from ..kv_leaks import kv_idle_problems
+
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
@@ -79,8 +81,7 @@ class LiveServer:
 
 
 def kv_is_free(engine) -> bool:
-    return (engine.memory.available_size() == engine.memory.capacity and engine.scheduler.reserved == 0
-            and not engine.scheduler.running and not engine.scheduler.waiting)
+    return not kv_idle_problems(engine)
 
 
 async def read_sse(response: httpx.Response) -> list:

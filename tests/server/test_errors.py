@@ -60,7 +60,7 @@ def test_bad_requests_get_4xx_with_message(live):
     assert missing.status_code == 404 and "message" in missing.json()["error"]
     assert wrong_method.status_code == 405 and "message" in wrong_method.json()["error"]
     # none of them reached the scheduler, and the server still serves
-    assert live.engine_state(lambda e: e.memory.capacity == e.memory.available_size() and not e.scheduler.waiting)
+    assert live.engine_state(kv_is_free)
     ok = httpx.post(f"{live.url}/generate", json={"input_ids": [3, 4], "sampling_params": {**GREEDY,
                                                                                           "max_new_tokens": 3}})
     assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 3 and "text" not in ok.json()

@@ -287,6 +287,7 @@ class Engine:
             "queried_prompt_tokens": cache.stats.queried_tokens,
             "prefill_tokens": sched.prefill_tokens,
             "cached_pages": cache.cached_pages,
+            "evictable_pages": cache.cached_pages - cache.locked_pages,
             "free_pages": self.memory.num_free_pages(),
             "num_pages": self.memory.num_pages,
             "num_retracted_reqs": sched.num_retracted,

@@ -245,7 +245,10 @@ class Endpoints:
 def _usage(gens: list[Generation]) -> dict:
     prompt = sum(g.stream.prompt_tokens for g in gens)
     completion = sum(len(g.ids) for g in gens)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    # prompt tokens the prefix cache supplied (known once a request finished)
+    cached = sum((g.meta_info or {}).get("cached_tokens", 0) for g in gens)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _openai_chunker(gens: list[Generation], head: dict, *, chat: bool, include_usage: bool):

@@ -281,6 +281,7 @@ class AsyncEngine:
         self.metrics.observe_step(time.perf_counter() - start, num_running=len(self.engine.scheduler.running),
                                   num_queue=len(self.engine.scheduler.waiting))
         self.metrics.observe_shapes(self.engine.scheduler.spec_shape_steps)
+        self.metrics.observe_cache(self.engine.cache_stats())
         out: dict[asyncio.AbstractEventLoop, list] = {}
         for rid, t in list(self._active.items()):
             req = t.req

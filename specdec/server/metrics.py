@@ -11,6 +11,14 @@ draft tokens (0..num_steps) and the step commits k + 1 tokens (accepted + bonus)
     specdec:spec_shape_steps_total{shape=SxKxN}     decode steps by speculative shape ("plain": no draft tree);
                                                     adaptive speculation's choices
 
+Prefix cache and KV pool (SGLang's names):
+
+    specdec:cache_hit_rate            prompt tokens served from the prefix cache / prompt tokens admitted
+    specdec:cached_tokens_total       prompt tokens served from the prefix cache (prefill skipped)
+    specdec:prefill_tokens_total      prompt tokens computed by prefill
+    specdec:token_usage               fraction of the KV pool requests hold (unused cached pages count free)
+    specdec:num_retracted_reqs_total  running requests retracted when the KV pool ran full (recomputed later)
+
 Example: three verify steps with k = 2, 0, 1 → accept_length (3 + 1 + 2) / 3 = 2.0,
 accept_rate{1} = 2/3, accept_rate{2} = 1/3, accept_rate{3..S} = 0.
 
@@ -49,6 +57,14 @@ class EngineMetrics:
                                  registry=r)
         self.shape_steps = Counter(p + "spec_shape_steps", "Decode steps by speculative shape (SxKxN; plain: no "
                                    "draft tree): adaptive speculation's choices", ["shape"], registry=r)
+        self.cache_hit_rate = Gauge(p + "cache_hit_rate", "Prompt tokens served from the prefix cache / prompt "
+                                    "tokens admitted", registry=r)
+        self.cached_tokens = Counter(p + "cached_tokens", "Prompt tokens served from the prefix cache", registry=r)
+        self.prefill_tokens = Counter(p + "prefill_tokens", "Prompt tokens computed by prefill", registry=r)
+        self.token_usage = Gauge(p + "token_usage", "Fraction of the KV pool that requests hold", registry=r)
+        self.retracted = Counter(p + "num_retracted_reqs", "Requests retracted when the KV pool ran full",
+                                 registry=r)
+        self._cache_totals: dict[str, int] = {}
         self._shape_steps: dict[str, int] = {}
         self._steps = 0
         self._committed = 0
@@ -83,6 +99,18 @@ class EngineMetrics:
             if total > seen:
                 self.shape_steps.labels(shape=shape).inc(total - seen)
                 self._shape_steps[shape] = total
+
+    def observe_cache(self, stats: dict) -> None:
+        """Bring the cache figures up to the engine's running totals (``Engine.cache_stats()``)."""
+        self.cache_hit_rate.set(stats["cache_hit_rate"])
+        for counter, key in ((self.cached_tokens, "cached_prompt_tokens"), (self.prefill_tokens, "prefill_tokens"),
+                             (self.retracted, "num_retracted_reqs")):
+            seen = self._cache_totals.get(key, 0)
+            if stats[key] > seen:
+                counter.inc(stats[key] - seen)
+                self._cache_totals[key] = stats[key]
+        held = stats["num_pages"] - stats["free_pages"] - stats["evictable_pages"]
+        self.token_usage.set(held / stats["num_pages"] if stats["num_pages"] else 0.0)
 
     def observe_step(self, seconds: float, *, num_running: int, num_queue: int) -> None:
         self.step_time.observe(seconds)

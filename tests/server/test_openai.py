@@ -38,7 +38,8 @@ def test_completions_shape_and_lossless(setup):
     (choice,) = out["choices"]
     assert choice["index"] == 0 and choice["logprobs"] is None and choice["finish_reason"] == "length"
     assert choice["token_ids"] == expected["output_ids"] and choice["text"] == expected["text"]
-    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19}
+    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_completions_batch_and_default_max_tokens(setup):
@@ -64,7 +65,9 @@ def test_completions_stream_deltas_concatenate(setup):
     whole, events = _run(server, both)
     assert events[-1] == "[DONE]"
     usage, chunks = events[-2], events[:-2]
-    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    # the same prompt again: the prefix cache supplies all of it but the last token
+    cached = {"cached_tokens": whole["usage"]["prompt_tokens"] - 1}
+    assert usage["choices"] == [] and usage["usage"] == {**whole["usage"], "prompt_tokens_details": cached}
     assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
     assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == whole["choices"][0]["token_ids"]

@@ -111,3 +111,36 @@ def test_no_server_is_a_clear_error(tmp_path):
         port = sock.getsockname()[1]
     with pytest.raises(SystemExit, match="get_model_info"):
         main(["--port", str(port), "--output", str(tmp_path / "x.json")])
+
+
+def test_multi_turn_reports_prefill_saved_against_a_cacheless_baseline(tmp_path, capsys):
+    """ShareGPT-style conversations against a prefix-cache server and a --disable-radix-cache one:
+    later turns reuse their history on the first only; every turn succeeds on both."""
+    from .server.live import CharTokenizer
+
+    convs = [{"conversations": [{"from": "human", "value": f"Question {i} about cats."},
+                                {"from": "gpt", "value": "ignored: the server answers"},
+                                {"from": "human", "value": "And dogs?"},
+                                {"from": "human", "value": "Thanks!"}]} for i in range(3)]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(convs))
+    target, draft = make_pair("EAGLE", "mixed", seed=3)
+    other = copy.deepcopy(target), copy.deepcopy(draft)  # NOTE: one model object per engine thread
+    with LiveServer(engine(target, draft, algorithm="EAGLE", shape=SHAPE, tokenizer=CharTokenizer())) as on, \
+            LiveServer(engine(*other, algorithm="EAGLE", shape=SHAPE, tokenizer=CharTokenizer(),
+                              disable_radix_cache=True)) as off:
+        output = tmp_path / "multi.json"
+        main(["--multi-turn", "--multi-turn-dataset", str(data), "--base-url", on.url, "--baseline-url", off.url,
+              "--num-prompts", "3", "--max-new-tokens", "6", "--concurrency", "2", "--output", str(output)])
+    res = json.loads(output.read_text())
+    out = capsys.readouterr().out
+    assert "Prefill tokens saved:" in out and "prefix cache on" in out and "prefix cache off" in out
+    server, baseline = res["server"], res["baseline"]
+    for run in (server, baseline):
+        assert run["turns_completed"] == 9 and run["turns_failed"] == 0
+        assert run["completion_tokens"] == 9 * 6
+    assert baseline["cached_tokens"] == 0 and baseline["info"]["disable_radix_cache"]
+    assert server["per_turn"]["0"]["cached_tokens"] < server["per_turn"]["1"]["cached_tokens"]
+    assert 0 < server["prefill_saved_fraction"] < 1
+    assert server["prompt_tokens"] == baseline["prompt_tokens"]
+    assert server["info"]["kv_bytes_per_token"]["total"] > server["info"]["kv_bytes_per_token"]["target"]

@@ -2,6 +2,12 @@
 
     specdec bench-serving --base-url http://127.0.0.1:30000 --dataset mt_bench --num-prompts 64 \\
         --concurrency 8 [--request-rate 4] [--baseline-url http://127.0.0.1:30001]
+    specdec bench-serving --multi-turn --num-prompts 32 --concurrency 4 \\
+        --baseline-url http://127.0.0.1:30001     (a server started with --disable-radix-cache)
+
+``--multi-turn``: conversations instead of single prompts (``specdec.bench.multi_turn``): MT-bench's
+two turns or ShareGPT-style JSON, each turn sent with the whole history, reporting the prefill
+tokens the prefix cache saved, TTFT p50 / p99 and throughput of the server and the baseline.
 
 Prints ``Throughput: X token/s``, ``Acceptance length: Y``, ``Speedup: Z`` (with ``--baseline-url``:
 the same model served without speculation, given the same workload first), request throughput and
@@ -38,6 +44,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from specdec.bench import multi_turn
 from specdec.bench.report import format_histogram, git_commit, plot_histogram, progress_bar
 from specdec.engine.args import flag
 from specdec.engine.embedded import DATASETS, load_prompts
@@ -251,6 +258,11 @@ class ServingSettings:
     request_rate: float = dataclasses.field(default=math.inf, metadata=flag(
         "requests per second, Poisson arrivals (default: inf, all at once)", group=WORKLOAD))
     seed: int = dataclasses.field(default=0, metadata=flag("random prompts and arrival times", group=WORKLOAD))
+    multi_turn: bool = dataclasses.field(default=False, metadata=flag(
+        "send conversations turn by turn with their history (--num-prompts conversations; compare a prefix-cache "
+        "server with a --disable-radix-cache one given as --baseline-url)", group=WORKLOAD))
+    multi_turn_dataset: str = dataclasses.field(default="mt_bench", metadata=flag(
+        "--multi-turn: mt_bench (two turns each) or a ShareGPT-style JSON file", group=WORKLOAD))
     output: str = dataclasses.field(default="bench_serving.json", metadata=flag("JSON results file", group=OUTPUT))
     plot: str | None = dataclasses.field(default=None, metadata=flag(
         "also write the acceptance histogram as a PNG (needs matplotlib)", group=OUTPUT, metavar="PATH"))
@@ -304,8 +316,44 @@ def build_prompts(args: ServingSettings, info: dict) -> tuple[str, list[Prompt]]
                      for i in range(args.num_prompts)]
 
 
+def run_multi_turn(args: ServingSettings) -> dict:
+    """``--multi-turn``: the baseline server first (if any), then the server, on the same conversations."""
+    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    convs = multi_turn.load_conversations(args.multi_turn_dataset, args.num_prompts)
+    gaps = arrival_gaps(len(convs), args.request_rate, args.seed)
+    run = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, concurrency=args.concurrency,
+               gaps=gaps, timeout=args.timeout, progress=not args.disable_tqdm)
+    servers = {"baseline": args.baseline_url.rstrip("/")} if args.baseline_url else {}
+    servers["server"] = base_url
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(),
+           "mode": "multi-turn", "dataset": args.multi_turn_dataset, "num_conversations": len(convs),
+           "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+           "concurrency": args.concurrency,
+           "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf", "seed": args.seed}
+    for name, url in servers.items():
+        info = model_info(url, args.timeout)
+        results, seconds = asyncio.run(multi_turn.run_conversations(url, convs, desc=name, **run))
+        out[name] = {"url": url, "info": info, **multi_turn.summarize_turns(results, seconds)}
+    return out
+
+
+def print_multi_turn(res: dict) -> None:
+    print(f"Workload: {res['dataset']} multi-turn, {res['num_conversations']} conversations, "
+          f"{res['max_new_tokens']} new tokens per turn, concurrency {res['concurrency'] or 'unlimited'}")
+    for name in ("baseline", "server"):
+        if name in res:
+            cache = "off" if res[name]["info"].get("disable_radix_cache") else "on"
+            for line in multi_turn.format_summary(f"{name} ({res[name]['url']}, prefix cache {cache})", res[name]):
+                print(line)
+    if "baseline" in res and res["baseline"]["throughput_tok_s"] > 0:
+        print(f"Throughput ratio (server / baseline): "
+              f"{res['server']['throughput_tok_s'] / res['baseline']['throughput_tok_s']:.2f}")
+
+
 def run_benchmark(args: ServingSettings) -> dict:
     _check(args)
+    if args.multi_turn:
+        return run_multi_turn(args)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     baseline_url = args.baseline_url.rstrip("/") if args.baseline_url else None
     info = model_info(base_url, args.timeout)
@@ -402,6 +450,11 @@ def print_report(res: dict) -> None:
 
 def write_report(res: dict, settings: ServingSettings) -> None:
     """Print the report, write the JSON (and, with ``--plot``, the histogram PNG)."""
+    if res.get("mode") == "multi-turn":
+        print_multi_turn(res)
+        Path(settings.output).write_text(json.dumps(res, indent=2))
+        print(f"Wrote {settings.output}")
+        return
     print_report(res)
     Path(settings.output).write_text(json.dumps(res, indent=2))
     print(f"Wrote {settings.output}")

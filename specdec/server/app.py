@@ -235,7 +235,8 @@ class Endpoints:
         return {"model_path": self.model_path, "served_model_name": self.model_name, "is_generation": True,
                 "context_length": self.eng.context_length, "vocab_size": self.eng.vocab_size,
                 "has_tokenizer": self.tok is not None, "speculative_algorithm": self.eng.speculative_algorithm,
-                "chat_template": "tokenizer" if getattr(self.tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE}
+                "chat_template": "tokenizer" if getattr(self.tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE,
+                **self.eng.memory_info}
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "specdec",

@@ -133,6 +133,10 @@ class AsyncEngine:
         self.context_length = engine.context_length
         self.vocab_size = engine.target_model.config.vocab_size
         self.speculative_algorithm = spec.algorithm.value if spec else None
+        self.memory_info = {"disable_radix_cache": engine.args.disable_radix_cache,
+                            "chunked_prefill_size": engine.args.prefill_chunk_tokens,
+                            "page_size": engine.memory.page_size, "max_total_tokens": engine.memory.capacity,
+                            "kv_bytes_per_token": engine.kv_bytes_per_token}
         self.accepting = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: dict[str, _Tracked] = {}  # loop thread only

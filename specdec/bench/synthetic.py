@@ -184,14 +184,17 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     import torch
 
     from specdec.eagle.timing import PhaseTimer
+    from specdec.engine.admission import decode_steps_during_prefill
     from specdec.engine.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(settings.seed + bs)
     spec = engine.worker is not None
     per_step = (engine.spec_config.num_steps + 1) if spec else 1
     group = max(1, PREFILL_TOKENS // settings.context_len)  # prefill activations of at most this many tokens
-    # the first groups decode while the later ones prefill: a step per later group more
-    max_new = (settings.warmup_steps + settings.decode_steps + 2 + math.ceil(bs / group)) * per_step
+    # the first groups decode while the later ones prefill: a step per later group more, and
+    # NOTE: requests prefilled first also decode between the chunks of the others' prompts
+    interleaved = decode_steps_during_prefill(bs * settings.context_len, engine.args.prefill_chunk_tokens)
+    max_new = (settings.warmup_steps + settings.decode_steps + 2 + math.ceil(bs / group) + interleaved) * per_step
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
     reqs = []
     for i in range(bs):

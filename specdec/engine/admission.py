@@ -102,6 +102,13 @@ class KVPromise:
         return extend + self.future_tokens(req, ratio)
 
 
+def decode_steps_during_prefill(num_prompt_tokens: int, chunk_tokens: int | None) -> int:
+    """Most decode steps requests already prefilled take while the rest of ``num_prompt_tokens``
+    prefills (one between every two chunks): slack for benchmarks that prefill a batch, then time
+    its decode steps."""
+    return 0 if chunk_tokens is None else max(-(-num_prompt_tokens // chunk_tokens) - 1, 0)
+
+
 def chunk_request(req: Request, tokens: list[int], start: int, budget: float) -> PrefillChunk:
     """The next chunk of ``req``: from ``start`` to its end, or ``budget`` tokens if fewer."""
     length = int(min(len(tokens) - start, budget))

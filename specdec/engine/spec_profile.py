@@ -28,6 +28,7 @@ import torch
 from specdec.eagle.acceptance import AcceptanceModel
 from specdec.eagle.adaptive import AUTO
 from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts
+from specdec.engine.admission import decode_steps_during_prefill
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,11 @@ def _time_steps(engine, bs: int, ctx: int, new_tokens: int, steps: int, warmup: 
     device = engine.memory.req_to_token.device
     gen = torch.Generator().manual_seed(bs * 7919 + ctx)
     vocab = engine.target_model.config.vocab_size
-    params = {"max_new_tokens": new_tokens, "ignore_eos": True, "temperature": 0}
+    # NOTE: requests prefilled first decode between the chunks of the others' prompts
+    interleaved = decode_steps_during_prefill(bs * ctx, engine.args.prefill_chunk_tokens)
+    slack = interleaved * (engine.worker.config.num_steps + 1)
+    params = {"max_new_tokens": min(new_tokens + slack, engine.context_length - ctx), "ignore_eos": True,
+              "temperature": 0}
     reqs = []
     for i in range(bs):
         prompt = torch.randint(3, vocab, (ctx,), generator=gen).tolist()

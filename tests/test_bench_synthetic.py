@@ -65,3 +65,21 @@ def test_specdec_bench_routes_synthetic(tmp_path, capsys):
           "--context-len", "8", "--output", str(out)])
     assert "Speedup 2x1x3: bs1=" in capsys.readouterr().out
     assert json.loads(out.read_text())["setup"]["shape"] == "tiny"
+
+
+def test_multi_turn_synthetic_on_cpu(tmp_path, capsys):
+    """The in-process multi-turn run on the tiny synthetic shape: the cache saves prefill on later
+    turns and the outputs are the same work (same prompt tokens) with it on and off."""
+    from specdec.cli.bench import multi_turn_main
+
+    out = tmp_path / "mt.json"
+    multi_turn_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+                     "--config", "3,1,4", "--num-conversations", "4", "--turns", "3", "--first-turn-len", "40",
+                     "--turn-len", "8", "--max-new-tokens", "6", "--concurrency", "2", "--output", str(out)])
+    res = json.loads(out.read_text())
+    on, off = res["cache_on"], res["cache_off"]
+    assert on["turns"] == off["turns"] == 12 and on["prompt_tokens"] == off["prompt_tokens"]
+    assert off["cached_tokens"] == 0 and on["per_turn"]["0"]["cached_tokens"] == 0
+    assert on["per_turn"]["2"]["cached_tokens"] > 0 and on["prefill_tokens"] < off["prefill_tokens"]
+    assert res["kv_bytes_per_token"]["draft"] > 0
+    assert "KV bytes per token" in capsys.readouterr().out

@@ -113,7 +113,26 @@ def acceptance_main(argv: list[str] | None = None) -> None:
     print(f"Wrote {settings.output}")
 
 
-TOOLS = {"acceptance": acceptance_main, "bench": bench_main, "bench-serving": bench_serving_main}
+# ----------------------------------------------------------------------------- multi-turn synthetic
+def multi_turn_main(argv: list[str] | None = None) -> None:
+    """``python -m specdec.cli.bench multi-turn``: prefix caching on synthetic full-size conversations."""
+    from specdec.bench import multi_turn_synthetic as mts
+
+    parser = argparse.ArgumentParser(prog="python -m specdec.cli.bench multi-turn", description=mts.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(parser, EngineArgs, only=set(ENGINE_FLAGS), defaults=ENGINE_FLAGS)
+    add_flags(parser, mts.MultiTurnSyntheticSettings)
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from(mts.MultiTurnSyntheticSettings, args)
+        engine_args = EngineArgs(**{name: getattr(args, name) for name in ENGINE_FLAGS})
+    except ValueError as e:
+        parser.error(str(e))
+    mts.write_report(mts.run(settings, engine_args), settings)
+
+
+TOOLS = {"acceptance": acceptance_main, "bench": bench_main, "bench-serving": bench_serving_main,
+         "multi-turn": multi_turn_main}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:

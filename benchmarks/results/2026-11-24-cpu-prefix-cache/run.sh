@@ -10,9 +10,9 @@ HEAD=specdec/data/smollm2/eagle3_head
 COMMON=(--model-path "$MODEL" --speculative-algorithm EAGLE3 --speculative-draft-model-path "$HEAD"
         --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4
         --max-running-requests 4 --page-size 16 --host 127.0.0.1)
-$PY -m specdec.cli serve "${COMMON[@]}" --port 30100 > "$OUT/server_cache_on.log" 2>&1 &
+$PY -m specdec.cli serve "${COMMON[@]}" --port 30100 > "${TMPDIR:-/tmp}/specdec_cache_on.log" 2>&1 &
 ON=$!
-$PY -m specdec.cli serve "${COMMON[@]}" --port 30101 --disable-radix-cache > "$OUT/server_cache_off.log" 2>&1 &
+$PY -m specdec.cli serve "${COMMON[@]}" --port 30101 --disable-radix-cache > "${TMPDIR:-/tmp}/specdec_cache_off.log" 2>&1 &
 OFF=$!
 trap 'kill $ON $OFF 2>/dev/null || true' EXIT
 for port in 30100 30101; do

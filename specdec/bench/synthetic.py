@@ -308,6 +308,8 @@ def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, b
 def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     import torch
 
+    from specdec.engine.admission import decode_steps_during_prefill
+
     from specdec.engine.engine import Engine
 
     configs = parse_configs(settings.configs)
@@ -317,6 +319,7 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     bandwidth = copy_bandwidth(engine_args.device)
     most_steps = max([c[0] + 1 for c in configs] + [1])
     groups = math.ceil(max(batch_sizes) / max(1, PREFILL_TOKENS // settings.context_len))
+    groups += decode_steps_during_prefill(max(batch_sizes) * settings.context_len, engine_args.prefill_chunk_tokens)
     context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3 + groups) * most_steps + 64
     results = {"plain": [], "speculative": {}}
     policies = [None] + configs + ([] if settings.skip_adaptive else [ADAPTIVE])

@@ -17,11 +17,12 @@ two kernels read the same arguments under other names.
     TARGET_VERIFY, tree="mask_mod" one paged call over prefix + tree whose ``mask_mod`` reads the
                                    [N, N] tree block of the request (``fa4_masks``)
 
-Split-KV: FA4's own heuristic (``num_splits=0``) never splits while the grid has more CTAs than
-SMs, which leaves a decode of 32 requests x 8 KV heads on one CTA per (request, head);
-``plan_num_splits`` instead aims at ``waves`` CTAs per SM from a host bound on the KV length
-(eager: the longest sequence; CUDA graphs: the graph's bound). FA4 then splits each sequence by
-its own length on the device.
+Split-KV: FA4 4.0.0b36 refuses its own split-KV on SM90 ("SplitKV not supported on SM 9.0"), and
+one CTA per (sequence, KV head) leaves a small decode batch on a few SMs. So unmasked calls whose
+sequences have one query row, or are not causal (verify's prefix part), are cut into key chunks by
+page table (``fa4_split``): one varlen call over (sequence, chunk) pairs, merged by log-sum-exp.
+``fa4_split.plan_num_splits`` sizes the chunks from a host bound on the KV length (eager: the
+longest sequence; CUDA graphs: the graph's bound); chunks past a sequence's end are empty.
 
 CUDA graphs: every argument is a device tensor or a host int fixed by the batch size and the
 graph's length bound, so static forwards (``ForwardBatch.static_max_seq_len``) build their page
@@ -31,12 +32,12 @@ tables on the device and are captured like triton's; nothing is planned on the h
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
+from specdec.attention.fa4_split import SplitCall, combine_splits, plan_num_splits, repeat_queries, split_keys
 from specdec.attention.flashattention_backend import (
     FlashAttentionMetadata,
     PagedCall,
@@ -51,8 +52,6 @@ INSTALL_HINT = ("pip install 'specdec[fa4]' (flash-attn-4 4.0.0b36 tested on an 
                 "nvidia-cutlass-dsl, and JIT-compiles on first use)")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 TREE_MODES = ("merge", "mask_mod")
-# FA4's SM90 tiles for head_dim 128 (interface._tile_size_fwd_sm90): rows of packed queries, keys
-TILE_M, TILE_N = 128, 128
 
 
 def import_flash_attn_varlen_func() -> Callable[..., object]:
@@ -69,32 +68,19 @@ def check_device(device: torch.device) -> None:
         raise RuntimeError(f"fa4 backend needs a CUDA device (Hopper or newer), got {device}")
 
 
-def plan_num_splits(num_seqs: int, q_rows: int, max_kv_len: int, *, num_kv_heads: int, group: int,
-                    num_sms: int, waves: float = 2.0) -> int:
-    """Split-KV count for one call: enough CTAs for ``waves`` per SM, at least one key tile per split.
-
-    The grid has one CTA per (sequence, KV head, M tile of ``q_rows * group`` packed query rows) and
-    split. Example (H100, 132 SMs): decode of 32 requests, 8 KV heads, 1024 keys -> 256 CTAs
-    unsplit; 2 waves want 264 -> 2 splits of 4 key tiles each.
-    """
-    m_blocks = max(num_seqs, 1) * num_kv_heads * math.ceil(max(q_rows, 1) * group / TILE_M)
-    n_blocks = math.ceil(max_kv_len / TILE_N)
-    if n_blocks <= 1:
-        return 1
-    return max(1, min(n_blocks, math.ceil(waves * num_sms / m_blocks), 128))
-
-
 @dataclasses.dataclass(frozen=True)
 class FA4Metadata:
     # fa3's page tables: the whole layout (causal), or under the tree mask the prefix part
     # (tree mode "merge") or prefix + tree (tree mode "mask_mod", ``main.causal`` False)
     paged: FlashAttentionMetadata | None  # None with dense_cu_seqlens
+    # ``paged.main`` cut into key chunks (``fa4_split``); None: one call
+    split: SplitCall | None
     # tree mode "mask_mod": [num_seqs, N, N] int32 tree blocks, the mask_mod's aux tensor
     tree_blocks: torch.Tensor | None
     # EXTEND with no cached prefix: [num_seqs + 1] int32 offsets of the new tokens (q and k alike)
     dense_cu_seqlens: torch.Tensor | None
-    # host bound on the KV entries of a sequence in ``paged.main`` (sizes the split plan)
-    max_kv_len: int
+    # dense only: the longest sequence
+    max_len: int = 0
 
 
 def tree_blocks_of(batch: ForwardBatch, q_lens: list[int] | None) -> torch.Tensor:  # [bs, max N, max N] int32
@@ -127,49 +113,50 @@ class FA4Backend(AttentionBackend):
     def __init__(self, *, tree: str | None = None, num_splits: int | None = None, waves: float = 2.0,
                  dense_prefill: bool = True) -> None:
         """``tree``: how TARGET_VERIFY applies the tree mask (``TREE_MODES``); ``num_splits`` forces the
-        split-KV count of the main call (default: ``plan_num_splits`` with ``waves``);
-        ``dense_prefill``: EXTEND with no cached prefix reads the new K/V directly."""
+        key chunks of splittable calls (default: ``fa4_split.plan_num_splits`` with ``waves``; 1: never
+        split); ``dense_prefill``: EXTEND with no cached prefix reads the new K/V directly."""
         tree = tree or self.default_tree
         if tree not in TREE_MODES:
             raise ValueError(f"fa4 backend: tree={tree!r}, expected one of {TREE_MODES}")
-        if num_splits is not None and num_splits < 0:
-            raise ValueError(f"num_splits={num_splits}: expected >= 0 (0: FA4's heuristic) or None")
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits={num_splits}: expected >= 1 or None")
         self.tree, self.num_splits, self.waves, self.dense_prefill = tree, num_splits, waves, dense_prefill
         self._varlen = import_flash_attn_varlen_func()
         self._tree_mask_mod = None
         self._num_sms: int | None = None
         if tree == "mask_mod":
-            from specdec.attention.fa4_masks import tree_mask_mod
+            from specdec.attention import fa4_masks
 
-            self._tree_mask_mod = tree_mask_mod()
+            self._tree_mask_mod = fa4_masks.tree_mask_mod()
 
     # ------------------------------------------------------------------ planning
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_device(batch.input_ids.device)
         verify = batch.forward_mode == ForwardMode.TARGET_VERIFY
-        masked = verify and self.tree == "merge"
-        if batch.static_max_seq_len is not None:
-            paged = static_flash_attention_metadata(batch) if masked or not verify else \
-                _unmasked_static(batch)
-            max_kv = int(paged.main.page_table.shape[1])
+        mask_mod = verify and self.tree == "mask_mod"
+        static = batch.static_max_seq_len is not None
+        if static:
+            paged = _unmasked_static(batch) if mask_mod else static_flash_attention_metadata(batch)
+            uniform = True
         else:
             dense = self._dense_offsets(batch)
             if dense is not None:
-                batch.attn_metadata = FA4Metadata(paged=None, tree_blocks=None, dense_cu_seqlens=dense,
-                                                  max_kv_len=max(batch.host_extend_lens(), default=0))
+                batch.attn_metadata = FA4Metadata(paged=None, split=None, tree_blocks=None, dense_cu_seqlens=dense,
+                                                  max_len=max(batch.host_extend_lens(), default=0))
                 return
             layout = build_ragged_layout(batch)
-            if verify and not masked:  # mask_mod mode: the whole list of every sequence, mask applied in-kernel
+            if mask_mod:  # the whole list of every sequence; the mask is applied in the kernel
                 layout = dataclasses.replace(layout, mask=None, mask_indptr=None)
             paged = flash_attention_metadata(layout)
-            max_kv = max(max(layout.kv_lens, default=0) - (max(layout.q_lens, default=0) if masked else 0), 0)
-        tree_blocks = None
-        if verify and not masked:  # the same table, its causal rule replaced by the tree's mask_mod
-            static = batch.static_max_seq_len is not None
+            uniform = len(set(layout.q_lens)) <= 1
+        tree_blocks = split = None
+        if mask_mod:  # the same table, its causal rule replaced by the tree's mask_mod
             tree_blocks = tree_blocks_of(batch, None if static else batch.host_extend_lens())
             paged = FlashAttentionMetadata(main=dataclasses.replace(paged.main, causal=False), tree=None)
-        batch.attn_metadata = FA4Metadata(paged=paged, tree_blocks=tree_blocks, dense_cu_seqlens=None,
-                                          max_kv_len=max_kv)
+        elif uniform and (not paged.main.causal or paged.main.max_seqlen_q == 1):
+            splits = self._plan_splits(paged.main, batch)
+            split = split_keys(paged.main, splits) if splits > 1 else None
+        batch.attn_metadata = FA4Metadata(paged=paged, split=split, tree_blocks=tree_blocks, dense_cu_seqlens=None)
 
     def _dense_offsets(self, batch: ForwardBatch) -> torch.Tensor | None:
         if not (self.dense_prefill and batch.forward_mode == ForwardMode.EXTEND and batch.draft_ancestors is None):
@@ -179,25 +166,27 @@ class FA4Backend(AttentionBackend):
         lens = torch.tensor([0] + list(batch.host_extend_lens()), dtype=torch.int64)
         return torch.cumsum(lens, 0).to(device=batch.input_ids.device, dtype=torch.int32)
 
-    def _splits(self, part: PagedCall, max_kv_len: int, layer: AttentionLayer, device: torch.device) -> int:
+    def _plan_splits(self, main: PagedCall, batch: ForwardBatch) -> int:
+        """Key chunks for ``main``, from its table width (the host bound on its sequences' keys)."""
         if self.num_splits is not None:
             return self.num_splits
         if self._num_sms is None:
-            self._num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return plan_num_splits(part.cu_seqlens_q.shape[0] - 1, part.max_seqlen_q, max_kv_len,
-                               num_kv_heads=layer.num_kv_heads, group=layer.num_heads // layer.num_kv_heads,
+            self._num_sms = torch.cuda.get_device_properties(batch.input_ids.device).multi_processor_count
+        num_seqs, width = main.page_table.shape
+        return plan_num_splits(num_seqs, main.max_seqlen_q, width, num_kv_heads=batch.kv_cache.num_kv_heads,
                                num_sms=self._num_sms, waves=self.waves)
 
     # ------------------------------------------------------------------ running
     def _paged(self, q3: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, part: PagedCall,
-               layer: AttentionLayer, *, num_splits: int, return_lse: bool = False,
+               layer: AttentionLayer, *, return_lse: bool = False,
                tree_blocks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         extra = {}
         if tree_blocks is not None:
             extra = dict(mask_mod=self._tree_mask_mod, aux_tensors=[tree_blocks])
+        # NOTE: num_splits=1: FA4's own split-KV asserts on SM90; ours is the page-table chunking
         return self._varlen(q3, k_cache, v_cache, cu_seqlens_q=part.cu_seqlens_q, max_seqlen_q=part.max_seqlen_q,
                             seqused_k=part.cache_seqlens, page_table=part.page_table, softmax_scale=layer.scaling,
-                            causal=part.causal, num_splits=num_splits, return_lse=return_lse, **extra)
+                            causal=part.causal, num_splits=1, return_lse=return_lse, **extra)
 
     def forward(
         self,
@@ -219,19 +208,24 @@ class FA4Backend(AttentionBackend):
         if md.dense_cu_seqlens is not None:
             out, _ = self._varlen(q3, k.reshape(-1, hkv, d).contiguous(), v.reshape(-1, hkv, d).contiguous(),
                                   cu_seqlens_q=md.dense_cu_seqlens, cu_seqlens_k=md.dense_cu_seqlens,
-                                  max_seqlen_q=md.max_kv_len, max_seqlen_k=md.max_kv_len,
-                                  softmax_scale=layer.scaling, causal=True)
+                                  max_seqlen_q=md.max_len, max_seqlen_k=md.max_len, softmax_scale=layer.scaling,
+                                  causal=True)
             return out.reshape(-1, hq * d)
         k_cache, v_cache = k_buf.unsqueeze(1), v_buf.unsqueeze(1)  # [num_slots, page_size 1, hkv, d]
-        main, tree = md.paged.main, md.paged.tree
-        splits = self._splits(main, md.max_kv_len, layer, q.device)
-        if tree is None:
-            out, _ = self._paged(q3, k_cache, v_cache, main, layer, num_splits=splits, tree_blocks=md.tree_blocks)
+        tree = md.paged.tree
+        if md.split is not None:
+            out_parts, lse_parts = self._paged(repeat_queries(q3, md.split), k_cache, v_cache, md.split.part, layer,
+                                               return_lse=True)
+            out, lse = combine_splits(out_parts, lse_parts, md.split)  # lse [num_tokens, hq]
+        elif tree is None:
+            out, _ = self._paged(q3, k_cache, v_cache, md.paged.main, layer, tree_blocks=md.tree_blocks)
             return out.reshape(-1, hq * d)
-        out_prefix, lse_prefix = self._paged(q3, k_cache, v_cache, main, layer, num_splits=splits, return_lse=True)
-        out_tree, lse_tree = self._paged(q3, k_cache, v_cache, tree, layer, num_splits=1, return_lse=True)
-        # FA4's varlen LSE is [num_heads, total_q], natural log
-        out, _ = merge_attention_states(out_prefix, lse_prefix.transpose(0, 1), out_tree, lse_tree.transpose(0, 1))
+        else:
+            out, lse = self._paged(q3, k_cache, v_cache, md.paged.main, layer, return_lse=True)
+            lse = lse.transpose(0, 1)  # FA4's varlen LSE is [num_heads, total_q], natural log
+        if tree is not None:
+            out_tree, lse_tree = self._paged(q3, k_cache, v_cache, tree, layer, return_lse=True)
+            out, _ = merge_attention_states(out, lse, out_tree, lse_tree.transpose(0, 1))
         return out.reshape(-1, hq * d)
 
 
@@ -241,4 +235,4 @@ def _unmasked_static(batch: ForwardBatch) -> FlashAttentionMetadata:
     return static_flash_attention_metadata(unmasked)
 
 
-__all__ = ["FA4Backend", "FA4Metadata", "import_flash_attn_varlen_func", "plan_num_splits", "tree_blocks_of"]
+__all__ = ["FA4Backend", "FA4Metadata", "import_flash_attn_varlen_func", "tree_blocks_of"]

@@ -5,8 +5,8 @@ CPU, without flash-attn-4: the whole backend with ``flash_attn_varlen_func`` rep
 model of its semantics for the arguments we use (varlen queries; either dense varlen K/V with
 ``cu_seqlens_k`` or a paged cache through ``page_table`` + ``seqused_k``; causal aligned to the bottom
 right; ``mask_mod`` applied as ``fa4_masks.tree_mask_mod_ref`` with ``aux_tensors``; natural-log LSE
-[num_heads, total_q], -inf and zero output for a row that sees nothing; ``num_splits`` ignored:
-splitting changes only rounding). The model takes exactly FA4's parameter list (4.0.0b36), so a
+[num_heads, total_q], -inf and zero output for a row that sees nothing, as measured on the H100;
+``num_splits`` must be 1: FA4's own split-KV refuses SM90). The model takes exactly FA4's parameter list (4.0.0b36), so a
 misspelt keyword fails here too; on the GPU a test compares the lists.
 
 GPU (CUDA and flash-attn-4): the real kernel at real sizes in both tree modes, forced splits, and a
@@ -22,6 +22,7 @@ import torch
 
 from specdec.attention import available_backends, create_attention_backend
 from specdec.attention import fa4_backend as fa4
+from specdec.attention import fa4_split
 from specdec.attention.fa4_masks import tree_mask_mod_ref
 from specdec.forward import ForwardMode
 
@@ -42,7 +43,8 @@ def fake_flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_
                                 scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False,
                                 gather_bwd_recompute_p=False, gather_bwd_token_chunk=None):
     """FA4's ``flash_attn_varlen_func`` (flash_attn/cute/interface.py) for the arguments we use."""
-    assert cu_seqlens_q.dtype == torch.int32 and isinstance(max_seqlen_q, int) and num_splits >= 0
+    assert cu_seqlens_q.dtype == torch.int32 and isinstance(max_seqlen_q, int)
+    assert num_splits == 1, "FA4 4.0.0b36 asserts 'SplitKV not supported on SM 9.0'"
     assert (page_table is None) != (cu_seqlens_k is None), "paged (page_table + seqused_k) or dense (cu_seqlens_k)"
     assert mask_mod is None or (aux_tensors is not None and not causal)
     total, hq, _ = q.shape
@@ -120,7 +122,7 @@ def test_prefill_without_prefix_is_one_dense_call(fake_fa4):
                       device=CPU)
     backend = _backend()
     check_backend(backend, pb)
-    batch = dataclasses.replace(pb.batch, attn_backend=backend)
+    batch = dataclasses.replace(pb.batch, attn_backend=backend, kv_cache=pb.cache)
     backend.init_forward_metadata(batch)
     assert batch.attn_metadata.paged is None and batch.attn_metadata.dense_cu_seqlens.tolist() == [0, 5, 14]
     off = _backend(dense_prefill=False)
@@ -132,7 +134,7 @@ def test_verify_plans_per_tree_mode(fake_fa4):
     """merge: prefix table + one sequence per tree row; mask_mod: one table over prefix + tree."""
     sc = Scenario(ForwardMode.TARGET_VERIFY, (2,), (3,), trees=((-1, 0, 0),))
     pb = make_problem(sc, page_size=1, dtype=torch.bfloat16, device=CPU)
-    batch = dataclasses.replace(pb.batch)
+    batch = dataclasses.replace(pb.batch, kv_cache=pb.cache)
     _backend(tree="merge").init_forward_metadata(batch)
     md = batch.attn_metadata
     assert md.paged.tree is not None and md.paged.main.cache_seqlens.tolist() == [2] and md.tree_blocks is None
@@ -153,21 +155,56 @@ def test_tree_mask_rule_worked_example():
 @pytest.mark.parametrize("args, splits", [
     ((32, 1, 1024), 2),  # 256 CTAs unsplit: 2 waves of 132 SMs want 264
     ((64, 1, 4096), 1),  # 512 CTAs: enough
-    ((1, 1, 4096), 32),  # 8 CTAs: as many splits as key tiles
+    ((1, 1, 4096), 32),  # 8 CTAs: as many chunks as key tiles
     ((8, 1, 100), 1),  # one key tile
-    ((4, 8, 4096), 9),  # verify: 8 rows x 4 heads = 32 packed rows still one M tile
+    ((4, 8, 4096), 9),  # verify's prefix part: 8 rows x 4 heads = 32 packed rows, one M tile
 ])
 def test_plan_num_splits(args, splits):
-    assert fa4.plan_num_splits(*args, num_kv_heads=8, group=4, num_sms=132) == splits
+    assert fa4_split.plan_num_splits(*args, num_kv_heads=8, num_sms=132) == splits
 
 
-def test_forced_splits_reach_the_kernel(fake_fa4, monkeypatch):
-    seen = []
+def test_split_keys_worked_example():
+    """fa4_split's docstring: key lengths [300, 40], table width 384, 3 splits of 128 columns."""
+    table = torch.arange(2 * 384, dtype=torch.int32).view(2, 384)
+    part = fa4.PagedCall(cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32), max_seqlen_q=1,
+                         cache_seqlens=torch.tensor([300, 40], dtype=torch.int32), page_table=table, causal=True)
+    split = fa4_split.split_keys(part, 3)
+    assert split.num_splits == 3 and not split.part.causal and split.part.page_table.shape == (6, 128)
+    assert split.part.cache_seqlens.tolist() == [128, 128, 44, 40, 0, 0]
+    assert split.part.page_table[2, 0] == 256 and split.part.page_table[4, 0] == 384 + 128
+    assert split.part.cu_seqlens_q.tolist() == list(range(7))
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Key chunks of 4 entries, so CPU-sized sequences split into several."""
+    monkeypatch.setattr(fa4_split, "TILE_N", 4)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+@pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "verify_chain", "draft_decode_k3", "draft_decode_k10"])
+def test_split_keys_match_torch_native(fake_fa4, small_tiles, name, num_splits, monkeypatch):
+    calls = []
     monkeypatch.setattr(fa4, "import_flash_attn_varlen_func",
-                        lambda: lambda *a, **kw: (seen.append(kw["num_splits"]), fake_flash_attn_varlen_func(*a, **kw))[1])
-    pb = make_problem(SCENARIOS["verify_topk2"], page_size=1, dtype=torch.bfloat16, d=32, device=CPU)
-    check_backend(_backend(num_splits=3), pb)
-    assert seen == [3, 1]  # the prefix part split, the tree part (a handful of keys per row) not
+                        lambda: lambda *a, **kw: (calls.append(kw), fake_flash_attn_varlen_func(*a, **kw))[1])
+    pb = make_problem(SCENARIOS[name], page_size=1, dtype=torch.bfloat16, d=32, device=CPU, seed=num_splits)
+    check_backend(_backend(num_splits=num_splits), pb)
+    assert calls[0]["cu_seqlens_q"].numel() - 1 > pb.batch.batch_size  # the keys were cut
+    assert not calls[0]["causal"]
+
+
+@pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "draft_decode_k3"])
+def test_static_split_keys_match_torch_native(fake_fa4, small_tiles, name):
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=16, dtype=torch.bfloat16, seed=4, d=32, device=CPU)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=64)
+    check_backend(_backend(num_splits=4), dataclasses.replace(pb, batch=static))
+
+
+def test_causal_multi_row_calls_are_not_split(fake_fa4, small_tiles):
+    pb = make_problem(SCENARIOS["draft_extend"], page_size=1, dtype=torch.bfloat16, d=32, device=CPU)
+    batch = dataclasses.replace(pb.batch, kv_cache=pb.cache)
+    _backend(num_splits=4).init_forward_metadata(batch)
+    assert batch.attn_metadata.split is None
 
 
 def test_rejects_fp32_and_unknown_modes(fake_fa4):
@@ -228,8 +265,8 @@ def test_gpu_awkward_shapes(name, page_size, tree):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("num_splits", [0, 3])
-@pytest.mark.parametrize("name", ["decode_bs8", "verify_n8", "draft_decode_k8"])
+@pytest.mark.parametrize("num_splits", [1, 3, 40])
+@pytest.mark.parametrize("name", ["decode_bs8", "decode_bs1_long", "verify_n8", "draft_decode_k8"])
 def test_gpu_forced_splits(name, num_splits):
     pb = make_problem(GPU_SCENARIOS[name], page_size=1, dtype=torch.bfloat16, hq=32, hkv=8, d=128, seed=2)
     check_backend(fa4.FA4Backend(num_splits=num_splits), pb, label=f"{name}-splits{num_splits}")

@@ -289,8 +289,10 @@ def test_gpu_graph_replay_equals_eager(name, tree):
     batch = dataclasses.replace(static[0].batch, kv_cache=cache, attn_backend=backend)
     bufs = {f: getattr(batch, f).clone() for f in ("input_ids", "out_cache_loc", "req_pool_indices", "prefix_lens",
                                                    "extend_lens", "req_to_token")}
-    tree_mask = batch.tree_mask.clone() if batch.tree_mask is not None else None
-    batch = dataclasses.replace(batch, tree_mask=tree_mask, **bufs)
+    for f in ("tree_mask", "draft_ancestors"):
+        if getattr(batch, f) is not None:
+            bufs[f] = getattr(batch, f).clone()
+    batch = dataclasses.replace(batch, **bufs)
     q, k, v = (t.clone() for t in (pbs[0].q, pbs[0].k, pbs[0].v))
 
     def step():
@@ -307,8 +309,6 @@ def test_gpu_graph_replay_equals_eager(name, tree):
             continue
         for f, buf in bufs.items():
             buf.copy_(getattr(pb.batch, f))
-        if tree_mask is not None:
-            tree_mask.copy_(pb.batch.tree_mask)
         q.copy_(pb.q), k.copy_(pb.k), v.copy_(pb.v)
         cache.k.copy_(pb.cache.k), cache.v.copy_(pb.cache.v)
         graph.replay()

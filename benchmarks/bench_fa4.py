@@ -9,9 +9,8 @@ context in {1024, 4096}:
     extend   128 new tokens per request after ``ctx`` cached ones (chunked prefill, draft extend)
     prefill  EXTEND of ``ctx`` new tokens with no cache (bs 1 and 8 only)
 
-Variants: triton; fa4 (tree mode "merge", planned splits); fa4_maskmod (verify only, tree mode
-"mask_mod"); fa4_nosplit (decode and verify, one chunk per sequence: what the page-table
-split-KV buys, FA4's own split-KV being refused on SM90); and
+Variants: triton; fa4 (defaults: tree mode "mask_mod", no split); fa4_merge (verify only, tree mode
+"merge"); fa4_split (decode and verify, page-table split-KV planned for 2 waves); and
 flashinfer / fa3 where installed. Each is timed eagerly and replayed from a CUDA graph (median of
 CUDA-event timings after warm-up); the ratio column divides fa4's graph time by the fastest other
 backend's graph time (<= 1.1 is the goal). The floor is the KV bytes read over the copy bandwidth.
@@ -39,8 +38,8 @@ CONTEXTS = (1024, 4096)
 VARIANTS = {  # name: (registry name, constructor arguments, modes it runs)
     "triton": ("triton", {}, ("decode", "verify", "extend", "prefill")),
     "fa4": ("fa4", {}, ("decode", "verify", "extend", "prefill")),
-    "fa4_maskmod": ("fa4", {"tree": "mask_mod"}, ("verify",)),
-    "fa4_nosplit": ("fa4", {"num_splits": 1}, ("decode", "verify")),
+    "fa4_merge": ("fa4", {"tree": "merge"}, ("verify",)),
+    "fa4_split": ("fa4", {"num_splits": None}, ("decode", "verify")),
     "flashinfer": ("flashinfer", {}, ("decode", "verify", "extend", "prefill")),
     "fa3": ("fa3", {}, ("decode", "verify", "extend", "prefill")),
 }

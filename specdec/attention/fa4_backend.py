@@ -12,17 +12,19 @@ two kernels read the same arguments under other names.
     EXTEND with no cached prefix   one dense causal varlen call over the new K/V (no page table)
     EXTEND, DRAFT_EXTEND, DECODE,  one paged call, causal aligned to the end of each sequence
     draft decode branches
-    TARGET_VERIFY, tree="merge"    prefix part + per-row tree part (page tables of fa3), merged by
-                                   log-sum-exp (``merge.merge_attention_states``)
     TARGET_VERIFY, tree="mask_mod" one paged call over prefix + tree whose ``mask_mod`` reads the
-                                   [N, N] tree block of the request (``fa4_masks``)
+    (the default)                  [N, N] tree block of the request (``fa4_masks``)
+    TARGET_VERIFY, tree="merge"    prefix part + per-row tree part (page tables of fa3), merged by
+                                   log-sum-exp (``merge.merge_attention_states``): 1.3-3.6x slower
 
 Split-KV: FA4 4.0.0b36 refuses its own split-KV on SM90 ("SplitKV not supported on SM 9.0"), and
 one CTA per (sequence, KV head) leaves a small decode batch on a few SMs. So unmasked calls whose
 sequences have one query row, or are not causal (verify's prefix part), are cut into key chunks by
 page table (``fa4_split``): one varlen call over (sequence, chunk) pairs, merged by log-sum-exp.
 ``fa4_split.plan_num_splits`` sizes the chunks from a host bound on the KV length (eager: the
-longest sequence; CUDA graphs: the graph's bound); chunks past a sequence's end are empty.
+longest sequence; CUDA graphs: the graph's bound); chunks past a sequence's end are empty. It is
+off by default (``num_splits=1``): measured on the H100, the chunked call plus the torch merge of
+its parts took longer than the unsplit call at every decode size (bs 1: 66 vs 31 us at 1k keys).
 
 CUDA graphs: every argument is a device tensor or a host int fixed by the batch size and the
 graph's length bound, so static forwards (``ForwardBatch.static_max_seq_len``) build their page
@@ -108,13 +110,15 @@ class FA4Backend(AttentionBackend):
     # static forwards build their page tables on the device (``static_flash_attention_metadata``)
     supports_cuda_graph = True
     # TARGET_VERIFY's tree mode when none is given (the registry creates backends without arguments)
-    default_tree = "merge"
+    # NOTE: measured on the H100 (benchmarks/results/2026-11-24-h100-fa4): mask_mod is 1.3-3.6x faster
+    # than the merge, whose tree part is one FA4 sequence per tree row
+    default_tree = "mask_mod"
 
-    def __init__(self, *, tree: str | None = None, num_splits: int | None = None, waves: float = 2.0,
+    def __init__(self, *, tree: str | None = None, num_splits: int | None = 1, waves: float = 2.0,
                  dense_prefill: bool = True) -> None:
         """``tree``: how TARGET_VERIFY applies the tree mask (``TREE_MODES``); ``num_splits`` forces the
-        key chunks of splittable calls (default: ``fa4_split.plan_num_splits`` with ``waves``; 1: never
-        split); ``dense_prefill``: EXTEND with no cached prefix reads the new K/V directly."""
+        key chunks of splittable calls (None: ``fa4_split.plan_num_splits`` with ``waves``; the default 1
+        never splits: on the H100 the chunked call plus its torch merge measured slower than one call); ``dense_prefill``: EXTEND with no cached prefix reads the new K/V directly."""
         tree = tree or self.default_tree
         if tree not in TREE_MODES:
             raise ValueError(f"fa4 backend: tree={tree!r}, expected one of {TREE_MODES}")

@@ -188,7 +188,7 @@ def test_split_keys_match_torch_native(fake_fa4, small_tiles, name, num_splits, 
     monkeypatch.setattr(fa4, "import_flash_attn_varlen_func",
                         lambda: lambda *a, **kw: (calls.append(kw), fake_flash_attn_varlen_func(*a, **kw))[1])
     pb = make_problem(SCENARIOS[name], page_size=1, dtype=torch.bfloat16, d=32, device=CPU, seed=num_splits)
-    check_backend(_backend(num_splits=num_splits), pb)
+    check_backend(_backend(num_splits=num_splits, tree="merge"), pb)  # mask_mod calls are never split
     assert calls[0]["cu_seqlens_q"].numel() - 1 > pb.batch.batch_size  # the keys were cut
     assert not calls[0]["causal"]
 
@@ -197,7 +197,7 @@ def test_split_keys_match_torch_native(fake_fa4, small_tiles, name, num_splits, 
 def test_static_split_keys_match_torch_native(fake_fa4, small_tiles, name):
     pb = make_problem(STATIC_SCENARIOS[name], page_size=16, dtype=torch.bfloat16, seed=4, d=32, device=CPU)
     static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=64)
-    check_backend(_backend(num_splits=4), dataclasses.replace(pb, batch=static))
+    check_backend(_backend(num_splits=4, tree="merge"), dataclasses.replace(pb, batch=static))
 
 
 def test_causal_multi_row_calls_are_not_split(fake_fa4, small_tiles):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import os
 from typing import Callable
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
@@ -33,6 +34,9 @@ _REGISTRY: dict[str, BackendEntry] = {
                         ("flash_attn_interface", "sgl_kernel"),
                         "FlashAttention-3 (flash-attention/hopper: `python setup.py install`) or `pip install "
                         "sgl-kernel`; PyPI flash-attn 2.x has no page-size-1 paged KV"),
+    # NOTE: flash-attn 2.x owns the top-level name flash_attn too; only FA4 has flash_attn/cute
+    "fa4": BackendEntry("specdec.attention.fa4_backend", "FA4Backend", ("flash_attn.cute",),
+                        "pip install 'specdec[fa4]' (flash-attn-4: FlashAttention-4 in the CuTe DSL, Hopper or newer)"),
 }
 
 
@@ -42,8 +46,19 @@ def register_backend(name: str, module: str, cls: str, requires: str | tuple[str
     _REGISTRY[name] = BackendEntry(module, cls, requires, install_hint or f"pip install {' '.join(requires)}")
 
 
+def _module_exists(name: str) -> bool:
+    """Whether module ``name`` exists, found without importing it (a dotted name: without its package)."""
+    top, _, rest = name.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not rest:
+        return spec is not None
+    path = rest.replace(".", os.sep)
+    return any(os.path.exists(os.path.join(loc, path)) or os.path.exists(os.path.join(loc, path + ".py"))
+               for loc in spec.submodule_search_locations or ())
+
+
 def _importable(entry: BackendEntry) -> bool:
-    return not entry.requires or any(importlib.util.find_spec(m) is not None for m in entry.requires)
+    return not entry.requires or any(_module_exists(m) for m in entry.requires)
 
 
 def available_backends() -> list[str]:

@@ -32,7 +32,8 @@ def merge_attention_states(
             f"merge_attention_states: shapes differ: out {tuple(out_a.shape)} / {tuple(out_b.shape)}, "
             f"lse {tuple(lse_a.shape)} / {tuple(lse_b.shape)}"
         )
-    neg_inf = torch.tensor(float("-inf"), device=lse_a.device)
+    # NOTE: python scalars, not a new tensor: a host-to-device copy cannot be captured in a CUDA graph
+    neg_inf = float("-inf")
     la = torch.where(torch.isfinite(lse_a), lse_a.float(), neg_inf)
     lb = torch.where(torch.isfinite(lse_b), lse_b.float(), neg_inf)
     peak = torch.maximum(la, lb)

@@ -74,5 +74,5 @@ def test_register_backend_with_missing_requirement(monkeypatch):
 
 
 def test_unknown_backend_lists_registered_names():
-    with pytest.raises(ValueError, match="fa3, flashinfer, torch_native, triton"):
+    with pytest.raises(ValueError, match="fa3, fa4, flashinfer, torch_native, triton"):
         create_attention_backend("flash")

@@ -12,6 +12,7 @@ import os
 from typing import Callable
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
+from specdec.attention.hybrid import SEPARATOR, HybridAttentionBackend
 from specdec.attention.kv_cache import KVCache
 
 
@@ -67,6 +68,11 @@ def available_backends() -> list[str]:
 
 
 def create_attention_backend(name: str, **kwargs: object) -> AttentionBackend:
+    """The backend registered as ``name``; ``PREFILL:DECODE`` (``specdec.attention.hybrid``) pairs two."""
+    if SEPARATOR in name:
+        prefill, _, decode = name.partition(SEPARATOR)
+        return HybridAttentionBackend(create_attention_backend(prefill, **kwargs),
+                                      create_attention_backend(decode, **kwargs))
     if name not in _REGISTRY:
         raise ValueError(
             f"--attention-backend: unknown backend {name!r}; registered: {', '.join(sorted(_REGISTRY))}"

@@ -99,7 +99,8 @@ class SyntheticSettings:
 
 
 # the engine flags the sweep takes, and their defaults here
-ENGINE_FLAGS = {"device": "cuda", "attention_backend": "triton", "disable_cuda_graph": False,
+ENGINE_FLAGS = {"device": "cuda", "attention_backend": "triton", "prefill_attention_backend": None,
+                "decode_attention_backend": None, "disable_cuda_graph": False,
                 "overlap_schedule": None}
 
 
@@ -363,7 +364,7 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
         "configs": configs, "batch_sizes": batch_sizes,
         "cuda_graphs": not engine_args.disable_cuda_graph and engine_args.device.startswith("cuda"),
         "overlap_schedule": engine_args.overlap_schedule is not False,
-        "attention_backend": engine_args.attention_backend, "device": _device_name(engine_args.device),
+        "attention_backend": engine_args.attention, "device": _device_name(engine_args.device),
         "date": datetime.date.today().isoformat(),
     }
     results["sweep"] = sweep_rows(results)

@@ -183,7 +183,7 @@ def run_benchmark(target: BenchTarget, settings: ThroughputSettings, engine_args
         "num_steps": cfg.num_steps,
         "topk": cfg.topk,
         "num_draft_tokens": cfg.num_draft_tokens,
-        "attention_backend": engine_args.attention_backend,
+        "attention_backend": engine_args.attention,
         "baseline": {k: v for k, v in baseline.items() if k != "output_ids"},
         "speculative": {k: v for k, v in spec.items() if k != "output_ids"},
         "speedup": spec["throughput_tok_s"] / baseline["throughput_tok_s"],

@@ -38,6 +38,10 @@ class EngineArgs:
         "auto, float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group=MODEL, type=str))
     attention_backend: str = dataclasses.field(default="torch_native", metadata=flag(
         "attention implementation; available here: {backends}", group=MODEL))
+    prefill_attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
+        "attention for prefill and chunked-prefill forwards (default: --attention-backend), e.g. fa4", group=MODEL))
+    decode_attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
+        "attention for decode, draft, verify and draft-extend forwards (default: --attention-backend)", group=MODEL))
     page_size: int = dataclasses.field(default=1, metadata=flag("KV cache page size in tokens", group=MODEL))
     max_total_tokens: int | None = dataclasses.field(default=None, metadata=flag(
         "KV cache capacity in tokens", group=MODEL))
@@ -136,6 +140,13 @@ class EngineArgs:
         """Most prompt tokens per prefill step (None: no limit)."""
         size = self.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL_SIZE
         return None if size == -1 else size
+
+    @property
+    def attention(self) -> str:
+        """The attention backend name the engine builds: one, or ``PREFILL:DECODE`` (``specdec.attention.hybrid``)."""
+        prefill = self.prefill_attention_backend or self.attention_backend
+        decode = self.decode_attention_backend or self.attention_backend
+        return prefill if prefill == decode else f"{prefill}:{decode}"
 
     @property
     def speculative(self) -> bool:

@@ -131,7 +131,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.target_model = target_model
         self.draft_model = draft_model
-        self._build(target_model, draft_model, attention_backend=args.attention_backend, page_size=args.page_size,
+        self._build(target_model, draft_model, attention_backend=args.attention, page_size=args.page_size,
                     device=args.device, max_total_tokens=args.max_total_tokens,
                     max_running_requests=args.max_running_requests, context_length=args.context_length,
                     random_seed=args.random_seed, cuda_graph_max_bs=args.cuda_graph_max_bs,

@@ -97,3 +97,16 @@ def test_gpu_fa4_graph_replay_matches_eager_at_padded_sizes(shape, tree_mode):
     replayed = graphs.worker.draft_graph.runner if shape is not None else next(iter(graphs.runner.graphs.values()))
     assert replayed.num_calls > 0
     assert_no_leak(graphs)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4), (5, 4, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_fa4_prefill_triton_decode_lossless_with_graphs(shape):
+    """The hybrid pair the H100 measurements recommend: fa4 prefills, triton decodes and verifies."""
+    target, draft = make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, head_dim=128)
+    target, draft = target.cuda(), draft.cuda()
+    prompts = prompts_of([1, 9, 4, 23, 2, 15, 6], target.config.vocab_size)
+    params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in [17, 5, 30, 12, 1, 24, 9]]
+    plain, spec = _check(target, draft, "EAGLE3", shape, prompts, params, page_size=16, device="cuda",
+                         attention_backend="triton", prefill_attention_backend="fa4")
+    assert spec.runner.attn_backend.name == "fa4:triton"
+    assert plain.runner.graphs and all(g.num_calls > 0 for g in plain.runner.graphs.values())

@@ -55,7 +55,7 @@ while [ $# -gt 0 ]; do
       timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_fa4.py --output-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench_fa4.log" | tail -50 ;;
     synthetic)
-      timeout "${SYNTHETIC_TIMEOUT:-400}" python3 -m specdec.bench_synthetic --synthetic llama-3.1-8b --attention-backend fa4 \
+      timeout "${SYNTHETIC_TIMEOUT:-400}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --attention-backend fa4 \
         ${SYNTHETIC_ARGS:-} --output "$OUT/bench_synthetic_8b_fa4.json" 2>&1 | tee "$OUT/bench_synthetic_8b_fa4.log" | tail -30 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -64,8 +64,12 @@ def verify_sampling(
     threshold_single: float,
     threshold_acc: float,
     generator: torch.Generator | None = None,
+    coins: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> VerifyResult:
-    """Lossless (at thresholds 1.0) tree sampling that treats draft tokens as proposals only."""
+    """Lossless (at thresholds 1.0) tree sampling that treats draft tokens as proposals only.
+
+    ``coins``: the uniforms in (0, 1] ([bs, N] per node, [bs] final), when the host draws them
+    (per-request seeds); otherwise drawn here from ``generator``."""
     bs, n = candidates.shape
     device = candidates.device
     vocab = target_probs.shape[-1]
@@ -73,8 +77,10 @@ def verify_sampling(
     accept_index = torch.full((bs, num_steps + 1), -1, dtype=torch.int32, device=device)
     accept_length = torch.zeros(bs, dtype=torch.int32, device=device)
     # NOTE: uniforms in (0, 1]: a zero coin would accept a draft token of probability zero.
-    coins = 1.0 - torch.rand(bs, n, generator=generator, device=device)
-    final_coins = 1.0 - torch.rand(bs, generator=generator, device=device)
+    if coins is None:
+        coins = (1.0 - torch.rand(bs, n, generator=generator, device=device),
+                 1.0 - torch.rand(bs, generator=generator, device=device))
+    coins, final_coins = coins
     draft_probs = torch.zeros(bs, n, vocab, dtype=torch.float32, device=device)
     tree_speculative_sampling_target_only(
         predicts, accept_index, accept_length, candidates, retrive_index,

@@ -226,11 +226,15 @@ class EAGLEWorker:
             )
         with maybe_phase(self.timer, "verify"):
             logits, features = self._target_verify(req_pool_indices, seq_lens, seq_lens_cpu, tree, tree_slots)
+            if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
+                logits = sampling.process(logits, tree)
             result = self._verify(tree, logits, sampling, seq_lens)
         with maybe_phase(self.timer, "commit"):
             slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
             nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
             tokens = result.predicts[nodes]  # [bs, S+1] committed tokens, padding past k
+            if getattr(sampling, "top_logprobs_num", None) is not None:
+                sampling.record_logprobs(logits[nodes], tokens)  # each token under its node's logits
             accept = result.accept_length  # [bs]
             next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
             next_seq_lens = seq_lens + accept + 1  # [bs]
@@ -375,10 +379,12 @@ class EAGLEWorker:
         if sampling.is_all_greedy:
             return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)
         row_to_request = torch.arange(bs, device=logits.device).repeat_interleave(n)
+        uniforms = getattr(sampling, "uniforms", None)  # a host's per-request (seeded) draws
         return verify_sampling(
             candidates, sampling.probs(logits, row_to_request), *retrive,
             num_steps=cfg.num_steps, threshold_single=cfg.accept_threshold_single,
             threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
+            coins=uniforms(bs, n, logits.device) if uniforms is not None else None,
         )
 
     def _commit_kv(

@@ -198,6 +198,7 @@ class Engine:
                                    chunked_prefill_size=args.prefill_chunk_tokens,
                                    schedule_conservativeness=args.schedule_conservativeness)
         self._ids = itertools.count()
+        self._grammar_backend = None
         self._finished: dict[str, Request] = {}
         if adaptive:
             from specdec.engine.spec_profile import start_adaptive_policy
@@ -326,12 +327,27 @@ class Engine:
                 f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
                 f"exceeds the context length {self.context_length}"
             )
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
+            raise ValueError(f"sampling_params.logit_bias: token id {params.logit_bias[-1][0]} is not in [0, {vocab})")
         req = Request(rid=rid or f"req-{next(self._ids)}", prompt_ids=list(input_ids), params=params,
                       stop_ids=self._stop_ids(params))
+        if params.grammar is not None:
+            req.grammar = self._grammars().matcher(*params.grammar)
+        if params.sampling_seed is not None:
+            req.generator = torch.Generator(device=self.memory.req_to_token.device).manual_seed(params.sampling_seed)
         need = self.scheduler.worst_case_tokens(len(input_ids), params.max_new_tokens)
         if need > self.memory.capacity:
             raise ValueError(f"request needs {need} KV slots; the KV cache holds {self.memory.capacity}")
         return req
+
+    def _grammars(self):
+        """The grammar compiler of this engine's tokenizer (built on the first structured request)."""
+        if self._grammar_backend is None:
+            from specdec.engine.grammar import GrammarBackend
+
+            eos = self._stop_ids(SamplingParams())  # EOS: what a finished grammar allows
+            self._grammar_backend = GrammarBackend(self.tokenizer, self.target_model.config.vocab_size, sorted(eos))
+        return self._grammar_backend
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add(req)

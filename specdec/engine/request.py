@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 from specdec.engine.sampling import SamplingParams
 
@@ -33,6 +34,16 @@ class Request:
     accept_lengths: list[int] = dataclasses.field(default_factory=list)
     # decode steps by tree shape ("SxKxN"), "plain" for steps without a draft tree (speculative engines)
     spec_shapes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # structured output: the grammar matcher of the committed tokens (specdec.engine.grammar)
+    grammar: Any = None
+    # sampling_seed: this request's own RNG (None: the engine's)
+    generator: Any = None
+    # with params.wants_logprobs: per output token its logprob and [(token id, logprob)] top list
+    output_logprobs: list[float] = dataclasses.field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    # with params.logprob_start_len >= 0: prompt tokens from there (the first of a prompt has none)
+    input_logprobs: list[float | None] = dataclasses.field(default_factory=list)
+    input_top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -42,16 +53,26 @@ class Request:
     def last_token(self) -> int:
         return self.output_ids[-1]
 
-    def append(self, tokens: list[int]) -> None:
-        """Append committed tokens one by one; never one past a stop token or max_new_tokens."""
-        for token in tokens:
+    def append(self, tokens: list[int], logprobs: tuple[list[float], list[list]] | None = None) -> None:
+        """Append committed tokens one by one; never one past a stop token or max_new_tokens.
+
+        ``logprobs``: (logprob of each token, top list of each token), aligned with ``tokens``."""
+        for i, token in enumerate(tokens):
             if len(self.output_ids) >= self.params.max_new_tokens:
                 self.finish_reason = FinishReason.LENGTH
                 return
             self.output_ids.append(token)
+            if logprobs is not None and self.params.wants_logprobs:
+                self.output_logprobs.append(logprobs[0][i])
+                self.output_top_logprobs.append(logprobs[1][i])
             if token in self.stop_ids:
                 self.finish_reason = FinishReason.STOP
                 return
+            if self.grammar is not None:
+                self.grammar.accept(token)
+                if self.grammar.terminated:  # the grammar admits nothing more (e.g. ignore_eos)
+                    self.finish_reason = FinishReason.STOP
+                    return
         if len(self.output_ids) >= self.params.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
 
@@ -71,6 +92,12 @@ class Request:
             meta["spec_accept_length"] = (len(self.output_ids) - plain) / self.spec_verify_ct
         if self.spec_shapes:
             meta["spec_shapes"] = dict(self.spec_shapes)
+        if self.params.wants_logprobs:
+            meta["output_token_logprobs"] = list(self.output_logprobs)
+            meta["output_top_logprobs"] = list(self.output_top_logprobs)
+        if self.params.logprob_start_len >= 0:
+            meta["input_token_logprobs"] = list(self.input_logprobs)
+            meta["input_top_logprobs"] = list(self.input_top_logprobs)
         out = {"output_ids": list(self.output_ids), "meta_info": meta}
         if tokenizer is not None:
             out["text"] = tokenizer.decode(self.output_ids)

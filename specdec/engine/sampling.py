@@ -18,6 +18,10 @@ Example, p = [0.5, 0.25, 0.125, 0.125] (already sorted):
     top_p=0.8   -> [0.5, 0.25, 0.125] / 0.875
     min_p=0.3   -> [0.5, 0.25] / 0.75   (0.125 < 0.3 * 0.5)
 
+Before temperature and the filters, a request's logits processors (``logits_process``) may
+have changed the logits: penalties, logit_bias, min_new_tokens and a grammar mask. Logprobs come
+from those processed logits, before temperature and the filters (see ``batch_sampling``).
+
 Glossary: bs = requests; V = vocab size; n = logits rows (n = bs, or bs * N in verify where
 ``row_to_request`` maps each row to its request).
 """
@@ -33,6 +37,9 @@ import torch
 
 # SGLang treats temperatures below this as greedy.
 GREEDY_EPS = 1e-5
+# OpenAI's bound on top_logprobs
+MAX_TOP_LOGPROBS = 20
+GRAMMAR_KEYS = ("json_schema", "regex", "ebnf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,27 @@ class SamplingParams:
     # specdec extension: False decodes this request without speculation (its draft cache is
     # still kept in step, so it can be switched back on by a later request of the same kind)
     speculative: bool = True
+    # logits processors (applied to the target logits before temperature; ``logits_process``):
+    # OpenAI's presence / frequency penalties count this request's output tokens, in [-2, 2]
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # HF / vLLM: divides positive (multiplies negative) logits of tokens seen in prompt or output
+    repetition_penalty: float = 1.0
+    # token id -> added to its logit, in [-100, 100] (a dict; stored as sorted pairs)
+    logit_bias: Any = None
+    # stop tokens (EOS, stop_token_ids) are banned until this many tokens were generated
+    min_new_tokens: int = 0
+    # per-request RNG: the same request with the same seed reproduces its output
+    sampling_seed: int | None = None
+    # structured output, at most one: a JSON schema (string or object), a regex, an EBNF grammar
+    json_schema: Any = None
+    regex: str | None = None
+    ebnf: str | None = None
+    # logprobs of output tokens (and top_logprobs_num alternatives); prompt logprobs from
+    # position logprob_start_len (-1 = none)
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
 
     def __post_init__(self) -> None:
         _check_float("temperature", self.temperature)
@@ -79,6 +107,47 @@ class SamplingParams:
             raise ValueError(f"sampling_params.ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.speculative, bool):
             raise ValueError(f"sampling_params.speculative must be a bool, got {self.speculative!r}")
+        self._check_processors()
+        self._check_logprobs()
+
+    def _check_processors(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_float(name, getattr(self, name))
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"sampling_params.{name} must be in [-2, 2], got {getattr(self, name)}")
+        _check_float("repetition_penalty", self.repetition_penalty)
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError(f"sampling_params.repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        object.__setattr__(self, "logit_bias", _normalise_bias(self.logit_bias))
+        _check_int("min_new_tokens", self.min_new_tokens)
+        if self.min_new_tokens < 0:
+            raise ValueError(f"sampling_params.min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.sampling_seed is not None:
+            _check_int("sampling_seed", self.sampling_seed)
+            if not 0 <= self.sampling_seed < 2**63:
+                raise ValueError(f"sampling_params.sampling_seed must be in [0, 2**63), got {self.sampling_seed}")
+        grammars = [k for k in GRAMMAR_KEYS if getattr(self, k) is not None]
+        if len(grammars) > 1:
+            raise ValueError(f"sampling_params: give at most one of json_schema, regex, ebnf (got {', '.join(grammars)})")
+        if isinstance(self.json_schema, dict):
+            import json
+
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        for k in GRAMMAR_KEYS:
+            v = getattr(self, k)
+            if v is not None and not (isinstance(v, str) and v):
+                raise ValueError(f"sampling_params.{k} must be a non-empty string, got {v!r}")
+
+    def _check_logprobs(self) -> None:
+        if not isinstance(self.return_logprob, bool):
+            raise ValueError(f"sampling_params.return_logprob must be a bool, got {self.return_logprob!r}")
+        _check_int("top_logprobs_num", self.top_logprobs_num)
+        if not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise ValueError(
+                f"sampling_params.top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs_num}")
+        _check_int("logprob_start_len", self.logprob_start_len)
+        if self.logprob_start_len < -1:
+            raise ValueError(f"sampling_params.logprob_start_len must be >= -1, got {self.logprob_start_len}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
@@ -101,6 +170,26 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS or self.top_k == 1
 
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, source) of the structured-output grammar, or None."""
+        return next(((k, getattr(self, k)) for k in GRAMMAR_KEYS if getattr(self, k) is not None), None)
+
+    @property
+    def has_penalties(self) -> bool:
+        """Logits processors that read the request's tokens (need its committed tokens on the host)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_new_tokens)
+
+    @property
+    def needs_processing(self) -> bool:
+        """Any logits processor at all: penalties, logit_bias, min_new_tokens, a grammar."""
+        return self.has_penalties or bool(self.logit_bias) or self.grammar is not None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.return_logprob or self.top_logprobs_num > 0
+
 
 def _check_float(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -110,6 +199,27 @@ def _check_float(name: str, value: object) -> None:
 def _check_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"sampling_params.{name} must be an int, got {value!r}")
+
+
+def _normalise_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs; keys may be ints or decimal strings (OpenAI)."""
+    if bias is None:
+        return ()
+    items = bias.items() if isinstance(bias, dict) else bias
+    if isinstance(bias, (str, bytes)) or not isinstance(items, (Sequence, type({}.items()))):
+        raise ValueError(f"sampling_params.logit_bias must be an object of token id -> bias, got {bias!r}")
+    out = {}
+    for pair in items:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"sampling_params.logit_bias must be an object of token id -> bias, got {bias!r}")
+        key, value = pair
+        token = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"sampling_params.logit_bias: keys must be token ids >= 0, got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise ValueError(f"sampling_params.logit_bias[{key}] must be a number in [-100, 100], got {value!r}")
+        out[token] = float(value)
+    return tuple(sorted(out.items()))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,42 +34,13 @@ import torch
 from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token
 from specdec.eagle.worker import sample_after_prefill
 from specdec.engine.admission import KVPromise, NewTokenRatio, PrefillChunk, chunk_request, fill_ids, retract_order
+from specdec.engine.batch_sampling import BatchSampling, StepLogprobs
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import FinishReason, Request
-from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.host import table_slots
-
-
-class BatchSampling:
-    """The host's per-batch sampling settings, shaped as specdec.host.SamplingInfo.
-
-    The per-request tensors are built on first use: an all-greedy batch needs none, and so
-    copies nothing to the device.
-    """
-
-    def __init__(self, requests: list[Request], device, generator: torch.Generator | None) -> None:
-        self._params = [r.params for r in requests]
-        self._device = device
-        self._batch: SamplingBatch | None = None
-        self.is_all_greedy = all(p.is_greedy for p in self._params)
-        self.generator = generator
-
-    @property
-    def batch(self) -> SamplingBatch:
-        if self._batch is None:
-            self._batch = SamplingBatch.from_params(self._params, self._device)
-        return self._batch
-
-    def probs(self, logits: torch.Tensor, row_to_request: torch.Tensor) -> torch.Tensor:
-        return probs_from_logits(logits, self.batch, row_to_request)
-
-    def sample(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.is_all_greedy:
-            return logits.argmax(dim=1)
-        return sample(logits, self.batch, generator=self.generator)
 
 
 @dataclasses.dataclass
@@ -79,6 +50,7 @@ class _Part:
     reqs: list[Request]
     pending: PendingDecode
     speculative: bool
+    sampling: BatchSampling
 
 
 @dataclasses.dataclass
@@ -311,17 +283,19 @@ class Scheduler:
         )
         # the token after each chunk: known inside a prompt, sampled after the last chunk
         next_known = [c.next_token for c in chunks]
-        sampling = BatchSampling([c.req for c in chunks if c.is_last], device, self.generator)
+        sampling = BatchSampling([c.req for c in chunks if c.is_last], device, self.generator, self.runner.vocab_size)
         if self.worker is not None:
             next_ids = self.worker.prefill(batch, sampling, next_tokens=next_known)
         else:
             next_ids = sample_after_prefill(self.runner.forward(batch).next_token_logits, sampling, next_known)
         self.prefill_tokens += sum(lens)
+        logprobs, sampled = sampling.take_logprobs(), 0  # rows of the sampled (last-chunk) requests
         for chunk, token in zip(chunks, next_ids.tolist()):
             req = chunk.req
             req.kv_len = req.kv_alloc = chunk.end
             if chunk.is_last:
-                req.append([token])
+                req.append([token], _logprobs_of(logprobs, sampled))
+                sampled += 1
                 self.running.append(req)
             self.cache.cache_request(req.row, fill_ids(req), req.kv_len)
 
@@ -340,8 +314,11 @@ class Scheduler:
             batch = self._retract_until_room()
         if batch:
             self.new_token_ratio.decay()
-        if not self.overlap:
+        # NOTE: logits processors read a request's committed tokens (penalty counts, grammar
+        # state), which an unread step would leave stale: such batches run without overlap
+        if not self.overlap or any(r.params.needs_processing for r in batch):
             finished += self._read_launched()
+            batch = [r for r in batch if not r.finished]
             if batch:
                 self.launched = self._launch(batch, previous=None)
                 finished += self._read_launched()
@@ -397,7 +374,9 @@ class Scheduler:
             out: DecodeOutput = part.pending.result()
             if self.worker is not None:
                 self.spec_shape_steps[out.shape or "plain"] += 1
-            for req, tokens, kv_len, k in zip(part.reqs, out.tokens, out.seq_lens, out.accept_lengths):
+            logprobs = part.sampling.take_logprobs()
+            for i, (req, tokens, kv_len, k) in enumerate(zip(part.reqs, out.tokens, out.seq_lens,
+                                                             out.accept_lengths)):
                 if req.finished:
                     continue
                 req.kv_len = kv_len
@@ -407,7 +386,7 @@ class Scheduler:
                 if self.worker is not None:
                     shape = out.shape or "plain"
                     req.spec_shapes[shape] = req.spec_shapes.get(shape, 0) + 1
-                req.append(tokens)
+                req.append(tokens, _logprobs_of(logprobs, i))
                 if req.finished:
                     finished.append(req)
         return finished
@@ -446,14 +425,14 @@ class Scheduler:
             # request's length before the unread step plus what that step may add
             tokens = self.tree_tokens if speculative else 1
             self._reserve(reqs, [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs])
-        sampling = BatchSampling(reqs, self.device, self.generator)
+        sampling = BatchSampling(reqs, self.device, self.generator, self.runner.vocab_size)
         kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)
         if self.worker is None:
             pending = self._launch_plain(rows, seq_lens, last, sampling, **kw)
         else:
             launch = self.worker.launch_decode if speculative else self.worker.launch_decode_plain
             pending = launch(rows, seq_lens, last, sampling, slots_reserved=self.overlap, **kw)
-        return _Part(reqs, pending, speculative)
+        return _Part(reqs, pending, speculative, sampling)
 
     def _reserve(self, reqs: list[Request], ends: list[int]) -> None:
         """Give positions up to ``ends`` (exclusive) of each request KV slots (overlap only)."""
@@ -493,3 +472,7 @@ class Scheduler:
         )
         next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)  # [bs]
         return pending_one_token(seq_lens, next_ids)
+
+
+def _logprobs_of(logprobs: StepLogprobs | None, i: int) -> tuple[list[float], list[list]] | None:
+    return None if logprobs is None else (logprobs.token[i], logprobs.top[i])

@@ -1,0 +1,163 @@
+"""BatchSampling: one batch's sampling settings as the worker sees them (``specdec.host.SamplingInfo``).
+
+Besides temperature / top-k / top-p / min-p (``sampling``) it runs the requests' logits processors
+(``logits_process``: penalties, logit_bias, min_new_tokens, grammar masks) at every tree node,
+draws each seeded request's random numbers from its own generator, and records logprobs.
+
+Logprobs are log_softmax of the *processed* target logits (after penalties, logit_bias,
+min_new_tokens and the grammar mask; before temperature, top-k, top-p, min-p), at the node that
+emitted each committed token. Greedy logprobs are therefore the same with speculation on and off.
+
+Everything beyond plain sampling is skipped when no request of the batch asks for it: the
+per-request tensors are built on first use, and an all-greedy batch copies nothing to the device.
+
+Glossary: bs = requests; N = tree nodes per request; V = vocab size; m = committed tokens per
+request a step may emit (S + 1 with speculation, 1 otherwise); k = top logprobs per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from specdec.engine.logits_process import ProcessorBatch, apply_processors
+from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLogprobs:
+    """Logprobs of the tokens one step emitted, per request (host lists)."""
+
+    # [bs][m] logprob of each emitted token
+    token: list[list[float]]
+    # [bs][m][k] (token id, logprob) of the k most likely tokens, best first
+    top: list[list[list[tuple[int, float]]]]
+
+
+class BatchSampling:
+    def __init__(self, requests: Sequence[Any], device, generator: torch.Generator | None,
+                 vocab_size: int | None = None) -> None:
+        """``requests``: objects with ``params`` (SamplingParams), ``prompt_ids``, ``output_ids``,
+        ``stop_ids``, and ``grammar`` / ``generator`` (None when unused)."""
+        self._reqs = list(requests)
+        self._params = [r.params for r in self._reqs]
+        self._device = device
+        self._vocab_size = vocab_size
+        self._batch: SamplingBatch | None = None
+        self._processors: ProcessorBatch | None = None
+        self.is_all_greedy = all(p.is_greedy for p in self._params)
+        self.generator = generator
+        self.needs_processing = any(p.needs_processing for p in self._params)
+        wants = [p.wants_logprobs for p in self._params]
+        # None: no request wants logprobs; else how many alternatives the batch computes
+        self.top_logprobs_num = max(p.top_logprobs_num for p in self._params) if any(wants) else None
+        self._seeded = any(getattr(r, "generator", None) is not None for r in self._reqs)
+        self._recorded: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def batch(self) -> SamplingBatch:
+        if self._batch is None:
+            self._batch = SamplingBatch.from_params(self._params, self._device)
+        return self._batch
+
+    # ------------------------------------------------------------ processors
+    def process(self, logits: torch.Tensor, tree: Any = None) -> torch.Tensor:
+        """The requests' processed logits: [bs * N, V] fp32 (``logits`` itself when none applies).
+
+        ``tree``: None (one row per request: its root), or a draft tree with ``draft_tokens``
+        [bs * N], ``tree_mask`` [bs * N * N] (QLEN_ONLY), ``retrive_next_token`` and
+        ``retrive_next_sibling`` [bs, N] (local node indices, -1 for none).
+        """
+        if not self.needs_processing:
+            return logits
+        bs, vocab = len(self._reqs), logits.shape[1]
+        if self._processors is None:
+            self._processors = ProcessorBatch.build(self._reqs, vocab, logits.device)
+        n = logits.shape[0] // bs
+        candidates = ancestors = None
+        if tree is not None:
+            candidates = tree.draft_tokens.view(bs, n)
+            ancestors = tree.tree_mask.view(bs, n, n).bool()
+        return apply_processors(logits, self._processors, candidates=candidates, ancestors=ancestors,
+                                grammar_mask=self._grammar_mask(tree, bs, n, vocab, logits.device))
+
+    def _grammar_mask(self, tree: Any, bs: int, n: int, vocab: int, device) -> torch.Tensor | None:
+        grammars = [getattr(r, "grammar", None) for r in self._reqs]
+        if all(g is None for g in grammars):
+            return None
+        mask = torch.ones(bs, n, vocab, dtype=torch.bool)
+        for b, (g, r) in enumerate(zip(grammars, self._reqs)):
+            if g is None:
+                continue
+            if tree is None:
+                rows = g.tree_mask(torch.tensor([r.output_ids[-1] if r.output_ids else 0]),
+                                   torch.tensor([-1]), torch.tensor([-1]))
+            else:
+                rows = g.tree_mask(tree.draft_tokens.view(bs, n)[b], tree.retrive_next_token[b],
+                                   tree.retrive_next_sibling[b])
+            # NOTE: a node whose token the grammar rejects has no allowed token; it is never
+            # accepted (its parent's row forbids it), so any row keeps its softmax finite
+            rows[~rows.any(1)] = True
+            mask[b, :, : rows.shape[1]] = rows
+        return mask.to(device)
+
+    # ------------------------------------------------------------ distributions and draws
+    def probs(self, logits: torch.Tensor, row_to_request: torch.Tensor) -> torch.Tensor:
+        return probs_from_logits(logits, self.batch, row_to_request)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """One token per request from its root logits [bs, V] (processors applied here): [bs]."""
+        logits = self.process(logits)
+        if self.is_all_greedy:
+            tokens = logits.argmax(dim=1)
+        elif not self._seeded:
+            tokens = sample(logits, self.batch, generator=self.generator)
+        else:
+            tokens = self._sample_seeded(logits)
+        if self.top_logprobs_num is not None:
+            self.record_logprobs(logits[:, None, :], tokens[:, None])
+        return tokens
+
+    def _sample_seeded(self, logits: torch.Tensor) -> torch.Tensor:
+        probs = probs_from_logits(logits, self.batch)  # [bs, V]
+        tokens = logits.argmax(dim=1)
+        for b, r in enumerate(self._reqs):
+            if not self._params[b].is_greedy:
+                gen = getattr(r, "generator", None) or self.generator
+                tokens[b] = torch.multinomial(probs[b], 1, generator=gen)[0]
+        return tokens
+
+    def uniforms(self, bs: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Verification's coins: [bs, n] per node and [bs] for the final draw, in (0, 1].
+
+        A seeded request draws its n + 1 numbers from its own generator, so its output does not
+        depend on the rest of the batch's draws."""
+        coins = 1.0 - torch.rand(bs, n, generator=self.generator, device=device)
+        final = 1.0 - torch.rand(bs, generator=self.generator, device=device)
+        for b, r in enumerate(self._reqs):
+            gen = getattr(r, "generator", None)
+            if gen is not None:
+                own = 1.0 - torch.rand(n + 1, generator=gen, device=device)
+                coins[b], final[b] = own[:n], own[n]
+        return coins, final
+
+    # ------------------------------------------------------------ logprobs
+    def record_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Logprobs of ``tokens`` [bs, m] under processed ``logits`` [bs, m, V] (kept on the device)."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [bs, m, V]
+        token = logprobs.gather(2, tokens.long()[:, :, None]).squeeze(2)  # [bs, m]
+        top_lp, top_ids = logprobs.topk(self.top_logprobs_num or 0, dim=-1)  # [bs, m, k]
+        self._recorded = (token, top_ids, top_lp)
+
+    def take_logprobs(self) -> StepLogprobs | None:
+        """The recorded logprobs as host lists, each request's top list cut to its own k."""
+        if self._recorded is None:
+            return None
+        token, top_ids, top_lp = (x.tolist() for x in self._recorded)
+        self._recorded = None
+        top = [[list(zip(ids[:p.top_logprobs_num], lps[:p.top_logprobs_num])) for ids, lps in zip(i_b, l_b)]
+               for i_b, l_b, p in zip(top_ids, top_lp, self._params)]
+        return StepLogprobs(token=token, top=top)

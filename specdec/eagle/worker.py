@@ -173,10 +173,14 @@ class EAGLEWorker:
         if batch.capture_hidden_mode != CaptureHiddenMode.FULL:
             raise ValueError("speculative prefill needs capture_hidden_mode=FULL on the EXTEND batch")
         out = self.target.forward(batch)
-        next_ids = sample_after_prefill(out.next_token_logits, sampling, next_tokens)
         extend_lens = batch.host_extend_lens()
-        # Draft input at position p is (token p + 1, target feature p): shift each request left.
         ends = torch.tensor(extend_lens, device=batch.input_ids.device).cumsum(0) - 1
+        logits = out.next_token_logits
+        if batch.logits_mode == LogitsMode.ALL:  # the host asked for every position (prompt logprobs)
+            sampling.record_prompt_logprobs(logits, batch.input_ids, extend_lens)
+            logits = logits[ends]
+        next_ids = sample_after_prefill(logits, sampling, next_tokens)
+        # Draft input at position p is (token p + 1, target feature p): shift each request left.
         shifted = torch.roll(batch.input_ids, -1)
         shifted[ends] = next_ids
         self._draft_extend(

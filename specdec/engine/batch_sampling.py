@@ -39,9 +39,10 @@ class StepLogprobs:
 
 class BatchSampling:
     def __init__(self, requests: Sequence[Any], device, generator: torch.Generator | None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, *, prompt_logprobs: Any = None) -> None:
         """``requests``: objects with ``params`` (SamplingParams), ``prompt_ids``, ``output_ids``,
-        ``stop_ids``, and ``grammar`` / ``generator`` (None when unused)."""
+        ``stop_ids``, and ``grammar`` / ``generator`` (None when unused). ``prompt_logprobs``: a
+        prefill step's ``PromptLogprobs`` recorder (its chunks may include requests not sampled)."""
         self._reqs = list(requests)
         self._params = [r.params for r in self._reqs]
         self._device = device
@@ -54,6 +55,9 @@ class BatchSampling:
         wants = [p.wants_logprobs for p in self._params]
         # None: no request wants logprobs; else how many alternatives the batch computes
         self.top_logprobs_num = max(p.top_logprobs_num for p in self._params) if any(wants) else None
+        # the step's prompt-logprob recorder (specdec.engine.prompt_logprobs), when one is wanted
+        self.prompt_logprobs = prompt_logprobs
+        self.wants_prompt_logprobs = prompt_logprobs is not None
         self._seeded = any(getattr(r, "generator", None) is not None for r in self._reqs)
         self._recorded: tuple[torch.Tensor, ...] | None = None
 
@@ -151,6 +155,10 @@ class BatchSampling:
         token = logprobs.gather(2, tokens.long()[:, :, None]).squeeze(2)  # [bs, m]
         top_lp, top_ids = logprobs.topk(self.top_logprobs_num or 0, dim=-1)  # [bs, m, k]
         self._recorded = (token, top_ids, top_lp)
+
+    def record_prompt_logprobs(self, logits: torch.Tensor, input_ids: torch.Tensor, lens: list[int]) -> None:
+        """Every position's logits [sum(lens), V] of a prefill step: the host's prompt logprobs."""
+        self.prompt_logprobs.record(logits)
 
     def take_logprobs(self) -> StepLogprobs | None:
         """The recorded logprobs as host lists, each request's top list cut to its own k."""

@@ -309,8 +309,12 @@ class Engine:
         return frozenset(stops)
 
     def make_request(self, prompt: str | None = None, input_ids: list[int] | None = None,
-                     sampling_params: dict | SamplingParams | None = None, rid: str | None = None) -> Request:
-        """Validate one request; raises ValueError naming the problem (nothing is queued)."""
+                     sampling_params: dict | SamplingParams | None = None, rid: str | None = None,
+                     *, clamp_max_new_tokens: bool = False) -> Request:
+        """Validate one request; raises ValueError naming the problem (nothing is queued).
+
+        ``clamp_max_new_tokens``: a max_new_tokens within the context length but past what the
+        prompt leaves is cut to fit (the server's choice) instead of rejected."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
         if input_ids is None:
@@ -322,6 +326,10 @@ class Engine:
             raise ValueError(f"input_ids must be a non-empty list of token ids in [0, {vocab})")
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
         total = len(input_ids) + params.max_new_tokens
+        if clamp_max_new_tokens and total > self.context_length and len(input_ids) < self.context_length \
+                and params.max_new_tokens <= self.context_length:
+            params = dataclasses.replace(params, max_new_tokens=self.context_length - len(input_ids))
+            total = self.context_length
         if total > self.context_length:
             raise ValueError(
                 f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "

@@ -38,6 +38,7 @@ from specdec.engine.batch_sampling import BatchSampling, StepLogprobs
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
+from specdec.engine.prompt_logprobs import PromptLogprobs, cacheable_tokens
 from specdec.engine.request import FinishReason, Request
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.host import table_slots
@@ -231,7 +232,7 @@ class Scheduler:
                 and len(self.running) + len(chunks) < self.max_running_requests:
             req = self.waiting[0]
             tokens = fill_ids(req)
-            extend = len(tokens) - self.cache.lookup(tokens)
+            extend = len(tokens) - self.cache.lookup(cacheable_tokens(req, tokens))
             need = self.promise.admission_tokens(req, extend, ratio)
             if need > room and (decoding or chunks):
                 break  # wait for KV (an idle engine admits anyway: a request alone always fits)
@@ -246,7 +247,7 @@ class Scheduler:
     def _admit(self, req: Request, tokens: list[int]) -> int:
         """Give ``req`` a row and its cached prefix; returns the positions the cache supplied."""
         req.row = self.memory.alloc_req()
-        cached = self.cache.acquire(req.row, tokens)
+        cached = self.cache.acquire(req.row, cacheable_tokens(req, tokens))  # prompt logprobs need logits
         if not req.output_ids:  # a first admission (not a recompute after retraction)
             req.cached_tokens = cached
         req.kv_len = req.kv_alloc = cached
@@ -264,6 +265,7 @@ class Scheduler:
         self._make_room(self.memory.pages_needed(starts, lens))
         out_cache_loc = self.memory.alloc_extend(rows_cpu, starts, lens)
         columns = host_to_device(torch.tensor([rows_cpu, starts, lens], dtype=torch.int64), device)
+        prompt_logprobs = PromptLogprobs.of(chunks)
         batch = ForwardBatch(
             forward_mode=ForwardMode.EXTEND,
             input_ids=torch.tensor([t for c in chunks for t in c.tokens[c.start:c.end]], dtype=torch.int64,
@@ -276,18 +278,24 @@ class Scheduler:
             req_to_token=self.memory.req_to_token,
             kv_cache=self.runner.kv_cache,
             attn_backend=self.runner.attn_backend,
-            logits_mode=LogitsMode.LAST,
+            # every position's logits only when a request asks for prompt logprobs
+            logits_mode=LogitsMode.ALL if prompt_logprobs is not None else LogitsMode.LAST,
             capture_hidden_mode=CaptureHiddenMode.FULL if self.worker else CaptureHiddenMode.NULL,
             prefix_lens_cpu=starts,
             extend_lens_cpu=lens,
         )
         # the token after each chunk: known inside a prompt, sampled after the last chunk
         next_known = [c.next_token for c in chunks]
-        sampling = BatchSampling([c.req for c in chunks if c.is_last], device, self.generator, self.runner.vocab_size)
+        sampling = BatchSampling([c.req for c in chunks if c.is_last], device, self.generator, self.runner.vocab_size,
+                                 prompt_logprobs=prompt_logprobs)
         if self.worker is not None:
             next_ids = self.worker.prefill(batch, sampling, next_tokens=next_known)
         else:
-            next_ids = sample_after_prefill(self.runner.forward(batch).next_token_logits, sampling, next_known)
+            logits = self.runner.forward(batch).next_token_logits
+            if prompt_logprobs is not None:
+                prompt_logprobs.record(logits)
+                logits = logits[torch.tensor(lens, device=device).cumsum(0) - 1]
+            next_ids = sample_after_prefill(logits, sampling, next_known)
         self.prefill_tokens += sum(lens)
         logprobs, sampled = sampling.take_logprobs(), 0  # rows of the sampled (last-chunk) requests
         for chunk, token in zip(chunks, next_ids.tolist()):

@@ -41,12 +41,22 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.args import EngineArgs
+from specdec.server import openapi
 from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
+from specdec.server.openai_api import (
+    UnsupportedRequest,
+    chat_logprobs,
+    completion_logprobs,
+    native_logprobs,
+    sampling_params,
+    seeds,
+)
 from specdec.server.protocol import (
     FALLBACK_CHAT_TEMPLATE,
     Generation,
@@ -56,7 +66,7 @@ from specdec.server.protocol import (
     each_update,
     error_body,
     error_handler,
-    json_body,
+    error_response,
     native_prompts,
     openai_prompts,
     parse_stops,
@@ -64,9 +74,12 @@ from specdec.server.protocol import (
     sse,
     with_stop_ids,
 )
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from specdec.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
+
+
 def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_path: str | None = None,
                manage_lifecycle: bool = True) -> FastAPI:
     """``manage_lifecycle``: start the engine thread at app startup and stop it at shutdown."""
@@ -79,20 +92,49 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
         if manage_lifecycle:
             await asyncio.to_thread(async_engine.stop)
 
-    app = FastAPI(title="specdec", lifespan=lifespan)
+    # NOTE: a body without a Content-Type is read as JSON (curl -d, older clients)
+    app = FastAPI(title="specdec", lifespan=lifespan, strict_content_type=False)
     app.add_exception_handler(HTTPError, error_handler(lambda e: (e.status, e.message)))
     app.add_exception_handler(InvalidRequest, error_handler(lambda e: (400, str(e))))
+    app.add_exception_handler(UnsupportedRequest, error_handler(lambda e: (400, str(e))))
     app.add_exception_handler(EngineUnavailable, error_handler(lambda e: (503, str(e))))
-    app.add_exception_handler(StarletteHTTPException, error_handler(lambda e: (e.status_code, str(e.detail))))
+    app.add_exception_handler(RequestValidationError, error_handler(lambda e: (400, validation_message(e))))
+
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        # NOTE: keeps Starlette's headers: a 405 answer carries Allow
+        return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
     ep = Endpoints(async_engine, model_name=model_name, model_path=model_path)
-    app.post("/generate")(ep.generate)
-    app.post("/v1/completions")(ep.completions)
-    app.post("/v1/chat/completions")(ep.chat_completions)
-    app.get("/health")(ep.health)
-    app.get("/metrics")(ep.metrics)
-    app.get("/get_model_info")(ep.model_info)
-    app.get("/v1/models")(ep.models)
+    docs = openapi.route_docs()
+    for path, handler in (("/generate", ep.generate), ("/v1/completions", ep.completions),
+                          ("/v1/chat/completions", ep.chat_completions)):
+        app.post(path, response_model=None, **docs[path])(handler)
+    for path, handler in (("/health", ep.health), ("/metrics", ep.metrics), ("/get_model_info", ep.model_info),
+                          ("/v1/models", ep.models)):
+        app.get(path, response_model=None, **docs[path])(handler)
+    app.openapi = lambda: openapi.document(app, vocab_size=async_engine.vocab_size,
+                                           context_length=async_engine.context_length)
     return app
+
+
+def validation_message(e: RequestValidationError) -> str:
+    """A 400 message naming the first invalid field (``sampling_params.temperature: ...``)."""
+    errors = e.errors()
+    if not errors:
+        return "invalid request body"
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('msg')}"
+    if not loc:
+        return f"the JSON body must be an object: {first.get('msg')}"
+    field = ".".join(loc)
+    if first.get("type") == "missing":
+        return f"{field} is required"
+    more = len({tuple(x.get("loc", ())[:2]) for x in errors}) - 1
+    return f"{field}: {first.get('msg')}" + (f" (and {more} more problem(s))" if more > 0 else "")
 
 
 class Endpoints:
@@ -149,78 +191,95 @@ class Endpoints:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     # ---------------------------------------------------------------- native
-    def _native_out(self, g: Generation, *, streaming: bool = False) -> dict:
-        out = {"output_ids": list(g.ids), "meta_info": g.meta_info if g.finished else g.partial_meta()}
+    def _native_out(self, g: Generation, *, streaming: bool = False, with_text: bool = False) -> dict:
+        meta = dict(g.meta_info) if g.finished else g.partial_meta()
+        if g.stream.wants_logprobs:
+            tops = g.top_logprobs if g.stream.top_logprobs_num else None
+            meta["output_token_logprobs"], meta["output_top_logprobs"] = native_logprobs(
+                self.tok, g.ids, g.logprobs, tops, with_text=with_text)
+        if "input_token_logprobs" in meta and g.finished:
+            prompt = g.stream.prompt_ids[len(g.stream.prompt_ids) - len(meta["input_token_logprobs"]):]
+            tops = meta["input_top_logprobs"] if g.stream.top_logprobs_num else None
+            meta["input_token_logprobs"], meta["input_top_logprobs"] = native_logprobs(
+                self.tok, prompt, meta["input_token_logprobs"], tops, with_text=with_text)
+        out = {"output_ids": list(g.ids), "meta_info": meta}
         if self.tok is not None:
             out["text"] = g.visible_text() if streaming else g.text
         return out
 
-    async def generate(self, request: Request):
-        body = await json_body(request)
-        prompts, single = native_prompts(body)
-        params = body.get("sampling_params")
+    async def generate(self, body: GenerateRequest, request: Request):
+        prompts, single = native_prompts(body.text, body.input_ids)
+        params = body.sampling_params
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise HTTPError(400, f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        stops = [parse_stops(p.get("stop"), self.tok, "sampling_params.stop") if isinstance(p, dict) else Stops()
-                 for p in params]
-        params = [{k: v for k, v in p.items() if k != "stop"} if isinstance(p, dict) else p for p in params]
-        gens = await self._start(prompts, params, stops)
-        if not body.get("stream"):
+        dicts = [p.model_dump(exclude_none=True) if p is not None else {} for p in params]
+        stops = [parse_stops(d.pop("stop", None), self.tok, "sampling_params.stop") for d in dicts]
+        if body.return_logprob or body.top_logprobs_num:
+            logprob = {"return_logprob": True, "top_logprobs_num": body.top_logprobs_num or 0}
+            if body.logprob_start_len is not None and body.logprob_start_len >= 0:
+                logprob["logprob_start_len"] = body.logprob_start_len
+            dicts = [{**d, **logprob} for d in dicts]
+        gens = await self._start(prompts, dicts, stops)
+        with_text = bool(body.return_text_in_logprobs)
+        if not body.stream:
             await self._run_to_end(request, gens)
-            outs = [self._native_out(g) for g in gens]
+            outs = [self._native_out(g, with_text=with_text) for g in gens]
             return outs[0] if single else outs
 
         def chunks(i: int | None) -> list[dict]:
             if i is None:
                 return []
-            out = self._native_out(gens[i], streaming=True)
+            out = self._native_out(gens[i], streaming=True, with_text=with_text)
             return [out if single else {**out, "index": i}]
 
         return self._sse_response(request, gens, chunks)
 
     # ---------------------------------------------------------------- OpenAI
-    async def completions(self, request: Request):
-        return await self._openai(request, chat=False)
+    async def completions(self, body: CompletionRequest, request: Request):
+        return await self._openai(request, body, chat=False)
 
-    async def chat_completions(self, request: Request):
-        return await self._openai(request, chat=True)
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request):
+        return await self._openai(request, body, chat=True)
 
-    def _openai_request(self, body: dict, *, chat: bool) -> tuple[list[dict], dict, Stops]:
-        if body.get("n", 1) != 1:
-            raise HTTPError(400, "n: only n = 1 is supported")
-        if body.get("echo") or body.get("logprobs") not in (None, False, 0):
-            raise HTTPError(400, "echo and logprobs are not supported")
-        if chat:
-            if self.tok is None:
-                raise HTTPError(400, "this model has no tokenizer: /v1/chat/completions needs one "
-                                     "(use /v1/completions with token-id prompts)")
-            prompts = [{"text": render_chat(body.get("messages"), self.tok)}]
-        else:
-            prompts = openai_prompts(body.get("prompt"))
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens")
-        params = {"max_new_tokens": max_tokens if max_tokens is not None else (128 if chat else 16),
-                  **{k: body.get(k) for k in ("temperature", "top_p", "top_k", "min_p", "ignore_eos",
-                                              "stop_token_ids")}}
-        return prompts, params, parse_stops(body.get("stop"), self.tok)
+    def _openai_prompts(self, body, *, chat: bool) -> list[dict]:
+        if not chat:
+            return openai_prompts(body.prompt)
+        if self.tok is None:
+            raise HTTPError(400, "this model has no tokenizer: /v1/chat/completions needs one "
+                                 "(use /v1/completions with token-id prompts)")
+        return [{"text": render_chat([m.model_dump(exclude_none=True) for m in body.messages], self.tok)}]
 
-    async def _openai(self, request: Request, *, chat: bool):
-        body = await json_body(request)
-        prompts, params, stops = self._openai_request(body, chat=chat)
-        gens = await self._start(prompts, [params] * len(prompts), [stops] * len(prompts))
+    async def _openai(self, request: Request, body, *, chat: bool):
+        prompts = self._openai_prompts(body, chat=chat)
+        params, stops, n = sampling_params(body, chat=chat), parse_stops(body.stop, self.tok), body.n or 1
+        per_choice = [{**params, **({"sampling_seed": s} if s is not None else {})} for s in seeds(body, n)]
+        # choice index = prompt * n + sample (OpenAI's order)
+        gens = await self._start([p for p in prompts for _ in range(n)], per_choice * len(prompts),
+                                 [stops] * (n * len(prompts)))
+        echo = [self._echo_text(p) if not chat and body.echo else "" for p in prompts for _ in range(n)]
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + gens[0].stream.rid, "object": kind,
                 "created": int(time.time()), "model": self.model_name}
-        if not body.get("stream"):
+        fmt = _LogprobFormatter(self.tok, chat=chat, echo=not chat and bool(body.echo))
+        if not body.stream:
             await self._run_to_end(request, gens)
-            choices = [{"index": i, "message": {"role": "assistant", "content": g.text}} if chat
-                       else {"index": i, "text": g.text, "logprobs": None} for i, g in enumerate(gens)]
-            for c, g in zip(choices, gens):
-                c.update(finish_reason=g.finish_reason, token_ids=list(g.ids))
+            choices = []
+            for i, (g, e) in enumerate(zip(gens, echo)):
+                c = {"index": i, "message": {"role": "assistant", "content": g.text}} if chat \
+                    else {"index": i, "text": e + g.text}
+                c.update(logprobs=fmt.whole(g), finish_reason=g.finish_reason, token_ids=list(g.ids))
+                choices.append(c)
             return {**head, "choices": choices, "usage": _usage(gens)}
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return self._sse_response(request, gens, _openai_chunker(
-            gens, {**head, "object": kind + ".chunk" if chat else kind}, chat=chat, include_usage=include_usage))
+            gens, {**head, "object": kind + ".chunk" if chat else kind}, chat=chat, include_usage=include_usage,
+            echo=echo, fmt=fmt))
+
+    def _echo_text(self, prompt: dict) -> str:
+        if "text" in prompt:
+            return prompt["text"]
+        return self.tok.decode(prompt["input_ids"]) if self.tok is not None else ""
 
     # ---------------------------------------------------------------- status
     async def health(self):
@@ -243,6 +302,36 @@ class Endpoints:
                                             "max_model_len": self.eng.context_length}]}
 
 
+class _LogprobFormatter:
+    """OpenAI logprobs objects of a generation: the whole of it, or the delta just streamed."""
+
+    def __init__(self, tok: Any, *, chat: bool, echo: bool) -> None:
+        self.tok, self.chat, self.echo = tok, chat, echo
+
+    def whole(self, g: Generation) -> dict | None:
+        if not g.stream.wants_logprobs:
+            return None
+        return self._format(g, 0, len(g.ids), with_prompt=self.echo)
+
+    def delta(self, g: Generation, *, first: bool) -> dict | None:
+        if not g.stream.wants_logprobs:
+            return None
+        return self._format(g, g.delta_start, g.sent_ids, with_prompt=self.echo and first)
+
+    def _format(self, g: Generation, start: int, end: int, *, with_prompt: bool) -> dict:
+        ids, lps, tops = g.ids[start:end], g.logprobs[start:end], g.top_logprobs[start:end]
+        context = g.stream.prompt_ids + g.ids[:start]
+        if self.chat:
+            return chat_logprobs(self.tok, ids, lps, tops, context=context)
+        out = completion_logprobs(self.tok, ids, lps, tops, context=context)
+        if with_prompt and g.meta_info and "input_token_logprobs" in g.meta_info:
+            prompt = completion_logprobs(self.tok, g.stream.prompt_ids, g.meta_info["input_token_logprobs"],
+                                         g.meta_info["input_top_logprobs"])
+            shift = sum(len(t) for t in prompt["tokens"])
+            out = {k: prompt[k] + (out[k] if k != "text_offset" else [o + shift for o in out[k]]) for k in out}
+        return out
+
+
 def _usage(gens: list[Generation]) -> dict:
     prompt = sum(g.stream.prompt_tokens for g in gens)
     completion = sum(len(g.ids) for g in gens)
@@ -252,8 +341,10 @@ def _usage(gens: list[Generation]) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _openai_chunker(gens: list[Generation], head: dict, *, chat: bool, include_usage: bool):
-    """OpenAI stream chunks: deltas per update; chat opens each choice with the assistant role."""
+def _openai_chunker(gens: list[Generation], head: dict, *, chat: bool, include_usage: bool, echo: list[str],
+                    fmt: _LogprobFormatter):
+    """OpenAI stream chunks: deltas per update; chat opens each choice with the assistant role,
+    completions with echo put the prompt's text in the choice's first chunk."""
     opened: set[int] = set()
 
     def chunks(i: int | None) -> list[dict]:
@@ -262,12 +353,17 @@ def _openai_chunker(gens: list[Generation], head: dict, *, chat: bool, include_u
         g = gens[i]
         text, ids = g.take_delta()
         out = []
-        if chat and i not in opened:
-            opened.add(i)
+        first = i not in opened
+        if chat and first:
             out.append({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "finish_reason": None}]})
+                                             "logprobs": None, "finish_reason": None}]})
+        opened.add(i)
         if text or ids or g.finished:
-            choice = {"index": i, "delta": {"content": text}} if chat else {"index": i, "text": text, "logprobs": None}
+            choice = {"index": i, "delta": {"content": text}} if chat \
+                else {"index": i, "text": (echo[i] if first else "") + text}
+            # NOTE: streamed echo + logprobs: the prompt's logprobs are known at the request's end
+            # only, so they lead the last chunk's logprobs
+            choice["logprobs"] = fmt.delta(g, first=g.finished)
             out.append({**head, "choices": [{**choice, "finish_reason": g.finish_reason, "token_ids": ids}]})
         return out
 

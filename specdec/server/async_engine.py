@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from specdec.engine.engine import Engine
 from specdec.engine.request import Request
+from specdec.engine.sampling import SamplingParams
 from specdec.server.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -52,15 +53,22 @@ class Event:
     meta_info: dict | None = None  # on the last Event of a request that ran to its end
     error: str | None = None  # on the last Event of a request the server aborted
     status: int = 200  # with error: 503 (shutdown) or 500 (engine failure), as an HTTP status
+    # with logprobs requested: per token of token_ids its logprob and [(token id, logprob)] list
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class RequestStream:
     """The asyncio side of one request: iterate for Events; ``cancel()`` when the client leaves."""
 
-    def __init__(self, owner: "AsyncEngine", rid: str, events: asyncio.Queue, prompt_tokens: int) -> None:
+    def __init__(self, owner: "AsyncEngine", rid: str, events: asyncio.Queue, prompt_ids: list[int],
+                 params: SamplingParams | None = None) -> None:
         self.owner = owner
         self.rid = rid
-        self.prompt_tokens = prompt_tokens
+        self.prompt_ids = prompt_ids
+        self.prompt_tokens = len(prompt_ids)
+        self.wants_logprobs = params is not None and params.wants_logprobs
+        self.top_logprobs_num = params.top_logprobs_num if params is not None else 0
         self._events = events
         self.finished = False
 
@@ -105,7 +113,7 @@ class _Submit:
     sampling_params: dict | None
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
-    done: concurrent.futures.Future  # -> prompt length, or InvalidRequest
+    done: concurrent.futures.Future  # -> (prompt ids, SamplingParams), or InvalidRequest
 
 
 @dataclasses.dataclass
@@ -163,11 +171,11 @@ class AsyncEngine:
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(_Submit(rid, text, input_ids, sampling_params, loop, events, done))
         try:
-            prompt_tokens = await asyncio.wrap_future(done)
+            prompt_ids, params = await asyncio.wrap_future(done)
         except asyncio.CancelledError:
             self.abort(rid)  # the client left while the request was being validated
             raise
-        return RequestStream(self, rid, events, prompt_tokens)
+        return RequestStream(self, rid, events, prompt_ids, params)
 
     def abort(self, rid: str, *, finish_reason: str = "abort") -> None:
         """Abort a request (no-op once it finished); its stream gets no further Events."""
@@ -265,14 +273,15 @@ class AsyncEngine:
         if not cmd.done.set_running_or_notify_cancel():
             return  # the client left while this waited in the inbox
         try:
-            req = self.engine.make_request(cmd.text, cmd.input_ids, cmd.sampling_params, rid=cmd.rid)
+            req = self.engine.make_request(cmd.text, cmd.input_ids, cmd.sampling_params, rid=cmd.rid,
+                                           clamp_max_new_tokens=True)
         except (ValueError, TypeError) as e:
             cmd.done.set_exception(InvalidRequest(str(e)))
             return
         self.engine.add_request(req)
         self._active[cmd.rid] = _Tracked(req, cmd.loop, cmd.events)
         self.metrics.prompt_tokens.inc(len(req.prompt_ids))
-        cmd.done.set_result(len(req.prompt_ids))
+        cmd.done.set_result((req.prompt_ids, req.params))
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -295,14 +304,17 @@ class AsyncEngine:
             new = req.output_ids[t.sent:]
             if not new and not req.finished:
                 continue
+            lp = {}
+            if req.params.wants_logprobs:
+                lp = dict(logprobs=req.output_logprobs[t.sent:], top_logprobs=req.output_top_logprobs[t.sent:])
             t.sent += len(new)
             self.metrics.generation_tokens.inc(len(new))
             if req.finished:
                 del self._active[rid]
                 self.metrics.requests.labels(finish_reason=req.finish_reason.value).inc()
-                event = Event(new, finished=True, meta_info=req.result()["meta_info"])
+                event = Event(new, finished=True, meta_info=req.result()["meta_info"], **lp)
             else:
-                event = Event(new)
+                event = Event(new, **lp)
             out.setdefault(t.loop, []).append((t, event))
         self._post(out)
 

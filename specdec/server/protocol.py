@@ -49,16 +49,6 @@ def sse(payload: Any) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def json_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"malformed JSON body: {e}") from None
-    if not isinstance(body, dict):
-        raise HTTPError(400, f"the JSON body must be an object, got {type(body).__name__}")
-    return body
-
-
 # ------------------------------------------------------------------ stops and chat template
 @dataclasses.dataclass(frozen=True)
 class Stops:
@@ -148,6 +138,10 @@ class Generation:
         self.error_status = 200
         self.sent_chars = 0
         self.sent_ids = 0
+        # with logprobs: aligned with ids
+        self.logprobs: list[float] = []
+        self.top_logprobs: list[list[tuple[int, float]]] = []
+        self.delta_start = 0  # ids[delta_start:sent_ids] is the last delta take_delta handed out
 
     @property
     def finished(self) -> bool:
@@ -156,6 +150,9 @@ class Generation:
     async def advance(self) -> None:
         event = await self.stream.next_event()
         self.ids.extend(event.token_ids)
+        if event.logprobs is not None:
+            self.logprobs.extend(event.logprobs)
+            self.top_logprobs.extend(event.top_logprobs)
         if event.error is not None:
             self.error, self.error_status = event.error, event.status
             return
@@ -199,6 +196,7 @@ class Generation:
         """Text and ids not streamed yet (OpenAI chunks)."""
         text = self.visible_text()
         delta, self.sent_chars = text[self.sent_chars:], max(self.sent_chars, len(text))
+        self.delta_start = self.sent_ids
         ids, self.sent_ids = self.ids[self.sent_ids:], len(self.ids)
         return delta, ids
 
@@ -239,36 +237,26 @@ async def abort_on_disconnect(request: Request, gens: list[Generation]):
             g.stream.close()
 
 
-# ------------------------------------------------------------------ the app
-def is_ids(x: Any) -> bool:
-    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-
-def native_prompts(body: dict) -> tuple[list[dict], bool]:
-    text, ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (ids is None):
+# ------------------------------------------------------------------ prompts
+def native_prompts(text: Any, input_ids: Any) -> tuple[list[dict], bool]:
+    """(prompts, single) of a typed /generate body."""
+    if (text is None) == (input_ids is None):
         raise HTTPError(400, "give exactly one of text or input_ids")
     if isinstance(text, str):
         return [{"text": text}], True
-    if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-        return [{"text": t} for t in text], False
     if text is not None:
-        raise HTTPError(400, "text must be a string or a non-empty list of strings")
-    if is_ids(ids) and ids:
-        return [{"input_ids": ids}], True
-    if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
-        return [{"input_ids": x} for x in ids], False
-    raise HTTPError(400, "input_ids must be a non-empty list of token ids or a list of such lists")
+        return [{"text": t} for t in text], False
+    if isinstance(input_ids[0], int):
+        return [{"input_ids": list(input_ids)}], True
+    return [{"input_ids": list(x)} for x in input_ids], False
 
 
 def openai_prompts(prompt: Any) -> list[dict]:
+    """One prompt dict per OpenAI completions prompt (a typed body's str / [str] / [int] / [[int]])."""
     if isinstance(prompt, str):
         return [{"text": prompt}]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return [{"text": p} for p in prompt]
-        if is_ids(prompt):
-            return [{"input_ids": prompt}]
-        if all(isinstance(p, list) for p in prompt):
-            return [{"input_ids": p} for p in prompt]
-    raise HTTPError(400, "prompt is required: a string, a list of strings, a list of token ids, or a list of those")
+    if isinstance(prompt[0], str):
+        return [{"text": p} for p in prompt]
+    if isinstance(prompt[0], int):
+        return [{"input_ids": list(prompt)}]
+    return [{"input_ids": list(p)} for p in prompt]

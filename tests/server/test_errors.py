@@ -30,7 +30,7 @@ CASES = [
     ("/v1/completions", {"model": "m"}, 400, "prompt is required"),
     ("/v1/completions", {"prompt": [3, 4], "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {"prompt": TOO_LONG}, 400, "context length"),
-    ("/v1/completions", {"prompt": [3, 4], "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": [3, 4], "n": 17}, 400, "n"),
     ("/v1/completions", {"prompt": [3, 4], "stop": "x"}, 400, "tokenizer"),
     ("/v1/completions", {"prompt": [3, 4], "stop": [{}]}, 400, "stop"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "no tokenizer"),

@@ -1,0 +1,103 @@
+"""The OpenAPI document: routes with their request / response models, errors, and model limits.
+
+``route_docs`` gives each route its ``responses`` (200 JSON or SSE, the 400 / 500 / 503 error
+body, ``/metrics``' Prometheus text). ``document`` post-processes FastAPI's output so it tells the
+truth: the server answers 400 (never 422) to a body that fails validation, and the limits that
+depend on the loaded model are filled in: token ids below the vocab size (also as the pattern of
+``logit_bias`` keys), ``max_tokens`` at most the context length, token prompts shorter than it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specdec.server.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    ErrorResponse,
+    GenerateResponse,
+    Health,
+    ModelInfo,
+    ModelList,
+)
+
+_SSE = {"text/event-stream": {"schema": {"type": "string", "description": "Server-Sent Events: "
+                                         "`data: {json}` per step, ending `data: [DONE]`"}}}
+_ERRORS = {
+    400: {"model": ErrorResponse, "description": "Invalid request: the message names the field or the reason"},
+    500: {"model": ErrorResponse, "description": "The engine failed while running this request"},
+    503: {"model": ErrorResponse, "description": "The server is shutting down"},
+}
+
+
+def route_docs() -> dict[str, dict[str, Any]]:
+    """Keyword arguments of ``app.post`` / ``app.get`` per path."""
+    return {
+        "/generate": dict(responses={200: {"model": Union[GenerateResponse, list[GenerateResponse]],
+                                           "content": _SSE, "description": "One result, or a list for a batch"},
+                                     **_ERRORS}),
+        "/v1/completions": dict(responses={200: {"model": CompletionResponse, "content": _SSE}, **_ERRORS}),
+        "/v1/chat/completions": dict(responses={200: {"model": ChatCompletionResponse, "content": _SSE},
+                                                **_ERRORS}),
+        "/health": dict(responses={200: {"model": Health}, 503: {"model": Health, "description": "Not serving"}}),
+        "/metrics": dict(responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+                                          "description": "Prometheus text exposition format"}}),
+        "/get_model_info": dict(responses={200: {"model": ModelInfo}}),
+        "/v1/models": dict(responses={200: {"model": ModelList}}),
+    }
+
+
+def document(app: FastAPI, *, vocab_size: int, context_length: int) -> dict:
+    """The app's OpenAPI document (built once), truthful about errors and this model's limits."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path in doc.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+                if "application/json" in op.get("responses", {}).get("200", {}).get("content", {}) \
+                        and "/metrics" in op.get("operationId", ""):
+                    del op["responses"]["200"]["content"]["application/json"]
+        schemas = doc.get("components", {}).get("schemas", {})
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+        _fill_limits(doc, vocab_size=vocab_size, context_length=context_length)
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+def _fill_limits(node: Any, *, vocab_size: int, context_length: int) -> None:
+    if isinstance(node, list):
+        for x in node:
+            _fill_limits(x, vocab_size=vocab_size, context_length=context_length)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.pop("x-token-id", None):
+        node["maximum"] = vocab_size - 1
+    if node.pop("x-token-id-key", None):
+        node["pattern"] = "^(" + range_regex(vocab_size - 1) + ")$"
+    if node.pop("x-context-tokens", None):
+        node["maximum"] = context_length
+    if node.pop("x-prompt-ids", None):
+        node["maxItems"] = context_length - 1
+    for v in node.values():
+        _fill_limits(v, vocab_size=vocab_size, context_length=context_length)
+
+
+def range_regex(hi: int) -> str:
+    """A regex alternation matching the decimal numbers 0..hi, without leading zeros.
+
+    range_regex(511) = "[0-9]|[1-9][0-9]|[1-4][0-9][0-9]|50[0-9]|51[0-1]"."""
+    digits = str(hi)
+    alts = ["[0-9]"] if len(digits) > 1 else []
+    alts += ["[1-9]" + "[0-9]" * (k - 1) for k in range(2, len(digits))]
+    for i, d in enumerate(digits):
+        low = 1 if i == 0 else 0
+        if int(d) > low:
+            alts.append(digits[:i] + f"[{low}-{int(d) - 1}]" + "[0-9]" * (len(digits) - i - 1))
+    alts.append(digits[:-1] + f"[{0 if len(digits) > 1 else 0}-{digits[-1]}]")
+    return "|".join(alts)

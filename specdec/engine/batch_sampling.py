@@ -18,6 +18,7 @@ request a step may emit (S + 1 with speculation, 1 otherwise); k = top logprobs 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,10 @@ import torch
 
 from specdec.engine.logits_process import ProcessorBatch, apply_processors
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
+
+
+# the logprob reported for a token of probability zero (JSON has no -inf; OpenAI's value)
+MIN_LOGPROB = -9999.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +171,8 @@ class BatchSampling:
             return None
         token, top_ids, top_lp = (x.tolist() for x in self._recorded)
         self._recorded = None
-        top = [[list(zip(ids[:p.top_logprobs_num], lps[:p.top_logprobs_num])) for ids, lps in zip(i_b, l_b)]
-               for i_b, l_b, p in zip(top_ids, top_lp, self._params)]
-        return StepLogprobs(token=token, top=top)
+        # NOTE: tokens a processor forbids (-inf: a grammar, min_new_tokens) are left out of the
+        # top lists; JSON has no -inf
+        top = [[[(i, lp) for i, lp in zip(ids[:p.top_logprobs_num], lps[:p.top_logprobs_num]) if lp > -math.inf]
+                for ids, lps in zip(i_b, l_b)] for i_b, l_b, p in zip(top_ids, top_lp, self._params)]
+        return StepLogprobs(token=[[max(x, MIN_LOGPROB) for x in row] for row in token], top=top)

@@ -313,8 +313,8 @@ class Engine:
                      *, clamp_max_new_tokens: bool = False) -> Request:
         """Validate one request; raises ValueError naming the problem (nothing is queued).
 
-        ``clamp_max_new_tokens``: a max_new_tokens within the context length but past what the
-        prompt leaves is cut to fit (the server's choice) instead of rejected."""
+        ``clamp_max_new_tokens``: a max_new_tokens past what the prompt leaves of the context is
+        cut to fit (the server's choice; it rejects one above the context length itself)."""
         if (prompt is None) == (input_ids is None):
             raise ValueError("give exactly one of prompt (text) or input_ids")
         if input_ids is None:
@@ -326,8 +326,7 @@ class Engine:
             raise ValueError(f"input_ids must be a non-empty list of token ids in [0, {vocab})")
         params = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.from_dict(sampling_params)
         total = len(input_ids) + params.max_new_tokens
-        if clamp_max_new_tokens and total > self.context_length and len(input_ids) < self.context_length \
-                and params.max_new_tokens <= self.context_length:
+        if clamp_max_new_tokens and total > self.context_length and len(input_ids) < self.context_length:
             params = dataclasses.replace(params, max_new_tokens=self.context_length - len(input_ids))
             total = self.context_length
         if total > self.context_length:

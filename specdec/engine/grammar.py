@@ -71,8 +71,6 @@ class GrammarBackend:
     def _compile_uncached(self, kind: str, source: str) -> Any:
         try:
             if kind == "json_schema":
-                if source.strip() in ('{"type": "object"}', '{"type":"object"}'):
-                    return self.compiler.compile_builtin_json_grammar()
                 return self.compiler.compile_json_schema(source, any_whitespace=False)
             if kind == "regex":
                 return self.compiler.compile_regex(source)

@@ -16,7 +16,8 @@ lossless (greedy: the same argmax; sampling: the same distribution).
     repetition_penalty  logit /= r if logit > 0 else *= r,  for tokens in the prompt or output (HF)
     logit_bias          logit += bias[token]
     min_new_tokens      stop tokens (EOS, stop_token_ids) get -inf while length < min_new_tokens
-    grammar             tokens the grammar forbids after the node's path get -inf
+    grammar             tokens the grammar forbids after the node's path get -inf (where a finished
+                        grammar allows only a stop token, min_new_tokens yields to it)
 
 Worked example (one request, output so far [7], tree root -> a -> b, presence 1, frequency 0.5):
     node root: counts {7: 1}               -> logit[7] -= 1.5
@@ -86,7 +87,9 @@ class ProcessorBatch:
             repetition=put(torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)),
             counts=put(counts), prompt_seen=put(prompt_seen), bias=None if bias is None else put(bias),
             stop_mask=put(stop_mask),
-            min_left=put(torch.tensor([p.min_new_tokens - len(r.output_ids) for p, r in zip(params, requests)])),
+            # NOTE: capped at max_new_tokens: any int is valid, a tensor holds 64 bits
+            min_left=put(torch.tensor([min(p.min_new_tokens, p.max_new_tokens) - len(r.output_ids)
+                                       for p, r in zip(params, requests)])),
             any_penalty=any(p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 for p in params),
             any_min_tokens=any(p.min_new_tokens > len(r.output_ids) for p, r in zip(params, requests)),
         )
@@ -129,9 +132,14 @@ def apply_processors(
         out = torch.where(seen, torch.where(out > 0, out / rep, out * rep), out)
     if batch.bias is not None:
         out += batch.bias[:, None, :]
+    allowed = grammar_mask  # [bs, N, V] or None
     if batch.any_min_tokens:
         banned = (depth < batch.min_left[:, None])[:, :, None] & batch.stop_mask[:, None, :]  # [bs, N, V]
-        out.masked_fill_(banned, float("-inf"))
-    if grammar_mask is not None:
-        out.masked_fill_(~grammar_mask, float("-inf"))
+        allowed = ~banned if allowed is None else allowed & ~banned
+        if grammar_mask is not None:
+            # NOTE: a finished grammar allows only a stop token: there min_new_tokens yields
+            stuck = ~allowed.any(-1, keepdim=True)  # [bs, N, 1]
+            allowed = torch.where(stuck, grammar_mask, allowed)
+    if allowed is not None:
+        out.masked_fill_(~allowed, float("-inf"))
     return out.view(bs * n, vocab)

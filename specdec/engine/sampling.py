@@ -37,6 +37,7 @@ import torch
 
 # SGLang treats temperatures below this as greedy.
 GREEDY_EPS = 1e-5
+MAX_TEMPERATURE = 100.0
 # OpenAI's bound on top_logprobs
 MAX_TOP_LOGPROBS = 20
 GRAMMAR_KEYS = ("json_schema", "regex", "ebnf")
@@ -80,6 +81,8 @@ class SamplingParams:
         _check_float("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"sampling_params.temperature must be >= 0, got {self.temperature}")
+        if self.temperature > MAX_TEMPERATURE:  # NOTE: fp32 holds it; 1e308 would become inf (NaN probs)
+            raise ValueError(f"sampling_params.temperature must be <= {MAX_TEMPERATURE:g}, got {self.temperature}")
         _check_float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"sampling_params.top_p must be in (0, 1], got {self.top_p}")
@@ -116,16 +119,16 @@ class SamplingParams:
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"sampling_params.{name} must be in [-2, 2], got {getattr(self, name)}")
         _check_float("repetition_penalty", self.repetition_penalty)
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"sampling_params.repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        # NOTE: a penalty near 0 would divide logits into inf (NaN probabilities)
+        if not 0.01 <= self.repetition_penalty <= 2.0:
+            raise ValueError(f"sampling_params.repetition_penalty must be in [0.01, 2], got {self.repetition_penalty}")
         object.__setattr__(self, "logit_bias", _normalise_bias(self.logit_bias))
         _check_int("min_new_tokens", self.min_new_tokens)
         if self.min_new_tokens < 0:
             raise ValueError(f"sampling_params.min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.sampling_seed is not None:
             _check_int("sampling_seed", self.sampling_seed)
-            if not 0 <= self.sampling_seed < 2**63:
-                raise ValueError(f"sampling_params.sampling_seed must be in [0, 2**63), got {self.sampling_seed}")
+            object.__setattr__(self, "sampling_seed", self.sampling_seed % 2**63)  # any int: torch takes 63 bits
         grammars = [k for k in GRAMMAR_KEYS if getattr(self, k) is not None]
         if len(grammars) > 1:
             raise ValueError(f"sampling_params: give at most one of json_schema, regex, ebnf (got {', '.join(grammars)})")

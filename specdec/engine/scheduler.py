@@ -180,6 +180,17 @@ class Scheduler:
         req.row = -1
         req.kv_len = req.kv_alloc = 0
 
+    def _unadmit(self, chunks: list[PrefillChunk]) -> None:
+        """Abort the requests of a prefill step that failed, giving back their rows and KV."""
+        for chunk in chunks:
+            req = chunk.req
+            if req.row < 0 or any(r is req for r in self.running):
+                continue
+            if self.chunked is req:
+                self.chunked = None
+            req.finish_reason = FinishReason.ABORT
+            self._release(req)
+
     # ------------------------------------------------------------ one step
     @torch.inference_mode()
     def step(self) -> list[Request]:
@@ -191,7 +202,11 @@ class Scheduler:
         chunks = self._plan_prefill() if self._prefill_turn() else []
         if chunks:
             finished = self._read_launched()  # the prefill needs the device's lengths settled
-            self._prefill(chunks)
+            try:
+                self._prefill(chunks)
+            except BaseException:
+                self._unadmit(chunks)
+                raise
             finished += [c.req for c in chunks if c.req.finished]
         else:
             finished = self._decode()
@@ -264,6 +279,8 @@ class Scheduler:
         rows_cpu = [r.row for r in reqs]
         self._make_room(self.memory.pages_needed(starts, lens))
         out_cache_loc = self.memory.alloc_extend(rows_cpu, starts, lens)
+        for chunk in chunks:  # freed by _unadmit if this step fails
+            chunk.req.kv_alloc = chunk.end
         columns = host_to_device(torch.tensor([rows_cpu, starts, lens], dtype=torch.int64), device)
         prompt_logprobs = PromptLogprobs.of(chunks)
         batch = ForwardBatch(

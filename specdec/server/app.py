@@ -211,9 +211,12 @@ class Endpoints:
         prompts, single = native_prompts(body.text, body.input_ids)
         params = body.sampling_params
         params = params if isinstance(params, list) else [params] * len(prompts)
+        params = params * len(prompts) if len(params) == 1 else params  # one list entry serves all
         if len(params) != len(prompts):
             raise HTTPError(400, f"got {len(params)} sampling_params for {len(prompts)} prompts")
         dicts = [p.model_dump(exclude_none=True) if p is not None else {} for p in params]
+        for d in dicts:
+            self._check_max_tokens("sampling_params.max_new_tokens", d.get("max_new_tokens"))
         stops = [parse_stops(d.pop("stop", None), self.tok, "sampling_params.stop") for d in dicts]
         if body.return_logprob or body.top_logprobs_num:
             logprob = {"return_logprob": True, "top_logprobs_num": body.top_logprobs_num or 0}
@@ -242,6 +245,11 @@ class Endpoints:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         return await self._openai(request, body, chat=True)
 
+    def _check_max_tokens(self, field: str, value: int | None) -> None:
+        """One above the context length is a 400; one past what the prompt leaves is cut to fit."""
+        if value is not None and value > self.eng.context_length:
+            raise HTTPError(400, f"{field} ({value}) exceeds the context length {self.eng.context_length}")
+
     def _openai_prompts(self, body, *, chat: bool) -> list[dict]:
         if not chat:
             return openai_prompts(body.prompt)
@@ -251,6 +259,9 @@ class Endpoints:
         return [{"text": render_chat([m.model_dump(exclude_none=True) for m in body.messages], self.tok)}]
 
     async def _openai(self, request: Request, body, *, chat: bool):
+        self._check_max_tokens("max_tokens", body.max_tokens)
+        if chat:
+            self._check_max_tokens("max_completion_tokens", body.max_completion_tokens)
         prompts = self._openai_prompts(body, chat=chat)
         params, stops, n = sampling_params(body, chat=chat), parse_stops(body.stop, self.tok), body.n or 1
         per_choice = [{**params, **({"sampling_seed": s} if s is not None else {})} for s in seeds(body, n)]

@@ -7,7 +7,7 @@ Parameter mapping (every declared field is honored or rejected; the README's tab
     frequency_penalty, repetition_penalty, logit_bias        -> the same sampling_params keys
     min_tokens -> min_new_tokens;  seed -> sampling_seed (+ the choice's index when n > 1)
     response_format json_object -> json_schema {"type": "object"}; json_schema -> its schema;
-    regex / ebnf (extensions) -> the same keys; at most one grammar per request
+    regex (extension) -> the same key; at most one grammar per request
     completions logprobs=k -> output logprobs with k alternatives; echo + logprobs -> prompt ones
     chat logprobs=true, top_logprobs=k -> the same (top_logprobs alone implies logprobs)
 
@@ -23,7 +23,7 @@ from typing import Any
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest
 
 _PASSTHROUGH = ("temperature", "top_p", "top_k", "min_p", "ignore_eos", "stop_token_ids", "presence_penalty",
-                "frequency_penalty", "repetition_penalty", "logit_bias", "regex", "ebnf")
+                "frequency_penalty", "repetition_penalty", "logit_bias", "regex")
 
 
 class UnsupportedRequest(ValueError):
@@ -40,8 +40,8 @@ def sampling_params(body: CompletionRequest | ChatCompletionRequest, *, chat: bo
         params["min_new_tokens"] = body.min_tokens
     grammar = _response_format_schema(body)
     if grammar is not None:
-        if "regex" in params or "ebnf" in params:
-            raise UnsupportedRequest("give at most one of response_format (json), regex and ebnf")
+        if "regex" in params:
+            raise UnsupportedRequest("give at most one of response_format (json_object / json_schema) and regex")
         params["json_schema"] = grammar
     top = _top_logprobs(body, chat=chat)
     if top is not None:
@@ -64,10 +64,7 @@ def _response_format_schema(body) -> str | None:
         return None
     if fmt.type == "json_object":
         return json.dumps({"type": "object"})
-    schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
-    if schema is None:
-        raise UnsupportedRequest("response_format: type json_schema needs json_schema.schema")
-    return json.dumps(schema)
+    return json.dumps(fmt.json_schema.schema_)
 
 
 def _top_logprobs(body, *, chat: bool) -> int | None:

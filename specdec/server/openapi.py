@@ -25,8 +25,11 @@ from specdec.server.responses import (
     ModelList,
 )
 
-_SSE = {"text/event-stream": {"schema": {"type": "string", "description": "Server-Sent Events: "
-                                         "`data: {json}` per step, ending `data: [DONE]`"}}}
+# each event: `data: {json chunk}` per engine step, the last one `data: [DONE]`
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}},
+    "description": "One Server-Sent Event: data is a JSON chunk (the route's result shape, with deltas "
+                   "for OpenAI routes), or [DONE] last"}}}
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "Invalid request: the message names the field or the reason"},
     500: {"model": ErrorResponse, "description": "The engine failed while running this request"},
@@ -55,12 +58,11 @@ def document(app: FastAPI, *, vocab_size: int, context_length: int) -> dict:
     """The app's OpenAPI document (built once), truthful about errors and this model's limits."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        for path in doc.get("paths", {}).values():
+        for name, path in doc.get("paths", {}).items():
             for op in path.values():
                 op.get("responses", {}).pop("422", None)
-                if "application/json" in op.get("responses", {}).get("200", {}).get("content", {}) \
-                        and "/metrics" in op.get("operationId", ""):
-                    del op["responses"]["200"]["content"]["application/json"]
+                if name == "/metrics":  # Prometheus text only
+                    op["responses"]["200"]["content"].pop("application/json", None)
         schemas = doc.get("components", {}).get("schemas", {})
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)

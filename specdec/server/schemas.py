@@ -12,18 +12,27 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from specdec.engine.sampling import MAX_TOP_LOGPROBS
+from specdec.engine.sampling import MAX_TEMPERATURE, MAX_TOP_LOGPROBS
 
 MAX_N = 16  # parallel samples per prompt
+
+
+def _integral(x: Any) -> Any:
+    """JSON Schema's integer includes 154.0: take an integral float as the int (strict otherwise)."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+# NOTE: after the Field: a validator placed before the constraints hides them from the document
+_INT = BeforeValidator(_integral)
 MAX_STOPS = 16
 
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0), _INT]
 # the x- markers are replaced by this model's limits in the document (openapi._fill_limits)
-PromptTokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-token-id": True})]
+PromptTokenId = Annotated[int, Field(ge=0, json_schema_extra={"x-token-id": True}), _INT]
 TokenIds = Annotated[list[PromptTokenId], Field(min_length=1, json_schema_extra={"x-prompt-ids": True})]
-MaxTokens = Annotated[int, Field(ge=0, json_schema_extra={"x-context-tokens": True})]
+MaxTokens = Annotated[int, Field(ge=0, json_schema_extra={"x-context-tokens": True}), _INT]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 StopItem = Union[Annotated[str, Field(min_length=1)], TokenId]
 Stop = Union[Annotated[str, Field(min_length=1)], TokenId, Annotated[list[StopItem], Field(max_length=MAX_STOPS)]]
@@ -31,10 +40,24 @@ Stop = Union[Annotated[str, Field(min_length=1)], TokenId, Annotated[list[StopIt
 LogitBias = dict[Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,8})$", json_schema_extra={"x-token-id-key": True})],
                  Annotated[float, Field(ge=-100.0, le=100.0)]]
 Unsupported = Optional[None]  # declared so that the route can name it; only null is accepted
+Regex = Annotated[str, Field(min_length=1, json_schema_extra={"format": "regex"})]
+
+
+def at_most_one(*fields: str, response_format: bool = False) -> dict:
+    """JSON Schema: no two of ``fields`` are set to a value (null counts as unset)."""
+    value = {"not": {"type": "null"}}
+    json_format = {"type": "object", "properties": {"type": {"enum": ["json_object", "json_schema"]}},
+                   "required": ["type"]}
+    names = [*fields, *(["response_format"] if response_format else [])]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    return {"allOf": [{"not": {"properties": {a: json_format if a == "response_format" else value,
+                                              b: json_format if b == "response_format" else value},
+                               "required": [a, b]}} for a, b in pairs]}
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict: no coercion (0 is not false, "1" is not 1), so the document's types are the truth
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(_Body):
@@ -44,14 +67,25 @@ class StreamOptions(_Body):
 class JsonSchemaFormat(_Body):
     name: str = "response"
     description: Optional[str] = None
-    # the JSON schema the output must validate against
-    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    # the JSON schema the output must validate against ({} = any JSON value)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: Optional[bool] = None
 
 
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
+class TextFormat(_Body):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Body):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaResponseFormat], Field(discriminator="type")]
 
 
 class _OpenAICommon(_Body):
@@ -59,37 +93,38 @@ class _OpenAICommon(_Body):
 
     model: Optional[str] = None
     max_tokens: Optional[MaxTokens] = None
-    temperature: Optional[Annotated[float, Field(ge=0.0)]] = None
+    temperature: Optional[Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)]] = None
     top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
-    n: Optional[Annotated[int, Field(ge=1, le=MAX_N)]] = None
+    n: Optional[Annotated[int, Field(ge=1, le=MAX_N), _INT]] = None
     stop: Optional[Stop] = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
     presence_penalty: Optional[Penalty] = None
     frequency_penalty: Optional[Penalty] = None
     logit_bias: Optional[LogitBias] = None
-    seed: Optional[Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]] = None
+    seed: Optional[Annotated[int, _INT]] = None  # any integer (taken modulo 2**63)
     user: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
     # extensions (vLLM / SGLang names)
-    top_k: Optional[Union[Literal[-1], Annotated[int, Field(ge=1)]]] = None
+    top_k: Optional[Annotated[Union[Literal[-1], Annotated[int, Field(ge=1), _INT]], BeforeValidator(_integral)]] = None
     min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0)]] = None
-    repetition_penalty: Optional[Annotated[float, Field(gt=0.0, le=2.0)]] = None
-    min_tokens: Optional[Annotated[int, Field(ge=0)]] = None
+    repetition_penalty: Optional[Annotated[float, Field(ge=0.01, le=2.0)]] = None
+    min_tokens: Optional[Annotated[int, Field(ge=0), _INT]] = None
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[TokenId]] = None
-    regex: Optional[Annotated[str, Field(min_length=1)]] = None
-    ebnf: Optional[Annotated[str, Field(min_length=1)]] = None
+    regex: Optional[Regex] = None
     # not supported: only null
-    best_of: Optional[Literal[1]] = None
+    best_of: Optional[Annotated[Literal[1], BeforeValidator(_integral)]] = None
     service_tier: Unsupported = None
 
 
 class CompletionRequest(_OpenAICommon):
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=at_most_one("regex", response_format=True))
+
     prompt: Union[str, Annotated[list[str], Field(min_length=1)], TokenIds, Annotated[list[TokenIds], Field(min_length=1)]]
     echo: Optional[bool] = None
     # OpenAI's legacy completions logprobs: how many top alternatives per token (0: the token only)
-    logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+    logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), _INT]] = None
     suffix: Unsupported = None
 
 
@@ -105,10 +140,12 @@ class ChatMessage(_Body):
 
 
 class ChatCompletionRequest(_OpenAICommon):
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=at_most_one("regex", response_format=True))
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Optional[MaxTokens] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), _INT]] = None
     # not supported: only null (or an empty list / "none" where OpenAI's clients send those)
     tools: Optional[Annotated[list[Any], Field(max_length=0)]] = None
     tool_choice: Optional[Literal["none"]] = None
@@ -125,12 +162,12 @@ class ChatCompletionRequest(_OpenAICommon):
 class NativeSamplingParams(BaseModel):
     """SGLang's ``sampling_params`` keys (unknown keys are a 400: the engine names them)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=at_most_one("json_schema", "regex"))
 
     max_new_tokens: Optional[MaxTokens] = None
-    temperature: Optional[Annotated[float, Field(ge=0.0)]] = None
+    temperature: Optional[Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)]] = None
     top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
-    top_k: Optional[Union[Literal[-1], Annotated[int, Field(ge=1)]]] = None
+    top_k: Optional[Annotated[Union[Literal[-1], Annotated[int, Field(ge=1), _INT]], BeforeValidator(_integral)]] = None
     min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0)]] = None
     stop: Optional[Stop] = None
     stop_token_ids: Optional[list[TokenId]] = None
@@ -138,30 +175,32 @@ class NativeSamplingParams(BaseModel):
     speculative: Optional[bool] = None
     presence_penalty: Optional[Penalty] = None
     frequency_penalty: Optional[Penalty] = None
-    repetition_penalty: Optional[Annotated[float, Field(gt=0.0, le=2.0)]] = None
-    min_new_tokens: Optional[Annotated[int, Field(ge=0)]] = None
+    repetition_penalty: Optional[Annotated[float, Field(ge=0.01, le=2.0)]] = None
+    min_new_tokens: Optional[Annotated[int, Field(ge=0), _INT]] = None
     logit_bias: Optional[LogitBias] = None
-    sampling_seed: Optional[Annotated[int, Field(ge=0, le=2**63 - 1)]] = None
-    json_schema: Optional[Annotated[str, Field(min_length=1)]] = None
-    regex: Optional[Annotated[str, Field(min_length=1)]] = None
-    ebnf: Optional[Annotated[str, Field(min_length=1)]] = None
+    sampling_seed: Optional[Annotated[int, _INT]] = None  # any integer (taken modulo 2**63)
+    # a JSON schema as a string (SGLang) or an object
+    json_schema: Optional[Union[Annotated[str, Field(min_length=1)], dict[str, Any]]] = None
+    regex: Optional[Regex] = None
 
 
 class GenerateRequest(_Body):
     """SGLang's native /generate: one prompt or a batch (``text`` or ``input_ids``)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
         "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
 
     # exactly one of text and input_ids (not null: the document's oneOf says so)
     text: Union[str, Annotated[list[str], Field(min_length=1)]] = None  # type: ignore[assignment]
     input_ids: Union[TokenIds, Annotated[list[TokenIds], Field(min_length=1)]] = None  # type: ignore[assignment]
-    sampling_params: Optional[Union[NativeSamplingParams, list[NativeSamplingParams]]] = None
+    # one object for every prompt, or one per prompt of a batch
+    sampling_params: Optional[Union[NativeSamplingParams, Annotated[list[NativeSamplingParams],
+                                                                    Field(min_length=1)]]] = None
     stream: Optional[bool] = None
     return_logprob: Optional[bool] = None
-    top_logprobs_num: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+    top_logprobs_num: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), _INT]] = None
     # prompt logprobs from this prompt position (-1: none)
-    logprob_start_len: Optional[Annotated[int, Field(ge=-1)]] = None
+    logprob_start_len: Optional[Annotated[int, Field(ge=-1), _INT]] = None
     return_text_in_logprobs: Optional[bool] = None
 
 

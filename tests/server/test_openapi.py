@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec.engine.engine import Engine
-from specdec.server.args import DEFAULT_DRAFT, DEFAULT_MODEL
+from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL
 from specdec.server.openapi import range_regex
 
 from .live import LiveServer

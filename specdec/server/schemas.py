@@ -103,6 +103,7 @@ class _OpenAICommon(_Body):
     frequency_penalty: Optional[Penalty] = None
     logit_bias: Optional[LogitBias] = None
     seed: Optional[Annotated[int, _INT]] = None  # any integer (taken modulo 2**63)
+    # identifiers for the caller's records: accepted, they do not change the output
     user: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
     # extensions (vLLM / SGLang names)
@@ -157,6 +158,13 @@ class ChatCompletionRequest(_OpenAICommon):
     prediction: Unsupported = None
     reasoning_effort: Unsupported = None
     web_search_options: Unsupported = None
+    verbosity: Unsupported = None
+    # stored completions: nothing is stored, so only store=false (and no metadata for it)
+    store: Optional[Literal[False]] = None
+    metadata: Unsupported = None
+    # identifiers for the caller's records or a cache hint: accepted, they do not change the output
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
 
 
 class NativeSamplingParams(BaseModel):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -87,11 +88,21 @@ def run(engine: Engine, prompts: list[str], schema: dict | None, max_new_tokens:
     }
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def write(out: Path, res: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1))
     lines = [f"# Acceptance with and without a grammar — {res['model']}", "",
-             metadata_line(res["meta"]) + f" · {torch.get_num_threads()} CPU threads", "",
+             metadata_line(res["meta"]) + f" · {res['cpu']}, {res['threads']} threads", "",
              f"{res['num_prompts']} MT-bench first turns + a JSON request, chat template, greedy, "
              f"≤ {res['max_new_tokens']} new tokens, all prompts in one batch.", "",
              "| grammar | acceptance length | verify steps | tokens | tok/s | stopped | valid JSON | valid schema |",
@@ -99,6 +110,11 @@ def write(out: Path, res: dict) -> None:
     for name, r in res["runs"].items():
         lines.append(f"| {name} | {r['acceptance_length']:.2f} | {r['verify_steps']} | {r['completion_tokens']} | "
                      f"{r['throughput_tok_s']:.1f} | {r['finished_by_stop']} | {r['valid_json']} | {r['valid_schema']} |")
+    lines += ["", "Acceptance length = tokens committed per verify step (accepted draft tokens + 1). \"stopped\": "
+              "finished by end of turn; the others were cut at the token limit (a JSON prefix, never valid). "
+              "The three runs generate different text, so their acceptance differs by content as well as by "
+              "the grammar: the draft head proposes without the grammar, and verification masks every tree "
+              "node along its own path, so a draft token the grammar forbids is rejected."]
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
@@ -113,7 +129,7 @@ def main() -> None:
     prompts = [p + ASK for p in embedded.load_prompts("mt_bench", args.num_prompts)]
     if has_chat_template(engine.tokenizer):
         prompts = [render_user_prompt(engine.tokenizer, p) for p in prompts]
-    res = {"meta": run_metadata(), "model": model, "num_prompts": len(prompts),
+    res = {"meta": run_metadata(), "cpu": cpu_name(), "threads": torch.get_num_threads(), "model": model, "num_prompts": len(prompts),
            "max_new_tokens": args.max_new_tokens, "runs": {}}
     for name, schema in GRAMMARS.items():
         r = res["runs"][name] = run(engine, prompts, schema, args.max_new_tokens)

@@ -88,7 +88,19 @@ class TargetModelRunner(Protocol):
 
 @runtime_checkable
 class SamplingInfo(Protocol):
-    """Per-request sampling settings of one batch, as the worker needs them."""
+    """Per-request sampling settings of one batch, as the worker needs them.
+
+    Optional members (the worker looks them up with ``getattr``; a host without them gets plain
+    sampling; ``specdec.engine.batch_sampling.BatchSampling`` has them all):
+
+        needs_processing: bool, process(logits, tree) -> logits
+            logits processors (penalties, logit_bias, grammar masks) at every tree node, each
+            node seeing its own path; [bs * N, vocab] in and out, applied before ``probs``
+        top_logprobs_num: int | None, record_logprobs(logits, tokens)
+            logprobs of the committed tokens [bs, S + 1] under their nodes' processed logits
+        uniforms(bs, n, device) -> ([bs, n], [bs])
+            verification's coins in (0, 1], drawn by the host (per-request seeds)
+    """
 
     # True when every request decodes greedily (the worker then verifies with exact argmax)
     is_all_greedy: bool

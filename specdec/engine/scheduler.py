@@ -44,6 +44,10 @@ from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, Logits
 from specdec.host import table_slots
 
 
+# a prompt this short is cheaper to prefill again than to wait a step for its twin's KV
+TWIN_MIN_TOKENS = 32
+
+
 @dataclasses.dataclass
 class _Part:
     """One launched sub-batch of a decode step: its requests and the worker's pending result."""
@@ -247,6 +251,8 @@ class Scheduler:
                 and len(self.running) + len(chunks) < self.max_running_requests:
             req = self.waiting[0]
             tokens = fill_ids(req)
+            if self._twin_in(chunks, tokens):
+                break  # next step it takes the twin's KV from the prefix cache
             extend = len(tokens) - self.cache.lookup(cacheable_tokens(req, tokens))
             need = self.promise.admission_tokens(req, extend, ratio)
             if need > room and (decoding or chunks):
@@ -258,6 +264,12 @@ class Scheduler:
             budget -= chunk.length
             room -= need
         return chunks
+
+    def _twin_in(self, chunks: list[PrefillChunk], tokens: list[int]) -> bool:
+        """Whether a request with these very tokens is prefilled in this step (``n > 1``: parallel
+        samples of one prompt). With a prefix cache the twin waits one step and shares the KV."""
+        return self.cache.enabled and len(tokens) >= max(TWIN_MIN_TOKENS, 2 * self.memory.page_size) \
+            and any(c.start == 0 and c.tokens == tokens for c in chunks)
 
     def _admit(self, req: Request, tokens: list[int]) -> int:
         """Give ``req`` a row and its cached prefix; returns the positions the cache supplied."""

@@ -132,8 +132,9 @@ def test_token_keys_would_reuse_a_stale_draft_entry():
 
 @pytest.mark.parametrize("algorithm, shape", [CONFIGS[0], CONFIGS[2]], ids=["plain", "eagle-5x4x8"])
 def test_identical_prompts_in_one_batch_share_pages_after_prefill(algorithm, shape):
-    """Four copies of one prompt prefill together (nothing cached yet); the tree keeps one copy of
-    the prompt's pages and the other rows are pointed at it. Outputs equal the uncached engine's."""
+    """Four copies of one prompt submitted together: one prefills, the other three wait one step and
+    take its pages from the tree (n > 1 computes the prompt once); every row points at one copy of
+    the prompt's pages. Outputs equal the uncached engine's."""
     prompt = prompts_of([37], 97, seed=5)[0]
     outs = {}
     for disable in (True, False):
@@ -143,6 +144,10 @@ def test_identical_prompts_in_one_batch_share_pages_after_prefill(algorithm, sha
             eng.add_request(req)
         eng.step()  # the prefill
         if not disable:
+            assert [r.row >= 0 for r in reqs] == [True, False, False, False]
+            while any(not r.output_ids for r in reqs):
+                eng.step()  # a decode step of the first, then the three twins' prefill
+            assert [r.cached_tokens for r in reqs] == [0, 36, 36, 36]
             rows = [eng.memory.req_to_token[r.row, :36] for r in reqs]
             assert all(torch.equal(rows[0], r) for r in rows[1:])  # one copy of the 9 whole pages
         while eng.scheduler.has_work:

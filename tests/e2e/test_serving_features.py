@@ -136,3 +136,49 @@ def test_grammar_is_lossless_under_greedy(engines):
         torch.testing.assert_close(g["meta_info"]["output_token_logprobs"],
                                    e["meta_info"]["output_token_logprobs"], rtol=0, atol=1e-5)
     assert any(sum(g["meta_info"]["spec_accept_lengths"]) > 0 for g in got)  # drafts were accepted
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_prompt_logprobs_survive_chunks_and_the_prefix_cache(engines, start):
+    """Prompt logprobs equal a one-shot prefill's when the prompt is prefilled in 4-token chunks, and
+    when its prefix is already cached (the cache then serves only positions before ``start``)."""
+    plain, _ = engines
+    prompt = PROMPTS[0] + " " + PROMPTS[1]
+    params = {**GREEDY, "max_new_tokens": 4, "return_logprob": True, "top_logprobs_num": 2,
+              "logprob_start_len": start}
+    expected = plain.generate(prompt, params)["meta_info"]
+    n = expected["prompt_tokens"]
+    assert len(expected["input_token_logprobs"]) == n - start
+    chunked = Engine(DEFAULT_MODEL, dtype=torch.float32, max_total_tokens=4096, chunked_prefill_size=4,
+                     speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT,
+                     speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    chunked.generate(prompt, GREEDY)  # caches the prompt's KV
+    got = chunked.generate(prompt, params)["meta_info"]
+    assert got["cached_tokens"] < start if start else got["cached_tokens"] == 0
+    assert start == 0 or got["cached_tokens"] > 0
+    for key in ("input_token_logprobs", "output_token_logprobs"):
+        assert (got[key][0] is None) == (expected[key][0] is None)
+        torch.testing.assert_close([x for x in got[key] if x is not None],
+                                   [x for x in expected[key] if x is not None], rtol=0, atol=1e-5)
+    assert [[t for t, _ in top] for top in got["input_top_logprobs"][1:]] == \
+        [[t for t, _ in top] for top in expected["input_top_logprobs"][1:]]
+    assert_no_leak(chunked)
+
+
+def test_parallel_samples_share_the_prompt_kv():
+    """n > 1: copies of one prompt submitted together are prefilled once; the others take its KV
+    from the prefix cache (all but the last token, whose logits give their first token)."""
+    eng = Engine(DEFAULT_MODEL, dtype=torch.float32, max_total_tokens=4096, speculative_algorithm="EAGLE",
+                 speculative_draft_model_path=DEFAULT_DRAFT, speculative_num_steps=3, speculative_eagle_topk=2,
+                 speculative_num_draft_tokens=4)
+    params = [{"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True, "sampling_seed": 7 + i} for i in range(3)]
+    prompt = " ".join(PROMPTS * 2)  # long enough to wait for (scheduler.TWIN_MIN_TOKENS)
+    outs = eng.generate([prompt] * 3, params)
+    n = outs[0]["meta_info"]["prompt_tokens"]
+    assert [o["meta_info"]["cached_tokens"] for o in outs] == [0, n - 1, n - 1]
+    assert eng.scheduler.prefill_tokens == n + 2
+    alone = Engine(DEFAULT_MODEL, dtype=torch.float32, max_total_tokens=4096, speculative_algorithm="EAGLE",
+                   speculative_draft_model_path=DEFAULT_DRAFT, speculative_num_steps=3, speculative_eagle_topk=2,
+                   speculative_num_draft_tokens=4, disable_radix_cache=True)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in alone.generate([prompt] * 3, params)]
+    assert_no_leak(eng)

@@ -26,6 +26,19 @@ def _integral(x: Any) -> Any:
 
 # NOTE: after the Field: a validator placed before the constraints hides them from the document
 _INT = BeforeValidator(_integral)
+
+
+def _not_bool(x: Any) -> Any:
+    """A Literal compares by equality (True == 1, 0 == False): keep JSON's types apart."""
+    if isinstance(x, bool):
+        raise ValueError("expected an integer, got a boolean")
+    return x
+
+
+def _only_bool(x: Any) -> Any:
+    if not isinstance(x, bool):
+        raise ValueError(f"expected a boolean, got {type(x).__name__}")
+    return x
 MAX_STOPS = 16
 
 TokenId = Annotated[int, Field(ge=0), _INT]
@@ -115,7 +128,7 @@ class _OpenAICommon(_Body):
     stop_token_ids: Optional[list[TokenId]] = None
     regex: Optional[Regex] = None
     # not supported: only null
-    best_of: Optional[Annotated[Literal[1], BeforeValidator(_integral)]] = None
+    best_of: Optional[Annotated[Literal[1], BeforeValidator(_integral), BeforeValidator(_not_bool)]] = None
     service_tier: Unsupported = None
 
 
@@ -160,7 +173,7 @@ class ChatCompletionRequest(_OpenAICommon):
     web_search_options: Unsupported = None
     verbosity: Unsupported = None
     # stored completions: nothing is stored, so only store=false (and no metadata for it)
-    store: Optional[Literal[False]] = None
+    store: Optional[Annotated[Literal[False], BeforeValidator(_only_bool)]] = None
     metadata: Unsupported = None
     # identifiers for the caller's records or a cache hint: accepted, they do not change the output
     safety_identifier: Optional[str] = None

@@ -7,7 +7,8 @@
 #              a call carries the tree plus one part under 64 MiB; /tmp lives while the machine is warm)
 #   install    join the cutlass-dsl cu13 wheel, install every wheel into /tmp/site (skipped if done)
 #   probe      scripts/fa4_probe.py: signature, LSE of empty rows, graph capture, mask_mod, split sweep
-#   tests      the fa4 unit tests (real kernel vs torch_native, graph replay) and the e2e lossless tests
+#   tests      the fa4 unit tests (real kernel vs torch_native, graph replay) and the e2e lossless tests,
+#              fa4:triton (--prefill-attention-backend fa4) included; the log ends with pytest's exit code
 #   bench      benchmarks/bench_fa4.py (decode / verify / extend / prefill vs triton, and others installed)
 #   synthetic  the Llama-3.1-8B-shaped sweep with --attention-backend fa4 (SYNTHETIC_ARGS adds flags)
 #
@@ -50,7 +51,9 @@ while [ $# -gt 0 ]; do
       SPECDEC_ATTN_ERR_LOG="$OUT/attn_err.jsonl" timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs \
         -m gpu -x --durations=10 tests/attention/test_fa4_backend.py tests/e2e/test_gpu_fa4.py ${PYTEST_ARGS:-} 2>&1 \
         | tee "$OUT/gpu_fa4_tests.log" | tail -40
-      status=${PIPESTATUS[0]} ;;
+      status=${PIPESTATUS[0]}
+      # NOTE: the device logs of 2026-11-24 lost pytest's closing "N passed" line; the exit code says it
+      echo "pytest rc=$status" | tee -a "$OUT/gpu_fa4_tests.log" ;;
     bench)
       timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_fa4.py --output-dir "$OUT" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench_fa4.log" | tail -50 ;;

@@ -6,6 +6,7 @@ H100 the GPU suite runs fa4:triton (tests/e2e/test_gpu_fa4.py).
 """
 
 import collections
+import types
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from ..triton_env import import_kernels
 
 import_kernels("specdec.attention.triton_backend")
 
-from specdec.attention import create_attention_backend  # noqa: E402
+from specdec.attention import AttentionBackend, create_attention_backend  # noqa: E402
+from specdec.attention.base import StaticPlan  # noqa: E402
 from specdec.attention.hybrid import HybridAttentionBackend  # noqa: E402
 from specdec.engine.args import EngineArgs  # noqa: E402
 from specdec.forward import ForwardMode  # noqa: E402
@@ -81,3 +83,43 @@ def test_speculative_decoding_is_lossless_across_the_pair(monkeypatch, page_size
     assert {ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND} <= set(seen["triton"])
     assert ForwardMode.EXTEND not in seen["triton"]
     assert_no_leak(spec)
+
+
+class _Recorder(AttentionBackend):
+    """A backend that records which calls reach it (no attention)."""
+
+    def __init__(self, name: str, *, graphs: bool, host: bool, sliding: bool) -> None:
+        self.name, self.supports_cuda_graph, self.plans_on_host = name, graphs, host
+        self.supports_sliding_window = sliding
+        self.calls: list[str] = []
+
+    def plan_static(self, plan: StaticPlan) -> None:
+        self.calls.append(f"plan {plan.forward_mode.name}")
+
+    def init_forward_metadata(self, batch) -> None:
+        self.calls.append(f"init {batch.forward_mode.name}")
+
+    def forward(self, q, k, v, layer, batch):
+        self.calls.append(f"forward {batch.forward_mode.name}")
+        return q
+
+
+@pytest.mark.parametrize("mode", list(ForwardMode), ids=lambda m: m.name)
+def test_graph_and_host_planning_follow_the_decode_side(mode):
+    """A host-planned decode side (FlashInfer-like) behind a device-planned prefill side (fa4-like):
+    the graph runners see the decode side's flags, and static plans reach only the decode side."""
+    prefill = _Recorder("p", graphs=False, host=False, sliding=True)
+    decode = _Recorder("d", graphs=True, host=True, sliding=False)
+    hybrid = HybridAttentionBackend(prefill, decode)
+    assert (hybrid.name, hybrid.supports_cuda_graph, hybrid.plans_on_host) == ("p:d", True, True)
+    assert not hybrid.supports_sliding_window  # only if both sides have it
+    batch = types.SimpleNamespace(forward_mode=mode)
+    q = torch.randn(3, 8)
+    hybrid.init_forward_metadata(batch)
+    assert hybrid.forward(q, q, q, None, batch) is q
+    chosen, other = (prefill, decode) if mode == ForwardMode.EXTEND else (decode, prefill)
+    assert chosen.calls == [f"init {mode.name}", f"forward {mode.name}"] and other.calls == []
+    if mode != ForwardMode.EXTEND:  # graph runners plan only decode-side forwards
+        decode.calls.clear()
+        hybrid.plan_static(StaticPlan(mode, [4, 0], q_len=1, own=1, max_seq_len=16, device=q.device))
+        assert decode.calls == [f"plan {mode.name}"] and prefill.calls == []

@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 
-from specdec.bench.report import progress_bar
+from specdec.bench.report import latency_stats_ms, progress_bar
 from specdec.engine.embedded import PROMPT_DIR
 
 
@@ -160,14 +159,6 @@ async def run_conversations(base_url: str, convs: list[Conversation], *, max_new
             return results, time.perf_counter() - t0
 
 
-def _percentiles_ms(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    a = np.asarray(values) * 1e3
-    return {"mean": float(a.mean()), "p50": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99))}
-
-
 def summarize_turns(results: list[TurnResult], seconds: float) -> dict:
     ok = [r for r in results if r.ok]
     by_turn = collections.defaultdict(list)
@@ -186,13 +177,13 @@ def summarize_turns(results: list[TurnResult], seconds: float) -> dict:
         "prefill_saved_fraction": cached / prompt if prompt else 0.0,
         "completion_tokens": tokens,
         "throughput_tok_s": tokens / seconds if seconds > 0 else 0.0,
-        "ttft_ms": _percentiles_ms([r.ttft for r in ok if r.ttft is not None]),
-        "itl_ms": _percentiles_ms([g for r in ok for g in r.itl]),
-        "latency_ms": _percentiles_ms([r.latency for r in ok]),
+        "ttft_ms": latency_stats_ms([r.ttft for r in ok if r.ttft is not None]),
+        "itl_ms": latency_stats_ms([g for r in ok for g in r.itl]),
+        "latency_ms": latency_stats_ms([r.latency for r in ok]),
         "per_turn": {
             str(t): {"turns": len(rs), "prompt_tokens": sum(r.prompt_tokens for r in rs),
                      "cached_tokens": sum(r.cached_tokens for r in rs),
-                     "ttft_ms": _percentiles_ms([r.ttft for r in rs if r.ttft is not None])}
+                     "ttft_ms": latency_stats_ms([r.ttft for r in rs if r.ttft is not None])}
             for t, rs in sorted(by_turn.items())
         },
         "turns": [{k: v for k, v in dataclasses.asdict(r).items() if k != "itl"} for r in results],

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.bench.report import latency_stats_ms
 from specdec.engine.args import EngineArgs, flag
 
 MT = "multi-turn synthetic benchmark"
@@ -90,13 +91,6 @@ def run_workload(engine, convs: list[list[list[int]]], *, max_new_tokens: int, c
     return summarize(turns, seconds)
 
 
-def _ms(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    a = np.asarray(values) * 1e3
-    return {"p50": float(np.median(a)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
-
-
 def summarize(turns: list[dict], seconds: float) -> dict:
     prompt, cached = sum(t["prompt_tokens"] for t in turns), sum(t["cached_tokens"] for t in turns)
     by_turn = collections.defaultdict(list)
@@ -107,10 +101,10 @@ def summarize(turns: list[dict], seconds: float) -> dict:
         "seconds": seconds, "turns": len(turns), "prompt_tokens": prompt, "cached_tokens": cached,
         "prefill_tokens": prompt - cached, "prefill_saved_fraction": cached / prompt if prompt else 0.0,
         "completion_tokens": out_tokens, "throughput_tok_s": out_tokens / seconds if seconds else 0.0,
-        "ttft_ms": _ms([t["ttft"] for t in turns if t["ttft"] is not None]),
+        "ttft_ms": latency_stats_ms([t["ttft"] for t in turns if t["ttft"] is not None]),
         "per_turn": {str(k): {"prompt_tokens": sum(t["prompt_tokens"] for t in v),
                               "cached_tokens": sum(t["cached_tokens"] for t in v),
-                              "ttft_ms": _ms([t["ttft"] for t in v if t["ttft"] is not None])}
+                              "ttft_ms": latency_stats_ms([t["ttft"] for t in v if t["ttft"] is not None])}
                      for k, v in sorted(by_turn.items())},
     }
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 
 class _NoBar:
     def update(self, n: int = 1) -> None:
@@ -18,6 +20,16 @@ class _NoBar:
 
     def __exit__(self, *exc) -> None:
         pass
+
+
+def latency_stats_ms(values: list[float]) -> dict | None:
+    """Seconds as milliseconds: mean, median (= p50), p90, p99; None without values."""
+    if not values:
+        return None
+    a = np.asarray(values) * 1e3
+    median = float(np.median(a))
+    return {"mean": float(a.mean()), "median": median, "p50": median, "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99))}
 
 
 def progress_bar(total: int, desc: str, *, enabled: bool = True):

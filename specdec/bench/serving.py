@@ -42,10 +42,9 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 from specdec.bench import multi_turn
-from specdec.bench.report import format_histogram, git_commit, plot_histogram, progress_bar
+from specdec.bench.report import format_histogram, git_commit, latency_stats_ms, plot_histogram, progress_bar
 from specdec.engine.args import flag
 from specdec.engine.embedded import DATASETS, load_prompts
 
@@ -188,14 +187,6 @@ async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: flo
             return results, time.perf_counter() - t0
 
 
-def _stats_ms(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    a = np.asarray(values) * 1e3
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99))}
-
-
 def summarize(results: list[RequestResult], seconds: float) -> dict:
     ok = [r for r in results if r.ok]
     failures = collections.Counter(r.reason for r in results if not r.ok)
@@ -214,11 +205,11 @@ def summarize(results: list[RequestResult], seconds: float) -> dict:
         "verify_steps": len(committed),
         "acceptance_length": sum(committed) / len(committed) if committed else None,
         "acceptance_histogram": dict(sorted(collections.Counter(committed).items())),
-        "ttft_ms": _stats_ms([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": _stats_ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok
+        "ttft_ms": latency_stats_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": latency_stats_ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok
                               if r.ttft is not None and r.output_tokens > 1]),
-        "itl_ms": _stats_ms([gap for r in ok for gap in r.itl]),
-        "latency_ms": _stats_ms([r.latency for r in ok]),
+        "itl_ms": latency_stats_ms([gap for r in ok for gap in r.itl]),
+        "latency_ms": latency_stats_ms([r.latency for r in ok]),
         "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "itl"} for r in results],
     }
 

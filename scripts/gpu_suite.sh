@@ -8,6 +8,12 @@
 #              at ctx 1024 (bs 1-128) and 4096 (bs 1-64: bs 128 x 4k tokens of KV does not fit in 80 GB),
 #              combined by benchmarks/adaptive_sweep.py into sweep.json / sweep.png / sweep.md
 #              (ADAPTIVE_CTX="1024 4096" picks the contexts; ADAPTIVE_TESTS=0 skips the tests)
+#   prefix     the prefix cache on the 8B synthetic target: MT-bench-like multi-turn conversations, cache off
+#              and on (prefill tokens saved, TTFT, throughput, KV bytes per token); its GPU tests run in
+#              scripts/gpu_backends.sh (PYTEST_ARGS=tests/e2e/test_gpu_prefix_cache.py), which has FlashInfer
+#   tp         tensor parallelism on two GPUs: its GPU tests, then the 8B sweep with --tp-size 1 and 2
+#              (plain, the chain 3x1x4 and adaptive speculation, bs 1-128, ctx TP_CTX), each profiled at the
+#              smallest and largest batch size for the share of a step in NCCL kernels (all-reduce, all-gather)
 # The commit being measured is read from .commit (carry it: `git rev-parse --short HEAD > .commit`).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
@@ -49,6 +55,26 @@ if [ "$what" = adaptive ]; then
     [ -f "$OUT/synthetic_ctx$ctx.json" ] && jsons+=("$OUT/synthetic_ctx$ctx.json")
   done
   [ ${#jsons[@]} -gt 0 ] && python3 benchmarks/adaptive_sweep.py "${jsons[@]}" --output-dir "$OUT" --commit "$SPECDEC_COMMIT"
+fi
+if [ "$what" = prefix ]; then
+  timeout "${PREFIX_TIMEOUT:-300}" python3 -m specdec.cli.bench multi-turn --synthetic llama-3.1-8b --device cuda \
+    --attention-backend triton --config 5,4,8 --num-conversations 32 --turns 3 --first-turn-len 1024 --turn-len 128 \
+    --max-new-tokens 128 --concurrency 8 --output "$OUT/multi_turn_8b.json" 2>&1 | tee "$OUT/multi_turn_8b.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "$what" = tp ]; then
+  if [ "${TP_TESTS:-1}" != 0 ]; then
+    timeout "${TP_TESTS_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -rs --durations=8 \
+      tests/e2e/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
+    status=${PIPESTATUS[0]}
+  fi
+  for tp in ${TP_SIZES:-1 2}; do
+    timeout "${TP_SWEEP_TIMEOUT:-300}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --tp-size "$tp" \
+      --context-len "${TP_CTX:-1024}" --batch-sizes "${TP_BS:-1,2,4,8,16,32,64,128}" --configs "${TP_CONFIGS:-3,1,4;5,4,8}" \
+      --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 --profile-device "$OUT/device_profile_tp$tp.txt" \
+      ${SYNTHETIC_ARGS:-} --output "$OUT/synthetic_tp$tp.json" 2>&1 | tee "$OUT/synthetic_tp$tp.log" \
+      | grep -E "^(plain|[0-9]|adaptive|Speedup|  bs)"
+  done
 fi
 if [ "$what" = graphs ]; then
   python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/e2e/test_gpu_cuda_graphs.py tests/e2e/test_gpu_lossless.py \

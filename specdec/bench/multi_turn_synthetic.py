@@ -6,7 +6,7 @@ drawn from the shipped acceptance model), one speculative shape, and random-toke
 turn 1 is ``--first-turn-len`` tokens, every later turn is the conversation so far (prompts and
 the engine's answers) plus ``--turn-len`` new tokens. ``--concurrency`` conversations run at once;
 a conversation sends its next turn when the last one ends. The same workload runs with the prefix
-cache on and off (``--disable-radix-cache``), each on a fresh engine over the same models.
+cache on and off (``--disable-radix-cache``), each on a fresh engine drawing the same random weights.
 
 Per turn: TTFT (submission to the first output token visible on the host; the engine steps in this
 thread, so queueing behind other requests' steps counts) and the prompt tokens the cache supplied.
@@ -19,7 +19,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import gc
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -115,8 +117,7 @@ def run(settings: MultiTurnSyntheticSettings, engine_args: EngineArgs) -> dict:
     from specdec.cuda_graph import default_batch_sizes
     from specdec.engine.engine import Engine
 
-    target, head = synthetic.build_models(settings.synthetic, engine_args.device, settings.seed)
-    convs = conversations(settings, target.config.vocab_size)
+    convs = conversations(settings, synthetic.SHAPES[settings.synthetic]["vocab_size"])
     context = settings.first_turn_len + (settings.turns - 1) * settings.turn_len + \
         settings.turns * settings.max_new_tokens + 64
     spec = settings.config != "none"
@@ -124,20 +125,26 @@ def run(settings: MultiTurnSyntheticSettings, engine_args: EngineArgs) -> dict:
                                         skip_adaptive=True, seed=settings.seed)
     config = synthetic.parse_configs(settings.config)[0] if spec else None
     batch_sizes = default_batch_sizes(settings.concurrency)
-    base = synthetic._engine_args(sweep, engine_args, config, batch_sizes, context)
-    models = {"target_model": target} | ({"draft_model": head} if spec else {})
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": git_commit(),
            "settings": dataclasses.asdict(settings), "device": engine_args.device,
            "attention_backend": engine_args.attention_backend}
-    for name, disable in (("cache_off", True), ("cache_on", False)):
-        engine = Engine(args=dataclasses.replace(base, disable_radix_cache=disable), **models)
-        run_workload(engine, convs[:1], max_new_tokens=4, concurrency=1)  # warm-up
-        engine.flush_cache()
-        out["kv_bytes_per_token"] = engine.kv_bytes_per_token
-        out[name] = run_workload(engine, convs, max_new_tokens=settings.max_new_tokens,
-                                 concurrency=settings.concurrency)
-        print(format_line(name, out[name]), flush=True)
-        del engine
+    with tempfile.TemporaryDirectory(prefix="specdec-multi-turn-") as tmp:
+        checkpoint = synthetic.write_dummy_checkpoint(settings.synthetic, Path(tmp))
+        base = synthetic._engine_args(sweep, engine_args, config, batch_sizes, context, checkpoint)
+        for name, disable in (("cache_off", True), ("cache_on", False)):
+            # NOTE: both engines draw the same weights (the same seed)
+            engine = Engine(args=dataclasses.replace(base, disable_radix_cache=disable))
+            try:
+                run_workload(engine, convs[:1], max_new_tokens=4, concurrency=1)  # warm-up
+                engine.flush_cache()
+                out["kv_bytes_per_token"] = engine.kv_bytes_per_token
+                out[name] = run_workload(engine, convs, max_new_tokens=settings.max_new_tokens,
+                                         concurrency=settings.concurrency)
+            finally:
+                engine.shutdown()
+            print(format_line(name, out[name]), flush=True)
+            del engine
+            gc.collect()  # NOTE: free the first engine's weights and KV cache before the second draws its own
     return out
 
 

@@ -1,7 +1,8 @@
 """Full-size decode cost without published weights: ``specdec bench --synthetic llama-3.1-8b``.
 
-A target of a real model's shape with random bf16 weights, an EAGLE-3-shaped head (one layer,
-32000-token draft vocabulary), and a simulated acceptance: every decode step drafts, builds the
+A target of a real model's shape with random bf16 weights (``--load-format dummy`` over a written
+``config.json``; with ``--tp-size N`` each rank draws its own shard), an EAGLE-3-shaped head (one
+layer, 32000-token draft vocabulary), and a simulated acceptance: every decode step drafts, builds the
 tree and verifies it in full, then commits the path an acceptance model picks. By default that
 model is measured with a real head (``--acceptance-model``: per-depth, per-rank hazards of the
 SmolLM2 EAGLE-3 head on MT-bench, shipped in ``specdec/data/acceptance``), so that chains and
@@ -14,7 +15,9 @@ speculation (a shape per step, bounded by the largest configured one): admit ``b
 (per-phase GPU times from CUDA events, no syncs in between). The report gives tok/s, ms per step
 and per phase (draft, verify, commit, draft extend, other = host time and gaps), the speedup over
 plain decoding at the same batch size, the shapes adaptive speculation chose, and the plain
-step's share of the weight-bandwidth floor (weight bytes / measured device copy bandwidth).
+step's share of the weight-bandwidth floor (one rank's weight bytes / measured device copy bandwidth).
+``--profile-device`` adds, at the smallest and largest batch size, the kernels by GPU time and the
+share of a step spent in NCCL collectives.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import datetime
 import gc
 import json
 import math
+import tempfile
 import time
 from pathlib import Path
 
@@ -101,7 +105,7 @@ class SyntheticSettings:
 # the engine flags the sweep takes, and their defaults here
 ENGINE_FLAGS = {"device": "cuda", "attention_backend": "triton", "prefill_attention_backend": None,
                 "decode_attention_backend": None, "disable_cuda_graph": False,
-                "overlap_schedule": None}
+                "overlap_schedule": None, "tp_size": 1}
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:
@@ -115,37 +119,21 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
 
 
 # ----------------------------------------------------------------------------- models
-def build_models(shape: str, device: str, seed: int):
-    """(target, EAGLE-3 head): random weights drawn on the device (an 8B model in seconds)."""
-    import torch
+def write_dummy_checkpoint(shape: str, root: Path) -> tuple[str, str]:
+    """(target, EAGLE-3 head) directories holding only ``config.json``: the engine loads them with
+    ``--load-format dummy`` (random weights drawn on the device, an 8B model in seconds; under
+    tensor parallelism every rank draws its own shard)."""
+    from specdec.models.config import LlamaConfig
 
-    from specdec.models.eagle3 import Eagle3DraftModel
-    from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
-
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     config = LlamaConfig(**SHAPES[shape])
-    aux = default_eagle3_layers(config.num_hidden_layers)
-    with torch.device(device):
-        target = LlamaForCausalLM(config, aux_hidden_layers=aux, dtype=dtype, device=device)
-        head_cfg = dataclasses.replace(config, num_hidden_layers=1)
-        draft_vocab = DRAFT_VOCAB[shape]
-        head = Eagle3DraftModel(head_cfg, aux_hidden_layers=aux, embed_tokens=target.embed_tokens,
-                                draft_vocab_size=draft_vocab, dtype=dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for model in (target, head):
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif p.dim() == 2:
-                    p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
-                else:
-                    p.zero_()
-        kept = torch.randperm(config.vocab_size, generator=gen, device=device)[:draft_vocab].sort().values
-        head.d2t.copy_(kept - torch.arange(draft_vocab, device=device))
-        head.t2d.zero_()
-        head.t2d[kept] = True
-    return target.eval(), head.eval()
+    target, head = root / f"{shape}-target", root / f"{shape}-eagle3"
+    target.mkdir(parents=True, exist_ok=True)
+    head.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(config.to_hf() | {"architectures": ["LlamaForCausalLM"]}))
+    head_cfg = dataclasses.replace(config, num_hidden_layers=1).to_hf()
+    head_cfg |= {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": DRAFT_VOCAB[shape]}
+    (head / "config.json").write_text(json.dumps(head_cfg))
+    return str(target), str(head)
 
 
 def weight_bytes(model) -> int:
@@ -266,98 +254,80 @@ def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title
         f.write(f"==== {title} (every step of the point, prefill and warm-up included)\n{text.getvalue()}\n")
 
 
-def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
-    """Append the kernels by GPU time over one point's timed decode steps to --profile-device."""
+def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> dict:
+    """Append the kernels by GPU time over one point's timed decode steps to --profile-device; returns
+    ms per step: the profiled step, all kernels, and the collectives (NCCL kernels: all-reduce,
+    all-gather) with their share of the step."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     point = measure(engine, bs, settings, vocab, around_timed=lambda: prof)
     events = prof.key_averages()
     steps = settings.decode_steps
-    try:
-        table = events.table(sort_by="self_device_time_total", row_limit=40)
-    except (AttributeError, KeyError):  # older torch names it after CUDA
-        table = events.table(sort_by="self_cuda_time_total", row_limit=40)
+    table = events.table(sort_by="self_device_time_total", row_limit=40)
     with open(settings.profile_device, "a") as f:
         f.write(f"==== {title}: {steps} timed decode steps (profiled: {point['step_ms']:.2f} ms/step), totals\n"
                 f"{table}\n")
+    # NOTE: count the kernel rows only: a CPU op's row repeats the time of the kernels it launched
+    kernels = {e.key: e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA}  # µs
+    kernel_ms = sum(kernels.values()) / 1e3 / steps
+    nccl_ms = sum(us for key, us in kernels.items() if "nccl" in key.lower()) / 1e3 / steps
+    return {"batch_size": bs, "step_ms": point["step_ms"], "kernel_ms": kernel_ms, "collective_ms": nccl_ms,
+            "collective_share": nccl_ms / point["step_ms"]}
 
 
 # ----------------------------------------------------------------------------- the sweep
 ADAPTIVE = "adaptive"
 
 
-def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, batch_sizes, context) -> EngineArgs:
-    """One point's engine: plain (config None), a fixed shape, or ADAPTIVE (bounded by the largest configs)."""
+def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, batch_sizes, context,
+                 checkpoint: tuple[str, str]) -> EngineArgs:
+    """One point's engine: plain (config None), a fixed shape, or ADAPTIVE (bounded by the largest configs),
+    over ``checkpoint`` = (target, head) directories of ``write_dummy_checkpoint``."""
     max_bs = max(batch_sizes)
-    args = dataclasses.replace(engine_args, max_running_requests=max_bs, context_length=context,
-                               max_total_tokens=max_bs * (context + 64), cuda_graph_bs=tuple(batch_sizes),
-                               random_seed=settings.seed)
+    target, head = checkpoint
+    args = dataclasses.replace(engine_args, model_path=target, load_format="dummy", max_running_requests=max_bs,
+                               context_length=context, max_total_tokens=max_bs * (context + 64),
+                               cuda_graph_bs=tuple(batch_sizes), random_seed=settings.seed)
     if config is None:
         return args
     configs = parse_configs(settings.configs)
     steps, topk, ntok = config if config != ADAPTIVE else (max(c[i] for c in configs) for i in range(3))
     acceptance = settings.acceptance_path()
     return dataclasses.replace(
-        args, speculative_algorithm="EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk,
-        speculative_num_draft_tokens=ntok, speculative_adaptive="on" if config == ADAPTIVE else "off",
-        speculative_simulate_acceptance_model=acceptance,
+        args, speculative_algorithm="EAGLE3", speculative_draft_model_path=head, speculative_num_steps=steps,
+        speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok,
+        speculative_adaptive="on" if config == ADAPTIVE else "off", speculative_simulate_acceptance_model=acceptance,
         speculative_simulate_accept_length=None if acceptance else min(settings.speculative_simulate_accept_length,
                                                                        steps + 1))
 
 
 def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
-    import torch
-
     from specdec.engine.admission import decode_steps_during_prefill
-
-    from specdec.engine.engine import Engine
 
     configs = parse_configs(settings.configs)
     batch_sizes = sorted({int(b) for b in settings.batch_sizes.split(",")})
-    target, head = build_models(settings.synthetic, engine_args.device, settings.seed)
-    vocab = target.config.vocab_size
+    vocab = SHAPES[settings.synthetic]["vocab_size"]
     bandwidth = copy_bandwidth(engine_args.device)
     most_steps = max([c[0] + 1 for c in configs] + [1])
     groups = math.ceil(max(batch_sizes) / max(1, PREFILL_TOKENS // settings.context_len))
     groups += decode_steps_during_prefill(max(batch_sizes) * settings.context_len, engine_args.prefill_chunk_tokens)
     context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3 + groups) * most_steps + 64
-    results = {"plain": [], "speculative": {}}
+    results: dict = {"plain": [], "speculative": {}}
+    weights: dict[str, int] = {}
     policies = [None] + configs + ([] if settings.skip_adaptive else [ADAPTIVE])
-    for config in policies:
-        args = _engine_args(settings, engine_args, config, batch_sizes, context)
-        models = {"target_model": target} | ({} if config is None else {"draft_model": head})
-        t0 = time.perf_counter()
-        engine = Engine(args=args, **models)  # captures the CUDA graphs (and profiles the adaptive policy)
-        build_s = time.perf_counter() - t0
-        points = [measure(engine, bs, settings, vocab) for bs in batch_sizes]
-        name = {None: "plain", ADAPTIVE: ADAPTIVE}.get(config) or "x".join(map(str, config))
-        if settings.profile_host:
-            for bs in sorted({batch_sizes[0], batch_sizes[-1]}):
-                profile_host(engine, bs, settings, vocab, f"{name} bs={bs}")
-        if settings.profile_device:
-            profile_device(engine, batch_sizes[0], settings, vocab, f"{name} bs={batch_sizes[0]}")
-        print(f"{name}: engine built in {build_s:.1f} s (CUDA graphs: {engine.cuda_graph_bytes / 2**20:.0f} MiB)",
-              flush=True)
-        for p in points:
-            shapes = f"  shapes {p['shapes']}" if "shapes" in p else ""
-            print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
-                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}", flush=True)
-        if config is None:
-            results["plain"] = points
-        elif config == ADAPTIVE:
-            results[ADAPTIVE] = points
-            results["adaptive_policy"] = _policy_record(engine.worker.policy)
-        else:
-            results["speculative"][name] = points
-        del engine
-        gc.collect()  # NOTE: the engine holds reference cycles; free its KV cache before the next one
-        if engine_args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    _add_ratios(results, weight_bytes(target), bandwidth)
+    with tempfile.TemporaryDirectory(prefix="specdec-synthetic-") as tmp:
+        checkpoint = write_dummy_checkpoint(settings.synthetic, Path(tmp))
+        for config in policies:
+            name = {None: "plain", ADAPTIVE: ADAPTIVE}.get(config) or "x".join(map(str, config))
+            args = _engine_args(settings, engine_args, config, batch_sizes, context, checkpoint)
+            _run_policy(name, args, settings, batch_sizes, vocab, results, weights)
+    _add_ratios(results, weights["target"], bandwidth)
     acceptance = settings.acceptance_path()
     results["setup"] = {
-        "shape": settings.synthetic, "target_weight_bytes": weight_bytes(target), "head_weight_bytes": weight_bytes(head),
+        "shape": settings.synthetic, "tp_size": engine_args.tp_size,
+        "target_weight_bytes_per_rank": weights["target"], "head_weight_bytes": weights.get("head"),
         "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len, "decode_steps": settings.decode_steps,
         "acceptance_model": json.loads(Path(acceptance).read_text()) if acceptance else None,
         "simulated_accept_length": None if acceptance else settings.speculative_simulate_accept_length,
@@ -369,6 +339,49 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     }
     results["sweep"] = sweep_rows(results)
     return results
+
+
+def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_sizes: list[int], vocab: int,
+                results: dict, weights: dict[str, int]) -> None:
+    """Build one policy's engine, measure every batch size (and profile, if asked), record it in ``results``."""
+    import torch
+
+    from specdec.engine.engine import Engine
+
+    t0 = time.perf_counter()
+    engine = Engine(args=args)  # loads the dummy weights, captures the CUDA graphs (and profiles the adaptive policy)
+    build_s = time.perf_counter() - t0
+    try:
+        weights.setdefault("target", weight_bytes(engine.target_model))  # this rank's shard
+        if engine.draft_model is not None:
+            weights.setdefault("head", weight_bytes(engine.draft_model))
+        points = [measure(engine, bs, settings, vocab) for bs in batch_sizes]
+        ends = sorted({batch_sizes[0], batch_sizes[-1]})
+        if settings.profile_host:
+            for bs in ends:
+                profile_host(engine, bs, settings, vocab, f"{name} bs={bs}")
+        if settings.profile_device:
+            results.setdefault("device_profile", {})[name] = [
+                profile_device(engine, bs, settings, vocab, f"{name} bs={bs}") for bs in ends]
+        print(f"{name}: engine built in {build_s:.1f} s (CUDA graphs: {engine.cuda_graph_bytes / 2**20:.0f} MiB)",
+              flush=True)
+        for p in points:
+            shapes = f"  shapes {p['shapes']}" if "shapes" in p else ""
+            print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
+                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}", flush=True)
+        if name == "plain":
+            results["plain"] = points
+        elif name == ADAPTIVE:
+            results[ADAPTIVE] = points
+            results["adaptive_policy"] = _policy_record(engine.worker.policy)
+        else:
+            results["speculative"][name] = points
+    finally:
+        engine.shutdown()
+    del engine
+    gc.collect()  # NOTE: the engine holds reference cycles; free its KV cache before the next one
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 def _policy_record(policy) -> dict:

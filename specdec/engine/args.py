@@ -33,6 +33,9 @@ class EngineArgs:
     # ------------------------------------------------------------------ model and engine
     model_path: str | None = dataclasses.field(default=None, metadata=flag(
         "target model: HF directory (config.json + safetensors), llama2.c .bin or .gguf", group=MODEL))
+    load_format: str = dataclasses.field(default="auto", metadata=flag(
+        "auto: read the weights; dummy: read only the configs of --model-path and the draft head, random "
+        "weights of their shapes (benchmarks; SGLang's and vLLM's name)", group=MODEL, choices=["auto", "dummy"]))
     device: str = dataclasses.field(default="cpu", metadata=flag("cpu or cuda[:N] (default: cpu)", group=MODEL))
     dtype: Any = dataclasses.field(default="auto", metadata=flag(  # a name or a torch.dtype
         "auto, float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group=MODEL, type=str))
@@ -126,6 +129,8 @@ class EngineArgs:
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1 \
                 and self.chunked_prefill_size != -1:
             raise ValueError(f"--chunked-prefill-size={self.chunked_prefill_size}: expected >= 1, or -1 (no chunking)")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"--load-format={self.load_format!r}: choose auto or dummy")
         if not self.schedule_conservativeness > 0:
             raise ValueError(f"--schedule-conservativeness={self.schedule_conservativeness}: expected > 0")
         if self.cuda_graph_bs is not None:

@@ -120,13 +120,13 @@ class Engine:
             if self.spec_config is not None and self.spec_config.is_eagle3 and draft_model is None:
                 aux = draft_aux_hidden_layers(args.speculative_draft_model_path, read_num_layers(args.model_path))
             target_model = load_target(args.model_path, dtype=torch_dtype, device=args.device, aux_hidden_layers=aux,
-                                       tp=tp)
+                                       tp=tp, load_format=args.load_format, seed=args.random_seed)
             if tokenizer is None:
                 tokenizer = load_tokenizer(args.model_path)
         if self.spec_config is not None and draft_model is None:
             draft_model = load_draft_head(
                 args.speculative_draft_model_path, target_model, dtype=torch_dtype, device=args.device,
-                token_map=args.speculative_token_map,
+                token_map=args.speculative_token_map, load_format=args.load_format, seed=args.random_seed,
             )
         self.tokenizer = tokenizer
         self.target_model = target_model

@@ -45,14 +45,20 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
     exists, measured (and written) otherwise."""
     worker = engine.worker
     path = Path(profile_path or engine.args.speculative_adaptive_profile or _cache_path(engine, batch_sizes))
-    if path.is_file():
-        costs = StepCosts.load(path)
+    # NOTE: under tensor parallelism every rank must pick the same shape each step, or their
+    # collectives diverge: all ranks use rank 0's costs (its file, or its measurement)
+    tp = engine.target_model.tp
+    saved = tp.broadcast_object(path.read_text() if tp.rank == 0 and path.is_file() else None)
+    if saved is not None:
+        costs = StepCosts.from_json(json.loads(saved))
         logger.info("adaptive speculation: step costs from %s", path)
     else:
-        costs = measure_step_costs(engine, batch_sizes)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(costs.to_json(), indent=1))
-        logger.info("adaptive speculation: step costs measured, written to %s", path)
+        measured = measure_step_costs(engine, batch_sizes)  # every rank takes part: the steps are collective
+        costs = StepCosts.from_json(tp.broadcast_object(measured.to_json()))
+        if tp.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(costs.to_json(), indent=1))
+            logger.info("adaptive speculation: step costs measured, written to %s", path)
     worker.policy = AdaptivePolicy(worker.shapes, costs, _fit(_prior(), worker.config.num_steps, worker.config.topk))
     return worker.policy
 

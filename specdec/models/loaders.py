@@ -20,7 +20,9 @@ from specdec.models.gguf_loader import load_gguf_target, read_gguf_config, read_
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
 from specdec.models.parallel import SINGLE, TPGroup
 from specdec.models.registry import build_target, config_from_hf
-from specdec.models.weights import assign_weights, read_config, read_state_dict, unpermute_rope, weight_names
+from specdec.models.weights import (
+    assign_weights, random_state, read_config, read_state_dict, unpermute_rope, weight_names,
+)
 
 DraftModel = EagleDraftModel | Eagle3DraftModel
 EAGLE_ARCH = "LlamaForCausalLMEagle"
@@ -50,6 +52,14 @@ def read_target_config(path: str | Path) -> LlamaConfig:
 # ----------------------------------------------------------------------------- targets
 
 
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def check_load_format(load_format: str) -> None:
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"--load-format={load_format!r}: choose one of {', '.join(LOAD_FORMATS)}")
+
+
 def load_target(
     path: str | Path,
     *,
@@ -57,13 +67,21 @@ def load_target(
     device: Any = "cpu",
     aux_hidden_layers: tuple[int, ...] | None = None,
     tp: TPGroup = SINGLE,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> LlamaForCausalLM:
     """A directory is an HF checkpoint; a ``.bin`` file a llama2.c checkpoint; a ``.gguf`` file llama.cpp's.
 
     ``tp``: build rank ``tp.rank``'s shard of the model (the checkpoint is read whole and sliced).
+    ``load_format="dummy"``: only the config is read; the weights are random (``random_state``, from
+    ``seed``), for benchmarks of a model's shape without its weights (SGLang's and vLLM's
+    ``--load-format dummy``).
     """
+    check_load_format(load_format)
     path = Path(path)
     kw = dict(dtype=dtype, device=device, aux_hidden_layers=aux_hidden_layers, tp=tp)
+    if load_format == "dummy":
+        return build_target(read_target_config(path), None, what=f"target {path} (dummy weights)", seed=seed, **kw)
     if path.is_dir():
         return load_hf_target(path, **kw)
     if path.suffix == ".gguf" and path.is_file():
@@ -225,18 +243,27 @@ def load_draft_head(
     dtype: torch.dtype = torch.float32,
     device: Any = "cpu",
     token_map: str | Path | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> DraftModel:
     """An EAGLE-1/2 or EAGLE-3 head from a checkpoint directory, sharing ``target``'s weights.
 
     ``token_map`` (EAGLE-1/2 only): a torch file holding the [draft_vocab] target ids the head
     may propose (SGLang's ``--speculative-token-map``); its lm_head keeps just those rows.
+    ``load_format="dummy"``: only ``config.json`` is read; random weights from ``seed`` (the same
+    on every tensor-parallel rank, which all hold the whole head), an EAGLE-3 head's draft
+    vocabulary being the first ``draft_vocab_size`` target ids.
     """
+    check_load_format(load_format)
     path = Path(path)
     cfg = read_config(path)
-    state = read_state_dict(path)
+    dummy = load_format == "dummy"
+    state = {} if dummy else read_state_dict(path)
     state = {k.removeprefix("model."): v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    arch = _draft_arch(cfg, state, path)
+    arch = _draft_arch(cfg, None if dummy else state, path)
     config = LlamaConfig.from_hf(cfg)
+    if dummy and arch == EAGLE3_ARCH:
+        state["d2t"] = torch.zeros(int(cfg.get("draft_vocab_size") or config.vocab_size), dtype=torch.int64)
     tc = target.config
     _check(path, "vocab_size", config.vocab_size, tc.vocab_size)
     target_hidden = int(cfg.get("target_hidden_size") or config.hidden_size) if arch == EAGLE3_ARCH else None
@@ -267,6 +294,8 @@ def load_draft_head(
         if token_map is not None:
             raise ValueError("--speculative-token-map applies to EAGLE heads; an EAGLE-3 head carries its own d2t map")
         model = _build_eagle3(path, cfg, config, state, target, own_embedding, dtype)
+    if dummy:
+        state = random_state(model, seed=seed, dtype=dtype, device=device, given=state)
     assign_weights(model, state, what=f"draft head {path}", dtype=dtype, device=device)
     return model.eval()
 

@@ -107,6 +107,16 @@ class TPGroup:
             dist.all_gather(parts, local, group=self.group)
         return torch.cat(parts, dim=-1)[..., :vocab]
 
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` (picklable) on every rank: a host-side decision all ranks must share."""
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
     def gather_rows(self, local: torch.Tensor, rows: int) -> torch.Tensor:  # [chunk, H] -> [rows, H]
         """A vocab-parallel weight made whole again (for a replicated draft head that shares it)."""
         return self.gather_vocab(local.t().contiguous(), rows).t().contiguous()

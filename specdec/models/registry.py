@@ -29,7 +29,7 @@ from specdec.models.config import (
 from specdec.models.gemma3 import Gemma3ForCausalLM
 from specdec.models.llama import LlamaForCausalLM
 from specdec.models.parallel import TPGroup, shard_state_dict
-from specdec.models.weights import assign_weights
+from specdec.models.weights import assign_weights, random_state
 
 __all__ = ["Architecture", "ARCHITECTURES", "resolve", "resolve_gguf", "config_from_hf", "model_class", "build_target"]
 
@@ -153,13 +153,18 @@ def model_class(config: LlamaConfig) -> type[LlamaForCausalLM]:
 
 
 def build_target(
-    config: LlamaConfig, state: dict[str, torch.Tensor], *, what: str, dtype: torch.dtype, device: Any,
-    aux_hidden_layers: tuple[int, ...] | None, tp: TPGroup,
+    config: LlamaConfig, state: dict[str, torch.Tensor] | None, *, what: str, dtype: torch.dtype, device: Any,
+    aux_hidden_layers: tuple[int, ...] | None, tp: TPGroup, seed: int = 0,
 ) -> LlamaForCausalLM:
-    """The registry's model class for ``config`` with ``state`` (a full checkpoint) sliced for ``tp``."""
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
+    """The registry's model class for ``config`` with ``state`` (a full checkpoint) sliced for ``tp``;
+    ``state=None``: random weights of rank ``tp.rank``'s shapes (``--load-format dummy``, drawn from ``seed``)."""
     with torch.device("meta"):
         model = model_class(config)(config, aux_hidden_layers=aux_hidden_layers, dtype=dtype, device="meta", tp=tp)
-    assign_weights(model, shard_state_dict(state, config, tp), what=what, dtype=dtype, device=device)
+    if state is None:
+        state = random_state(model, seed=seed + tp.rank, dtype=dtype, device=device)
+    else:
+        if config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        state = shard_state_dict(state, config, tp)
+    assign_weights(model, state, what=what, dtype=dtype, device=device)
     return model.eval()

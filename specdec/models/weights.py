@@ -2,7 +2,7 @@
 heads) goes through, so none of them imports another.
 
 ``assign_weights`` is exact: missing, unexpected or mis-shaped names raise a ``ValueError`` naming
-them. With tensor parallelism the state is sliced to this rank's shard first
+them. ``random_state`` stands in for a checkpoint's tensors under ``--load-format dummy``. With tensor parallelism the state is sliced to this rank's shard first
 (``specdec.models.parallel.shard_state_dict``), so a rank never holds more than one full tensor.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["read_config", "read_state_dict", "weight_names", "assign_weights", "unpermute_rope"]
+__all__ = ["read_config", "read_state_dict", "weight_names", "assign_weights", "random_state", "unpermute_rope"]
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -89,6 +89,30 @@ def assign_weights(
         # pick paths by alignment, so an unaligned copy would not reproduce outputs bit for bit.
         cast[name] = t.clone() if t.data_ptr() % 64 or not t.is_contiguous() else t
     model.load_state_dict(cast, strict=True, assign=True)
+
+
+def random_state(
+    model: nn.Module, *, seed: int, dtype: torch.dtype, device: Any, given: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Random weights of ``model``'s shapes (``--load-format dummy``): what ``given`` lacks, drawn on
+    ``device`` from ``seed``. Matrices ~ N(0, 1/fan_in), so activations keep their scale through
+    the layers; norm weights 1; other floats (biases) 0; integer and bool buffers 0.
+    ``model`` may live on the meta device: only its state dict's names, shapes and dtypes are read."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = dict(given or {})
+    for name, ref in model.state_dict().items():
+        if name in state:
+            continue
+        if not ref.is_floating_point():
+            state[name] = torch.zeros(ref.shape, dtype=ref.dtype, device=device)
+        elif name.endswith("norm.weight"):
+            state[name] = torch.ones(ref.shape, dtype=dtype, device=device)
+        elif ref.dim() == 2:
+            w = torch.empty(ref.shape, dtype=dtype, device=device)
+            state[name] = w.normal_(0.0, ref.shape[-1] ** -0.5, generator=gen)
+        else:
+            state[name] = torch.zeros(ref.shape, dtype=dtype, device=device)
+    return state
 
 
 def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -58,6 +58,23 @@ def test_tp2_equals_tp1_plain_and_eagle3(checkpoint):
         tp_spec.shutdown()
 
 
+def test_tp2_adaptive_speculation(checkpoint, tmp_path):
+    """Adaptive speculation picks a shape per step on every rank: the ranks must agree (rank 0's
+    step costs are broadcast), or their collectives would diverge and hang."""
+    path, head = checkpoint
+    plain = _outputs(Engine(path))
+    profile = tmp_path / "costs.json"
+    engine = Engine(path, tp_size=2, speculative_draft_model_path=head, speculative_adaptive="on",
+                    speculative_adaptive_profile=str(profile), max_running_requests=2, **SPEC)
+    try:
+        out = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in out] == plain
+        assert profile.is_file()  # measured by all ranks together, written by rank 0
+        assert sum(engine.scheduler.spec_shape_steps.values()) > 0
+    finally:
+        engine.shutdown()
+
+
 def test_tp_that_does_not_divide_the_heads(checkpoint):
     path, _ = checkpoint
     with pytest.raises(ValueError, match="--tp-size 3 does not divide num_attention_heads=4"):

@@ -21,10 +21,13 @@ mkdir -p "$OUT"
 what="${1:-all}"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export SPECDEC_COMMIT="${SPECDEC_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}"
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+# FlashInfer as scripts/gpu_backends.sh installs it (run that first to restore its prebuilt kernels:
+# installing again here would replace them)
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi-workspace FLASHINFER_CUDA_ARCH_LIST="9.0a" TVM_FFI_CACHE_DIR=/tmp/tvm-ffi
+if [ ! -d /tmp/site/flashinfer ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
+[ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 {
   date -u; echo "commit $SPECDEC_COMMIT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

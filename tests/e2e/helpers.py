@@ -46,6 +46,9 @@ def engine(target, draft=None, *, algorithm=None, shape=None, page_size=1, **kw)
         steps, topk, ntok = shape
         spec = dict(speculative_algorithm=algorithm, speculative_num_steps=steps,
                     speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok)
+        # NOTE: a test names one shape and checks that shape: adaptive speculation (on by default
+        # with CUDA graphs) would pick others, and profile step costs at every engine start
+        kw.setdefault("speculative_adaptive", "off")
     kw.setdefault("max_total_tokens", 8192)
     kw.setdefault("max_running_requests", 16)
     kw.setdefault("cuda_graph_max_bs", 4)  # on CUDA with triton: capture 1..4 (larger batches run eagerly)

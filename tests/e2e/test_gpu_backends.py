@@ -11,13 +11,11 @@ logits are flat, and three-way near-ties were seen with the modelled FA3 kernel 
 """
 
 import copy
-import inspect
 
 import pytest
 import torch
 
 from specdec.attention import available_backends
-from specdec.engine.engine import Engine
 from specdec.forward import LogitsMode
 from ..builders import StandaloneRunner
 
@@ -28,7 +26,7 @@ pytestmark = pytest.mark.gpu
 BACKENDS = [b for b in ("flashinfer", "fa3") if b in available_backends()]
 # (backend, CUDA graphs): FlashInfer also runs captured (planned on the host before each replay)
 RUNS = [(b, False) for b in BACKENDS] + [(b, True) for b in BACKENDS if b == "flashinfer"]
-NO_GRAPHS = {"disable_cuda_graph": True} if "disable_cuda_graph" in inspect.signature(Engine).parameters else {}
+NO_GRAPHS = {"disable_cuda_graph": True}
 CASES = [  # (algorithm, kind, (num_steps, topk, num_draft_tokens), dtype)
     ("EAGLE", "mixed", (1, 1, 2), torch.bfloat16),
     ("EAGLE", "mixed", (5, 4, 8), torch.bfloat16),

@@ -210,6 +210,12 @@ class TPWorkers:
                 conn.send(("shutdown", ()))
             except (BrokenPipeError, OSError):
                 pass
+        # NOTE: NCCL tears a communicator down collectively: rank 0 destroys its process group while
+        # the workers destroy theirs. Joining them first deadlocks (each worker waits for rank 0 in
+        # its teardown, is terminated, and rank 0's teardown then waits for a dead peer). With a
+        # worker already dead, NCCL's teardown could wait for it forever: leave the group to exit.
+        if not (self.nccl and self._dead()):
+            _destroy_process_group()
         for proc in self.procs:
             proc.join(_JOIN_S)
             if proc.exitcode is None:
@@ -217,7 +223,6 @@ class TPWorkers:
                 proc.join(_JOIN_S)
         for conn in self.conns:
             conn.close()
-        _destroy_process_group()
 
 
 class MirroredScheduler:

@@ -63,10 +63,10 @@ def test_multi_turn_identical_with_cache_on_and_off(algorithm, shape, page_size)
 @pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
 @pytest.mark.parametrize("algorithm, shape", CONFIGS, ids=CONFIG_IDS)
 def test_stop_token_inside_a_step_caches_only_the_kept_history(algorithm, shape, overlap):
-    """Turn 1 ends on a stop token that a speculative step committed with tokens after it: their KV
-    was written (and, for the root, the draft's too) but the request drops them. Turn 2 = turn 1's
-    prompt + the kept output + new tokens reuses exactly the kept history's KV (page_size 1, so one
-    stale position would show), and outputs and acceptance equal the uncached engine's."""
+    """Turn 1 ends on a stop token that a speculative step committed with tokens after it: their
+    target and draft KV was written, but the request drops them. Turn 2 = turn 1's prompt + the
+    kept output + new tokens reuses exactly the kept history's KV (page_size 1, so one stale
+    position would show), and outputs and acceptance equal the uncached engine's."""
     vocab = 97
     firsts = prompts_of([5, 23, 40, 2], vocab, seed=1)
     extra = prompts_of([3, 1, 17, 6], vocab, seed=2)

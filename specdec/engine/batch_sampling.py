@@ -41,6 +41,10 @@ class StepLogprobs:
     # [bs][m][k] (token id, logprob) of the k most likely tokens, best first
     top: list[list[list[tuple[int, float]]]]
 
+    def of(self, i: int) -> tuple[list[float], list[list[tuple[int, float]]]]:
+        """Request ``i``'s logprobs and top lists, as ``Request.append`` takes them."""
+        return self.token[i], self.top[i]
+
 
 class BatchSampling:
     def __init__(self, requests: Sequence[Any], device, generator: torch.Generator | None,

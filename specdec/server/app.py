@@ -346,7 +346,7 @@ class _LogprobFormatter:
 def _usage(gens: list[Generation]) -> dict:
     prompt = sum(g.stream.prompt_tokens for g in gens)
     completion = sum(len(g.ids) for g in gens)
-    # prompt tokens the prefix cache supplied (known once a request finished)
+    # prompt tokens the prefix cache supplied (also for a request cut at a stop string)
     cached = sum((g.meta_info or {}).get("cached_tokens", 0) for g in gens)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}

@@ -56,6 +56,9 @@ class Event:
     # with logprobs requested: per token of token_ids its logprob and [(token id, logprob)] list
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # prompt tokens the prefix cache supplied (Request.cached_tokens), on every Event after the
+    # prefill: the server reports it for a request it cuts at a stop string, which has no meta_info
+    cached_tokens: int = 0
 
 
 class RequestStream:
@@ -312,9 +315,10 @@ class AsyncEngine:
             if req.finished:
                 del self._active[rid]
                 self.metrics.requests.labels(finish_reason=req.finish_reason.value).inc()
-                event = Event(new, finished=True, meta_info=req.result()["meta_info"], **lp)
+                event = Event(new, finished=True, meta_info=req.result()["meta_info"],
+                              cached_tokens=req.cached_tokens, **lp)
             else:
-                event = Event(new, **lp)
+                event = Event(new, cached_tokens=req.cached_tokens, **lp)
             out.setdefault(t.loop, []).append((t, event))
         self._post(out)
 

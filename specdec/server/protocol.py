@@ -134,6 +134,7 @@ class Generation:
         self.text = ""
         self.finish_reason: str | None = None
         self.meta_info: dict | None = None
+        self.cached_tokens = 0  # prompt tokens from the prefix cache, as the engine's Events say
         self.error: str | None = None
         self.error_status = 200
         self.sent_chars = 0
@@ -156,6 +157,7 @@ class Generation:
         if event.error is not None:
             self.error, self.error_status = event.error, event.status
             return
+        self.cached_tokens = event.cached_tokens
         cut = False
         if self.tokenizer is not None:
             ids = self.ids
@@ -175,8 +177,10 @@ class Generation:
             self.finish_reason = self.meta_info["finish_reason"]
 
     def partial_meta(self, finish_reason: str | None = None) -> dict:
+        """meta_info of a request the engine has not finished (streaming, or cut at a stop string)."""
         return {"id": self.stream.rid, "prompt_tokens": self.stream.prompt_tokens,
-                "completion_tokens": len(self.ids), "finish_reason": finish_reason}
+                "completion_tokens": len(self.ids), "finish_reason": finish_reason,
+                "cached_tokens": self.cached_tokens}
 
     def visible_text(self) -> str:
         """The text safe to show now: a tail that may still become a stop string, or an incomplete

@@ -98,6 +98,8 @@ class GenerateMeta(_Out):
     prompt_tokens: int
     completion_tokens: int
     finish_reason: Optional[str] = None
+    # prompt tokens the prefix cache supplied (their prefill was skipped)
+    cached_tokens: int = 0
     # with return_logprob: (logprob, token id, text or null) per output token
     output_token_logprobs: Optional[list[list[Any]]] = None
     # with top_logprobs_num: per output token a list of (logprob, token id, text or null)

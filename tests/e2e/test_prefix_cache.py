@@ -60,6 +60,41 @@ def test_multi_turn_identical_with_cache_on_and_off(algorithm, shape, page_size)
         assert r2["meta_info"]["cached_tokens"] == history // page_size * page_size
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
+@pytest.mark.parametrize("algorithm, shape", CONFIGS, ids=CONFIG_IDS)
+def test_stop_token_inside_a_step_caches_only_the_kept_history(algorithm, shape, overlap):
+    """Turn 1 ends on a stop token that a speculative step committed with tokens after it: their
+    target and draft KV was written, but the request drops them. Turn 2 = turn 1's prompt + the
+    kept output + new tokens reuses exactly the kept history's KV (page_size 1, so one stale
+    position would show), and outputs and acceptance equal the uncached engine's."""
+    vocab = 97
+    firsts = prompts_of([5, 23, 40, 2], vocab, seed=1)
+    extra = prompts_of([3, 1, 17, 6], vocab, seed=2)
+    free = build(algorithm, shape, disable_radix_cache=True).generate(input_ids=firsts,
+                                                                        sampling_params=[greedy(20)] * 4)
+    # each request stops at its free run's 7th token (or an earlier copy of it)
+    params = [{**greedy(20), "stop_token_ids": [r["output_ids"][6]]} for r in free]
+    runs = {}
+    for disable in (True, False):
+        eng = build(algorithm, shape, disable_radix_cache=disable, overlap_schedule=overlap)
+        one = eng.generate(input_ids=firsts, sampling_params=params)
+        seconds = [p + r["output_ids"] + e for p, r, e in zip(firsts, one, extra)]
+        two = eng.generate(input_ids=seconds, sampling_params=[greedy(9)] * len(seconds))
+        runs[disable] = [one, two]
+        assert_no_leak(eng)
+    off, on = runs[True], runs[False]
+    assert all(r["meta_info"]["finish_reason"] == "stop" for r in on[0])
+    if algorithm is not None:  # tokens committed (prefill's one, then k + 1 per step) exceed those kept
+        assert any(1 + sum(k + 1 for k in r["meta_info"]["spec_accept_lengths"]) > len(r["output_ids"])
+                   for r in on[0])
+    for turn_off, turn_on in zip(off, on):
+        assert [r["output_ids"] for r in turn_on] == [r["output_ids"] for r in turn_off]
+        assert [r["meta_info"]["spec_accept_lengths"] for r in turn_on] == \
+            [r["meta_info"]["spec_accept_lengths"] for r in turn_off]
+    for first, r1, r2 in zip(firsts, on[0], on[1]):
+        assert r2["meta_info"]["cached_tokens"] == len(first) + len(r1["output_ids"]) - 1
+
+
 def _kv_of(eng, row: int, length: int) -> dict[str, torch.Tensor]:
     """The target's and (with a head) the draft's K and V at positions [0, length) of a row."""
     slots = eng.memory.req_to_token[row, :length].long()

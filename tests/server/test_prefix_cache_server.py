@@ -1,10 +1,11 @@
 """The prefix cache over HTTP: a second chat turn reports its cached prompt tokens in OpenAI's
-``usage.prompt_tokens_details.cached_tokens`` and SGLang's ``meta_info.cached_tokens``, and
-``/metrics`` reports the hit rate."""
+``usage.prompt_tokens_details.cached_tokens`` and SGLang's ``meta_info.cached_tokens`` (also when
+the server cut the turn at a stop string), and ``/metrics`` reports the hit rate."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..e2e.helpers import engine, make_pair
@@ -41,5 +42,62 @@ def test_second_turn_reports_cached_tokens_and_metrics_the_hit_rate():
         metrics = httpx.get(f"{live.url}/metrics").text
         assert 0 < _metric(metrics, "specdec:cache_hit_rate") < 1
         assert _metric(metrics, "specdec:cached_tokens_total") == cached + 20
+        live.wait_idle()
+        assert live.engine_state(kv_is_free)
+
+
+def _stop_in(text: str) -> str:
+    """A two-character string that first occurs at index 3 or later of ``text``."""
+    return next(text[j:j + 2] for j in range(3, len(text) - 1) if text.index(text[j:j + 2]) == j)
+
+
+def _expected_cached(ids: list[int], history: list[int], *, pair: bool, page: int) -> int:
+    """Prompt tokens ``ids`` takes from a request whose KV covers ``history`` (its last token
+    aside): the positions where they agree, one less with pair keys (the draft KV there saw the
+    next token), at least the last one computed, in whole pages."""
+    agree = next((i for i, (a, b) in enumerate(zip(ids, history)) if a != b), min(len(ids), len(history)))
+    return min(agree - pair, len(ids) - 1) // page * page
+
+
+@pytest.mark.parametrize("algorithm, shape", [(None, None), ("EAGLE", (5, 4, 8)), ("EAGLE3", (4, 8, 32))],
+                         ids=["plain", "eagle-5x4x8", "eagle3-4x8x32"])
+@pytest.mark.parametrize("disable", [False, True], ids=["cache", "no-cache"])
+def test_turns_cut_at_stop_strings_report_their_cached_prefix(algorithm, shape, disable):
+    """Three turns, each cut at a two-character stop string the server finds in the text (the
+    engine request is aborted after committing tokens past it, several per step when speculating).
+    Turn k's prompt is turn k - 1's, its kept text, and new text; it reports the prefix it shares
+    with turn k - 1's KV in ``meta_info`` (/generate) and ``usage`` (/v1/completions), and its text
+    is the greedy reference's, cache on or off. Nothing holds KV afterwards."""
+    tok = CharTokenizer()
+    target, draft = make_pair(algorithm or "EAGLE", "mixed", seed=4)  # seed 2: EAGLE-3's text repeats "V4"
+    reference = engine(target, disable_radix_cache=True)
+    served = engine(target, draft if algorithm else None, algorithm=algorithm, shape=shape, tokenizer=tok,
+                    page_size=4, disable_radix_cache=disable)
+    ids, previous, history = tok.encode("Tell me a story about a cat."), [], None
+    with LiveServer(served) as live:
+        for turn, user in enumerate(["", " And a dog?", " And a fish!"]):
+            ids = ids + tok.encode(user, add_bos=False)
+            free = reference.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 30})
+            text = tok.decode(free["output_ids"])
+            stop = _stop_in(text)
+            kept = text[: text.index(stop)]
+            if turn % 2 == 0:
+                got = httpx.post(f"{live.url}/generate", json={"input_ids": ids, "sampling_params": {
+                    **GREEDY, "max_new_tokens": 30, "stop": stop}}, timeout=60).json()
+                got_text, meta = got["text"], got["meta_info"]
+                assert meta["completion_tokens"] < 30  # cut by the server, not finished by the engine
+            else:
+                got = httpx.post(f"{live.url}/v1/completions", json={
+                    "prompt": ids, "max_tokens": 30, "temperature": 0, "ignore_eos": True, "stop": [stop]},
+                    timeout=60).json()
+                got_text, meta = got["choices"][0]["text"], got["choices"][0]
+                meta["cached_tokens"] = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert got_text == kept and meta["finish_reason"] == "stop"
+            want = 0 if disable or history is None else _expected_cached(ids, history, pair=algorithm is not None,
+                                                                          page=4)
+            assert meta["cached_tokens"] == want
+            assert disable or history is None or want >= len(previous) // 4 * 4  # the history's prompt at least
+            previous, history = ids, ids + free["output_ids"]
+            ids = ids + tok.encode(kept, add_bos=False)
         live.wait_idle()
         assert live.engine_state(kv_is_free)

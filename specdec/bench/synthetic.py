@@ -6,8 +6,10 @@ layer, 32000-token draft vocabulary), and a simulated acceptance: every decode s
 tree and verifies it in full, then commits the path an acceptance model picks. By default that
 model is measured with a real head (``--acceptance-model``: per-depth, per-rank hazards of the
 SmolLM2 EAGLE-3 head on MT-bench, shipped in ``specdec/data/acceptance``), so that chains and
-trees compare as they would with real weights; ``--acceptance-model none`` commits
-1 + Binomial(S, (TAU - 1) / S) tokens along the first path instead (``--speculative-simulate-accept-length``).
+trees compare as they would with real weights, and its draws are common random numbers: every
+policy sees the same draw at the same request row and token position (``specdec.eagle.simulate``).
+``--acceptance-model none`` commits 1 + Binomial(S, (TAU - 1) / S) tokens along the first path
+instead (``--speculative-simulate-accept-length``).
 
 For each batch size, for plain decoding, each fixed (steps, topk, draft tokens) and adaptive
 speculation (a shape per step, bounded by the largest configured one): admit ``bs`` requests of

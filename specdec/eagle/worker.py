@@ -378,7 +378,8 @@ class EAGLEWorker:
                 self._simulate_cdf = child_cdf(cfg.simulate_hazards, logits.device)[:, : cfg.topk]
             return simulate_tree_acceptance(
                 candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
-                tree.retrive_next_sibling, self._simulate_cdf, num_steps=cfg.num_steps, generator=self.generator)
+                tree.retrive_next_sibling, self._simulate_cdf, num_steps=cfg.num_steps,
+                seed=self.generator.initial_seed() if self.generator is not None else 0)
         retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
         if sampling.is_all_greedy:
             return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -70,9 +71,10 @@ class DecodeLauncher:
         tree_tokens: int,
         overlap: bool,
         generator: torch.Generator | None,
+        tokenizer: Any = None,
     ) -> None:
         """``worker``: the EAGLE worker (None: plain decoding); ``tree_tokens``: KV positions a
-        step may hold past the committed ones (a whole draft tree)."""
+        step may hold past the committed ones (a whole draft tree); ``tokenizer``: for stop strings."""
         self.runner = runner
         self.memory = memory
         self.worker = worker
@@ -81,6 +83,7 @@ class DecodeLauncher:
         self.max_step_tokens = worker.config.num_steps + 1 if worker is not None else 1
         self.overlap = overlap
         self.generator = generator
+        self.tokenizer = tokenizer
         self.device = memory.req_to_token.device
         # decode steps (sub-batches) by tree shape ("SxKxN"; "plain": no draft tree), speculative engines
         self.spec_shape_steps: collections.Counter[str] = collections.Counter()
@@ -202,7 +205,7 @@ class DecodeLauncher:
                 if self.worker is not None:
                     shape = out.shape or "plain"
                     req.spec_shapes[shape] = req.spec_shapes.get(shape, 0) + 1
-                req.append(tokens, logprobs.of(i) if logprobs is not None else None)
+                req.append(tokens, logprobs.of(i) if logprobs is not None else None, tokenizer=self.tokenizer)
                 if req.finished:
                     finished.append(req)
         return finished

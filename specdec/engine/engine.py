@@ -196,7 +196,8 @@ class Engine:
                                    max_running_requests=max_running_requests, tree_tokens=tree,
                                    overlap=overlap, generator=self.generator, prefix_cache=cache,
                                    chunked_prefill_size=args.prefill_chunk_tokens,
-                                   schedule_conservativeness=args.schedule_conservativeness)
+                                   schedule_conservativeness=args.schedule_conservativeness,
+                                   tokenizer=self.tokenizer)
         self._ids = itertools.count()
         self._grammar_backend = None
         self._finished: dict[str, Request] = {}
@@ -334,6 +335,9 @@ class Engine:
                 f"prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
                 f"exceeds the context length {self.context_length}"
             )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("sampling_params.stop: stop strings need a tokenizer; this model has none "
+                             "(use stop_token_ids)")
         if params.logit_bias and params.logit_bias[-1][0] >= vocab:
             raise ValueError(f"sampling_params.logit_bias: token id {params.logit_bias[-1][0]} is not in [0, {vocab})")
         req = Request(rid=rid or f"req-{next(self._ids)}", prompt_ids=list(input_ids), params=params,

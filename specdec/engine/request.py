@@ -7,10 +7,11 @@ import enum
 from typing import Any
 
 from specdec.engine.sampling import SamplingParams
+from specdec.engine.stop_strings import completes_stop, trim_at_stop
 
 
 class FinishReason(str, enum.Enum):
-    STOP = "stop"  # a stop token (EOS or stop_token_ids) was emitted
+    STOP = "stop"  # a stop token (EOS or stop_token_ids) or the end of a stop string was emitted
     LENGTH = "length"  # max_new_tokens reached
     ABORT = "abort"  # the client aborted it
 
@@ -53,10 +54,13 @@ class Request:
     def last_token(self) -> int:
         return self.output_ids[-1]
 
-    def append(self, tokens: list[int], logprobs: tuple[list[float], list[list]] | None = None) -> None:
-        """Append committed tokens one by one; never one past a stop token or max_new_tokens.
+    def append(self, tokens: list[int], logprobs: tuple[list[float], list[list]] | None = None, *,
+               tokenizer: Any = None) -> None:
+        """Append committed tokens one by one; never one past a stop token, the token that
+        completes a stop string (``specdec.engine.stop_strings``) or max_new_tokens.
 
-        ``logprobs``: (logprob of each token, top list of each token), aligned with ``tokens``."""
+        ``logprobs``: (logprob of each token, top list of each token), aligned with ``tokens``;
+        ``tokenizer``: decodes the tail for stop strings (required when ``params.stop`` is set)."""
         for i, token in enumerate(tokens):
             if len(self.output_ids) >= self.params.max_new_tokens:
                 self.finish_reason = FinishReason.LENGTH
@@ -65,7 +69,8 @@ class Request:
             if logprobs is not None and self.params.wants_logprobs:
                 self.output_logprobs.append(logprobs[0][i])
                 self.output_top_logprobs.append(logprobs[1][i])
-            if token in self.stop_ids:
+            if token in self.stop_ids or \
+                    (self.params.stop and completes_stop(self.output_ids, self.params.stop, tokenizer)):
                 self.finish_reason = FinishReason.STOP
                 return
             if self.grammar is not None:
@@ -77,6 +82,13 @@ class Request:
             self.finish_reason = FinishReason.LENGTH
 
     def result(self, tokenizer=None) -> dict:
+        """SGLang's output dict. ``text`` (with a tokenizer) leaves out a stop string and what
+        follows it in its last token.
+
+        Accept statistics: ``spec_accept_lengths`` holds, per verify step, the draft tokens the
+        target accepted, even where the request kept fewer of that step's tokens (it ended at a
+        stop token, a stop string or max_new_tokens inside the step); ``spec_accept_length`` is
+        completion tokens (those kept) per verify step, so it counts only the tokens returned."""
         meta = {
             "id": self.rid,
             "prompt_tokens": len(self.prompt_ids),
@@ -100,5 +112,5 @@ class Request:
             meta["input_top_logprobs"] = list(self.input_top_logprobs)
         out = {"output_ids": list(self.output_ids), "meta_info": meta}
         if tokenizer is not None:
-            out["text"] = tokenizer.decode(self.output_ids)
+            out["text"] = trim_at_stop(tokenizer.decode(self.output_ids), self.params.stop)
         return out

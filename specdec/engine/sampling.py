@@ -51,6 +51,8 @@ class SamplingParams:
     min_p: float = 0.0
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
+    # stop strings, matched on the decoded output (``specdec.engine.stop_strings``); need a tokenizer
+    stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     # specdec extension: False decodes this request without speculation (its draft cache is
     # still kept in step, so it can be switched back on by a later request of the same kind)
@@ -106,6 +108,11 @@ class SamplingParams:
                     f"sampling_params.stop_token_ids must be a list of ints >= 0, got {list(ids)!r}"
                 )
         object.__setattr__(self, "stop_token_ids", tuple(ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, Sequence) or not all(isinstance(x, str) and x for x in stop):
+            raise ValueError(f"sampling_params.stop must be a non-empty string or a list of them, "
+                             f"got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"sampling_params.ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.speculative, bool):

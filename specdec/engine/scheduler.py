@@ -30,6 +30,7 @@ holds the admission arithmetic.
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import torch
 
@@ -61,10 +62,13 @@ class Scheduler:
         prefix_cache: RadixPrefixCache | NoPrefixCache | None = None,
         chunked_prefill_size: int | None = None,
         schedule_conservativeness: float = 1.0,
+        tokenizer: Any = None,
     ) -> None:
         """``prefix_cache``: default none (``NoPrefixCache``); ``chunked_prefill_size``: most
-        prompt tokens per prefill step (None: no limit)."""
+        prompt tokens per prefill step (None: no limit); ``tokenizer``: decodes output tails for
+        stop strings (``specdec.engine.stop_strings``)."""
         self.memory = memory
+        self.tokenizer = tokenizer
         self.cache = prefix_cache if prefix_cache is not None else NoPrefixCache(memory)
         self.chunked_prefill_size = chunked_prefill_size
         self.new_token_ratio = NewTokenRatio(schedule_conservativeness)
@@ -74,7 +78,7 @@ class Scheduler:
         self.overlap = overlap
         self.prefiller = Prefiller(runner, memory, worker=worker, generator=generator)
         self.decoder = DecodeLauncher(runner, memory, worker=worker, tree_tokens=tree_tokens, overlap=overlap,
-                                      generator=generator)
+                                      generator=generator, tokenizer=tokenizer)
         self.waiting: collections.deque[Request] = collections.deque()
         # admitted and not yet released (finished ones stay while a launched step still holds them)
         self.running: list[Request] = []
@@ -267,7 +271,8 @@ class Scheduler:
             req = chunk.req
             req.kv_len = req.kv_alloc = chunk.end
             if chunk.is_last:
-                req.append([token], logprobs.of(sampled) if logprobs is not None else None)
+                req.append([token], logprobs.of(sampled) if logprobs is not None else None,
+                           tokenizer=self.tokenizer)
                 sampled += 1
                 self.running.append(req)
             self.cache.cache_request(req.row, fill_ids(req), req.kv_len)

@@ -14,10 +14,12 @@ speculative step's k + 1 tokens arrive together), ending ``data: [DONE]\\n\\n``.
 the cumulative ``text`` / ``output_ids`` and ``meta_info`` (``index`` for a batch); OpenAI chunks
 carry deltas. A request the server aborts (shutdown) ends with ``data: {"error": {...}}``.
 
-Stops: integers are token ids. A string that is exactly one token (encode/decode round trip) becomes
-a stop token id; any other string is matched on the decoded text, which is cut before it (the request
-is then aborted in the engine; ``output_ids`` keep the tokens generated up to the match). Streams hold
-back text that could be the start of a stop string. Strings need a tokenizer.
+Stops: integers are token ids (added to ``stop_token_ids``). Strings go to the engine
+(``sampling_params.stop``), which ends the request with the token that completes one in the decoded
+output (``specdec.engine.stop_strings``): ``output_ids``, logprobs and ``completion_tokens`` end with
+that token, ``meta_info`` is complete (accept statistics included), and the text is cut before the
+stop string. Streams hold back text that could be the start of a stop string. Strings need a
+tokenizer.
 
 OpenAI choices (and stream chunks) also carry ``token_ids`` (an extension); ``model`` is echoed as
 the served model name whatever the request says; unknown fields are ignored, as SGLang does.
@@ -72,7 +74,7 @@ from specdec.server.protocol import (
     parse_stops,
     render_chat,
     sse,
-    with_stop_ids,
+    with_stops,
 )
 from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from specdec.server.settings import ServerSettings
@@ -152,7 +154,7 @@ class Endpoints:
         try:
             for i, (prompt, p, s) in enumerate(zip(prompts, params, stops)):
                 try:
-                    stream = await self.eng.submit(**prompt, sampling_params=with_stop_ids(p, s))
+                    stream = await self.eng.submit(**prompt, sampling_params=with_stops(p, s))
                 except InvalidRequest as e:
                     raise InvalidRequest(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
                 gens.append(Generation(stream, self.tok, s))

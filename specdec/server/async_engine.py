@@ -57,7 +57,7 @@ class Event:
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     # prompt tokens the prefix cache supplied (Request.cached_tokens), on every Event after the
-    # prefill: the server reports it for a request it cuts at a stop string, which has no meta_info
+    # prefill: streamed chunks report it before the request's meta_info exists
     cached_tokens: int = 0
 
 
@@ -84,12 +84,10 @@ class RequestStream:
         while not self.finished:
             yield await self.next_event()
 
-    def close(self, *, finish_reason: str = "abort") -> None:
-        """Stop reading: abort in the engine (frees its KV) unless it already finished.
-
-        ``finish_reason`` labels the metrics ("stop" when the server matched a stop string)."""
+    def close(self) -> None:
+        """Stop reading: abort in the engine (frees its KV) unless it already finished."""
         if not self.finished:
-            self.owner.abort(self.rid, finish_reason=finish_reason)
+            self.owner.abort(self.rid)
             self.finished = True
 
     def cancel(self, reason: str = "client disconnected") -> None:
@@ -122,7 +120,6 @@ class _Submit:
 @dataclasses.dataclass
 class _Abort:
     rid: str
-    finish_reason: str
 
 
 @dataclasses.dataclass
@@ -180,9 +177,9 @@ class AsyncEngine:
             raise
         return RequestStream(self, rid, events, prompt_ids, params)
 
-    def abort(self, rid: str, *, finish_reason: str = "abort") -> None:
+    def abort(self, rid: str) -> None:
         """Abort a request (no-op once it finished); its stream gets no further Events."""
-        self._inbox.put(_Abort(rid, finish_reason))
+        self._inbox.put(_Abort(rid))
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run ``fn(engine)`` on the loop thread between steps (e.g. to read the KV allocator)."""
@@ -265,7 +262,7 @@ class AsyncEngine:
         elif isinstance(cmd, _Abort):
             if self._active.pop(cmd.rid, None) is not None:
                 self.engine.abort(cmd.rid)
-                self.metrics.requests.labels(finish_reason=cmd.finish_reason).inc()
+                self.metrics.requests.labels(finish_reason="abort").inc()
         elif isinstance(cmd, _Call) and cmd.done.set_running_or_notify_cancel():
             try:
                 cmd.done.set_result(cmd.fn(self.engine))

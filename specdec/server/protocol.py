@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from specdec.engine.stop_strings import trim_at_stop
 from specdec.server.async_engine import RequestStream
 
 FALLBACK_CHAT_TEMPLATE = "<role>: <content>\\n per message, then assistant:"
@@ -52,9 +53,11 @@ def sse(payload: Any) -> str:
 # ------------------------------------------------------------------ stops and chat template
 @dataclasses.dataclass(frozen=True)
 class Stops:
-    token_ids: tuple[int, ...] = ()  # from integers
-    string_ids: tuple[int, ...] = ()  # from one-token strings: trimmed from the text like a string stop
-    strings: tuple[str, ...] = ()  # matched on the decoded text
+    """A request's ``stop``: token ids stop like ``stop_token_ids``; strings go to the engine's
+    ``sampling_params.stop`` (matched on the decoded output: ``specdec.engine.stop_strings``)."""
+
+    token_ids: tuple[int, ...] = ()
+    strings: tuple[str, ...] = ()
 
 
 def parse_stops(stop: Any, tokenizer: Any, field: str = "stop") -> Stops:
@@ -63,30 +66,29 @@ def parse_stops(stop: Any, tokenizer: Any, field: str = "stop") -> Stops:
     items = [stop] if isinstance(stop, (str, int)) else stop
     if not isinstance(items, list):
         raise HTTPError(400, f"{field} must be a string, a token id or a list of them")
-    ids, string_ids, strings = [], [], []
+    ids, strings = [], []
     for s in items:
         if isinstance(s, int) and not isinstance(s, bool) and s >= 0:
             ids.append(s)
         elif isinstance(s, str) and s:
             if tokenizer is None:
                 raise HTTPError(400, f"{field}: string stops need a tokenizer; this model has none (use token ids)")
-            one = tokenizer.encode(s, add_bos=False)
-            if len(one) == 1 and tokenizer.decode(one) == s:
-                string_ids.append(one[0])
-            else:
-                strings.append(s)
+            strings.append(s)
         else:
             raise HTTPError(400, f"{field}: entries must be non-empty strings or token ids >= 0, got {s!r}")
-    return Stops(tuple(ids), tuple(string_ids), tuple(strings))
+    return Stops(tuple(ids), tuple(strings))
 
 
-def with_stop_ids(params: Any, stops: Stops) -> Any:
-    """sampling_params with the stop token ids added (left alone when malformed: the engine says why)."""
-    extra = [*stops.token_ids, *stops.string_ids]
-    if not extra or not isinstance(params, dict):
+def with_stops(params: Any, stops: Stops) -> Any:
+    """sampling_params with the stop token ids and strings added (left alone when malformed: the
+    engine says why)."""
+    if not (stops.token_ids or stops.strings) or not isinstance(params, dict):
         return params
     own = params.get("stop_token_ids") or []
-    return {**params, "stop_token_ids": [*own, *extra]} if isinstance(own, (list, tuple)) else params
+    if not isinstance(own, (list, tuple)):
+        return params
+    out = {**params, "stop_token_ids": [*own, *stops.token_ids]}
+    return {**out, "stop": list(stops.strings)} if stops.strings else out
 
 
 def render_chat(messages: Any, tokenizer: Any) -> str:
@@ -124,7 +126,10 @@ def render_chat(messages: Any, tokenizer: Any) -> str:
 
 # ------------------------------------------------------------------ one request's visible output
 class Generation:
-    """What the client sees of one request: ids, text cut at stop strings, and stream deltas."""
+    """What the client sees of one request: ids, text cut before a stop string, and stream deltas.
+
+    The engine ends a request at the token that completes a stop string, so ``ids`` (and the
+    logprobs, aligned with them) never go past it; only the text is cut here."""
 
     def __init__(self, stream: RequestStream, tokenizer: Any, stops: Stops) -> None:
         self.stream = stream
@@ -158,29 +163,16 @@ class Generation:
             self.error, self.error_status = event.error, event.status
             return
         self.cached_tokens = event.cached_tokens
-        cut = False
         if self.tokenizer is not None:
-            ids = self.ids
-            if event.finished and event.meta_info["finish_reason"] == "stop" and ids \
-                    and ids[-1] in self.stops.string_ids:
-                ids = ids[:-1]  # a one-token stop string is not part of the text
-            text = self.tokenizer.decode(ids)
-            hits = [i for i in (text.find(s) for s in self.stops.strings) if i >= 0]
-            cut = bool(hits)
-            self.text = text[: min(hits)] if hits else text
-        if cut and not event.finished:
-            self.stream.close(finish_reason="stop")  # the engine would keep generating past it
-            self.meta_info = self.partial_meta("stop")
-        elif event.finished:
-            self.meta_info = {**event.meta_info, **({"finish_reason": "stop"} if cut else {})}
-        if self.meta_info is not None:
+            self.text = trim_at_stop(self.tokenizer.decode(self.ids), self.stops.strings)
+        if event.finished:
+            self.meta_info = event.meta_info
             self.finish_reason = self.meta_info["finish_reason"]
 
-    def partial_meta(self, finish_reason: str | None = None) -> dict:
-        """meta_info of a request the engine has not finished (streaming, or cut at a stop string)."""
+    def partial_meta(self) -> dict:
+        """meta_info of a request the engine has not finished yet (streaming)."""
         return {"id": self.stream.rid, "prompt_tokens": self.stream.prompt_tokens,
-                "completion_tokens": len(self.ids), "finish_reason": finish_reason,
-                "cached_tokens": self.cached_tokens}
+                "completion_tokens": len(self.ids), "finish_reason": None, "cached_tokens": self.cached_tokens}
 
     def visible_text(self) -> str:
         """The text safe to show now: a tail that may still become a stop string, or an incomplete

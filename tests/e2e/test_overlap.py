@@ -8,6 +8,7 @@ tests check that a launch queues without a host sync.
 import pytest
 import torch
 
+from ..server.live import CharTokenizer
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 
 LENGTHS = [1, 9, 4, 23, 2, 15, 6]
@@ -96,6 +97,27 @@ def test_requests_joining_and_stopping_midway():
         spec.step()
     assert [r.output_ids for r in reqs] == expected
     assert all(r.finish_reason.value == "stop" for r in reqs)
+    assert_no_leak(spec)
+
+
+def test_stop_strings_end_requests_inside_overlapped_runs():
+    """A request ends with the token that completes its stop string, read while its next step is
+    already launched: that step's tokens for it are dropped, as for a stop token."""
+    tok = CharTokenizer()
+    target, draft = make_pair("EAGLE3", "mixed")
+    prompts = prompts_of([3, 12, 7, 5, 9, 2], target.config.vocab_size, seed=4)
+    reference = engine(target, tokenizer=tok)
+    free_run = [tok.decode(ids) for ids in _outputs(reference, prompts, _greedy([40] * 6))]
+    stops = [text[len(text) // 2: len(text) // 2 + 2] for text in free_run]  # from the middle of each run
+    params = [{"temperature": 0, "max_new_tokens": 40, "ignore_eos": True, "stop": s} for s in stops]
+    expected = reference.generate(input_ids=prompts, sampling_params=params)
+    spec = engine(target, draft, algorithm="EAGLE3", shape=(5, 4, 8), overlap_schedule=True, max_running_requests=4,
+                  tokenizer=tok)
+    got = spec.generate(input_ids=prompts, sampling_params=params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert [g["text"] for g in got] == [text[: text.index(s)] for text, s in zip(free_run, stops)]
+    assert all(tok.decode(g["output_ids"]).endswith(s) for g, s in zip(got, stops))
+    assert all(g["meta_info"]["finish_reason"] == "stop" for g in got)
     assert_no_leak(spec)
 
 

@@ -93,6 +93,40 @@ def test_min_new_tokens_holds_back_a_stop_token(engines):
     assert len(got["output_ids"]) >= 8 and stop not in got["output_ids"][:8]
 
 
+# per prompt: a string completed inside the token " The" (its "he" is cut), one inside " wanted"
+# (and a string that never occurs), the earlier of two, spanning three tokens (" s", "k", "y")
+STOPS = [["x. T"], ["wan", "#"], ["shiny", "sky"]]
+
+
+def test_stop_strings_end_the_output_with_the_token_that_completes_them(engines):
+    """The output is the shortest token prefix of the free run whose text holds a stop string,
+    speculating or not (a verify step's tokens after it are dropped), logprobs included; the text
+    is cut before the stop string."""
+    plain, spec = engines
+    tok = plain.tokenizer
+    free = plain.generate(PROMPTS, GREEDY)
+    params = [{**GREEDY, "stop": s, "return_logprob": True} for s in STOPS]
+    expected, got = plain.generate(PROMPTS, params), spec.generate(PROMPTS, params)
+    dropped = 0
+    for f, stops, e, g in zip(free, STOPS, expected, got):
+        ids = f["output_ids"]
+        n = next(n for n in range(1, len(ids) + 1) if any(s in tok.decode(ids[:n]) for s in stops))
+        cut = min(i for i in (f["text"].find(s) for s in stops) if i >= 0)
+        for out in (e, g):
+            meta = out["meta_info"]
+            assert out["output_ids"] == ids[:n] and out["text"] == f["text"][:cut]
+            assert meta["finish_reason"] == "stop" and meta["completion_tokens"] == n
+            assert len(meta["output_token_logprobs"]) == n
+        torch.testing.assert_close(g["meta_info"]["output_token_logprobs"], e["meta_info"]["output_token_logprobs"],
+                                   rtol=0, atol=1e-5)
+        ks = g["meta_info"]["spec_accept_lengths"]
+        assert g["meta_info"]["spec_verify_ct"] == len(ks) > 0
+        assert g["meta_info"]["spec_accept_length"] == n / len(ks)
+        dropped += 1 + sum(k + 1 for k in ks) - n  # committed by the last verify step after the stop
+    assert dropped > 0
+    assert_no_leak(spec)
+
+
 def test_logit_bias_forces_a_token(engines):
     _, spec = engines
     out = spec.generate(PROMPTS[:2], {**GREEDY, "max_new_tokens": 6, "logit_bias": {"261": 100.0}})

@@ -41,6 +41,9 @@ from specdec.engine.sampling import (
         ({"stop_token_ids": 2}, "sampling_params.stop_token_ids must be a list of ints"),
         ({"stop_token_ids": [1, "a"]}, "sampling_params.stop_token_ids must be a list of ints"),
         ({"stop_token_ids": [-1]}, "sampling_params.stop_token_ids must be a list of ints >= 0"),
+        ({"stop": ""}, "sampling_params.stop must be a non-empty string or a list of them"),
+        ({"stop": ["a", 3]}, "sampling_params.stop must be a non-empty string or a list of them"),
+        ({"stop": {"a": 1}}, "sampling_params.stop must be a non-empty string or a list of them"),
         ({"ignore_eos": "yes"}, "sampling_params.ignore_eos must be a bool"),
         ({"temprature": 0.5}, "sampling_params: unknown key(s) 'temprature'"),
     ],
@@ -58,6 +61,8 @@ def test_from_dict_accepts():
         {"temperature": 0, "top_k": 5, "stop_token_ids": [3, 4], "max_new_tokens": 0, "top_p": None}
     )
     assert p.stop_token_ids == (3, 4) and p.top_p == 1.0 and p.max_new_tokens == 0
+    assert SamplingParams.from_dict({"stop": "ab"}).stop == ("ab",)
+    assert SamplingParams.from_dict({"stop": ["ab", "\n"]}).stop == ("ab", "\n")
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 1.0  # type: ignore[misc]
 

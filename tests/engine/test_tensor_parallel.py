@@ -2,6 +2,7 @@
 and EAGLE-3 decoding; bad --tp-size values and dying workers end in clear errors, never a hang."""
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -73,6 +74,43 @@ def test_tp2_adaptive_speculation(checkpoint, tmp_path):
         assert sum(engine.scheduler.spec_shape_steps.values()) > 0
     finally:
         engine.shutdown()
+
+
+def _write_char_tokenizer(directory) -> None:
+    """A tokenizer.json of one character per token, ids 3..96 (0-2 special), as the server tests'."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = (" \n" + string.ascii_letters + string.digits + string.punctuation)[:94]
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, **{c: 3 + i for i, c in enumerate(alphabet)}},
+                                     unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.save(str(directory / "tokenizer.json"))
+
+
+def test_tp2_stop_strings(checkpoint, tmp_path):
+    """Stop strings are matched on each rank's own decoded tail: every rank ends a request in the
+    same step (a rank that went on would meet the others in a different collective and hang)."""
+    path, head = checkpoint
+    shutil.copytree(path, tmp_path / "target")
+    _write_char_tokenizer(tmp_path / "target")
+    path = str(tmp_path / "target")
+    reference = Engine(path)
+    texts = [o["text"] for o in reference.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+    params = [{**GREEDY, "stop": t[len(t) // 2: len(t) // 2 + 2]} for t in texts]  # from the middle of each
+    expected = reference.generate(input_ids=PROMPTS, sampling_params=params)
+    tp_spec = Engine(path, tp_size=2, speculative_draft_model_path=head, **SPEC)
+    try:
+        out = tp_spec.generate(input_ids=PROMPTS, sampling_params=params)
+        assert [o["output_ids"] for o in out] == [o["output_ids"] for o in expected]
+        assert [o["text"] for o in out] == [t[: t.index(p["stop"])] for t, p in zip(texts, params)]
+        assert all(o["meta_info"]["finish_reason"] == "stop" for o in out)
+        assert _outputs(tp_spec) == _outputs(reference)  # the ranks still step together
+    finally:
+        tp_spec.shutdown()
 
 
 def test_tp_that_does_not_divide_the_heads(checkpoint):

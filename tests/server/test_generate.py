@@ -112,16 +112,17 @@ def test_text_prompt_and_stop_strings(models, live):
 
     same, _ = asyncio.run(go(None))
     assert same["output_ids"] == free["output_ids"] and same["text"] == text
-    # one token: the engine stops on it; the text leaves it out, output_ids keep it
+    # one character: output_ids end with its token; the text leaves it out
     got, events = asyncio.run(go([one]))
     assert got["meta_info"]["finish_reason"] == "stop"
     assert got["text"] == text[: text.index(one)]
     assert got["output_ids"][-1] == tok.encode(one, add_bos=False)[0]
     assert events[-2]["text"] == got["text"]
-    # several tokens: matched on the text, which is cut before it; the request is aborted
+    # several tokens: output_ids end with the token that completes it; the text is cut before it
     got, events = asyncio.run(go(two))
     cut = text[: text.index(two)]
     assert got["text"] == cut and got["meta_info"]["finish_reason"] == "stop"
+    assert got["output_ids"] == free["output_ids"][: len(cut) + 2]
     assert all(two not in c["text"] for c in events[:-1]) and events[-2]["text"] == cut
     live.wait_idle()
     assert live.engine_state(kv_is_free)

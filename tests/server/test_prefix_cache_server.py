@@ -1,6 +1,6 @@
 """The prefix cache over HTTP: a second chat turn reports its cached prompt tokens in OpenAI's
 ``usage.prompt_tokens_details.cached_tokens`` and SGLang's ``meta_info.cached_tokens`` (also when
-the server cut the turn at a stop string), and ``/metrics`` reports the hit rate."""
+the turn ended at a stop string), and ``/metrics`` reports the hit rate."""
 
 from __future__ import annotations
 
@@ -63,11 +63,12 @@ def _expected_cached(ids: list[int], history: list[int], *, pair: bool, page: in
                          ids=["plain", "eagle-5x4x8", "eagle3-4x8x32"])
 @pytest.mark.parametrize("disable", [False, True], ids=["cache", "no-cache"])
 def test_turns_cut_at_stop_strings_report_their_cached_prefix(algorithm, shape, disable):
-    """Three turns, each cut at a two-character stop string the server finds in the text (the
-    engine request is aborted after committing tokens past it, several per step when speculating).
-    Turn k's prompt is turn k - 1's, its kept text, and new text; it reports the prefix it shares
-    with turn k - 1's KV in ``meta_info`` (/generate) and ``usage`` (/v1/completions), and its text
-    is the greedy reference's, cache on or off. Nothing holds KV afterwards."""
+    """Three turns, each ending at a two-character stop string (the engine drops the tokens a
+    speculative step committed after it, and the server cuts the string from the text). Turn k's
+    prompt is turn k - 1's, its kept text, and new text; it reports the prefix it shares with turn
+    k - 1's KV (its prompt and output) in ``meta_info`` (/generate) and ``usage``
+    (/v1/completions), and its text is the greedy reference's, cache on or off. Nothing holds KV
+    afterwards."""
     tok = CharTokenizer()
     target, draft = make_pair(algorithm or "EAGLE", "mixed", seed=4)  # seed 2: EAGLE-3's text repeats "V4"
     reference = engine(target, disable_radix_cache=True)
@@ -84,20 +85,21 @@ def test_turns_cut_at_stop_strings_report_their_cached_prefix(algorithm, shape, 
             if turn % 2 == 0:
                 got = httpx.post(f"{live.url}/generate", json={"input_ids": ids, "sampling_params": {
                     **GREEDY, "max_new_tokens": 30, "stop": stop}}, timeout=60).json()
-                got_text, meta = got["text"], got["meta_info"]
-                assert meta["completion_tokens"] < 30  # cut by the server, not finished by the engine
+                got_text, meta, out_ids = got["text"], got["meta_info"], got["output_ids"]
             else:
                 got = httpx.post(f"{live.url}/v1/completions", json={
                     "prompt": ids, "max_tokens": 30, "temperature": 0, "ignore_eos": True, "stop": [stop]},
                     timeout=60).json()
-                got_text, meta = got["choices"][0]["text"], got["choices"][0]
+                meta = got["choices"][0]
+                got_text, out_ids = meta["text"], meta["token_ids"]
                 meta["cached_tokens"] = got["usage"]["prompt_tokens_details"]["cached_tokens"]
             assert got_text == kept and meta["finish_reason"] == "stop"
+            assert out_ids == free["output_ids"][: len(kept) + 2]  # the output ends with the stop string
             want = 0 if disable or history is None else _expected_cached(ids, history, pair=algorithm is not None,
                                                                           page=4)
             assert meta["cached_tokens"] == want
             assert disable or history is None or want >= len(previous) // 4 * 4  # the history's prompt at least
-            previous, history = ids, ids + free["output_ids"]
+            previous, history = ids, ids + out_ids
             ids = ids + tok.encode(kept, add_bos=False)
         live.wait_idle()
         assert live.engine_state(kv_is_free)

@@ -11,7 +11,7 @@ Llama-3.1-8B shapes, bf16, one device call (``python benchmarks/bench_decode_ker
   breakdown  torch.profiler over graph-replayed decode steps at bs 1 of an 8B-shaped model with
              ``--layers`` layers, old path and new: per-kernel GPU time per step
   e2e        plain decode ms/step of the full 8B-shaped model (random weights, Triton attention,
-             CUDA graphs) at ``--batch-sizes`` as ``specdec.bench_synthetic`` measures it, for each
+             CUDA graphs) at ``--batch-sizes`` as ``specdec.bench.synthetic`` measures it, for each
              path: "before" (cuBLAS, no PDL), "gemv" (Triton GEMMs, no PDL), "gemv+pdl" (the
              default now); ratio to the weight-bandwidth floor (bytes the step reads / copy bandwidth)
 
@@ -312,7 +312,7 @@ def _free(device: str) -> None:
 
 def end_to_end(args, shape: dict, batch_sizes: list[int], copy_bw: float, out: dict, save) -> dict:
     """Plain decode ms/step of the full model, old path and new, in one run."""
-    from specdec.bench_synthetic import measure
+    from specdec.bench.synthetic import measure
 
     run_args = argparse.Namespace(seed=0, warmup_steps=3, decode_steps=args.decode_steps,
                                   context_len=args.context_len, device=args.device)
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import triton
 
-    from specdec.bench_synthetic import SHAPES as MODEL_SHAPES
+    from specdec.bench.synthetic import SHAPES as MODEL_SHAPES
 
     args.device = "cpu" if args.dry_run else "cuda"
     parts = set(args.parts.split(","))

@@ -8,14 +8,19 @@ Llama-3.1-8B shapes, bf16, one device call (``python benchmarks/bench_decode_ker
              launch (``--sweep`` adds candidate configs, timed with PDL), GB/s of weight read; each point is a CUDA
              graph of launches over rotating weight copies (more than 4x L2 in all, so every launch
              streams its weight from memory)
+  rope       ``apply_rope_`` at the 8B shape (32 q + 8 kv heads, head_dim 128) for ``--rope-tokens``
+             tokens (one forward's rows: bs x tokens per request), against the kernel it replaced
+             (defined in this script as a baseline) and the torch reference: us, GB/s of q and k read
+             + written (+ positions), ratio to the copy-bandwidth floor
   breakdown  torch.profiler over graph-replayed decode steps at bs 1 of an 8B-shaped model with
              ``--layers`` layers, old path and new: per-kernel GPU time per step
   e2e        plain decode ms/step of the full 8B-shaped model (random weights, Triton attention,
-             CUDA graphs) at ``--batch-sizes`` as ``specdec.bench_synthetic`` measures it, for each
+             CUDA graphs) at ``--batch-sizes`` as ``specdec.bench.synthetic`` measures it, for each
              path: "before" (cuBLAS, no PDL), "gemv" (Triton GEMMs, no PDL), "gemv+pdl" (the
              default now); ratio to the weight-bandwidth floor (bytes the step reads / copy bandwidth)
 
-Writes ``bench_decode_kernels.json`` and ``bench_decode_kernels.md`` under ``--output-dir``.
+Writes ``bench_decode_kernels.json`` and ``bench_decode_kernels.md`` under ``--output-dir``, or the JSON
+to ``--output`` and the markdown next to it.
 ``--dry-run``: tiny shapes on the CPU through Triton's interpreter (checks the script, times nothing real).
 """
 
@@ -25,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import os
@@ -181,6 +187,114 @@ def bench_gemm(shapes: dict, tokens: list[int], timer: Timer, device: str, sweep
     return rows
 
 
+# ----------------------------------------------------------------------------- RoPE
+ROPE_TOKENS = [1, 32, 128, 512, 2048]
+ROPE_SHAPE = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}  # Llama-3.1-8B
+TINY_ROPE_SHAPE = {"q_heads": 4, "kv_heads": 1, "head_dim": 64}
+
+
+@functools.cache
+def old_rope_launch():
+    """BASELINE ONLY, not package code: ``apply_rope_``'s kernel before issue #16 part 3 (one
+    1-warp program per (token, head), each recomputing its token's cos / sin), kept here to time
+    the rewrite against it on the same inputs."""
+    import triton
+    import triton.language as tl
+
+    from specdec.models.ops.launch import pdl_kwargs
+    from specdec.models.ops.triton_kernels import INTERPRETED, libdevice
+
+    @triton.jit
+    def kernel(q_ptr, k_ptr, pos_ptr, inv_freq_ptr, q_stride, k_stride, n_q_heads, half,
+               LIBDEVICE: tl.constexpr, PDL: tl.constexpr, BLOCK_D: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        t = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        d = tl.arange(0, BLOCK_D)
+        mask = d < half
+        pos = tl.load(pos_ptr + t).to(tl.float32)
+        angle = pos * tl.load(inv_freq_ptr + d, mask=mask, other=0.0)
+        if LIBDEVICE:
+            cos, sin = libdevice.cos(angle), libdevice.sin(angle)
+        else:
+            cos, sin = tl.cos(angle), tl.sin(angle)
+        if head < n_q_heads:
+            ptr = q_ptr + t * q_stride + head * (2 * half)
+        else:
+            ptr = k_ptr + t * k_stride + (head - n_q_heads) * (2 * half)
+        x1 = tl.load(ptr + d, mask=mask, other=0.0)
+        x2 = tl.load(ptr + half + d, mask=mask, other=0.0)
+        x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+        tl.store(ptr + d, (x1f * cos - x2f * sin).to(x1.dtype), mask=mask)
+        tl.store(ptr + half + d, (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
+
+    def launch(q, k, positions, inv_freq) -> None:
+        half = inv_freq.shape[0]
+        hq, hk = q.shape[1] // (2 * half), k.shape[1] // (2 * half)
+        kernel[(q.shape[0], hq + hk)](q, k, positions, inv_freq, q.stride(0), k.stride(0), hq, half,
+                                      LIBDEVICE=not INTERPRETED, BLOCK_D=max(16, triton.next_power_of_2(half)),
+                                      num_warps=1, enable_fp_fusion=False, **pdl_kwargs(q.device))
+
+    return launch
+
+
+def bench_rope(shape: dict, tokens: list[int], timer: Timer, device: str, copy_bw: float, rows: list, save) -> list:
+    """``apply_rope_`` (ours), the old kernel and the torch reference on q / k column slices of one
+    fused qkv output (as the model passes them), each launch on the next of up to 64 qkv copies: more
+    than 4x L2 in all from T = 512, so q and k come from memory there (below, partly from L2, as
+    they would just after the QKV GEMM). Bytes: q and k read and written once, positions, inv_freq."""
+    import torch
+
+    from specdec.models.llama import rope_inv_freq
+    from specdec.models.ops import apply_rope_ref
+    from specdec.models.ops.triton_kernels import apply_rope_ as ours
+
+    hq, hk, d = shape["q_heads"], shape["kv_heads"], shape["head_dim"]
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    inv_freq = rope_inv_freq(d, 500000.0, scaling).to(device)
+    old = old_rope_launch()
+    for t in tokens:
+        gen = torch.Generator(device=device).manual_seed(t)
+        width = (hq + 2 * hk) * d
+        qkv_bytes = t * width * 2
+        copies = min(64, max(2, math.ceil(4 * L2_BYTES / qkv_bytes))) if device != "cpu" else 1
+        bufs = [torch.randn(t, width, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(copies)]
+        positions = torch.randint(0, 8192, (t,), device=device, generator=gen)
+        views = [(b[:, : hq * d], b[:, hq * d : (hq + hk) * d]) for b in bufs]
+        launches = max(copies, 8) if device != "cpu" else 1
+        qk = [views[i % copies] for i in range(launches)]
+
+        errs = {}
+        x = bufs[0].clone()
+        want = x.clone()
+        apply_rope_ref(want[:, : hq * d], want[:, hq * d : (hq + hk) * d], positions, inv_freq)
+        for name, fn in (("ours", ours), ("old", old)):
+            got = x.clone()
+            fn(got[:, : hq * d], got[:, hq * d : (hq + hk) * d], positions, inv_freq)
+            errs[name] = (got.float() - want.float()).abs().max().item()
+
+        nbytes = 2 * t * (hq + hk) * d * 2 + positions.numel() * positions.element_size() + inv_freq.numel() * 4
+        row = {"T": t, "q_heads": hq, "kv_heads": hk, "head_dim": d, "bytes": nbytes,
+               "max_abs_diff_vs_ref": errs}
+        for name, fn in (("ours", ours), ("old", old), ("torch_ref", apply_rope_ref)):
+            row[f"{name}_us"] = timer([lambda q=q, k=k, fn=fn: fn(q, k, positions, inv_freq) for q, k in qk]) * 1e6
+            row[f"{name}_GBps"] = nbytes / row[f"{name}_us"] / 1e3
+        row["speedup_vs_old"] = row["old_us"] / row["ours_us"]
+        row["floor_us"] = nbytes / (copy_bw * 1e3) if copy_bw == copy_bw else float("nan")
+        row["ours_x_floor"] = row["ours_us"] / row["floor_us"]
+        print(f"rope T={t:5d}  ours {row['ours_us']:8.2f} us {row['ours_GBps']:6.0f} GB/s   old "
+              f"{row['old_us']:8.2f} us {row['old_GBps']:6.0f} GB/s   torch {row['torch_ref_us']:8.2f} us   "
+              f"{row['speedup_vs_old']:.2f}x vs old, {row['ours_x_floor']:.2f}x floor  "
+              f"max|diff| vs ref {errs}", flush=True)
+        rows.append(row)
+        del bufs, views, qk
+        save()
+    return rows
+
+
 # ----------------------------------------------------------------------------- model runs
 def _engine(target, batch_sizes: list[int], context: int, device: str):
     from specdec.engine.engine import Engine
@@ -312,7 +426,7 @@ def _free(device: str) -> None:
 
 def end_to_end(args, shape: dict, batch_sizes: list[int], copy_bw: float, out: dict, save) -> dict:
     """Plain decode ms/step of the full model, old path and new, in one run."""
-    from specdec.bench_synthetic import measure
+    from specdec.bench.synthetic import measure
 
     run_args = argparse.Namespace(seed=0, warmup_steps=3, decode_steps=args.decode_steps,
                                   context_len=args.context_len, device=args.device)
@@ -360,6 +474,14 @@ def markdown(results: dict) -> str:
                          f"{r['cublas_GBps']:.0f} | {t:.1f} | {mb / t * 1e6:.0f} | {tp:.1f} | {mb / tp * 1e6:.0f} | "
                          f"{r.get('best_triton_us', math.nan):.1f} |")
         lines.append("")
+    if results.get("rope"):
+        lines += ["| RoPE T | MB moved | ours us | GB/s | x floor | old us | GB/s | speedup | torch ref us |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in results["rope"]:
+            lines.append(f"| {r['T']} | {r['bytes'] / 1e6:.2f} | {r['ours_us']:.2f} | {r['ours_GBps']:.0f} | "
+                         f"{r['ours_x_floor']:.2f} | {r['old_us']:.2f} | {r['old_GBps']:.0f} | "
+                         f"{r['speedup_vs_old']:.2f}x | {r['torch_ref_us']:.2f} |")
+        lines.append("")
     e2e = results.get("e2e")
     if e2e:
         paths = [p for p in ("before", "gemv", "gemv+pdl") if p in e2e]
@@ -377,17 +499,19 @@ def markdown(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="bandwidth,gemm,breakdown,e2e")
+    parser.add_argument("--parts", default="bandwidth,gemm,rope,breakdown,e2e")
     parser.add_argument("--paths", default="before,gemv,gemv+pdl", help="model paths of the e2e part")
     parser.add_argument("--sweep", action="store_true", help="time candidate configs besides the table's")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--rope-tokens", default=",".join(map(str, ROPE_TOKENS)))
     parser.add_argument("--layers", type=int, default=4, help="layers of the breakdown's model")
     parser.add_argument("--batch-sizes", default="1,2,4,8")
     parser.add_argument("--context-len", type=int, default=1024)
     parser.add_argument("--decode-steps", type=int, default=24)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--output-dir", default=".")
+    parser.add_argument("--output", help="JSON path (the markdown goes next to it); default under --output-dir")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (Triton interpreter)")
     args = parser.parse_args(argv)
     if args.dry_run:
@@ -395,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import triton
 
-    from specdec.bench_synthetic import SHAPES as MODEL_SHAPES
+    from specdec.bench.synthetic import SHAPES as MODEL_SHAPES
 
     args.device = "cpu" if args.dry_run else "cuda"
     parts = set(args.parts.split(","))
@@ -412,12 +536,12 @@ def main(argv: list[str] | None = None) -> None:
                        if args.device == "cuda" else "cpu (dry run)", "torch": torch.__version__,
                        "triton": triton.__version__, "commit": os.environ.get("SPECDEC_COMMIT", "unknown"),
                        "argv": sys.argv[1:]}}
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = Path(args.output) if args.output else Path(args.output_dir) / "bench_decode_kernels.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
-        (out_dir / "bench_decode_kernels.json").write_text(json.dumps(results, indent=1))
-        (out_dir / "bench_decode_kernels.md").write_text(markdown(results))
+        json_path.write_text(json.dumps(results, indent=1))
+        json_path.with_suffix(".md").write_text(markdown(results))
 
     with torch.inference_mode():
         if "bandwidth" in parts:
@@ -427,6 +551,12 @@ def main(argv: list[str] | None = None) -> None:
         if "gemm" in parts:
             results["gemm"] = []
             bench_gemm(shapes, tokens, timer, args.device, args.sweep, results["gemm"], save)
+        if "rope" in parts:
+            copy_bw = results.get("bandwidth", {}).get("copy_GBps") or bandwidths(args.device)["copy_GBps"]
+            rope_tokens = [1, 5] if args.dry_run else [int(t) for t in args.rope_tokens.split(",")]
+            results["rope"] = []
+            bench_rope(TINY_ROPE_SHAPE if args.dry_run else ROPE_SHAPE, rope_tokens, timer, args.device, copy_bw,
+                       results["rope"], save)
     if "breakdown" in parts:
         results["breakdown"] = breakdown(args, {**model_shape, "num_hidden_layers": args.layers})
         save()

@@ -120,11 +120,36 @@ def test_norms_strided_rows_and_fp32_weight(device):
     check_norms(wide[:, 8:48], rand(5, 40, dtype=torch.bfloat16, device=device, seed=5), weight)
 
 
+# One program rotates all heads of a token, in [heads, D/2] tiles of at most 2048 elements: head
+# counts below, at and past a tile (d=128: 32 heads a tile; d=256: 16), not powers of two, and
+# head_dim not a power of two, 64, 128 (Llama-3.1-8B's 32 + 8 heads) and 256.
+ROPE_SHAPES = [(1, 1, 1, 2), (5, 6, 2, 10), (3, 4, 4, 32), (7, 4, 1, 64), (1, 32, 8, 128), (2, 33, 7, 128),
+               (13, 3, 2, 256), (3, 17, 18, 256)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t,hq,hkv,d", [(1, 1, 1, 2), (5, 6, 2, 10), (3, 4, 4, 32)])
+@pytest.mark.parametrize("t,hq,hkv,d", ROPE_SHAPES)
 def test_rope_matches_ref(device, dtype, t, hq, hkv, d):
-    check_rope(t, hq, hkv, d, dtype, device, seed=t * d)
+    check_rope(t, hq, hkv, d, dtype, device, seed=t * d + hq)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_separate_q_k_and_int32_positions(device):
+    """q and k as separate tensors with different row strides (the per-head q/k-norm path), q
+    contiguous and k a column slice, int32 positions."""
+    t, hq, hkv, d = 5, 5, 3, 64
+    q = rand(t, hq * d, dtype=torch.bfloat16, device=device, seed=1, scale=3.0)
+    k_wide = rand(t, (hkv + 1) * d, dtype=torch.bfloat16, device=device, seed=2, scale=3.0)
+    positions = torch.tensor([0, 1, 4095, 70000, 131071], dtype=torch.int32, device=device)
+    inv_freq = rope_inv_freq(d, 500000.0, LLAMA3_ROPE).to(device)
+    (q_ours, k_ours), (q_ref, k_ref) = (q.clone(), k_wide.clone()), (q.clone(), k_wide.clone())
+    triton_ops.apply_rope_(q_ours, k_ours[:, d:], positions, inv_freq)
+    ops.apply_rope_ref(q_ref, k_ref[:, d:], positions, inv_freq)
+    assert torch.equal(k_ours[:, :d], k_wide[:, :d])
+    atol = 8 * 2**-23 * max(q.abs().max().item(), k_wide.abs().max().item())
+    assert_close_ulps(q_ours, q_ref, atol=atol)
+    assert_close_ulps(k_ours, k_ref, atol=atol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -389,22 +389,16 @@ def breakdown(args, shape: dict) -> dict:
 
 
 def build_target(shape: dict, device: str):
-    """A Llama of ``shape`` with random weights drawn on the device, as ``bench_synthetic`` draws them."""
+    """A Llama of ``shape`` with random weights, as ``--load-format dummy`` draws them."""
     import torch
 
-    from specdec.models.llama import LlamaConfig, LlamaForCausalLM
+    from specdec.models.llama import LlamaConfig
+    from specdec.models.parallel import SINGLE
+    from specdec.models.registry import build_target as build
 
     dtype = torch.bfloat16 if device != "cpu" else torch.float32
-    with torch.device(device):
-        target = LlamaForCausalLM(LlamaConfig(**shape), dtype=dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for name, p in target.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
-    return target.eval()
+    return build(LlamaConfig(**shape), None, what="random target", dtype=dtype, device=device,
+                 aux_hidden_layers=None, tp=SINGLE)
 
 
 def _sync(device: str) -> None:
@@ -426,10 +420,10 @@ def _free(device: str) -> None:
 
 def end_to_end(args, shape: dict, batch_sizes: list[int], copy_bw: float, out: dict, save) -> dict:
     """Plain decode ms/step of the full model, old path and new, in one run."""
-    from specdec.bench.synthetic import measure
+    from specdec.bench.synthetic import SyntheticSettings, measure
 
-    run_args = argparse.Namespace(seed=0, warmup_steps=3, decode_steps=args.decode_steps,
-                                  context_len=args.context_len, device=args.device)
+    run_args = SyntheticSettings(synthetic="llama-3.1-8b", seed=0, warmup_steps=3, decode_steps=args.decode_steps,
+                                 context_len=args.context_len)
     target = build_target(shape, args.device)
     # bytes a decode step must read: every weight but the embedding table (one row of it)
     step_bytes = sum(p.numel() * p.element_size() for n, p in target.named_parameters() if "embed_tokens" not in n)

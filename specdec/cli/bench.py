@@ -58,7 +58,7 @@ def bench_main(argv: list[str] | None = None) -> None:
 
 # ----------------------------------------------------------------------------- specdec bench --synthetic
 def synthetic_main(argv: list[str] | None = None) -> None:
-    from specdec.bench import synthetic
+    from specdec.bench import synthetic, synthetic_report
 
     parser = argparse.ArgumentParser(prog="specdec bench --synthetic", description=synthetic.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +70,7 @@ def synthetic_main(argv: list[str] | None = None) -> None:
         engine_args = EngineArgs(**{name: getattr(args, name) for name in ENGINE_FLAGS})
     except ValueError as e:
         parser.error(str(e))
-    synthetic.write_report(synthetic.run(settings, engine_args), settings)
+    synthetic_report.write_report(synthetic.run(settings, engine_args), settings)
 
 
 # ----------------------------------------------------------------------------- specdec bench-serving

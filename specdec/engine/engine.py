@@ -255,10 +255,9 @@ class Engine:
             return DEFAULT_CPU_KV_TOKENS
         per_token = 0
         for model in (target_model, draft_model):
-            if model is not None:
-                c = model.config
-                elem = next(model.parameters()).element_size()
-                per_token += 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem
+            if model is not None:  # NOTE: kv_layout counts this rank's KV heads (tensor parallelism)
+                kv, elem = model.kv_layout, next(model.parameters()).element_size()
+                per_token += 2 * kv.num_layers * kv.num_kv_heads * kv.head_dim * elem
         c = target_model.config
         rows = max(graph_sizes, default=1) * tree
         graph_bytes = 2 * rows * (4 * c.vocab_size + 2 * (3 * c.intermediate_size + 8 * c.hidden_size)) + (256 << 20)

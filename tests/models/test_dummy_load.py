@@ -76,3 +76,15 @@ def test_unknown_load_format_names_the_flag(checkpoint):
         Engine(target_dir, load_format="npcache")
     with pytest.raises(ValueError, match="--load-format='pt'"):
         load_target(target_dir, load_format="pt")
+
+
+def test_gpu_kv_pool_is_sized_by_this_rank_kv_heads(checkpoint, monkeypatch):
+    """The default KV pool fits this rank's KV heads in free GPU memory: a tensor-parallel shard
+    holds half the KV heads, so twice the token slots fit (no GPU needed: free memory is given)."""
+    target_dir, _ = checkpoint
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 34))
+    whole = load_target(target_dir, load_format="dummy")
+    shard = load_target(target_dir, load_format="dummy", tp=TPGroup(rank=0, size=2))
+    slots = [Engine._default_kv_tokens("cuda", m, None, [1], 1, 10**9) for m in (whole, shard)]
+    assert shard.kv_layout.num_kv_heads * 2 == whole.kv_layout.num_kv_heads
+    assert abs(slots[1] / slots[0] - 2.0) < 0.01

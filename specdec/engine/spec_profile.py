@@ -156,7 +156,7 @@ def _cache_path(engine, batch_sizes: list[int]) -> Path:
         "target": [target.hidden_size, target.num_hidden_layers, target.num_attention_heads,
                    target.num_key_value_heads, target.vocab_size, str(next(engine.target_model.parameters()).dtype)],
         "draft": [draft.hidden_size, draft.num_hidden_layers],
-        "backend": engine.args.attention, "page_size": engine.memory.page_size,
+        "backend": engine.args.attention, "page_size": engine.memory.page_size, "tp": engine.target_model.tp.size,
         "graphs": not engine.args.disable_cuda_graph, "overlap": engine.scheduler.overlap,
         "shapes": [s.name for s in worker.shapes], "batch_sizes": batch_sizes,
     }, sort_keys=True)

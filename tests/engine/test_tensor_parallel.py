@@ -163,3 +163,24 @@ def test_worker_error_reaches_rank0_with_its_traceback(checkpoint):
             engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     finally:
         engine.shutdown()
+
+
+def test_step_cost_cache_is_per_tensor_parallel_size(checkpoint):
+    """Step costs measured with tp 1 must not be read back for tp 2 (a step costs less there)."""
+    from types import SimpleNamespace
+
+    from specdec.engine.spec_profile import _cache_path
+    from specdec.models.parallel import TPGroup
+
+    path, _ = checkpoint
+
+    def engine_of(target):
+        return SimpleNamespace(
+            target_model=target, draft_model=target, worker=SimpleNamespace(shapes=[]),
+            memory=SimpleNamespace(req_to_token=torch.zeros(1), page_size=1),
+            args=SimpleNamespace(attention="torch_native", disable_cuda_graph=True),
+            scheduler=SimpleNamespace(overlap=False))
+
+    one = _cache_path(engine_of(load_target(path)), [1, 2])
+    two = _cache_path(engine_of(load_target(path, tp=TPGroup(rank=0, size=2))), [1, 2])
+    assert one != two and one.parent == two.parent

@@ -130,6 +130,16 @@ class CudaGraphRunner:
         torch.cuda.synchronize(self.device)
         self.memory_bytes = torch.cuda.memory_allocated(self.device) - before
 
+    def release(self) -> None:
+        """Destroy the captured graphs; later calls run ``fn`` eagerly. A process group whose
+        collectives a graph captured cannot be destroyed while that graph lives (NCCL teardown
+        waits on it: pytorch/pytorch#115388), so tensor-parallel shutdown calls this first."""
+        for graph, _ in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self.use_graphs = False
+        self.memory_bytes = 0
+
     # ----------------------------------------------------------------- replay
     def __call__(self, bs: int, *, host: object = None, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         padded = self.padded_size(bs)

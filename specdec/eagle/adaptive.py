@@ -12,7 +12,8 @@ lossless speculative step, and a plain step is an ordinary decode step.
 The policy (``AdaptivePolicy``) needs step costs, measured at start-up by the host
 (``specdec.engine.spec_profile``); until it has them, ``force`` decides (default: the configured
 shape). The worker presents the host contract of ``EAGLEWorker`` (``prefill``, ``launch_decode``,
-``launch_decode_plain``, ``capture_cuda_graphs``), with ``config`` the configured bound.
+``launch_decode_plain``, ``capture_cuda_graphs``, ``release_cuda_graphs``), with ``config`` the
+configured bound.
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class AdaptiveEAGLEWorker:
     def capture_cuda_graphs(self, **kw) -> int:
         """Every shape's draft loop and draft extend graphs (``EAGLEWorker.capture_cuda_graphs``)."""
         return sum(worker.capture_cuda_graphs(**kw) for worker in self.workers.values())
+
+    def release_cuda_graphs(self) -> None:
+        for worker in self.workers.values():
+            worker.release_cuda_graphs()
 
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, **kw) -> torch.Tensor:
         return self.base.prefill(batch, sampling, **kw)

@@ -159,6 +159,13 @@ class EAGLEWorker:
             feature_dtype=target_dtype, pad_slot=self.pad_slot, **common)
         return self.draft_graph.capture() + self.draft_extend_graph.capture()
 
+    def release_cuda_graphs(self) -> None:
+        """Destroy the draft and draft-extend graphs; both run eagerly from now on."""
+        for graph in (self.draft_graph, self.draft_extend_graph):
+            if graph is not None:
+                graph.runner.release()
+        self.draft_graph = self.draft_extend_graph = None
+
     # ---------------------------------------------------------------- prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
                 next_tokens: list[int] | None = None) -> torch.Tensor:

@@ -97,9 +97,23 @@ class Engine:
             raise
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do without them)."""
+        """Release the CUDA graphs, then stop the tensor-parallel workers (they release theirs).
+
+        NOTE: the graphs go first: NCCL cannot tear down a communicator whose collectives a live
+        graph captured (pytorch/pytorch#115388), and tensor-parallel shutdown tears it down.
+        """
+        self.release_cuda_graphs()
         if self._tp_workers is not None:
             self._tp_workers.shutdown()
+
+    def release_cuda_graphs(self) -> None:
+        """Destroy every captured graph (target and draft); the engine runs eagerly afterwards."""
+        self.runner.release_cuda_graphs()
+        if self.worker is not None:
+            self.worker.release_cuda_graphs()
+        self.cuda_graph_bytes = 0
+        if str(self.runner.kv_cache.device).startswith("cuda"):
+            torch.cuda.synchronize(self.runner.kv_cache.device)
 
     def _load(self, args: EngineArgs, target_model, draft_model, tokenizer, tp: TPGroup) -> None:
         from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers

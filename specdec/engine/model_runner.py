@@ -78,6 +78,12 @@ class ModelRunner:
             self.graphs[(mode, hidden, tokens)] = runner
         return total
 
+    def release_cuda_graphs(self) -> None:
+        """Destroy the captured graphs; forwards run eagerly from now on."""
+        for runner in self.graphs.values():
+            runner.release()
+        self.graphs.clear()
+
     def _static_forward(self, mode, hidden, tokens, req_to_token, max_seq_len):
         logits_mode = LogitsMode.ALL if mode == ForwardMode.TARGET_VERIFY else LogitsMode.LAST
 

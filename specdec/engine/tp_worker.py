@@ -85,6 +85,7 @@ def worker_main(rank: int, size: int, port: int, args: Any, engine_cls: type, th
             except EOFError:  # rank 0 is gone
                 break
             if name == "shutdown":
+                engine.release_cuda_graphs()  # NOTE: before the process group's teardown (Engine.shutdown)
                 break
             getattr(engine.scheduler, name)(*call_args)
     except BaseException:  # noqa: BLE001 - every failure goes to rank 0, then the process ends

@@ -56,3 +56,23 @@ def test_rejects_wrong_inputs_and_sizes():
         runner(2, x=torch.zeros(3, 3), rows=torch.arange(2))
     with pytest.raises(ValueError, match="expected inputs"):
         runner(2, x=torch.zeros(4, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_release_destroys_the_graphs_and_later_calls_run_eagerly():
+    calls = []
+
+    def fn(x):
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return (x + 1,)
+
+    runner = CudaGraphRunner(fn, [StaticInput("x", 1, torch.float32, (4,))], [1, 2], device="cuda")
+    runner.capture()
+    assert runner.memory_bytes >= 0 and len(runner._graphs) == 2 and any(calls)
+    calls.clear()
+    x = torch.arange(8, dtype=torch.float32, device="cuda").view(2, 4)
+    assert torch.equal(runner(2, x=x)[0], x + 1) and not calls  # replayed: fn not called
+    runner.release()
+    assert not runner._graphs and not runner.use_graphs and runner.memory_bytes == 0
+    assert torch.equal(runner(2, x=x)[0], x + 1) and calls == [False]  # eager

@@ -71,6 +71,24 @@ def test_batches_past_the_largest_size_run_eagerly():
     assert _graph_calls(spec)["draft"] == sum(1 for bs in steps if bs <= 2)
 
 
+def test_shutdown_releases_the_graphs_and_the_engine_runs_eagerly():
+    """Engine.shutdown destroys every graph (target and draft) before a tensor-parallel teardown
+    (NCCL waits on live graphs that captured its collectives); what runs afterwards is eager."""
+    target, draft = make_pair("EAGLE", "mixed")
+    prompts = prompts_of(LENGTHS, target.config.vocab_size, seed=4)
+    expected = engine(target).generate(input_ids=prompts, sampling_params=_params())
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4))
+    spec.capture_cuda_graphs(SIZES, use_graphs=False)
+    runners = [*spec.runner.graphs.values(), spec.worker.draft_graph.runner, spec.worker.draft_extend_graph.runner]
+    spec.shutdown()
+    assert not spec.runner.graphs and spec.worker.draft_graph is None and spec.worker.draft_extend_graph is None
+    assert spec.cuda_graph_bytes == 0 and all(not r.use_graphs and not r._graphs for r in runners)
+    got = spec.generate(input_ids=prompts, sampling_params=_params())
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert sum(r.num_calls for r in runners) == 0
+    assert_no_leak(spec)
+
+
 def test_simulated_acceptance_commits_the_first_path():
     """--speculative-simulate-accept-length: accept lengths follow the drawn mean, KV stays sound."""
     target, draft = make_pair("EAGLE", "random")

@@ -67,7 +67,7 @@ if [ "$what" = prefix ]; then
 fi
 if [ "$what" = tp ]; then
   if [ "${TP_TESTS:-1}" != 0 ]; then
-    timeout "${TP_TESTS_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -rs --durations=8 \
+    timeout "${TP_TESTS_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -rs --durations=8 -o faulthandler_timeout=150 \
       tests/e2e/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
     status=${PIPESTATUS[0]}
   fi

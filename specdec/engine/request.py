@@ -7,7 +7,7 @@ import enum
 from typing import Any
 
 from specdec.engine.sampling import SamplingParams
-from specdec.engine.stop_strings import completes_stop, trim_at_stop
+from specdec.engine.stop_strings import completes_stop, stop_search_start, trim_at_stop
 
 
 class FinishReason(str, enum.Enum):
@@ -57,7 +57,8 @@ class Request:
     def append(self, tokens: list[int], logprobs: tuple[list[float], list[list]] | None = None, *,
                tokenizer: Any = None) -> None:
         """Append committed tokens one by one; never one past a stop token, the token that
-        completes a stop string (``specdec.engine.stop_strings``) or max_new_tokens.
+        completes a stop string (from output token ``min_new_tokens`` on:
+        ``specdec.engine.stop_strings``) or max_new_tokens.
 
         ``logprobs``: (logprob of each token, top list of each token), aligned with ``tokens``;
         ``tokenizer``: decodes the tail for stop strings (required when ``params.stop`` is set)."""
@@ -69,8 +70,8 @@ class Request:
             if logprobs is not None and self.params.wants_logprobs:
                 self.output_logprobs.append(logprobs[0][i])
                 self.output_top_logprobs.append(logprobs[1][i])
-            if token in self.stop_ids or \
-                    (self.params.stop and completes_stop(self.output_ids, self.params.stop, tokenizer)):
+            if token in self.stop_ids or (self.params.stop and len(self.output_ids) >= self.params.min_new_tokens
+                                          and completes_stop(self.output_ids, self.params.stop, tokenizer)):
                 self.finish_reason = FinishReason.STOP
                 return
             if self.grammar is not None:
@@ -112,5 +113,6 @@ class Request:
             meta["input_top_logprobs"] = list(self.input_top_logprobs)
         out = {"output_ids": list(self.output_ids), "meta_info": meta}
         if tokenizer is not None:
-            out["text"] = trim_at_stop(tokenizer.decode(self.output_ids), self.params.stop)
+            min_end = stop_search_start(self.output_ids, self.params.min_new_tokens, tokenizer)
+            out["text"] = trim_at_stop(tokenizer.decode(self.output_ids), self.params.stop, min_end)
         return out

@@ -157,7 +157,9 @@ class Endpoints:
                     stream = await self.eng.submit(**prompt, sampling_params=with_stops(p, s))
                 except InvalidRequest as e:
                     raise InvalidRequest(f"prompt {i}: {e}" if len(prompts) > 1 else str(e)) from None
-                gens.append(Generation(stream, self.tok, s))
+                # NOTE: the engine accepted p, so a min_new_tokens in it is a valid int
+                min_new = p.get("min_new_tokens") if isinstance(p, dict) else None
+                gens.append(Generation(stream, self.tok, s, min_new_tokens=min_new or 0))
         except BaseException:
             for g in gens:
                 g.stream.close()

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from specdec.engine.stop_strings import trim_at_stop
+from specdec.engine.stop_strings import stop_search_start, trim_at_stop
 from specdec.server.async_engine import RequestStream
 
 FALLBACK_CHAT_TEMPLATE = "<role>: <content>\\n per message, then assistant:"
@@ -129,12 +129,14 @@ class Generation:
     """What the client sees of one request: ids, text cut before a stop string, and stream deltas.
 
     The engine ends a request at the token that completes a stop string, so ``ids`` (and the
-    logprobs, aligned with them) never go past it; only the text is cut here."""
+    logprobs, aligned with them) never go past it; only the text is cut here, at the first stop
+    string the engine counts (none within the first ``min_new_tokens - 1`` tokens)."""
 
-    def __init__(self, stream: RequestStream, tokenizer: Any, stops: Stops) -> None:
+    def __init__(self, stream: RequestStream, tokenizer: Any, stops: Stops, *, min_new_tokens: int = 0) -> None:
         self.stream = stream
         self.tokenizer = tokenizer
         self.stops = stops
+        self.min_new_tokens = min_new_tokens
         self.ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
@@ -164,7 +166,8 @@ class Generation:
             return
         self.cached_tokens = event.cached_tokens
         if self.tokenizer is not None:
-            self.text = trim_at_stop(self.tokenizer.decode(self.ids), self.stops.strings)
+            min_end = stop_search_start(self.ids, self.min_new_tokens, self.tokenizer) if self.stops.strings else 0
+            self.text = trim_at_stop(self.tokenizer.decode(self.ids), self.stops.strings, min_end)
         if event.finished:
             self.meta_info = event.meta_info
             self.finish_reason = self.meta_info["finish_reason"]

@@ -152,3 +152,36 @@ def test_openai_usage_and_logprobs_end_at_the_stop(live, chat):
     assert usage["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
     live.wait_idle()
     assert live.engine_state(kv_is_free)
+
+
+def test_min_tokens_holds_back_a_stop_string_completed_before_it(live):
+    """OpenAI's min_tokens (SGLang's min_new_tokens): a stop string completed within the first
+    min_tokens - 1 tokens neither ends the request nor cuts the text, streamed or not; the next one
+    after it does."""
+    prompt = "Tell me a story about a bird."
+    free = _free_run(live, prompt)
+    stop, end, _ = _cut(free)
+    ids, text = free["output_ids"], TOK.decode(free["output_ids"])
+    skipped_end = len(TOK.decode(ids[: end + 1]))  # the first occurrence ends here: min_tokens skips it
+    nxt = text.find(stop, skipped_end - len(stop) + 1)
+    if nxt < 0:  # runs to max_tokens
+        expect_ids, expect_text = ids, text
+    else:
+        last = next(k for k in range(len(ids)) if len(TOK.decode(ids[: k + 1])) >= nxt + len(stop))
+        expect_ids, expect_text = ids[: last + 1], text[:nxt]
+    assert stop in expect_text  # the skipped occurrence stays in the text
+    body = {"prompt": prompt, "max_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True,
+            "stop": [stop], "min_tokens": end + 2}
+
+    async def both(c):
+        whole = (await c.post("/v1/completions", json=body)).json()
+        return whole, await post_stream(c, "/v1/completions", {**body, "stream": True})
+
+    whole, events = _run(live, both)
+    (choice,) = whole["choices"]
+    assert choice["text"] == expect_text and choice["token_ids"] == expect_ids
+    assert choice["finish_reason"] == ("length" if nxt < 0 else "stop")
+    deltas = [c["choices"][0] for c in events[:-1] if c.get("choices")]
+    assert "".join(d["text"] for d in deltas) == expect_text
+    live.wait_idle()
+    assert live.engine_state(kv_is_free)

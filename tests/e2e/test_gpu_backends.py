@@ -10,16 +10,12 @@ noise of the best logit of an fp32 copy of the target. (Not "the fp32 top 2": th
 logits are flat, and three-way near-ties were seen with the modelled FA3 kernel on CPU.)
 """
 
-import copy
-
 import pytest
 import torch
 
 from specdec.attention import available_backends
-from specdec.forward import LogitsMode
-from ..builders import StandaloneRunner
 
-from .helpers import assert_no_leak, engine, make_pair, prompts_of
+from .helpers import assert_equal_or_near_tie, assert_no_leak, engine, make_pair, prompts_of
 
 pytestmark = pytest.mark.gpu
 
@@ -37,23 +33,6 @@ CASES = [  # (algorithm, kind, (num_steps, topk, num_draft_tokens), dtype)
     ("EAGLE3", "mixed", (6, 10, 60), torch.float16),
     ("EAGLE", "perfect", (5, 4, 8), torch.bfloat16),  # every draft token accepted
 ]
-
-
-NEAR_TIE = 2.0**-5  # logit gap to the best, relative to the largest |logit|: a few bf16 roundings
-
-
-def assert_equal_or_near_tie(target, prompts, got, expected):
-    reference = copy.deepcopy(target).float()
-    for prompt, g, e in zip(prompts, got, expected):
-        if g == e:
-            continue
-        i = next(j for j, (a, b) in enumerate(zip(g, e)) if a != b)
-        runner = StandaloneRunner(reference, len(prompt) + i + 1)
-        logits = runner.forward(prompt + e[:i], logits_mode=LogitsMode.LAST).next_token_logits[-1].float()
-        slack = NEAR_TIE * float(logits.abs().max())
-        for token in (g[i], e[i]):
-            gap = float(logits.max() - logits[token])
-            assert gap <= slack, f"diverged at position {i} on token {token}, {gap:.4f} below the best (> {slack:.4f})"
 
 
 @pytest.mark.parametrize("backend, graphs", RUNS, ids=[f"{b}{'-graphs' if g else ''}" for b, g in RUNS])

@@ -15,8 +15,7 @@ import torch
 from specdec.attention import available_backends
 from specdec.attention import fa4_backend as fa4
 
-from .helpers import assert_no_leak, engine, make_pair, prompts_of
-from .test_gpu_backends import assert_equal_or_near_tie
+from .helpers import assert_equal_or_near_tie, assert_no_leak, engine, make_pair, prompts_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not (torch.cuda.is_available() and "fa4" in available_backends()), reason="needs CUDA and flash-attn-4")]

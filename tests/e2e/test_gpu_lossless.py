@@ -3,21 +3,16 @@
 NOTE: the Triton backend's decode and extend kernels accumulate attention in different tile
 orders, so in bf16 a verify forward and a plain decode forward can round a near-tie differently.
 For that case the test asserts the strongest property that holds: the outputs are equal, or the
-first difference is a choice between the target's two best tokens whose logits (recomputed in
-fp32) are within bf16 noise of each other. Making the kernels batch-invariant is follow-up work.
+first difference is between tokens whose logits (recomputed in fp32) are within bf16 noise of the
+best (``helpers.assert_equal_or_near_tie``), and at most half the outputs differ. Making the kernels batch-invariant is follow-up work.
 """
-
-import copy
 
 import pytest
 import torch
 
-from specdec.forward import LogitsMode
-from ..builders import StandaloneRunner
-
 from specdec.attention import available_backends
 
-from .helpers import TREE_SHAPES, assert_no_leak, engine, make_pair, prompts_of
+from .helpers import TREE_SHAPES, assert_equal_or_near_tie, assert_no_leak, engine, make_pair, prompts_of
 
 pytestmark = pytest.mark.gpu
 
@@ -41,30 +36,10 @@ def test_gpu_lossless(backend, shape, algorithm, dtype):
         got = spec.generate(input_ids=prompts, sampling_params=params)
         got_ids, expected_ids = [g["output_ids"] for g in got], [e["output_ids"] for e in expected]
         if dtype == torch.bfloat16 and backend == "triton":
-            assert_equal_or_near_tie(target, prompts, got_ids, expected_ids)
+            assert_equal_or_near_tie(target, prompts, got_ids, expected_ids, max_diverged=len(prompts) // 2)
         else:
             assert got_ids == expected_ids
         assert_no_leak(spec)
-
-
-NEAR_TIE = 2.0**-5  # top-2 logit gap, relative to the largest |logit|: a few bf16 roundings
-
-
-def assert_equal_or_near_tie(target, prompts, got, expected):
-    reference = copy.deepcopy(target).float()
-    diverged = 0
-    for prompt, g, e in zip(prompts, got, expected):
-        if g == e:
-            continue
-        diverged += 1
-        i = next(j for j, (a, b) in enumerate(zip(g, e)) if a != b)
-        runner = StandaloneRunner(reference, len(prompt) + i)
-        logits = runner.forward(prompt + e[:i], logits_mode=LogitsMode.LAST).next_token_logits[-1].float()
-        top = logits.topk(2)
-        assert {g[i], e[i]} == set(top.indices.tolist()), "diverged on a token that is not a top-2 choice"
-        gap = float(top.values[0] - top.values[1])
-        assert gap <= NEAR_TIE * float(logits.abs().max()), f"diverged at a clear choice (gap {gap:.4f})"
-    assert diverged <= len(prompts) // 2
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)

@@ -10,8 +10,7 @@ import torch
 
 from specdec.attention import available_backends
 
-from .helpers import assert_no_leak, engine, make_pair, prompts_of
-from .test_gpu_backends import assert_equal_or_near_tie
+from .helpers import assert_equal_or_near_tie, assert_no_leak, engine, make_pair, prompts_of
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,7 @@ scheduling (the CUDA defaults), for each backend, a fixed chain and adaptive spe
 
 bf16: the shards sum their partial products in another order than one GPU does, and a verify
 forward rounds differently from a decode forward, so "equal" is the near-tie rule of
-test_gpu_backends: equal, or the first difference is between tokens within bf16 noise of the best.
+tests/e2e/helpers.py: equal, or the first difference is between tokens within bf16 noise of the best.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from specdec.models import load_target
 from specdec.models.config import default_eagle3_layers
 
 from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint
-from .helpers import assert_no_leak, prompts_of
-from .test_gpu_backends import assert_equal_or_near_tie
+from .helpers import assert_equal_or_near_tie, assert_no_leak, prompts_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallelism needs two GPUs")]

@@ -426,9 +426,15 @@ def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
     from specdec.engine.engine import Engine
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    async_engine = AsyncEngine(Engine(args=engine_args))
-    app = create_app(async_engine, model_name=settings.served_model_name or engine_args.model_path,
-                     model_path=engine_args.model_path)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_keep_alive=5, timeout_graceful_shutdown=5)
-    GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout).run()
+    engine = Engine(args=engine_args)
+    try:
+        async_engine = AsyncEngine(engine)
+        app = create_app(async_engine, model_name=settings.served_model_name or engine_args.model_path,
+                         model_path=engine_args.model_path)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                timeout_keep_alive=5, timeout_graceful_shutdown=5)
+        GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout).run()
+    finally:
+        # NOTE: the app's lifespan has stopped the engine thread; this releases the CUDA graphs and
+        # stops the tensor-parallel workers (their NCCL teardown needs both)
+        engine.shutdown()

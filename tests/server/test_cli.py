@@ -10,8 +10,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from specdec.cli.serve import build_parser
+from specdec.engine.args import EngineArgs
+from specdec.server import app as server_app
+from specdec.server.settings import ServerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,12 +37,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_command_answers_and_drains_on_sigterm():
+@pytest.mark.parametrize("tp_size", [1, 2], ids=["tp1", "tp2"])
+def test_serve_command_answers_and_drains_on_sigterm(tp_size):
+    """SIGTERM mid-request: the request finishes, then the server exits 0; with --tp-size 2 (gloo
+    on CPU) that includes stopping the worker and tearing down the process group."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), "--log-level",
-                             "warning"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "warning", "--tp-size", str(tp_size)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -67,3 +75,35 @@ def test_serve_command_answers_and_drains_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_shuts_the_engine_down_after_the_server_stops(monkeypatch):
+    """``serve`` releases the engine (CUDA graphs, tensor-parallel workers) once uvicorn returns,
+    and also when it fails."""
+    events = []
+
+    class FakeEngine:
+        tokenizer, spec_config = None, None
+
+        def __init__(self, args):
+            events.append("built")
+
+        def shutdown(self):
+            events.append("shutdown")
+
+    class FakeServer:
+        def __init__(self, config, async_engine, drain_timeout):
+            pass
+
+        def run(self):
+            events.append("served")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("specdec.engine.engine.Engine", FakeEngine)
+    monkeypatch.setattr(server_app, "GracefulServer", FakeServer)
+    monkeypatch.setattr(server_app, "create_app", lambda *a, **kw: None)
+    monkeypatch.setattr(server_app.uvicorn, "Config", lambda *a, **kw: None)
+    monkeypatch.setattr(server_app, "AsyncEngine", lambda engine: None)
+    with pytest.raises(KeyboardInterrupt):
+        server_app.serve(ServerSettings(), EngineArgs(model_path="unused"))
+    assert events == ["built", "served", "shutdown"]

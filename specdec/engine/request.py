@@ -113,6 +113,9 @@ class Request:
             meta["input_top_logprobs"] = list(self.input_top_logprobs)
         out = {"output_ids": list(self.output_ids), "meta_info": meta}
         if tokenizer is not None:
-            min_end = stop_search_start(self.output_ids, self.params.min_new_tokens, tokenizer)
-            out["text"] = trim_at_stop(tokenizer.decode(self.output_ids), self.params.stop, min_end)
+            text, stop = tokenizer.decode(self.output_ids), self.params.stop
+            if stop:
+                min_end = stop_search_start(self.output_ids, self.params.min_new_tokens, tokenizer)
+                text = trim_at_stop(text, stop, min_end)
+            out["text"] = text
         return out

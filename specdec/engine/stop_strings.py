@@ -61,7 +61,7 @@ def completes_stop(output_ids: list[int], strings: tuple[str, ...], tokenizer: A
 def stop_search_start(output_ids: list[int], min_new_tokens: int, tokenizer: Any) -> int:
     """Characters of the decoded output that no counted stop string ends within: those of the
     first ``min_new_tokens - 1`` tokens (0 without ``min_new_tokens``)."""
-    n = min(min_new_tokens, len(output_ids)) - 1
+    n = min_new_tokens - 1  # NOTE: with fewer tokens than that, all of the text: nothing counts yet
     return len(tokenizer.decode(output_ids[:n]).rstrip("\ufffd")) if n > 0 else 0
 
 

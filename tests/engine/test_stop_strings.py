@@ -45,6 +45,7 @@ def test_trim_at_the_first_stop_string_ending_past_min_end():
     assert trim_at_stop("xaby", ("ab",), min_end=3) == "xaby"
     assert stop_search_start(TOK.encode("xabyab"), 0, TOK) == 0
     assert stop_search_start(TOK.encode("xabyab"), 4, TOK) == 3  # the first 3 tokens' text
+    assert stop_search_start(TOK.encode("xab"), 5, TOK) == 3  # fewer tokens than that: all of the text
 
 
 def test_without_min_new_tokens_the_first_stop_string_ends_the_request():
@@ -76,3 +77,10 @@ def test_no_stop_string_after_min_new_tokens_runs_to_max_new_tokens():
     req.append(TOK.encode("abxa"), tokenizer=TOK)
     req.append(TOK.encode("cdef"), tokenizer=TOK)
     assert req.finish_reason == FinishReason.LENGTH and req.result(TOK)["text"] == "abxacd"
+
+
+def test_a_request_shorter_than_min_new_tokens_keeps_every_stop_string_in_its_text():
+    """max_new_tokens below min_new_tokens: no stop string counted, none is cut from the text."""
+    req = _request(("ab",), min_new_tokens=8, max_new_tokens=3)
+    req.append(TOK.encode("xabq"), tokenizer=TOK)
+    assert req.finish_reason == FinishReason.LENGTH and req.result(TOK)["text"] == "xab"

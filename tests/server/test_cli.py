@@ -83,8 +83,6 @@ def test_serve_shuts_the_engine_down_after_the_server_stops(monkeypatch):
     events = []
 
     class FakeEngine:
-        tokenizer, spec_config = None, None
-
         def __init__(self, args):
             events.append("built")
 

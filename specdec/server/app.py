@@ -44,7 +44,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -116,6 +116,8 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
     for path, handler in (("/health", ep.health), ("/metrics", ep.metrics), ("/get_model_info", ep.model_info),
                           ("/v1/models", ep.models)):
         app.get(path, response_model=None, **docs[path])(handler)
+    for route in (app.get, app.post):  # NOTE: SGLang's /flush_cache takes both (one route each: distinct ids)
+        route("/flush_cache", response_model=None, **docs["/flush_cache"])(ep.flush_cache)
     app.openapi = lambda: openapi.document(app, vocab_size=async_engine.vocab_size,
                                            context_length=async_engine.context_length)
     return app
@@ -311,6 +313,12 @@ class Endpoints:
                 "has_tokenizer": self.tok is not None, "speculative_algorithm": self.eng.speculative_algorithm,
                 "chat_template": "tokenizer" if getattr(self.tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE,
                 **self.eng.memory_info}
+
+    async def flush_cache(self):
+        """SGLang's /flush_cache: drop every cached KV page no request uses. Unlike SGLang, it does
+        not refuse while requests run: theirs stay (they are locked), the rest goes."""
+        pages = await self.eng.call(lambda engine: engine.flush_cache())
+        return PlainTextResponse(f"Cache flushed: {pages} page(s) freed.\n")
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "specdec",

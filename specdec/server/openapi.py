@@ -51,6 +51,9 @@ def route_docs() -> dict[str, dict[str, Any]]:
                                           "description": "Prometheus text exposition format"}}),
         "/get_model_info": dict(responses={200: {"model": ModelInfo}}),
         "/v1/models": dict(responses={200: {"model": ModelList}}),
+        "/flush_cache": dict(responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                              "description": "How many cached KV pages were freed"},
+                                        503: {"model": ErrorResponse, "description": "The engine is not running"}}),
     }
 
 
@@ -61,7 +64,7 @@ def document(app: FastAPI, *, vocab_size: int, context_length: int) -> dict:
         for name, path in doc.get("paths", {}).items():
             for op in path.values():
                 op.get("responses", {}).pop("422", None)
-                if name == "/metrics":  # Prometheus text only
+                if name in ("/metrics", "/flush_cache"):  # text only
                     op["responses"]["200"]["content"].pop("application/json", None)
         schemas = doc.get("components", {}).get("schemas", {})
         schemas.pop("HTTPValidationError", None)

@@ -103,3 +103,24 @@ def test_turns_cut_at_stop_strings_report_their_cached_prefix(algorithm, shape, 
             ids = ids + tok.encode(kept, add_bos=False)
         live.wait_idle()
         assert live.engine_state(kv_is_free)
+
+
+def test_flush_cache_frees_the_cached_pages_and_the_next_request_recomputes():
+    """SGLang's /flush_cache (GET or POST): the cached pages go back to the pool, the next turn
+    finds nothing cached, and its output is the same."""
+    target, draft = make_pair("EAGLE", "mixed", seed=2)
+    with LiveServer(engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4), page_size=4)) as live:
+        body = {"input_ids": [1] + [7] * 21, "sampling_params": {**GREEDY, "max_new_tokens": 3}}
+        first = httpx.post(f"{live.url}/generate", json=body, timeout=60).json()
+        live.wait_idle()
+        cached = live.engine_state(lambda e: e.cache_stats()["cached_pages"])
+        assert cached > 0
+        for method in ("POST", "GET"):
+            r = httpx.request(method, f"{live.url}/flush_cache", timeout=60)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            assert r.text == f"Cache flushed: {cached if method == 'POST' else 0} page(s) freed.\n"
+        assert live.engine_state(lambda e: e.cache_stats()["cached_pages"]) == 0
+        again = httpx.post(f"{live.url}/generate", json=body, timeout=60).json()
+        assert again["meta_info"]["cached_tokens"] == 0 and again["output_ids"] == first["output_ids"]
+        live.wait_idle()
+        assert live.engine_state(kv_is_free)

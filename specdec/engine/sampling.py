@@ -40,6 +40,8 @@ GREEDY_EPS = 1e-5
 MAX_TEMPERATURE = 100.0
 # OpenAI's bound on top_logprobs
 MAX_TOP_LOGPROBS = 20
+# a top_k past any vocabulary size means all tokens (-1)
+MAX_TOP_K = 2**31 - 1
 GRAMMAR_KEYS = ("json_schema", "regex", "ebnf")
 
 
@@ -91,6 +93,8 @@ class SamplingParams:
         _check_int("top_k", self.top_k)
         if self.top_k != -1 and self.top_k < 1:
             raise ValueError(f"sampling_params.top_k must be -1 (all) or >= 1, got {self.top_k}")
+        if self.top_k > MAX_TOP_K:  # NOTE: keeps every token of any vocabulary; a tensor holds 64 bits
+            object.__setattr__(self, "top_k", -1)
         _check_float("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"sampling_params.min_p must be in [0, 1], got {self.min_p}")

@@ -76,7 +76,7 @@ from specdec.server.protocol import (
     sse,
     with_stops,
 )
-from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from specdec.server.schemas import AbortRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
 from specdec.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
     ep = Endpoints(async_engine, model_name=model_name, model_path=model_path)
     docs = openapi.route_docs()
     for path, handler in (("/generate", ep.generate), ("/v1/completions", ep.completions),
-                          ("/v1/chat/completions", ep.chat_completions)):
+                          ("/v1/chat/completions", ep.chat_completions), ("/abort_request", ep.abort_request)):
         app.post(path, response_model=None, **docs[path])(handler)
     for path, handler in (("/health", ep.health), ("/metrics", ep.metrics), ("/get_model_info", ep.model_info),
                           ("/v1/models", ep.models)):
@@ -215,6 +215,8 @@ class Endpoints:
 
     async def generate(self, body: GenerateRequest, request: Request):
         prompts, single = native_prompts(body.text, body.input_ids)
+        if body.rid is not None:  # NOTE: SGLang's names for a batch: "{rid}_{i}"
+            prompts = [{**p, "rid": body.rid if single else f"{body.rid}_{i}"} for i, p in enumerate(prompts)]
         params = body.sampling_params
         params = params if isinstance(params, list) else [params] * len(prompts)
         params = params * len(prompts) if len(params) == 1 else params  # one list entry serves all
@@ -313,6 +315,14 @@ class Endpoints:
                 "has_tokenizer": self.tok is not None, "speculative_algorithm": self.eng.speculative_algorithm,
                 "chat_template": "tokenizer" if getattr(self.tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE,
                 **self.eng.memory_info}
+
+    async def abort_request(self, body: AbortRequest):
+        """SGLang's /abort_request: the request's stream ends now with its tokens so far and
+        ``finish_reason`` "abort"; a finished or unknown rid is left alone (200 either way)."""
+        if not body.abort_all and body.rid is None:
+            raise HTTPError(400, "give rid (a request's meta_info.id) or abort_all: true")
+        self.eng.abort_request(None if body.abort_all else body.rid)
+        return {}
 
     async def flush_cache(self):
         """SGLang's /flush_cache: drop every cached KV page no request uses. Unlike SGLang, it does

@@ -87,13 +87,13 @@ class RequestStream:
     def close(self) -> None:
         """Stop reading: abort in the engine (frees its KV) unless it already finished."""
         if not self.finished:
-            self.owner.abort(self.rid)
+            self.owner.abort(self.rid, self._events)
             self.finished = True
 
     def cancel(self, reason: str = "client disconnected") -> None:
         """Abort in the engine (frees its KV) and end this stream with an error Event."""
         if not self.finished:
-            self.owner.abort(self.rid)
+            self.owner.abort(self.rid, self._events)
             self._events.put_nowait(Event([], finished=True, error=reason, status=499))
 
 
@@ -119,7 +119,11 @@ class _Submit:
 
 @dataclasses.dataclass
 class _Abort:
-    rid: str
+    rid: str | None  # None: every request in flight
+    # True: the request's stream ends with its tokens so far and finish_reason "abort" (SGLang's
+    # /abort_request); False: nobody reads the stream any more (the client left)
+    notify: bool = False
+    events: asyncio.Queue | None = None  # only the request of this stream (None: whichever has rid)
 
 
 @dataclasses.dataclass
@@ -161,25 +165,34 @@ class AsyncEngine:
         return self._thread.is_alive()
 
     async def submit(self, *, text: str | None = None, input_ids: list[int] | None = None,
-                     sampling_params: dict | None = None) -> RequestStream:
-        """Validate and queue one request; raises InvalidRequest (400) or EngineUnavailable (503)."""
+                     sampling_params: dict | None = None, rid: str | None = None) -> RequestStream:
+        """Validate and queue one request; raises InvalidRequest (400) or EngineUnavailable (503).
+        ``rid``: the client's id for it (SGLang's), unique among the requests in flight; default a
+        fresh one."""
         if not (self.accepting and self.alive):
             raise EngineUnavailable("the server is shutting down")
         loop = asyncio.get_running_loop()
-        rid = uuid.uuid4().hex
+        rid = rid if rid is not None else uuid.uuid4().hex
         events: asyncio.Queue = asyncio.Queue()
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(_Submit(rid, text, input_ids, sampling_params, loop, events, done))
         try:
             prompt_ids, params = await asyncio.wrap_future(done)
         except asyncio.CancelledError:
-            self.abort(rid)  # the client left while the request was being validated
+            self.abort(rid, events)  # the client left while the request was being validated
             raise
         return RequestStream(self, rid, events, prompt_ids, params)
 
-    def abort(self, rid: str) -> None:
-        """Abort a request (no-op once it finished); its stream gets no further Events."""
-        self._inbox.put(_Abort(rid))
+    def abort(self, rid: str, events: asyncio.Queue | None = None) -> None:
+        """Abort a request (no-op once it finished); its stream gets no further Events.
+        ``events``: only the request whose stream fills this queue (a client's rid may be reused)."""
+        self._inbox.put(_Abort(rid, events=events))
+
+    def abort_request(self, rid: str | None) -> None:
+        """SGLang's /abort_request: end request ``rid`` (None: every request in flight) now; its
+        stream finishes with the tokens it has and ``meta_info.finish_reason`` "abort". A request
+        that already finished, or an unknown rid, is left alone."""
+        self._inbox.put(_Abort(rid, notify=True))
 
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run ``fn(engine)`` on the loop thread between steps (e.g. to read the KV allocator)."""
@@ -260,18 +273,44 @@ class AsyncEngine:
         if isinstance(cmd, _Submit):
             self._submit(cmd)
         elif isinstance(cmd, _Abort):
-            if self._active.pop(cmd.rid, None) is not None:
-                self.engine.abort(cmd.rid)
-                self.metrics.requests.labels(finish_reason="abort").inc()
+            self._abort(cmd)
         elif isinstance(cmd, _Call) and cmd.done.set_running_or_notify_cancel():
             try:
                 cmd.done.set_result(cmd.fn(self.engine))
             except Exception as e:  # noqa: BLE001 — handed to the caller
                 cmd.done.set_exception(e)
 
+    def _abort(self, cmd: _Abort) -> None:
+        out: dict[asyncio.AbstractEventLoop, list] = {}
+        for rid in list(self._active) if cmd.rid is None else [cmd.rid]:
+            t = self._active.get(rid)
+            if t is None or (cmd.events is not None and t.events is not cmd.events):
+                continue
+            del self._active[rid]
+            self.engine.abort(rid)
+            self.metrics.requests.labels(finish_reason="abort").inc()
+            if cmd.notify:
+                out.setdefault(t.loop, []).append((t, self._event(t)))
+        self._post(out)
+
+    def _event(self, t: _Tracked) -> Event:
+        """What ``t``'s stream has not had yet, as one Event: the last one once the request finished."""
+        req, new = t.req, t.req.output_ids[t.sent:]
+        lp = {}
+        if req.params.wants_logprobs:
+            lp = dict(logprobs=req.output_logprobs[t.sent:], top_logprobs=req.output_top_logprobs[t.sent:])
+        t.sent += len(new)
+        self.metrics.generation_tokens.inc(len(new))
+        if req.finished:
+            return Event(new, finished=True, meta_info=req.result()["meta_info"], cached_tokens=req.cached_tokens, **lp)
+        return Event(new, cached_tokens=req.cached_tokens, **lp)
+
     def _submit(self, cmd: _Submit) -> None:
         if not cmd.done.set_running_or_notify_cancel():
             return  # the client left while this waited in the inbox
+        if cmd.rid in self._active:
+            cmd.done.set_exception(InvalidRequest(f"rid {cmd.rid!r} is already in use by a request in flight"))
+            return
         try:
             req = self.engine.make_request(cmd.text, cmd.input_ids, cmd.sampling_params, rid=cmd.rid,
                                            clamp_max_new_tokens=True)
@@ -301,22 +340,12 @@ class AsyncEngine:
             if len(req.accept_lengths) > t.verified:
                 self.metrics.observe_verify(req.accept_lengths[t.verified:])
                 t.verified = len(req.accept_lengths)
-            new = req.output_ids[t.sent:]
-            if not new and not req.finished:
+            if len(req.output_ids) == t.sent and not req.finished:
                 continue
-            lp = {}
-            if req.params.wants_logprobs:
-                lp = dict(logprobs=req.output_logprobs[t.sent:], top_logprobs=req.output_top_logprobs[t.sent:])
-            t.sent += len(new)
-            self.metrics.generation_tokens.inc(len(new))
             if req.finished:
                 del self._active[rid]
                 self.metrics.requests.labels(finish_reason=req.finish_reason.value).inc()
-                event = Event(new, finished=True, meta_info=req.result()["meta_info"],
-                              cached_tokens=req.cached_tokens, **lp)
-            else:
-                event = Event(new, cached_tokens=req.cached_tokens, **lp)
-            out.setdefault(t.loop, []).append((t, event))
+            out.setdefault(t.loop, []).append((t, self._event(t)))
         self._post(out)
 
     def _abort_all(self, reason: str, *, status: int = 503) -> int:

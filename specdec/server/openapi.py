@@ -51,6 +51,10 @@ def route_docs() -> dict[str, dict[str, Any]]:
                                           "description": "Prometheus text exposition format"}}),
         "/get_model_info": dict(responses={200: {"model": ModelInfo}}),
         "/v1/models": dict(responses={200: {"model": ModelList}}),
+        "/abort_request": dict(responses={
+            200: {"description": "Aborted (or already finished / unknown: nothing to do); an empty object",
+                  "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}}}},
+            400: {"model": ErrorResponse, "description": "Neither rid nor abort_all"}}),
         "/flush_cache": dict(responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                               "description": "How many cached KV pages were freed"},
                                         503: {"model": ErrorResponse, "description": "The engine is not running"}}),

@@ -223,6 +223,20 @@ class GenerateRequest(_Body):
     # prompt logprobs from this prompt position (-1: none)
     logprob_start_len: Optional[Annotated[int, Field(ge=-1), _INT]] = None
     return_text_in_logprobs: Optional[bool] = None
+    # the client's request id, for /abort_request (prompt i of a batch gets "{rid}_{i}", as in
+    # SGLang); unique among the requests in flight (default: the server picks one, meta_info.id)
+    rid: Optional[Annotated[str, Field(min_length=1)]] = None
+
+
+class AbortRequest(_Body):
+    """SGLang's /abort_request: end one request (``rid``, its ``meta_info.id``) or every one."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"anyOf": [
+        {"required": ["rid"], "properties": {"rid": {"type": "string"}}},
+        {"required": ["abort_all"], "properties": {"abort_all": {"const": True}}}]})
+
+    rid: Optional[Annotated[str, Field(min_length=1)]] = None
+    abort_all: Optional[bool] = None
 
 
 def set_fields(model: BaseModel) -> dict[str, Any]:

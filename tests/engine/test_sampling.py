@@ -67,6 +67,15 @@ def test_from_dict_accepts():
         p.temperature = 1.0  # type: ignore[misc]
 
 
+def test_a_top_k_past_any_vocabulary_keeps_every_token():
+    """Schemathesis found it: top_k = 10**21 passed the checks, then overflowed the step's int64
+    tensor and failed every request in the batch. Any k past 2**31 - 1 means all tokens."""
+    assert SamplingParams.from_dict({"top_k": 10**21}).top_k == -1
+    assert SamplingParams.from_dict({"top_k": 2**31 - 1}).top_k == 2**31 - 1
+    batch = SamplingBatch.from_params([SamplingParams(temperature=1.0, top_k=10**21), SamplingParams(top_k=3)], "cpu")
+    assert batch.top_ks.tolist() == [-1, 3]
+
+
 @pytest.mark.parametrize(
     "kwargs, greedy",
     [

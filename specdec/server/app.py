@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec import __version__
 from specdec.engine.args import EngineArgs
 from specdec.server import openapi
 from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
@@ -82,6 +83,9 @@ from specdec.server.settings import ServerSettings
 logger = logging.getLogger(__name__)
 
 
+HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's /health_generate waits about this long
+
+
 def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_path: str | None = None,
                manage_lifecycle: bool = True) -> FastAPI:
     """``manage_lifecycle``: start the engine thread at app startup and stop it at shutdown."""
@@ -113,7 +117,8 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
     for path, handler in (("/generate", ep.generate), ("/v1/completions", ep.completions),
                           ("/v1/chat/completions", ep.chat_completions), ("/abort_request", ep.abort_request)):
         app.post(path, response_model=None, **docs[path])(handler)
-    for path, handler in (("/health", ep.health), ("/metrics", ep.metrics), ("/get_model_info", ep.model_info),
+    for path, handler in (("/health", ep.health), ("/health_generate", ep.health_generate), ("/metrics", ep.metrics),
+                          ("/get_model_info", ep.model_info), ("/get_server_info", ep.server_info),
                           ("/v1/models", ep.models)):
         app.get(path, response_model=None, **docs[path])(handler)
     for route in (app.get, app.post):  # NOTE: SGLang's /flush_cache takes both (one route each: distinct ids)
@@ -305,6 +310,32 @@ class Endpoints:
         if not (self.eng.accepting and self.eng.alive):
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return {"status": "ok"}
+
+    async def health_generate(self):
+        """SGLang's /health_generate: 200 once a one-token request went through the engine; 503 if
+        the server is not serving or the request did not finish within HEALTH_GENERATE_TIMEOUT_S."""
+        async def one_token() -> bool:
+            stream = await self.eng.submit(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+            try:
+                while not stream.finished:
+                    if (await stream.next_event()).error is not None:
+                        return False
+                return True
+            finally:
+                stream.close()
+
+        try:
+            serving = self.eng.accepting and self.eng.alive
+            ok = serving and await asyncio.wait_for(one_token(), HEALTH_GENERATE_TIMEOUT_S)
+        except (EngineUnavailable, InvalidRequest, asyncio.TimeoutError):
+            ok = False
+        return {"status": "ok"} if ok else JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def server_info(self):
+        """SGLang's /get_server_info: the engine's arguments (SGLang's flag names), the KV pool as
+        built (``max_total_tokens`` is its size) and the version."""
+        return {**self.eng.engine_args, **self.eng.memory_info, "served_model_name": self.model_name,
+                "version": __version__}
 
     async def metrics(self):
         return Response(self.eng.metrics.render(), media_type=CONTENT_TYPE_LATEST)

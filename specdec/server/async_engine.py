@@ -30,6 +30,8 @@ import time
 import uuid
 from typing import Any, Callable
 
+import torch
+
 from specdec.engine.engine import Engine
 from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
@@ -149,6 +151,9 @@ class AsyncEngine:
                             "chunked_prefill_size": engine.args.prefill_chunk_tokens,
                             "page_size": engine.memory.page_size, "max_total_tokens": engine.memory.capacity,
                             "kv_bytes_per_token": engine.kv_bytes_per_token}
+        # SGLang's flag names (/get_server_info); a torch.dtype given in code reads as its flag value
+        self.engine_args = {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+                            for k, v in dataclasses.asdict(engine.args).items()}
         self.accepting = False
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: dict[str, _Tracked] = {}  # loop thread only

@@ -49,7 +49,11 @@ def route_docs() -> dict[str, dict[str, Any]]:
         "/health": dict(responses={200: {"model": Health}, 503: {"model": Health, "description": "Not serving"}}),
         "/metrics": dict(responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
                                           "description": "Prometheus text exposition format"}}),
+        "/health_generate": dict(responses={200: {"model": Health},
+                                            503: {"model": Health, "description": "No token came back in time"}}),
         "/get_model_info": dict(responses={200: {"model": ModelInfo}}),
+        "/get_server_info": dict(responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                                                  "description": "Engine arguments, KV pool and version"}}),
         "/v1/models": dict(responses={200: {"model": ModelList}}),
         "/abort_request": dict(responses={
             200: {"description": "Aborted (or already finished / unknown: nothing to do); an empty object",

@@ -52,10 +52,12 @@ def test_drain_finishes_in_flight_and_rejects_new():
             live.server.handle_exit(signal.SIGTERM, None)  # what a signal does
             await _wait_for(lambda: _status(client, "/health", 503))
             late = await client.post("/generate", json={"input_ids": [3], "sampling_params": params})
-            return await asyncio.gather(*streams), await plain, late
+            deep = await client.get("/health_generate")
+            return await asyncio.gather(*streams), await plain, late, deep
 
-    (s1, s2), plain, late = asyncio.run(go())
+    (s1, s2), plain, late, deep = asyncio.run(go())
     assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+    assert deep.status_code == 503 and deep.json() == {"status": "unavailable"}
     for events, want in zip([s1, s2], expected):
         assert events[-1] == "[DONE]"
         assert '"finish_reason": "length"' in events[-2] and str(want["output_ids"])[1:-1] in events[-2]

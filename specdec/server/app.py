@@ -77,7 +77,14 @@ from specdec.server.protocol import (
     sse,
     with_stops,
 )
-from specdec.server.schemas import AbortRequest, ChatCompletionRequest, CompletionRequest, GenerateRequest
+from specdec.server.schemas import (
+    AbortRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    TokenizeRequest,
+)
 from specdec.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -115,7 +122,9 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
     ep = Endpoints(async_engine, model_name=model_name, model_path=model_path)
     docs = openapi.route_docs()
     for path, handler in (("/generate", ep.generate), ("/v1/completions", ep.completions),
-                          ("/v1/chat/completions", ep.chat_completions), ("/abort_request", ep.abort_request)):
+                          ("/v1/chat/completions", ep.chat_completions), ("/abort_request", ep.abort_request),
+                          ("/tokenize", ep.tokenize), ("/v1/tokenize", ep.tokenize),
+                          ("/detokenize", ep.detokenize), ("/v1/detokenize", ep.detokenize)):
         app.post(path, response_model=None, **docs[path])(handler)
     for path, handler in (("/health", ep.health), ("/health_generate", ep.health_generate), ("/metrics", ep.metrics),
                           ("/get_model_info", ep.model_info), ("/get_server_info", ep.server_info),
@@ -310,6 +319,33 @@ class Endpoints:
         if not (self.eng.accepting and self.eng.alive):
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return {"status": "ok"}
+
+    async def tokenize(self, body: TokenizeRequest):
+        """SGLang's / vLLM's /tokenize: ``tokens``, ``count`` and ``max_model_len`` (lists of
+        them for a list of prompts)."""
+        tok = self._tokenizer("prompt")
+        add_bos = body.add_special_tokens is not False
+        if isinstance(body.prompt, str):
+            ids = tok.encode(body.prompt, add_bos=add_bos)
+            return {"tokens": ids, "count": len(ids), "max_model_len": self.eng.context_length}
+        ids = [tok.encode(p, add_bos=add_bos) for p in body.prompt]
+        return {"tokens": ids, "count": [len(x) for x in ids], "max_model_len": self.eng.context_length}
+
+    async def detokenize(self, body: DetokenizeRequest):
+        """SGLang's /detokenize: ``text`` (a list of texts for a list of id lists)."""
+        tok = self._tokenizer("tokens")
+        nested = bool(body.tokens) and isinstance(body.tokens[0], list)
+        for ids in body.tokens if nested else [body.tokens]:
+            if any(t >= self.eng.vocab_size for t in ids):
+                raise HTTPError(400, f"tokens: ids must be below the vocab size {self.eng.vocab_size}")
+        if nested:
+            return {"text": [tok.decode(ids) for ids in body.tokens]}
+        return {"text": tok.decode(body.tokens)}
+
+    def _tokenizer(self, field: str):
+        if self.tok is None:
+            raise HTTPError(400, f"{field}: this model has no tokenizer")
+        return self.tok
 
     async def health_generate(self):
         """SGLang's /health_generate: 200 once a one-token request went through the engine; 503 if

@@ -59,6 +59,12 @@ def route_docs() -> dict[str, dict[str, Any]]:
             200: {"description": "Aborted (or already finished / unknown: nothing to do); an empty object",
                   "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}}}},
             400: {"model": ErrorResponse, "description": "Neither rid nor abort_all"}}),
+        **{path: dict(responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                                       "description": "tokens, count, max_model_len"}, 400: _ERRORS[400]})
+           for path in ("/tokenize", "/v1/tokenize")},
+        **{path: dict(responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                                       "description": "text"}, 400: _ERRORS[400]})
+           for path in ("/detokenize", "/v1/detokenize")},
         "/flush_cache": dict(responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                               "description": "How many cached KV pages were freed"},
                                         503: {"model": ErrorResponse, "description": "The engine is not running"}}),

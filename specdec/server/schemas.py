@@ -243,3 +243,18 @@ def set_fields(model: BaseModel) -> dict[str, Any]:
     """The declared fields a request set to a value (null counts as unset)."""
     return {k: v for k, v in model.model_dump(exclude_unset=True, by_alias=False).items()
             if k in type(model).model_fields and v is not None}
+
+
+class TokenizeRequest(_Body):
+    """SGLang's and vLLM's /tokenize: the prompt's token ids as /generate would see them."""
+
+    model: Optional[str] = None
+    prompt: Union[str, Annotated[list[str], Field(min_length=1)]]
+    add_special_tokens: Optional[bool] = None  # the tokenizer's BOS (default true)
+
+
+class DetokenizeRequest(_Body):
+    """SGLang's /detokenize: the text of token ids (a list of lists for several)."""
+
+    model: Optional[str] = None
+    tokens: Union[list[PromptTokenId], Annotated[list[list[PromptTokenId]], Field(min_length=1)]]

@@ -8,7 +8,7 @@ import httpx
 from specdec import __version__
 
 from ..e2e.helpers import engine, make_pair
-from .live import LiveServer, kv_is_free
+from .live import CharTokenizer, LiveServer, kv_is_free
 
 
 def test_health_generate_and_server_info():
@@ -26,3 +26,23 @@ def test_health_generate_and_server_info():
         assert isinstance(info["dtype"], str)  # JSON whatever the engine was given (a torch.dtype in code)
         live.wait_idle()
         assert live.engine_state(kv_is_free)
+
+
+def test_tokenize_and_detokenize_round_trip():
+    target, _ = make_pair("EAGLE", "random", seed=9)
+    tok = CharTokenizer()
+    with LiveServer(engine(target, tokenizer=tok)) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        for path in ("/tokenize", "/v1/tokenize"):
+            one = client.post(path, json={"prompt": "Hi there"}).json()
+            assert one == {"tokens": tok.encode("Hi there"), "count": 9, "max_model_len": 512}
+        two = client.post("/tokenize", json={"prompt": ["ab", "c"], "add_special_tokens": False}).json()
+        assert two["tokens"] == [tok.encode("ab", add_bos=False), tok.encode("c", add_bos=False)]
+        assert two["count"] == [2, 1]
+        for path in ("/detokenize", "/v1/detokenize"):
+            assert client.post(path, json={"tokens": one["tokens"]}).json() == {"text": "Hi there"}
+        assert client.post("/detokenize", json={"tokens": two["tokens"]}).json() == {"text": ["ab", "c"]}
+        bad = client.post("/detokenize", json={"tokens": [3, 97]})
+        assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("tokens:")
+    with LiveServer(engine(target)) as bare:  # no tokenizer
+        r = httpx.post(f"{bare.url}/tokenize", json={"prompt": "x"}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"] == "prompt: this model has no tokenizer"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -48,7 +49,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec import __version__
 from specdec.engine.args import EngineArgs
 from specdec.server import openapi
 from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
@@ -91,6 +91,14 @@ logger = logging.getLogger(__name__)
 
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's /health_generate waits about this long
+
+
+def _version() -> str:
+    """The installed specdec's version (the package root is above the server's imports)."""
+    try:
+        return importlib.metadata.version("specdec")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree (PYTHONPATH)
+        return "unknown"
 
 
 def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_path: str | None = None,
@@ -371,7 +379,7 @@ class Endpoints:
         """SGLang's /get_server_info: the engine's arguments (SGLang's flag names), the KV pool as
         built (``max_total_tokens`` is its size) and the version."""
         return {**self.eng.engine_args, **self.eng.memory_info, "served_model_name": self.model_name,
-                "version": __version__}
+                "version": _version()}
 
     async def metrics(self):
         return Response(self.eng.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -25,8 +25,9 @@ import torch
 from specdec.config import SpecConfig
 from specdec.eagle.output import DecodeOutput, PendingDecode
 from specdec.eagle.policy import AdaptivePolicy, SpecShape, candidate_shapes
+from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer
-from specdec.eagle.worker import DraftResources, EAGLEWorker
+from specdec.eagle.worker import EAGLEWorker
 from specdec.forward import ForwardBatch
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner
 

@@ -1,4 +1,5 @@
-"""DraftState: what the worker keeps between decode steps, one row per request-pool row.
+"""The draft head's memory: ``DraftState``, what the worker keeps between decode steps (one row per
+request-pool row), and ``DraftResources``, that state with the head's KV cache.
 
 After a request's latest draft extend, its row holds the root expansion of the next draft tree:
 the draft head's top-K children of the last committed token, and the draft hidden state that
@@ -8,7 +9,12 @@ every step with nothing to filter or merge.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+
+from specdec.attention import KVCache
+from specdec.host import KVMemory
 
 
 class DraftState:
@@ -32,3 +38,30 @@ class DraftState:
 
     def load(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.topk_p[rows], self.topk_index[rows], self.hidden[rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftResources:
+    """The draft head's memory, shared by every tree shape's worker of one engine (adaptive
+    speculation): its KV cache — the host's slots, then a tree scratch area sized for the deepest
+    and widest shape, then one padding slot — and each request row's root expansion, kept at the
+    widest topk (a narrower shape reads its first ``topk`` columns: top-k is sorted)."""
+
+    kv: KVCache
+    state: DraftState
+    pad_slot: int
+    root_topk: int
+
+    @classmethod
+    def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
+              num_steps: int, topk: int) -> "DraftResources":
+        dcfg = draft_model.config
+        weight = next(draft_model.parameters())
+        scratch = max_running_requests * max(num_steps - 1, 0) * topk
+        pad_slot = memory.capacity + scratch
+        kv = KVCache(num_layers=dcfg.num_hidden_layers, num_slots=pad_slot + 1,
+                     num_kv_heads=dcfg.num_key_value_heads, head_dim=dcfg.head_dim,
+                     dtype=weight.dtype, device=weight.device)
+        state = DraftState(max_reqs=memory.req_to_token.shape[0], topk=topk, hidden_size=dcfg.hidden_size,
+                           dtype=weight.dtype, device=weight.device)
+        return cls(kv, state, pad_slot, topk)

@@ -21,12 +21,10 @@ replay CUDA graphs (``capture_cuda_graphs``) and the host's runner may replay th
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
-from specdec.attention import KVCache, create_attention_backend
+from specdec.attention import create_attention_backend
 from specdec.config import SpecConfig
 from specdec.eagle.acceptance import observe_paths
 from specdec.eagle.draft import DraftRunner
@@ -34,7 +32,7 @@ from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExten
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
 from specdec.eagle.simulate import child_cdf, simulate_tree_acceptance
-from specdec.eagle.state import DraftState
+from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import BuiltTree, TreeMaskMode, build_tree
 from specdec.eagle.verify import (
@@ -46,33 +44,6 @@ from specdec.eagle.verify import (
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, table_slots
 from specdec.kernels import compact_accepted_kv_locs
-
-
-@dataclasses.dataclass(frozen=True)
-class DraftResources:
-    """The draft head's memory, shared by every tree shape's worker of one engine (adaptive
-    speculation): its KV cache — the host's slots, then a tree scratch area sized for the deepest
-    and widest shape, then one padding slot — and each request row's root expansion, kept at the
-    widest topk (a narrower shape reads its first ``topk`` columns: top-k is sorted)."""
-
-    kv: KVCache
-    state: DraftState
-    pad_slot: int
-    root_topk: int
-
-    @classmethod
-    def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
-              num_steps: int, topk: int) -> "DraftResources":
-        dcfg = draft_model.config
-        weight = next(draft_model.parameters())
-        scratch = max_running_requests * max(num_steps - 1, 0) * topk
-        pad_slot = memory.capacity + scratch
-        kv = KVCache(num_layers=dcfg.num_hidden_layers, num_slots=pad_slot + 1,
-                     num_kv_heads=dcfg.num_key_value_heads, head_dim=dcfg.head_dim,
-                     dtype=weight.dtype, device=weight.device)
-        state = DraftState(max_reqs=memory.req_to_token.shape[0], topk=topk, hidden_size=dcfg.hidden_size,
-                           dtype=weight.dtype, device=weight.device)
-        return cls(kv, state, pad_slot, topk)
 
 
 class EAGLEWorker:

@@ -101,6 +101,14 @@ def _version() -> str:
         return "unknown"
 
 
+def with_rids(prompts: list[dict], rid: str | None) -> list[dict]:
+    """The client's ``rid`` on each request: as it is for one, "{rid}_{i}" for request i of several
+    (SGLang's names: a batch, or OpenAI's choices)."""
+    if rid is None:
+        return prompts
+    return [{**p, "rid": rid if len(prompts) == 1 else f"{rid}_{i}"} for i, p in enumerate(prompts)]
+
+
 def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_path: str | None = None,
                manage_lifecycle: bool = True) -> FastAPI:
     """``manage_lifecycle``: start the engine thread at app startup and stop it at shutdown."""
@@ -237,8 +245,7 @@ class Endpoints:
 
     async def generate(self, body: GenerateRequest, request: Request):
         prompts, single = native_prompts(body.text, body.input_ids)
-        if body.rid is not None:  # NOTE: SGLang's names for a batch: "{rid}_{i}"
-            prompts = [{**p, "rid": body.rid if single else f"{body.rid}_{i}"} for i, p in enumerate(prompts)]
+        prompts = with_rids(prompts, body.rid)
         params = body.sampling_params
         params = params if isinstance(params, list) else [params] * len(prompts)
         params = params * len(prompts) if len(params) == 1 else params  # one list entry serves all
@@ -296,8 +303,8 @@ class Endpoints:
         params, stops, n = sampling_params(body, chat=chat), parse_stops(body.stop, self.tok), body.n or 1
         per_choice = [{**params, **({"sampling_seed": s} if s is not None else {})} for s in seeds(body, n)]
         # choice index = prompt * n + sample (OpenAI's order)
-        gens = await self._start([p for p in prompts for _ in range(n)], per_choice * len(prompts),
-                                 [stops] * (n * len(prompts)))
+        choice_prompts = with_rids([p for p in prompts for _ in range(n)], body.rid)
+        gens = await self._start(choice_prompts, per_choice * len(prompts), [stops] * (n * len(prompts)))
         echo = [self._echo_text(p) if not chat and body.echo else "" for p in prompts for _ in range(n)]
         kind = "chat.completion" if chat else "text_completion"
         head = {"id": ("chatcmpl-" if chat else "cmpl-") + gens[0].stream.rid, "object": kind,

@@ -119,6 +119,8 @@ class _OpenAICommon(_Body):
     # identifiers for the caller's records: accepted, they do not change the output
     user: Optional[str] = None
     response_format: Optional[ResponseFormat] = None
+    # SGLang's request id, for /abort_request (choice i of several gets "{rid}_{i}")
+    rid: Optional[Annotated[str, Field(min_length=1)]] = None
     # extensions (vLLM / SGLang names)
     top_k: Optional[Annotated[Union[Literal[-1], Annotated[int, Field(ge=1), _INT]], BeforeValidator(_integral)]] = None
     min_p: Optional[Annotated[float, Field(ge=0.0, le=1.0)]] = None

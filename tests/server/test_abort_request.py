@@ -96,3 +96,23 @@ def test_rid_errors_name_the_field(live):
     assert first["meta_info"]["finish_reason"] == "abort"
     live.wait_idle()
     assert live.engine_state(kv_is_free)
+
+
+def test_openai_requests_take_a_rid_too(live):
+    """SGLang's rid on /v1/completions: the response id carries it, /abort_request ends it (choice
+    i of n > 1 is "{rid}_{i}")."""
+    async def go(client):
+        body = {"prompt": [1, 5, 9], "max_tokens": LONG - 8, "temperature": 0, "ignore_eos": True}
+        one = asyncio.create_task(client.post("/v1/completions", json={**body, "rid": "oa"}))
+        two = asyncio.create_task(client.post("/v1/completions", json={**body, "rid": "ob", "n": 2}))
+        while await asyncio.to_thread(live.engine_state, lambda e: len(e.scheduler.running)) < 3:
+            await asyncio.sleep(0.01)
+        for rid in ("oa", "ob_0", "ob_1"):
+            assert (await client.post("/abort_request", json={"rid": rid})).status_code == 200
+        return (await one).json(), (await two).json()
+
+    one, two = _run(live, go)
+    assert one["id"] == "cmpl-oa" and one["choices"][0]["finish_reason"] == "abort"
+    assert two["id"] == "cmpl-ob_0" and [c["finish_reason"] for c in two["choices"]] == ["abort", "abort"]
+    live.wait_idle()
+    assert live.engine_state(kv_is_free)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -45,8 +44,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.args import EngineArgs
@@ -61,7 +59,6 @@ from specdec.server.openai_api import (
     seeds,
 )
 from specdec.server.protocol import (
-    FALLBACK_CHAT_TEMPLATE,
     Generation,
     HTTPError,
     Stops,
@@ -69,7 +66,6 @@ from specdec.server.protocol import (
     each_update,
     error_body,
     error_handler,
-    error_response,
     native_prompts,
     openai_prompts,
     parse_stops,
@@ -77,28 +73,11 @@ from specdec.server.protocol import (
     sse,
     with_stops,
 )
-from specdec.server.schemas import (
-    AbortRequest,
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    GenerateRequest,
-    TokenizeRequest,
-)
+from specdec.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from specdec.server.service_routes import ServiceRoutes
 from specdec.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
-
-
-HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's /health_generate waits about this long
-
-
-def _version() -> str:
-    """The installed specdec's version (the package root is above the server's imports)."""
-    try:
-        return importlib.metadata.version("specdec")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree (PYTHONPATH)
-        return "unknown"
 
 
 def with_rids(prompts: list[dict], rid: str | None) -> list[dict]:
@@ -136,18 +115,19 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     ep = Endpoints(async_engine, model_name=model_name, model_path=model_path)
+    sv = ServiceRoutes(async_engine, model_name=model_name, model_path=model_path)
     docs = openapi.route_docs()
     for path, handler in (("/generate", ep.generate), ("/v1/completions", ep.completions),
-                          ("/v1/chat/completions", ep.chat_completions), ("/abort_request", ep.abort_request),
-                          ("/tokenize", ep.tokenize), ("/v1/tokenize", ep.tokenize),
-                          ("/detokenize", ep.detokenize), ("/v1/detokenize", ep.detokenize)):
+                          ("/v1/chat/completions", ep.chat_completions), ("/abort_request", sv.abort_request),
+                          ("/tokenize", sv.tokenize), ("/v1/tokenize", sv.tokenize),
+                          ("/detokenize", sv.detokenize), ("/v1/detokenize", sv.detokenize)):
         app.post(path, response_model=None, **docs[path])(handler)
-    for path, handler in (("/health", ep.health), ("/health_generate", ep.health_generate), ("/metrics", ep.metrics),
-                          ("/get_model_info", ep.model_info), ("/get_server_info", ep.server_info),
-                          ("/v1/models", ep.models)):
+    for path, handler in (("/health", sv.health), ("/health_generate", sv.health_generate), ("/metrics", sv.metrics),
+                          ("/get_model_info", sv.model_info), ("/get_server_info", sv.server_info),
+                          ("/v1/models", sv.models)):
         app.get(path, response_model=None, **docs[path])(handler)
     for route in (app.get, app.post):  # NOTE: SGLang's /flush_cache takes both (one route each: distinct ids)
-        route("/flush_cache", response_model=None, **docs["/flush_cache"])(ep.flush_cache)
+        route("/flush_cache", response_model=None, **docs["/flush_cache"])(sv.flush_cache)
     app.openapi = lambda: openapi.document(app, vocab_size=async_engine.vocab_size,
                                            context_length=async_engine.context_length)
     return app
@@ -172,7 +152,8 @@ def validation_message(e: RequestValidationError) -> str:
 
 
 class Endpoints:
-    """The request handlers of one app (``create_app`` routes to them)."""
+    """The generation routes of one app (``create_app`` routes to them; the rest are
+    ``service_routes.ServiceRoutes``)."""
 
     def __init__(self, async_engine: AsyncEngine, *, model_name: str, model_path: str | None) -> None:
         self.eng = async_engine
@@ -328,93 +309,6 @@ class Endpoints:
         if "text" in prompt:
             return prompt["text"]
         return self.tok.decode(prompt["input_ids"]) if self.tok is not None else ""
-
-    # ---------------------------------------------------------------- status
-    async def health(self):
-        if not (self.eng.accepting and self.eng.alive):
-            return JSONResponse({"status": "unavailable"}, status_code=503)
-        return {"status": "ok"}
-
-    async def tokenize(self, body: TokenizeRequest):
-        """SGLang's / vLLM's /tokenize: ``tokens``, ``count`` and ``max_model_len`` (lists of
-        them for a list of prompts)."""
-        tok = self._tokenizer("prompt")
-        add_bos = body.add_special_tokens is not False
-        if isinstance(body.prompt, str):
-            ids = tok.encode(body.prompt, add_bos=add_bos)
-            return {"tokens": ids, "count": len(ids), "max_model_len": self.eng.context_length}
-        ids = [tok.encode(p, add_bos=add_bos) for p in body.prompt]
-        return {"tokens": ids, "count": [len(x) for x in ids], "max_model_len": self.eng.context_length}
-
-    async def detokenize(self, body: DetokenizeRequest):
-        """SGLang's /detokenize: ``text`` (a list of texts for a list of id lists)."""
-        tok = self._tokenizer("tokens")
-        nested = bool(body.tokens) and isinstance(body.tokens[0], list)
-        for ids in body.tokens if nested else [body.tokens]:
-            if any(t >= self.eng.vocab_size for t in ids):
-                raise HTTPError(400, f"tokens: ids must be below the vocab size {self.eng.vocab_size}")
-        if nested:
-            return {"text": [tok.decode(ids) for ids in body.tokens]}
-        return {"text": tok.decode(body.tokens)}
-
-    def _tokenizer(self, field: str):
-        if self.tok is None:
-            raise HTTPError(400, f"{field}: this model has no tokenizer")
-        return self.tok
-
-    async def health_generate(self):
-        """SGLang's /health_generate: 200 once a one-token request went through the engine; 503 if
-        the server is not serving or the request did not finish within HEALTH_GENERATE_TIMEOUT_S."""
-        async def one_token() -> bool:
-            stream = await self.eng.submit(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
-            try:
-                while not stream.finished:
-                    if (await stream.next_event()).error is not None:
-                        return False
-                return True
-            finally:
-                stream.close()
-
-        try:
-            serving = self.eng.accepting and self.eng.alive
-            ok = serving and await asyncio.wait_for(one_token(), HEALTH_GENERATE_TIMEOUT_S)
-        except (EngineUnavailable, InvalidRequest, asyncio.TimeoutError):
-            ok = False
-        return {"status": "ok"} if ok else JSONResponse({"status": "unavailable"}, status_code=503)
-
-    async def server_info(self):
-        """SGLang's /get_server_info: the engine's arguments (SGLang's flag names), the KV pool as
-        built (``max_total_tokens`` is its size) and the version."""
-        return {**self.eng.engine_args, **self.eng.memory_info, "served_model_name": self.model_name,
-                "version": _version()}
-
-    async def metrics(self):
-        return Response(self.eng.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    async def model_info(self):
-        return {"model_path": self.model_path, "served_model_name": self.model_name, "is_generation": True,
-                "context_length": self.eng.context_length, "vocab_size": self.eng.vocab_size,
-                "has_tokenizer": self.tok is not None, "speculative_algorithm": self.eng.speculative_algorithm,
-                "chat_template": "tokenizer" if getattr(self.tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE,
-                **self.eng.memory_info}
-
-    async def abort_request(self, body: AbortRequest):
-        """SGLang's /abort_request: the request's stream ends now with its tokens so far and
-        ``finish_reason`` "abort"; a finished or unknown rid is left alone (200 either way)."""
-        if not body.abort_all and body.rid is None:
-            raise HTTPError(400, "give rid (a request's meta_info.id) or abort_all: true")
-        self.eng.abort_request(None if body.abort_all else body.rid)
-        return {}
-
-    async def flush_cache(self):
-        """SGLang's /flush_cache: drop every cached KV page no request uses. Unlike SGLang, it does
-        not refuse while requests run: theirs stay (they are locked), the rest goes."""
-        pages = await self.eng.call(lambda engine: engine.flush_cache())
-        return PlainTextResponse(f"Cache flushed: {pages} page(s) freed.\n")
-
-    async def models(self):
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "specdec",
-                                            "max_model_len": self.eng.context_length}]}
 
 
 class _LogprobFormatter:

@@ -1,0 +1,121 @@
+"""The server's routes around generation: probes, model and server facts, the tokenizer, the
+prefix cache and aborts (SGLang's native routes and OpenAI's /v1/models). ``app.create_app``
+registers them beside the generation routes (``app.Endpoints``); like those, they reach the engine
+only through the ``AsyncEngine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
+from specdec.server.protocol import FALLBACK_CHAT_TEMPLATE, HTTPError
+from specdec.server.schemas import AbortRequest, DetokenizeRequest, TokenizeRequest
+
+HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's /health_generate waits about this long
+
+
+def _version() -> str:
+    """The installed specdec's version (the package root is above the server's imports)."""
+    try:
+        return importlib.metadata.version("specdec")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree (PYTHONPATH)
+        return "unknown"
+
+
+class ServiceRoutes:
+    def __init__(self, async_engine: AsyncEngine, *, model_name: str, model_path: str | None) -> None:
+        self.eng = async_engine
+        self.tok = async_engine.tokenizer
+        self.model_name = model_name
+        self.model_path = model_path
+
+    async def health(self):
+        if not (self.eng.accepting and self.eng.alive):
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return {"status": "ok"}
+
+    async def tokenize(self, body: TokenizeRequest):
+        """SGLang's / vLLM's /tokenize: ``tokens``, ``count`` and ``max_model_len`` (lists of
+        them for a list of prompts)."""
+        tok = self._tokenizer("prompt")
+        add_bos = body.add_special_tokens is not False
+        if isinstance(body.prompt, str):
+            ids = tok.encode(body.prompt, add_bos=add_bos)
+            return {"tokens": ids, "count": len(ids), "max_model_len": self.eng.context_length}
+        ids = [tok.encode(p, add_bos=add_bos) for p in body.prompt]
+        return {"tokens": ids, "count": [len(x) for x in ids], "max_model_len": self.eng.context_length}
+
+    async def detokenize(self, body: DetokenizeRequest):
+        """SGLang's /detokenize: ``text`` (a list of texts for a list of id lists)."""
+        tok = self._tokenizer("tokens")
+        nested = bool(body.tokens) and isinstance(body.tokens[0], list)
+        for ids in body.tokens if nested else [body.tokens]:
+            if any(t >= self.eng.vocab_size for t in ids):
+                raise HTTPError(400, f"tokens: ids must be below the vocab size {self.eng.vocab_size}")
+        if nested:
+            return {"text": [tok.decode(ids) for ids in body.tokens]}
+        return {"text": tok.decode(body.tokens)}
+
+    def _tokenizer(self, field: str):
+        if self.tok is None:
+            raise HTTPError(400, f"{field}: this model has no tokenizer")
+        return self.tok
+
+    async def health_generate(self):
+        """SGLang's /health_generate: 200 once a one-token request went through the engine; 503 if
+        the server is not serving or the request did not finish within HEALTH_GENERATE_TIMEOUT_S."""
+        async def one_token() -> bool:
+            stream = await self.eng.submit(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+            try:
+                while not stream.finished:
+                    if (await stream.next_event()).error is not None:
+                        return False
+                return True
+            finally:
+                stream.close()
+
+        try:
+            serving = self.eng.accepting and self.eng.alive
+            ok = serving and await asyncio.wait_for(one_token(), HEALTH_GENERATE_TIMEOUT_S)
+        except (EngineUnavailable, InvalidRequest, asyncio.TimeoutError):
+            ok = False
+        return {"status": "ok"} if ok else JSONResponse({"status": "unavailable"}, status_code=503)
+
+    async def server_info(self):
+        """SGLang's /get_server_info: the engine's arguments (SGLang's flag names), the KV pool as
+        built (``max_total_tokens`` is its size) and the version."""
+        return {**self.eng.engine_args, **self.eng.memory_info, "served_model_name": self.model_name,
+                "version": _version()}
+
+    async def metrics(self):
+        return Response(self.eng.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def model_info(self):
+        return {"model_path": self.model_path, "served_model_name": self.model_name, "is_generation": True,
+                "context_length": self.eng.context_length, "vocab_size": self.eng.vocab_size,
+                "has_tokenizer": self.tok is not None, "speculative_algorithm": self.eng.speculative_algorithm,
+                "chat_template": "tokenizer" if getattr(self.tok, "chat_template", None) else FALLBACK_CHAT_TEMPLATE,
+                **self.eng.memory_info}
+
+    async def abort_request(self, body: AbortRequest):
+        """SGLang's /abort_request: the request's stream ends now with its tokens so far and
+        ``finish_reason`` "abort"; a finished or unknown rid is left alone (200 either way)."""
+        if not body.abort_all and body.rid is None:
+            raise HTTPError(400, "give rid (a request's meta_info.id) or abort_all: true")
+        self.eng.abort_request(None if body.abort_all else body.rid)
+        return {}
+
+    async def flush_cache(self):
+        """SGLang's /flush_cache: drop every cached KV page no request uses. Unlike SGLang, it does
+        not refuse while requests run: theirs stay (they are locked), the rest goes."""
+        pages = await self.eng.call(lambda engine: engine.flush_cache())
+        return PlainTextResponse(f"Cache flushed: {pages} page(s) freed.\n")
+
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "specdec",
+                                            "max_model_len": self.eng.context_length}]}

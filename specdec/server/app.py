@@ -126,8 +126,9 @@ def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_
                           ("/get_model_info", sv.model_info), ("/get_server_info", sv.server_info),
                           ("/v1/models", sv.models)):
         app.get(path, response_model=None, **docs[path])(handler)
-    for route in (app.get, app.post):  # NOTE: SGLang's /flush_cache takes both (one route each: distinct ids)
-        route("/flush_cache", response_model=None, **docs["/flush_cache"])(sv.flush_cache)
+    # NOTE: SGLang's /flush_cache takes GET and POST: one route, so a 405 lists both (openapi gives
+    # each method its own operationId)
+    app.api_route("/flush_cache", methods=["GET", "POST"], response_model=None, **docs["/flush_cache"])(sv.flush_cache)
     app.openapi = lambda: openapi.document(app, vocab_size=async_engine.vocab_size,
                                            context_length=async_engine.context_length)
     return app

@@ -9,6 +9,8 @@ depend on the loaded model are filled in: token ids below the vocab size (also a
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Any, Union
 
 from fastapi import FastAPI
@@ -74,9 +76,13 @@ def route_docs() -> dict[str, dict[str, Any]]:
 def document(app: FastAPI, *, vocab_size: int, context_length: int) -> dict:
     """The app's OpenAPI document (built once), truthful about errors and this model's limits."""
     if app.openapi_schema is None:
-        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        with warnings.catch_warnings():  # NOTE: a route of two methods has one id; made unique below
+            warnings.filterwarnings("ignore", message="Duplicate Operation ID", category=UserWarning)
+            doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         for name, path in doc.get("paths", {}).items():
-            for op in path.values():
+            for method, op in path.items():
+                if len(path) > 1 and "operationId" in op:
+                    op["operationId"] = f"{op['operationId'].rsplit('_', 1)[0]}_{method}"
                 op.get("responses", {}).pop("422", None)
                 if name in ("/metrics", "/flush_cache"):  # text only
                     op["responses"]["200"]["content"].pop("application/json", None)

@@ -6,7 +6,7 @@ JSON Schema cannot express, so that every other schema-valid request must succee
    characters, chat messages (and content parts) to a few; token-id prompts are bounded by the
    document itself (``maxItems``).
 2. A /generate batch needs as many per-prompt sampling_params as prompts (a list of one serves
-   all): a mismatched list gets its prompt repeated to match (nothing generated is dropped, so a
+   all): the shorter of the two lists is repeated to match (nothing generated is dropped, so a
    body that violates the schema still does).
 3. A grammar must compile: a ``json_schema`` string must be a JSON schema and a ``regex`` must
    stay inside xgrammar's dialect (no lookaround, no backreferences). One that does not compile
@@ -66,6 +66,10 @@ def _match_batch(body: dict) -> None:
         body["input_ids"] = [ids] * len(params)
     elif isinstance(ids, list) and ids and len(ids) < len(params):
         body["input_ids"] = (ids * len(params))[: len(params)]
+    prompts = body.get("text") if isinstance(body.get("text"), list) else body.get("input_ids")
+    if isinstance(prompts, list) and prompts and any(isinstance(p, (list, str)) for p in prompts) \
+            and len(prompts) > len(params):
+        body["sampling_params"] = (params * len(prompts))[: len(prompts)]
 
 
 def _compiles(kind: str, source) -> bool:

@@ -28,6 +28,8 @@ def _version() -> str:
 
 
 class ServiceRoutes:
+    """The handlers of the routes around generation (``app.create_app`` routes to them)."""
+
     def __init__(self, async_engine: AsyncEngine, *, model_name: str, model_path: str | None) -> None:
         self.eng = async_engine
         self.tok = async_engine.tokenizer

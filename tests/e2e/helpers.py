@@ -70,9 +70,11 @@ def assert_no_leak(eng: Engine) -> None:
 NEAR_TIE = 2.0**-5  # logit gap to the best, relative to the largest |logit|: a few bf16 roundings
 
 
-def assert_equal_or_near_tie(target, prompts, got, expected, *, max_diverged: int | None = None):
+def assert_equal_or_near_tie(target, prompts, got, expected, *, max_diverged: int | None = None,
+                             top_two: bool = False):
     """bf16 greedy outputs ``got`` equal ``expected``, or first differ where both tokens are within
-    bf16 noise of the best, judged by an fp32 copy of ``target``; at most ``max_diverged`` differ."""
+    bf16 noise of the best, judged by an fp32 copy of ``target``; at most ``max_diverged`` differ;
+    ``top_two``: the two tokens must also be the target's two best."""
     reference = copy.deepcopy(target).float()
     diverged = 0
     for prompt, g, e in zip(prompts, got, expected):
@@ -83,6 +85,9 @@ def assert_equal_or_near_tie(target, prompts, got, expected, *, max_diverged: in
         runner = StandaloneRunner(reference, len(prompt) + i + 1)
         logits = runner.forward(prompt + e[:i], logits_mode=LogitsMode.LAST).next_token_logits[-1].float()
         slack = NEAR_TIE * float(logits.abs().max())
+        if top_two:
+            best_two = set(logits.topk(2).indices.tolist())
+            assert {g[i], e[i]} == best_two, f"diverged at position {i} on a token outside the top 2"
         for token in (g[i], e[i]):
             gap = float(logits.max() - logits[token])
             assert gap <= slack, f"diverged at position {i} on token {token}, {gap:.4f} below the best (> {slack:.4f})"

@@ -3,8 +3,9 @@
 NOTE: the Triton backend's decode and extend kernels accumulate attention in different tile
 orders, so in bf16 a verify forward and a plain decode forward can round a near-tie differently.
 For that case the test asserts the strongest property that holds: the outputs are equal, or the
-first difference is between tokens whose logits (recomputed in fp32) are within bf16 noise of the
-best (``helpers.assert_equal_or_near_tie``), and at most half the outputs differ. Making the kernels batch-invariant is follow-up work.
+first difference is a choice between the target's two best tokens whose logits (recomputed in
+fp32) are within bf16 noise of each other (``helpers.assert_equal_or_near_tie``), and at most half
+the outputs differ. Making the kernels batch-invariant is follow-up work.
 """
 
 import pytest
@@ -36,7 +37,8 @@ def test_gpu_lossless(backend, shape, algorithm, dtype):
         got = spec.generate(input_ids=prompts, sampling_params=params)
         got_ids, expected_ids = [g["output_ids"] for g in got], [e["output_ids"] for e in expected]
         if dtype == torch.bfloat16 and backend == "triton":
-            assert_equal_or_near_tie(target, prompts, got_ids, expected_ids, max_diverged=len(prompts) // 2)
+            assert_equal_or_near_tie(target, prompts, got_ids, expected_ids, max_diverged=len(prompts) // 2,
+                                     top_two=True)
         else:
             assert got_ids == expected_ids
         assert_no_leak(spec)

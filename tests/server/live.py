@@ -5,6 +5,7 @@ The test process talks to it over real HTTP (httpx); the engine's own loop threa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import string
@@ -59,6 +60,14 @@ class LiveServer:
     def engine_state(self, fn, timeout: float = 60.0):
         """Run ``fn(engine)`` on the engine's loop thread (or here, once it stopped)."""
         return self.async_engine.call_future(fn).result(timeout)
+
+    def with_client(self, fn):
+        """``await fn(client)`` with an ``httpx.AsyncClient`` on this server, from synchronous code."""
+        async def go():
+            async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
+                return await fn(client)
+
+        return asyncio.run(go())
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Wait until no request runs or waits (aborts of closed streams arrive asynchronously)."""

@@ -39,20 +39,13 @@ async def _stream_until_aborted(client: httpx.AsyncClient, body: dict, abort: di
     return chunks
 
 
-def _run(live, fn):
-    async def go():
-        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
-            return await fn(client)
-
-    return asyncio.run(go())
-
 
 def test_abort_by_rid_ends_the_stream_with_its_tokens(live):
     body = {"input_ids": [1, 5, 9, 13], "sampling_params": {**GREEDY, "max_new_tokens": LONG}, "rid": "req-a"}
     free = httpx.post(f"{live.url}/generate", json={**body, "sampling_params": {**GREEDY, "max_new_tokens": 40},
                                                    "rid": "req-free"}, timeout=60).json()
     assert free["meta_info"]["id"] == "req-free"
-    chunks = _run(live, lambda c: _stream_until_aborted(c, body, {"rid": "req-a"}))
+    chunks = live.with_client(lambda c: _stream_until_aborted(c, body, {"rid": "req-a"}))
     last = chunks[-1]
     assert last["meta_info"]["id"] == "req-a" and last["meta_info"]["finish_reason"] == "abort"
     ids = last["output_ids"]
@@ -66,7 +59,7 @@ def test_abort_by_rid_ends_the_stream_with_its_tokens(live):
 def test_abort_all_ends_every_request_in_flight(live):
     body = {"input_ids": [[1, 5, 9], [1, 7, 2, 8]], "sampling_params": {**GREEDY, "max_new_tokens": LONG},
             "rid": "batch"}
-    chunks = _run(live, lambda c: _stream_until_aborted(c, body, {"abort_all": True}))
+    chunks = live.with_client(lambda c: _stream_until_aborted(c, body, {"abort_all": True}))
     last = {c["index"]: c for c in chunks}
     assert sorted(last) == [0, 1] and [last[i]["meta_info"]["id"] for i in (0, 1)] == ["batch_0", "batch_1"]
     assert all(c["meta_info"]["finish_reason"] == "abort" and len(c["output_ids"]) < LONG for c in last.values())
@@ -88,7 +81,7 @@ def test_rid_errors_name_the_field(live):
         assert (await client.post("/abort_request", json={"rid": "taken"})).status_code == 200
         return dup, shape, neither, unknown, (await task).json()
 
-    dup, shape, neither, unknown, first = _run(live, go)
+    dup, shape, neither, unknown, first = live.with_client(go)
     assert dup.status_code == 400 and "rid 'taken' is already in use" in dup.json()["error"]["message"]
     assert shape.status_code == 400 and shape.json()["error"]["message"].startswith("rid:")  # a string only
     assert neither.status_code == 400 and "abort_all" in neither.json()["error"]["message"]
@@ -111,7 +104,7 @@ def test_openai_requests_take_a_rid_too(live):
             assert (await client.post("/abort_request", json={"rid": rid})).status_code == 200
         return (await one).json(), (await two).json()
 
-    one, two = _run(live, go)
+    one, two = live.with_client(go)
     assert one["id"] == "cmpl-oa" and one["choices"][0]["finish_reason"] == "abort"
     assert two["id"] == "cmpl-ob_0" and [c["finish_reason"] for c in two["choices"]] == ["abort", "abort"]
     live.wait_idle()

@@ -1,8 +1,5 @@
 """OpenAI-compatible endpoints: response shapes, streaming chunks, usage, chat template, stops."""
 
-import asyncio
-
-import httpx
 import pytest
 
 from ..e2e.helpers import engine, make_pair, prompts_of
@@ -19,20 +16,13 @@ def setup():
     server.close()
 
 
-def _run(server, fn):
-    async def go():
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            return await fn(client)
-
-    return asyncio.run(go())
-
 
 def test_completions_shape_and_lossless(setup):
     target, plain, server = setup
     ids = prompts_of([7], target.config.vocab_size, seed=3)[0]
     expected = plain.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 12})
     body = {"model": "tiny-eagle", "prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    out = _run(server, lambda c: c.post("/v1/completions", json=body)).json()
+    out = server.with_client(lambda c: c.post("/v1/completions", json=body)).json()
     assert out["object"] == "text_completion" and out["id"].startswith("cmpl-") and out["model"] == "tiny-eagle"
     assert isinstance(out["created"], int)
     (choice,) = out["choices"]
@@ -44,7 +34,7 @@ def test_completions_shape_and_lossless(setup):
 
 def test_completions_batch_and_default_max_tokens(setup):
     _, plain, server = setup
-    out = _run(server, lambda c: c.post("/v1/completions", json={"prompt": ["One", "Two two"], "temperature": 0,
+    out = server.with_client(lambda c: c.post("/v1/completions", json={"prompt": ["One", "Two two"], "temperature": 0,
                                                                  "ignore_eos": True})).json()
     assert [c["index"] for c in out["choices"]] == [0, 1]
     for c, p in zip(out["choices"], ["One", "Two two"]):
@@ -62,7 +52,7 @@ def test_completions_stream_deltas_concatenate(setup):
                                                           "stream_options": {"include_usage": True}})
         return whole, events
 
-    whole, events = _run(server, both)
+    whole, events = server.with_client(both)
     assert events[-1] == "[DONE]"
     usage, chunks = events[-2], events[:-2]
     # the same prompt again: the prefix cache supplies all of it but the last token
@@ -87,7 +77,7 @@ def test_chat_fallback_template_shape_and_stream(setup):
         return (await c.post("/v1/chat/completions", json=body)).json(), \
             await post_stream(c, "/v1/chat/completions", {**body, "stream": True})
 
-    out, events = _run(server, both)
+    out, events = server.with_client(both)
     assert out["object"] == "chat.completion" and out["id"].startswith("chatcmpl-")
     (choice,) = out["choices"]
     assert choice["message"] == {"role": "assistant", "content": expected["text"]}
@@ -110,7 +100,7 @@ def test_stop_strings_and_ids(setup):
         return (await c.post("/v1/completions", json=body)).json(), \
             await post_stream(c, "/v1/completions", {**body, "stream": True})
 
-    out, events = _run(server, both)
+    out, events = server.with_client(both)
     assert out["choices"][0]["text"] == text[: text.index(stop)]
     assert out["choices"][0]["finish_reason"] == "stop"
     streamed = "".join(c["choices"][0]["text"] for c in events[:-1])
@@ -123,7 +113,7 @@ def test_model_info_and_models(setup):
     async def both(c):
         return (await c.get("/get_model_info")).json(), (await c.get("/v1/models")).json()
 
-    info, models = _run(server, both)
+    info, models = server.with_client(both)
     assert info["speculative_algorithm"] == "EAGLE" and info["is_generation"] is True
     assert info["context_length"] == 512 and info["vocab_size"] == 97
     assert models["data"][0]["id"] == "tiny-eagle"

@@ -9,8 +9,6 @@ stop string. Streaming sends nothing past the stop and ends where the non-stream
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
@@ -32,13 +30,6 @@ def live(request):
                            tokenizer=TOK)) as server:
         yield server
 
-
-def _run(server: LiveServer, fn):
-    async def go():
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            return await fn(client)
-
-    return asyncio.run(go())
 
 
 def _free_run(live: LiveServer, text: str) -> dict:
@@ -97,7 +88,7 @@ def test_generate_ends_with_the_token_that_completes_the_stop_string(live):
         whole = (await c.post("/generate", json=body)).json()
         return whole, await post_stream(c, "/generate", {**body, "stream": True})
 
-    out, events = _run(live, both)
+    out, events = live.with_client(both)
     _check_native(out, free, stop, end, kept)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -129,7 +120,7 @@ def test_openai_usage_and_logprobs_end_at_the_stop(live, chat):
         whole = (await c.post(path, json=body)).json()
         return whole, await post_stream(c, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
 
-    whole, events = _run(live, both)
+    whole, events = live.with_client(both)
     (choice,) = whole["choices"]
     assert (choice["message"]["content"] if chat else choice["text"]) == kept
     assert choice["token_ids"] == ids and choice["finish_reason"] == "stop"
@@ -177,7 +168,7 @@ def test_min_tokens_holds_back_a_stop_string_completed_before_it(live):
         whole = (await c.post("/v1/completions", json=body)).json()
         return whole, await post_stream(c, "/v1/completions", {**body, "stream": True})
 
-    whole, events = _run(live, both)
+    whole, events = live.with_client(both)
     (choice,) = whole["choices"]
     assert choice["text"] == expect_text and choice["token_ids"] == expect_ids
     assert choice["finish_reason"] == ("length" if nxt < 0 else "stop")

@@ -55,13 +55,12 @@ class DraftResources:
     @classmethod
     def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
               num_steps: int, topk: int) -> "DraftResources":
-        dcfg = draft_model.config
+        dcfg, layout = draft_model.config, draft_model.kv_layout  # NOTE: this rank's KV heads
         weight = next(draft_model.parameters())
         scratch = max_running_requests * max(num_steps - 1, 0) * topk
         pad_slot = memory.capacity + scratch
-        kv = KVCache(num_layers=dcfg.num_hidden_layers, num_slots=pad_slot + 1,
-                     num_kv_heads=dcfg.num_key_value_heads, head_dim=dcfg.head_dim,
-                     dtype=weight.dtype, device=weight.device)
+        kv = KVCache(num_layers=layout.num_layers, num_slots=pad_slot + 1, num_kv_heads=layout.num_kv_heads,
+                     head_dim=layout.head_dim, dtype=weight.dtype, device=weight.device)
         state = DraftState(max_reqs=memory.req_to_token.shape[0], topk=topk, hidden_size=dcfg.hidden_size,
                            dtype=weight.dtype, device=weight.device)
         return cls(kv, state, pad_slot, topk)

@@ -21,6 +21,7 @@ from torch import nn
 
 from specdec.forward import ForwardBatch, LogitsOutput
 from specdec.models.llama import KVLayout, LlamaConfig, LlamaDecoderLayer, logits_and_hidden
+from specdec.models.parallel import SINGLE, TPGroup, make_embedding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +51,24 @@ class EagleDraftModel(nn.Module):
         hot_token_ids: torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
         device: Any = "cpu",
+        tp: TPGroup = SINGLE,
     ) -> None:
         """``embed_tokens`` / ``lm_head_weight`` come from the target; ``own_embedding`` gives the
         head its own ``embed_tokens`` (when its checkpoint has one) instead of the target's.
 
         ``hot_token_ids`` ([draft_vocab] target ids, EAGLE-2's ``--speculative-token-map``): the
-        head predicts over these tokens only; ``lm_head_weight`` then holds just their rows.
+        head predicts over these tokens only; ``lm_head_weight`` then holds just their rows, whole
+        on every rank. Otherwise, under tensor parallelism (``tp``), ``lm_head_weight`` is the
+        target's shard and the logits are gathered; the decoder layers are sharded either way.
         """
         super().__init__()
         self.config = config
+        self.tp = tp
+        # the logits' group: a token map's rows are whole on every rank
+        self.logits_tp = SINGLE if hot_token_ids is not None else tp
         h = config.hidden_size
         if own_embedding:
-            self.embed_tokens = nn.Embedding(config.vocab_size, h, dtype=dtype, device=device)
+            self.embed_tokens = make_embedding(config.vocab_size, h, tp, dtype=dtype, device=device)
         elif embed_tokens is None:
             raise ValueError("EagleDraftModel needs the target's embed_tokens unless own_embedding=True")
         self.shared = SharedWeights(None if own_embedding else embed_tokens, lm_head_weight)
@@ -71,7 +78,7 @@ class EagleDraftModel(nn.Module):
         # not part of the checkpoint format: it comes from the token-map file
         self.register_buffer("hot_token_ids", hot_token_ids, persistent=False)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, dtype=dtype, device=device, input_norm=i != 0)
+            LlamaDecoderLayer(config, i, dtype=dtype, device=device, input_norm=i != 0, tp=tp)
             for i in range(config.num_hidden_layers)
         )
 
@@ -80,7 +87,7 @@ class EagleDraftModel(nn.Module):
         return self.shared.embed_tokens if self.shared.embed_tokens is not None else self.embed_tokens
 
     @property
-    def lm_head_weight(self) -> torch.Tensor:  # [vocab, H]
+    def lm_head_weight(self) -> torch.Tensor:  # [vocab, H] ([chunk, H] under tensor parallelism; hot rows)
         return self.shared.lm_head_weight
 
     @property
@@ -91,7 +98,7 @@ class EagleDraftModel(nn.Module):
     @property
     def kv_layout(self) -> KVLayout:
         c = self.config
-        return KVLayout(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        return KVLayout(c.num_hidden_layers, self.tp.heads(c).num_kv, c.head_dim)
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         hidden_in = batch.spec_hidden_states  # [T, H]
@@ -108,4 +115,5 @@ class EagleDraftModel(nn.Module):
             for layer in self.layers:
                 h, residual = layer(batch.positions, h, residual, batch)
             h = h + residual
-        return logits_and_hidden(h, h, self.lm_head_weight, batch)
+        vocab = self.lm_head_weight.shape[0] if self.logits_tp.size == 1 else self.config.vocab_size
+        return logits_and_hidden(h, h, self.lm_head_weight, batch, tp=self.logits_tp, vocab_size=vocab)

@@ -21,18 +21,20 @@ from torch import nn
 from specdec.forward import ForwardBatch, LogitsOutput
 from specdec.models.eagle import SharedWeights
 from specdec.models.llama import KVLayout, LlamaAttention, LlamaConfig, LlamaMLP, RMSNorm, logits_and_hidden
+from specdec.models.parallel import SINGLE, TPGroup, make_embedding
 
 
 class Eagle3MidLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any) -> None:
+    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: Any, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
         self.hidden_norm = RMSNorm(h, eps, dtype=dtype, device=device)
         # SGLang builds the 2H-input qkv without bias whatever the config says.
-        self.self_attn = LlamaAttention(config, 0, dtype=dtype, device=device, in_features=2 * h, qkv_bias=False)
+        self.self_attn = LlamaAttention(config, 0, dtype=dtype, device=device, in_features=2 * h, qkv_bias=False,
+                                        tp=tp)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
-        self.mlp = LlamaMLP(config, dtype=dtype, device=device)
+        self.mlp = LlamaMLP(config, dtype=dtype, device=device, tp=tp)
 
     def forward(
         self,
@@ -64,14 +66,18 @@ class Eagle3DraftModel(nn.Module):
         fc_bias: bool = False,
         dtype: torch.dtype = torch.float32,
         device: Any = "cpu",
+        tp: TPGroup = SINGLE,
     ) -> None:
         """``aux_hidden_layers``: the target capture indices this head was trained on (see llama.py).
         ``lm_head_weight``: share the target's lm_head instead of owning one (then the draft vocab
-        is the full vocab). ``own_embedding``: use a checkpoint embedding instead of the target's."""
+        is the full vocab). ``own_embedding``: use a checkpoint embedding instead of the target's.
+        ``tp``: shard the layer and the lm_head as the target's are (``specdec.models.parallel``);
+        ``fc``, the norms and the token maps stay whole on every rank."""
         super().__init__()
         if config.num_hidden_layers != 1:
             raise ValueError(f"EAGLE-3 draft: num_hidden_layers={config.num_hidden_layers} is not supported (only 1)")
         self.config = config
+        self.tp = tp
         h, vocab = config.hidden_size, config.vocab_size
         self.draft_vocab_size = int(draft_vocab_size or vocab)
         if lm_head_weight is not None and self.draft_vocab_size != vocab:
@@ -82,15 +88,16 @@ class Eagle3DraftModel(nn.Module):
         self.aux_hidden_layers = tuple(aux_hidden_layers)
         kw = dict(dtype=dtype, device=device)
         if own_embedding:
-            self.embed_tokens = nn.Embedding(vocab, h, **kw)
+            self.embed_tokens = make_embedding(vocab, h, tp, **kw)
         elif embed_tokens is None:
             raise ValueError("Eagle3DraftModel needs the target's embed_tokens unless own_embedding=True")
         self.shared = SharedWeights(None if own_embedding else embed_tokens, lm_head_weight)
         self.fc = nn.Linear(len(self.aux_hidden_layers) * self.target_hidden_size, h, bias=fc_bias, **kw)
-        self.midlayer = Eagle3MidLayer(config, **kw)
+        self.midlayer = Eagle3MidLayer(config, tp=tp, **kw)
         self.norm = RMSNorm(h, config.rms_norm_eps, **kw)
-        if lm_head_weight is None:
-            self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False, **kw)
+        if lm_head_weight is None:  # [draft_vocab (this rank's chunk under tensor parallelism), H]
+            rows = self.draft_vocab_size if tp.size == 1 else tp.vocab_chunk(self.draft_vocab_size)
+            self.lm_head = nn.Linear(h, rows, bias=False, **kw)
         # [draft_vocab] target_id - draft_id; [vocab] True where the target id is in the draft vocab
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.int64, device=device))
         self.register_buffer("t2d", torch.zeros(vocab, dtype=torch.bool, device=device))
@@ -102,7 +109,7 @@ class Eagle3DraftModel(nn.Module):
         return self.shared.embed_tokens if self.shared.embed_tokens is not None else self.embed_tokens
 
     @property
-    def lm_head_weight(self) -> torch.Tensor:  # [draft_vocab, H]
+    def lm_head_weight(self) -> torch.Tensor:  # [draft_vocab, H] ([chunk, H] this rank's rows)
         return self.shared.lm_head_weight if self.shared.lm_head_weight is not None else self.lm_head.weight
 
     @property
@@ -112,8 +119,7 @@ class Eagle3DraftModel(nn.Module):
 
     @property
     def kv_layout(self) -> KVLayout:
-        c = self.config
-        return KVLayout(1, c.num_key_value_heads, c.head_dim)
+        return KVLayout(1, self.tp.heads(self.config).num_kv, self.config.head_dim)
 
     def map_draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> target-vocab ids (``ids + d2t[ids]``), any shape."""
@@ -139,4 +145,4 @@ class Eagle3DraftModel(nn.Module):
         if batch.num_tokens > 0:
             h, residual = self.midlayer(batch.positions, e, h, batch)
         normed, h = self.norm.forward_add(h, residual)  # h: the layer's output, the next step's input
-        return logits_and_hidden(normed, h, self.lm_head_weight, batch)
+        return logits_and_hidden(normed, h, self.lm_head_weight, batch, tp=self.tp, vocab_size=self.draft_vocab_size)

@@ -18,7 +18,7 @@ from specdec.models.eagle import EagleDraftModel
 from specdec.models.eagle3 import Eagle3DraftModel
 from specdec.models.gguf_loader import load_gguf_target, read_gguf_config, read_gguf_num_layers
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
-from specdec.models.parallel import SINGLE, TPGroup
+from specdec.models.parallel import SINGLE, TPGroup, shard_state_dict
 from specdec.models.registry import build_target, config_from_hf
 from specdec.models.weights import (
     assign_weights, random_state, read_config, read_state_dict, unpermute_rope, weight_names,
@@ -250,9 +250,12 @@ def load_draft_head(
 
     ``token_map`` (EAGLE-1/2 only): a torch file holding the [draft_vocab] target ids the head
     may propose (SGLang's ``--speculative-token-map``); its lm_head keeps just those rows.
-    ``load_format="dummy"``: only ``config.json`` is read; random weights from ``seed`` (the same
-    on every tensor-parallel rank, which all hold the whole head), an EAGLE-3 head's draft
-    vocabulary being the first ``draft_vocab_size`` target ids.
+    ``load_format="dummy"``: only ``config.json`` is read; random weights from ``seed``, an EAGLE-3
+    head's draft vocabulary being the first ``draft_vocab_size`` target ids.
+
+    Under the target's tensor parallelism the head is sharded as the target is (its layers' heads
+    and MLP, its lm_head over the draft vocabulary); what stays whole (fc, norms, token maps) is
+    the same on every rank, dummy weights included (one seed for all ranks).
     """
     check_load_format(load_format)
     path = Path(path)
@@ -274,6 +277,8 @@ def load_draft_head(
     if config.hidden_size == tc.hidden_size:
         for field in ("num_attention_heads", "num_key_value_heads", "head_dim"):
             _check(path, field, getattr(config, field), getattr(tc, field))
+    tp = target.tp
+    tp.check(config)
     own_embedding = "embed_tokens.weight" in state
     if not own_embedding and config.hidden_size != tc.hidden_size:
         raise ValueError(f"draft head {path}: hidden_size differs from the target's and it has no embed_tokens.weight")
@@ -282,13 +287,17 @@ def load_draft_head(
         # An EAGLE-1 head reads the target's final hidden state, not captured layer inputs.
         _check(path, "aux_hidden_layers", None, target.aux_hidden_layers)
         hot = load_token_map(token_map, tc.vocab_size) if token_map is not None else None
-        full = _shared_lm_head(target)
-        lm_head = full if hot is None else full[hot.to(full.device)]
+        if hot is None:
+            lm_head = target.lm_head_weight  # this rank's rows: the logits are gathered
+        else:  # a token map's rows, whole on every rank
+            full = target.lm_head_weight if tp.size == 1 else target.full_lm_head_weight()
+            lm_head = full[hot.to(full.device)]
         with torch.device("meta"):
             model: DraftModel = EagleDraftModel(
                 config, embed_tokens=target.embed_tokens, lm_head_weight=lm_head,
                 own_embedding=own_embedding, fc_bias=True, dtype=dtype, device="meta",
                 hot_token_ids=None if hot is None else hot.to(device),  # a real tensor: not in state
+                tp=tp,
             )
     else:
         if token_map is not None:
@@ -296,15 +305,10 @@ def load_draft_head(
         model = _build_eagle3(path, cfg, config, state, target, own_embedding, dtype)
     if dummy:
         state = random_state(model, seed=seed, dtype=dtype, device=device, given=state)
+    else:
+        state = shard_state_dict(state, config, tp)
     assign_weights(model, state, what=f"draft head {path}", dtype=dtype, device=device)
     return model.eval()
-
-
-def _shared_lm_head(target: LlamaForCausalLM) -> torch.Tensor:  # [vocab, H]
-    """The target's lm_head for a head that shares it. NOTE: the head is replicated over
-    tensor-parallel ranks (it is small; no collective per draft step), so it gets the whole
-    weight; without tensor parallelism it is the target's own Parameter (sharing survives .to())."""
-    return target.lm_head_weight if target.tp.size == 1 else target.full_lm_head_weight()
 
 
 def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
@@ -337,8 +341,9 @@ def _build_eagle3(
         return Eagle3DraftModel(
             config, aux_hidden_layers=expected, embed_tokens=target.embed_tokens,
             draft_vocab_size=draft_vocab, target_hidden_size=cfg.get("target_hidden_size"),
-            lm_head_weight=_shared_lm_head(target) if shared_head else None,
+            lm_head_weight=target.lm_head_weight if shared_head else None,
             own_embedding=own_embedding, fc_bias=bool(cfg.get("bias", False)), dtype=dtype, device="meta",
+            tp=target.tp,
         )
 
 

@@ -1,5 +1,6 @@
-"""Tensor parallelism for the target (SGLang's ``--tp-size``): which rows and columns of each weight
-a rank holds, and the collectives that join the shards.
+"""Tensor parallelism (SGLang's ``--tp-size``) for the target and its draft head: which rows and
+columns of each weight a rank holds, and the collectives that join the shards. A draft head's
+layers and lm_head are cut as the target's are; its fc, norms and token maps stay whole.
 
 Glossary: tp = tensor-parallel ranks, r = this rank, Hq / Hkv = query / KV heads, D = head_dim,
 I = intermediate_size, V = vocab_size, chunk = ceil(V / tp) vocabulary rows per rank.
@@ -118,7 +119,7 @@ class TPGroup:
         return box[0]
 
     def gather_rows(self, local: torch.Tensor, rows: int) -> torch.Tensor:  # [chunk, H] -> [rows, H]
-        """A vocab-parallel weight made whole again (for a replicated draft head that shares it)."""
+        """A vocab-parallel weight made whole again (the rows of an EAGLE token map, whole on every rank)."""
         return self.gather_vocab(local.t().contiguous(), rows).t().contiguous()
 
 

@@ -1,6 +1,7 @@
 """Tensor parallelism on CPU (gloo, 2 ranks): greedy output equals tp 1 token for token for plain
 and EAGLE-3 decoding; bad --tp-size values and dying workers end in clear errors, never a hang."""
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -14,9 +15,11 @@ pytest.importorskip("transformers")
 
 from specdec.engine.engine import Engine  # noqa: E402
 from specdec.engine.tp_worker import TPWorkerError  # noqa: E402
-from specdec.models import load_target  # noqa: E402
+from specdec.models import load_target, save_draft_head  # noqa: E402
 from specdec.models.config import default_eagle3_layers  # noqa: E402
+from specdec.models.eagle import EagleDraftModel  # noqa: E402
 
+from ..builders import randomize_  # noqa: E402
 from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint  # noqa: E402
 
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60], [2, 33, 71, 14, 52, 8, 95, 11, 4]]
@@ -57,6 +60,38 @@ def test_tp2_equals_tp1_plain_and_eagle3(checkpoint):
         assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
     finally:
         tp_spec.shutdown()
+
+
+def test_tp2_shards_the_draft_head_and_stays_lossless(checkpoint, tmp_path):
+    """The draft head is sharded as the target is: each rank holds half its query heads, MLP and
+    lm_head rows (EAGLE-3 over its own draft vocabulary; EAGLE-1 on the target's lm_head shard, or,
+    with a token map, on whole hot rows), and greedy output still equals tp 1 plain decoding."""
+    path, head3 = checkpoint
+    plain = _outputs(Engine(path))
+    head1 = tmp_path / "eagle1"
+    target = load_target(path)
+    config = dataclasses.replace(target.config, num_hidden_layers=1, qk_norm=False)  # an EAGLE-1 head is Llama
+    save_draft_head(randomize_(EagleDraftModel(config, embed_tokens=target.embed_tokens,
+                                               lm_head_weight=target.lm_head_weight), 3), head1)
+    token_map = tmp_path / "hot.pt"
+    torch.save(torch.arange(0, 60, 2), token_map)  # 30 hot tokens
+    # (algorithm, head, extra flags, lm_head rows on this rank): draft vocab 80 -> 40 a rank;
+    # the target's vocab 97 -> 49 a rank; a token map's 30 rows whole
+    cases = [("EAGLE3", head3, {}, 40), ("EAGLE", head1, {}, 49),
+             ("EAGLE", head1, {"speculative_token_map": str(token_map)}, 30)]
+    heads = target.config.num_attention_heads
+    for algorithm, head, extra, rows in cases:
+        eng = Engine(path, tp_size=2, speculative_draft_model_path=str(head),
+                     **{**SPEC, "speculative_algorithm": algorithm, **extra})
+        try:
+            draft = eng.draft_model
+            attn = (draft.midlayer if algorithm == "EAGLE3" else draft.layers[0]).self_attn
+            assert attn.layer.num_heads == heads // 2 and draft.lm_head_weight.shape[0] == rows
+            out = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+            assert [o["output_ids"] for o in out] == plain, (algorithm, extra)
+            assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
+        finally:
+            eng.shutdown()
 
 
 def test_tp2_adaptive_speculation(checkpoint, tmp_path):

@@ -73,7 +73,7 @@ if [ "$what" = tp ]; then
       tests/e2e/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
     status=${PIPESTATUS[0]}
   fi
-  for tp in ${TP_SIZES:-1 2}; do
+  for tp in ${TP_SIZES-1 2}; do  # TP_SIZES= (empty): the tests only
     timeout "${TP_SWEEP_TIMEOUT:-300}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --tp-size "$tp" \
       --context-len "${TP_CTX:-1024}" --batch-sizes "${TP_BS:-1,2,4,8,16,32,64,128}" --configs "${TP_CONFIGS:-3,1,4;5,4,8}" \
       --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 --profile-device "$OUT/device_profile_tp$tp.txt" \

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import specdec
 from specdec.eagle.acceptance import AcceptanceModel
 from specdec.eagle.adaptive import AUTO
 from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts
@@ -151,6 +152,7 @@ def _cache_path(engine, batch_sizes: list[int]) -> Path:
     device = engine.memory.req_to_token.device
     key = json.dumps({
         "format": PROFILE_FORMAT,
+        "specdec": specdec.__version__,  # NOTE: a release's kernels change the costs
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "target": [target.hidden_size, target.num_hidden_layers, target.num_attention_heads,

@@ -8,11 +8,11 @@ in programmatic dependent launch, see ``specdec.models.ops.launch``). ``linear_r
 is the specification.
 
 Dispatch, decided once per (token bucket, N, K) by ``plan`` from a fixed table measured on an H100
-(benchmarks/results/2026-11-22-h100-gemv; no timing at run time, so the eager warm-up and the
-CUDA-graph capture always take the same kernel):
+(benchmarks/results/2026-11-22-h100-gemv, 2026-11-26-h100-gemm-dispatch; no timing at run time, so
+the eager warm-up and the CUDA-graph capture always take the same kernel):
 
   Triton   CUDA tensors, bf16 / fp16, 1 <= tokens <= MAX_TOKENS, no autograd, contiguous weight,
-           16-byte rows, and a table entry for the shape (otherwise cuBLAS was as fast)
+           16-byte rows
   F.linear otherwise (cuBLAS on CUDA; on CPU the model keeps its reference numerics)
 
 ``cublas_only()`` switches the Triton path off (the baseline of tests and benchmarks).
@@ -90,29 +90,26 @@ def _bucket(m: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _config(m: int, n: int, k: int):
-    """The measured choice for ``m`` tokens (a bucket), or None for cuBLAS.
+    """The kernel's tiling for ``m`` tokens (a bucket) and an [n, k] weight.
 
     H100, Llama-3.1-8B shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336,
     lm_head 128256x4096, EAGLE-3 head 6144x8192 / 32000x4096), CUDA-graph replays with PDL:
       M = 1     elementwise, 4 rows x 1024 (N >= 6144), or 8 x 512 with the next chunk prefetched
                 (N = 4096: more bytes in flight for the few programs); 4-22% faster than cuBLAS
       M = 2     elementwise, 4 x 512 (prefetching loses 10-30% here: registers)
-      M = 3-16  tensor cores, 32 x 256, 4 stages; within 3% of cuBLAS or faster, except
-                gate_up-sized N at M >= 8 (cuBLAS 3-4% faster: kept)
-      M = 17-32 only lm_head-sized N (5-6% faster); cuBLAS is about as fast on the layers
+      M = 3-32  tensor cores, 32 x 256, 4 stages, every shape. Timed alone, cuBLAS is up to 4%
+                faster on gate_up-sized N at M >= 8 and about as fast on the layers at M = 17-32;
+                inside a decode step the Triton kernels overlap their neighbours (PDL) and cuBLAS's
+                do not, and the whole step is faster: plain 8B decode 7.00 -> 6.46 ms at bs 8,
+                7.38 -> 7.01 ms at bs 16, the chain 3x1x4 8.82 -> 8.65 ms at bs 8, against the
+                table that left them to cuBLAS (2026-11-26-h100-gemm-dispatch)
     """
     cfg = _kernels().GemvConfig
     if m == 1:
         return cfg(4, 1024) if n >= 6144 else cfg(8, 512, prefetch=True)
     if m == 2:
         return cfg(4, 512)
-    if m <= 16:
-        if m >= 8 and 16384 <= n < 32000:
-            return None
-        return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
-    if n >= 32000:
-        return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
-    return None
+    return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
 
 
 def linear(

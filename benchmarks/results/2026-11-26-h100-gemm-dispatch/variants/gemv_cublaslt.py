@@ -1,0 +1,139 @@
+"""The model's linear layers for few tokens: a Triton skinny GEMM (``gemv_kernels``) where it beats
+cuBLAS.
+
+A decode step of an 8B model at bs 1-8 (and a verify forward of up to 32 tokens) reads every weight
+once; its time is the weight bytes over memory bandwidth plus what the kernels fail to overlap.
+cuBLAS's kernels for a few rows leave 5-20% of the bandwidth unused at M = 1 (and cannot take part
+in programmatic dependent launch, see ``specdec.models.ops.launch``). ``linear_ref`` (``F.linear``)
+is the specification.
+
+Dispatch, decided once per (token bucket, N, K) by ``plan`` from a fixed table measured on an H100
+(benchmarks/results/2026-11-22-h100-gemv; no timing at run time, so the eager warm-up and the
+CUDA-graph capture always take the same kernel):
+
+  Triton   CUDA tensors, bf16 / fp16, 1 <= tokens <= MAX_TOKENS, no autograd, contiguous weight,
+           16-byte rows, and a table entry for the shape (otherwise cuBLAS was as fast)
+  F.linear otherwise (cuBLAS on CUDA; on CPU the model keeps its reference numerics)
+
+``cublas_only()`` switches the Triton path off (the baseline of tests and benchmarks).
+
+Measured and rejected (see the results README): fusing the RMSNorm or SiLU-and-mul into the GEMM
+as a prologue. Every program must recompute the prologue from the whole input row, so the input is
+re-read (from L2) once per program; at M = 1 that cost about what the separate kernel does, and at
+M >= 2 it lost by 10-300%.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from specdec.models.ops import _HAS_TRITON
+
+__all__ = ["linear", "linear_ref", "cublas_only", "plan", "MAX_TOKENS"]
+
+MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's tensor-core kernels
+_enabled = True
+
+
+@contextlib.contextmanager
+def cublas_only() -> Iterator[None]:
+    """Within the block ``linear`` is ``F.linear`` (the model's computation before this module).
+
+    NOTE: read when a layer runs, so a CUDA graph keeps what was in force at its capture.
+    """
+    global _enabled
+    saved, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = saved
+
+
+@functools.cache
+def _kernels():
+    from specdec.models.ops import gemv_kernels  # NOTE: imports triton
+
+    return gemv_kernels
+
+
+def _applies(device: torch.device) -> bool:
+    """CUDA only: on CPU the model keeps its reference numerics. (Tests run the kernel on CPU
+    tensors through Triton's interpreter by patching this.)"""
+    return device.type == "cuda"
+
+
+def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The ``GemvConfig`` for this call, or None for ``F.linear``."""
+    if not (_enabled and _HAS_TRITON and x.dim() == 2 and weight.dim() == 2 and 1 <= x.shape[0] <= MAX_TOKENS):
+        return None
+    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or not weight.is_contiguous():
+        return None
+    if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or bias.stride(0) != 1):
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return None  # NOTE: the kernel has no backward; autograd differentiates F.linear
+    if x.stride(1) != 1 or x.shape[1] != weight.shape[1] or weight.shape[1] % 8 or not _applies(x.device):
+        return None  # NOTE: 16-byte rows; shape errors are F.linear's to report
+    if weight.device != x.device or (bias is not None and bias.device != x.device):
+        return None
+    return _config(_bucket(x.shape[0]), weight.shape[0], weight.shape[1])
+
+
+def _bucket(m: int) -> int:
+    return 1 << (m - 1).bit_length()  # 1, 2, 4, 8, 16, 32
+
+
+@functools.lru_cache(maxsize=None)
+def _config(m: int, n: int, k: int):
+    """The measured choice for ``m`` tokens (a bucket), or None for cuBLAS.
+
+    H100, Llama-3.1-8B shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336,
+    lm_head 128256x4096, EAGLE-3 head 6144x8192 / 32000x4096), CUDA-graph replays with PDL:
+      M = 1     elementwise, 4 rows x 1024 (N >= 6144), or 8 x 512 with the next chunk prefetched
+                (N = 4096: more bytes in flight for the few programs); 4-22% faster than cuBLAS
+      M = 2     elementwise, 4 x 512 (prefetching loses 10-30% here: registers)
+      M = 3-16  tensor cores, 32 x 256, 4 stages; within 3% of cuBLAS or faster, except
+                gate_up-sized N at M >= 8 (cuBLAS 3-4% faster: kept)
+      M = 17-32 only lm_head-sized N (5-6% faster); cuBLAS is about as fast on the layers
+    """
+    cfg = _kernels().GemvConfig
+    if m == 1:
+        return cfg(4, 1024) if n >= 6144 else cfg(8, 512, prefetch=True)
+    if m == 2:
+        return cfg(4, 512)
+    if m <= 16:
+        if m >= 8 and 16384 <= n < 32000:
+            return None
+        return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
+    if n >= 32000:
+        return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
+    return None
+
+
+def linear(
+    x: torch.Tensor,  # [T, K]
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [T, N]
+    """``F.linear(x, weight, bias)``; see the module docstring for the dispatch."""
+    config = plan(x, weight, bias)
+    if config is None:
+        if x.is_cuda and x.dim() == 2 and 17 <= x.shape[0] <= 128 and weight.shape[1] >= 12288:
+            saved = torch.backends.cuda.preferred_blas_library()
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            try:
+                return F.linear(x, weight, bias)
+            finally:
+                torch.backends.cuda.preferred_blas_library(saved)
+        return F.linear(x, weight, bias)
+    if bias is not None and bias.shape[0] != weight.shape[0]:
+        raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    return _kernels().gemv(x, weight, bias, config)
+
+
+linear_ref = F.linear

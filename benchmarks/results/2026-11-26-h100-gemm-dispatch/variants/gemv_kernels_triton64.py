@@ -1,0 +1,134 @@
+"""Triton skinny GEMM behind ``specdec.models.ops.gemv``: ``out = x @ W^T (+ bias)`` for a few tokens
+(M <= 32) against a bf16 / fp16 weight ``W [N, K]`` that is streamed from memory once.
+
+Imported only where Triton applies (CUDA, or CPU tensors under TRITON_INTERPRET=1).
+
+Grid: one program per (BLOCK_N rows of W, BLOCK_M tokens). A program streams its BLOCK_N x K slab of
+W in BLOCK_K chunks (16-byte loads along K, evicted first: each weight byte is read once) and
+reduces over the whole of K itself: no split-K, no atomics, so results are deterministic. Two inner
+products, chosen per shape by the caller's config:
+
+  USE_DOT=False  fp32 multiply-adds into a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator, one reduction
+                 over BLOCK_K at the end (M <= 2: no tensor-core padding, few registers)
+  USE_DOT=True   ``tl.dot`` on [BLOCK_M >= 16, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles (tensor cores,
+                 fp32 accumulation; the padding rows cost arithmetic only), software-pipelined
+
+With ``PDL`` (see ``specdec.models.ops.launch``) a program waits for the previous kernel before it
+reads x, then lets the next kernel launch. ``PREFETCH`` (elementwise path): each iteration issues
+the load of the next W chunk before it uses the current one (two chunks in flight per thread), and
+the first chunk is loaded before the wait: weights are never written, so their loads may overlap
+the previous kernel's tail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.models.ops.launch import pdl_kwargs
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    """Tiling of one launch; ``block_m`` follows from M (see ``block_m_for``)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 1
+    use_dot: bool = False
+    prefetch: bool = False  # elementwise path only
+
+    def block_m_for(self, m: int) -> int:
+        p = triton.next_power_of_2(max(m, 1))
+        return max(16, min(p, 64)) if self.use_dot else min(p, 8)
+
+
+@triton.jit
+def _load_w(w_rows, offs_n, offs_k, n_limit, K, EVEN_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] chunk of W at (``offs_n`` < ``n_limit``, ``offs_k``). A chunk past
+    the end of K is masked off whole by ``n_limit`` = 0 when K is a multiple of BLOCK_K: the mask
+    then varies along N only, so the loads along K stay 16 bytes wide."""
+    if EVEN_K:
+        mask = (offs_n < n_limit)[:, None]
+    else:
+        mask = (offs_n < n_limit)[:, None] & (offs_k < K)[None, :]
+    return tl.load(w_rows + offs_k[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                 HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, COMPILED: tl.constexpr, EVEN_K: tl.constexpr,
+                 PDL: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n[:, None] * stride_wn
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    if PREFETCH:
+        w_next = _load_w(w_rows, offs_n, tl.arange(0, BLOCK_K), N, K, EVEN_K)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if PREFETCH:
+            w = w_next
+            w_next = _load_w(w_rows, offs_n, offs_k + BLOCK_K, tl.where(k0 + BLOCK_K < K, N, 0), K, EVEN_K)
+        else:
+            w = _load_w(w_rows, offs_n, offs_k, N, K, EVEN_K)
+        if EVEN_K:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+        else:
+            x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        if USE_DOT and COMPILED:
+            acc = tl.dot(x, tl.trans(w), acc)
+        elif USE_DOT:  # NOTE: the interpreter's bf16 dot is wrong (numpy has no bf16): fp32 operands
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    if USE_DOT:
+        out = acc
+    else:
+        out = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K], unit stride along K
+    weight: torch.Tensor,  # [N, K] contiguous
+    bias: torch.Tensor | None,  # [N]
+    config: GemvConfig,
+) -> torch.Tensor:  # [M, N]
+    """Launch (no input checks: ``specdec.models.ops.gemv`` checks and dispatches)."""
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    block_m = config.block_m_for(m)
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
+    _gemv_kernel[grid](
+        x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, USE_DOT=config.use_dot, COMPILED=not INTERPRETED, EVEN_K=k % config.block_k == 0,
+        PREFETCH=config.prefetch and not config.use_dot,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        num_stages=config.num_stages, **pdl_kwargs(x.device))
+    return out
+
+
+# True when triton was imported with TRITON_INTERPRET=1: the kernels then run on CPU tensors only.
+INTERPRETED = type(_gemv_kernel).__name__ == "InterpretedFunction"

@@ -21,6 +21,7 @@ import torch
 from specdec.eagle.heads import DraftHeadAdapter
 from specdec.eagle.tree import organize_draft_results, select_top_k_tokens
 from specdec.kernels import draft_scratch_slots
+from specdec.models.ops.topk import softmax_topk
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
 
@@ -61,12 +62,9 @@ class DraftRunner:
         return self.model(batch)
 
     def _root_topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k most likely draft tokens of each row and their probabilities: [rows, k] each."""
-        logits = logits.float()
-        if k == 1:  # a chain: one max reduction and a log-sum-exp, not softmax + radix top-k
-            best, index = logits.max(dim=-1, keepdim=True)  # [rows, 1]
-            return torch.exp(best - torch.logsumexp(logits, dim=-1, keepdim=True)), self.adapter.to_target_ids(index)
-        topk_p, topk_index = torch.softmax(logits, dim=-1).topk(k, dim=-1)
+        """The k most likely draft tokens of each row and their probabilities: [rows, k] each
+        (two kernels on a GPU, not softmax + torch's radix top-k: see specdec.models.ops.topk)."""
+        topk_p, topk_index = softmax_topk(logits, k)
         return topk_p, self.adapter.to_target_ids(topk_index)
 
     def extend(

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import specdec
 from specdec.eagle.acceptance import AcceptanceModel
 from specdec.eagle.adaptive import AUTO
 from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts
@@ -33,7 +32,9 @@ from specdec.engine.admission import decode_steps_during_prefill
 
 logger = logging.getLogger(__name__)
 
-PROFILE_FORMAT = 2  # bump when StepCosts' JSON or the measurement changes: old cache files are then not read
+# bump when StepCosts' JSON, the measurement or our kernels' step times change: old cache files are then not read
+# (3: the skinny GEMM took every shape at 3-32 tokens, the draft's top-k two kernels)
+PROFILE_FORMAT = 3
 BASE_CTX = 64
 LONG_CTX = 1024
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
@@ -152,7 +153,6 @@ def _cache_path(engine, batch_sizes: list[int]) -> Path:
     device = engine.memory.req_to_token.device
     key = json.dumps({
         "format": PROFILE_FORMAT,
-        "specdec": specdec.__version__,  # NOTE: a release's kernels change the costs
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "target": [target.hidden_size, target.num_hidden_layers, target.num_attention_heads,

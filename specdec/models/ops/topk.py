@@ -1,0 +1,63 @@
+"""``softmax_topk``: the k most likely tokens of each row of logits and their probabilities.
+
+The draft loop runs it on the head's logits once per draft step (rows = requests x frontier nodes,
+columns = the draft vocabulary). ``softmax_topk_ref`` (``torch.softmax`` then ``torch.topk``) is
+the specification; on a GPU it is two softmax/top-k passes of its own plus torch's radix select, a
+dozen short kernels a call (four digit passes of three kernels, a gather, a sort), which at bs 1
+cost more than the head's GEMMs leave to spare. The Triton path (``topk_kernels``) is two kernels:
+one program per (row, chunk of columns) keeps its chunk's k best and its softmax statistics, one
+program per row merges them.
+
+Dispatch: Triton on CUDA tensors for 1 <= k <= MAX_K (and, in tests, on CPU tensors through the
+interpreter by patching ``_applies``); the reference otherwise.
+
+Agreement with the reference: the same tokens in the same order (the k largest logits; among equal
+logits the lowest index first, where ``torch.topk`` leaves the order of ties open), probabilities
+within a few fp32 ulps: the softmax denominator is summed in another order, and exp on the GPU is
+the hardware approximation.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specdec.models.ops import _HAS_TRITON
+
+__all__ = ["softmax_topk", "softmax_topk_ref", "MAX_K"]
+
+MAX_K = 16  # the kernels unroll k selection passes; EAGLE trees use topk <= 10
+
+
+def softmax_topk(
+    logits: torch.Tensor,  # [R, V] fp32 / bf16 / fp16
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([R, k] fp32 probabilities, [R, k] int64 token ids)
+    """``softmax(logits.float()).topk(k)``: see the module docstring for the dispatch."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError(f"logits: expected a [rows, vocab] tensor, got {getattr(logits, 'shape', type(logits))}")
+    if not 1 <= k <= logits.shape[1]:
+        raise ValueError(f"k: expected 1 <= k <= vocab ({logits.shape[1]}), got {k}")
+    if (k <= MAX_K and _HAS_TRITON and _applies(logits.device) and logits.shape[0] > 0
+            and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and not (torch.is_grad_enabled() and logits.requires_grad)):
+        return _kernels().softmax_topk(logits, k)
+    return softmax_topk_ref(logits, k)
+
+
+def softmax_topk_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Specification of ``softmax_topk``: softmax over each row in fp32, then its k largest."""
+    return torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+
+
+def _applies(device: torch.device) -> bool:
+    """CUDA only: on CPU the draft keeps the reference (tests patch this to run the interpreter)."""
+    return device.type == "cuda"
+
+
+@functools.cache
+def _kernels():
+    from specdec.models.ops import topk_kernels  # NOTE: imports triton
+
+    return topk_kernels

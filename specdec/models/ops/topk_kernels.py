@@ -1,0 +1,110 @@
+"""Triton kernels behind ``specdec.models.ops.topk.softmax_topk``.
+
+Imported only where Triton applies (CUDA, or CPU tensors under TRITON_INTERPRET=1).
+
+Two launches, no host sync:
+
+  _chunk_topk   grid (rows, chunks): a program loads BLOCK logits of one row (fp32), writes their
+                max m_c and sum_c exp(x - m_c), and its k best (value, column), found by k passes
+                of an arg-max that picks the lowest column among equals and then masks it out.
+  _merge_topk   grid (rows,): the row's max M = max_c m_c and denominator Z = sum_c s_c exp(m_c - M)
+                (the softmax statistics of a split row, as in split-KV attention), then k arg-max
+                passes over the chunks' candidates laid out chunk by chunk, so among equal logits
+                the lowest column still wins; p = exp(x - M) / Z.
+
+With ``PDL`` (see ``specdec.models.ops.launch``) each kernel waits for the previous one before it
+reads, then lets the next launch. A row with fewer than k logits above -inf gets -inf candidates
+from the padding past the vocabulary; their token ids are clamped into the vocabulary, so every id
+written is a valid index whatever the input.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.models.ops.launch import pdl_kwargs
+
+MAX_BLOCK = 2048  # columns a chunk program holds (fp32: 16 values a thread at 4 warps)
+
+
+@triton.jit
+def _chunk_topk_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, max_ptr, sum_ptr, num_chunks,
+                       K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    cols = chunk * BLOCK + offs
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=cols < vocab,
+                other=float("-inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # NOTE: an all -inf chunk adds exp(-inf) = 0, not NaN
+    s = tl.sum(tl.exp(x - m_safe), axis=0)
+    slot = row * num_chunks + chunk
+    tl.store(max_ptr + slot, m)
+    tl.store(sum_ptr + slot, s)
+    for i in tl.static_range(K):
+        best, at = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        tl.store(val_ptr + slot * K + i, best)
+        tl.store(idx_ptr + slot * K + i, chunk * BLOCK + at)
+        x = tl.where(offs == at, float("-inf"), x)
+
+
+@triton.jit
+def _merge_topk_kernel(val_ptr, idx_ptr, max_ptr, sum_ptr, probs_ptr, index_ptr, num_chunks, vocab,
+                       K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CAND: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    chunks = tl.arange(0, BLOCK_C)
+    cand = tl.arange(0, BLOCK_CAND)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    m = tl.load(max_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=float("-inf"))
+    s = tl.load(sum_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
+    row_max = tl.max(m, axis=0)
+    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+    denom = tl.sum(s * tl.exp(m - row_max), axis=0)
+    base = row * num_chunks * K
+    valid = cand < num_chunks * K
+    v = tl.load(val_ptr + base + cand, mask=valid, other=float("-inf"))
+    ids = tl.load(idx_ptr + base + cand, mask=valid, other=0)
+    for i in tl.static_range(K):
+        best, at = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        token = tl.sum(tl.where(cand == at, ids, 0), axis=0)
+        tl.store(probs_ptr + row * K + i, tl.exp(best - row_max) / denom)
+        tl.store(index_ptr + row * K + i, tl.minimum(token, vocab - 1).to(tl.int64))
+        v = tl.where(cand == at, float("-inf"), v)
+
+
+def softmax_topk(
+    logits: torch.Tensor,  # [R, V], unit stride along V
+    k: int,
+    *,
+    block: int | None = None,  # columns per chunk program (tests force small chunks)
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([R, k] fp32, [R, k] int64)
+    """Launch (inputs checked by ``specdec.models.ops.topk.softmax_topk``)."""
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    rows, vocab = logits.shape
+    block = block or min(MAX_BLOCK, max(16, triton.next_power_of_2(vocab)))
+    num_chunks = triton.cdiv(vocab, block)
+    device = logits.device
+    cand_val = torch.empty(rows, num_chunks, k, dtype=torch.float32, device=device)
+    cand_idx = torch.empty(rows, num_chunks, k, dtype=torch.int32, device=device)
+    chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
+    chunk_sum = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
+    probs = torch.empty(rows, k, dtype=torch.float32, device=device)
+    index = torch.empty(rows, k, dtype=torch.int64, device=device)
+    pdl = pdl_kwargs(device)
+    _chunk_topk_kernel[(rows, num_chunks)](
+        logits, logits.stride(0), vocab, cand_val, cand_idx, chunk_max, chunk_sum, num_chunks,
+        K=k, BLOCK=block, num_warps=4, **pdl)
+    _merge_topk_kernel[(rows,)](
+        cand_val, cand_idx, chunk_max, chunk_sum, probs, index, num_chunks, vocab,
+        K=k, BLOCK_C=max(16, triton.next_power_of_2(num_chunks)),
+        BLOCK_CAND=max(16, triton.next_power_of_2(num_chunks * k)), num_warps=4, **pdl)
+    return probs, index

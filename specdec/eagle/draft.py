@@ -20,9 +20,9 @@ import torch
 
 from specdec.eagle.heads import DraftHeadAdapter
 from specdec.eagle.tree import organize_draft_results, select_top_k_tokens
+from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 from specdec.kernels import draft_scratch_slots
 from specdec.models.ops.topk import softmax_topk
-from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
 
 class DraftRunner:

@@ -16,6 +16,7 @@
 #   tp         tensor parallelism on two GPUs: its GPU tests, then the 8B sweep with --tp-size 1 and 2
 #              (plain, the chain 3x1x4 and adaptive speculation, bs 1-128, ctx TP_CTX), each profiled at the
 #              smallest and largest batch size for the share of a step in NCCL kernels (all-reduce, all-gather)
+# A/B of source variants (a branch's files against the tree) in whole decode steps: scripts/gpu_ab.sh.
 # The commit being measured is read from .commit (carry it: `git rev-parse --short HEAD > .commit`).
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"

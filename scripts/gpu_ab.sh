@@ -12,8 +12,9 @@
 # Settings: AB_CONFIGS ("6,8,32;3,1,4"), AB_BS ("1,2,8,16,32,64"), AB_CTX (1024), AB_STEPS (32),
 # AB_SHAPE (llama-3.1-8b; "tiny" with AB_ARGS="--device cpu --attention-backend torch_native" checks
 # the script on a CPU), AB_TIMEOUT (s a variant, 200),
-# AB_ARGS (more `specdec bench --synthetic` flags). Writes $OUT/ab_NAME.json / .log; prints each
-# point's step time and phases.
+# AB_ARGS (more `specdec bench --synthetic` flags), AB_ARGS_NAME (flags for variant NAME only, e.g.
+# AB_ARGS_fp8="--speculative-draft-model-quantization fp8" with fp8=.). Writes $OUT/ab_NAME.json /
+# .log; prints each point's step time and phases.
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
@@ -29,6 +30,7 @@ trap 'restore; rm -rf "$backup"' EXIT
 status=0
 for spec in "$@"; do
   name="${spec%%=*}" dir="${spec#*=}"
+  [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || { echo "gpu_ab: variant name $name: letters, digits, _" >&2; exit 2; }
   if [ "$dir" != . ]; then
     [ -d "$dir" ] || { echo "gpu_ab: no folder $dir for variant $name" >&2; exit 2; }
     (cd "$dir" && find . -type f) | while read -r f; do  # save what the variant replaces or adds
@@ -38,9 +40,10 @@ for spec in "$@"; do
     cp -r "$dir/." .
     echo "$name: $(cd "$dir" && find . -type f | wc -l) file(s) over the tree"
   fi
+  own_args="AB_ARGS_$name"
   timeout "${AB_TIMEOUT:-200}" python3 -m specdec.cli bench --synthetic "${AB_SHAPE:-llama-3.1-8b}" \
     --configs "${AB_CONFIGS:-6,8,32;3,1,4}" --batch-sizes "${AB_BS:-1,2,8,16,32,64}" --skip-adaptive \
-    --context-len "${AB_CTX:-1024}" --decode-steps "${AB_STEPS:-32}" --warmup-steps 2 ${AB_ARGS:-} \
+    --context-len "${AB_CTX:-1024}" --decode-steps "${AB_STEPS:-32}" --warmup-steps 2 ${AB_ARGS:-} ${!own_args:-} \
     --output "$OUT/ab_$name.json" > "$OUT/ab_$name.log" 2>&1 || status=1
   grep -E "^[0-9a-z]+: engine|bs=|Speedup" "$OUT/ab_$name.log" | sed "s/^/$name  /"
   restore

@@ -1,5 +1,6 @@
 """The synthetic full-size benchmark's sweep, on a tiny shape on CPU (the 8B run is a GPU benchmark)."""
 
+import gzip
 import json
 
 import pytest
@@ -49,6 +50,23 @@ def test_constant_accept_length_without_an_acceptance_model(tmp_path):
 def test_bad_acceptance_model_names_the_flag():
     with pytest.raises(ValueError, match="--acceptance-model"):
         bench_synthetic.SyntheticSettings(synthetic="tiny", acceptance_model="/nonexistent.json")
+
+
+def test_profile_trace_writes_each_profiled_points_timeline(tmp_path):
+    out, traces = tmp_path / "s.json", tmp_path / "traces"
+    synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+                    "--batch-sizes", "1", "--configs", "2,1,3", "--context-len", "8", "--decode-steps", "2",
+                    "--warmup-steps", "1", "--skip-adaptive", "--output", str(out),
+                    "--profile-device", str(tmp_path / "kernels.txt"), "--profile-trace", str(traces)])
+    assert "==== 2x1x3 bs=1" in (tmp_path / "kernels.txt").read_text()
+    for name in ("plain_bs1", "2x1x3_bs1"):
+        events = json.loads(gzip.decompress((traces / f"{name}.json.gz").read_bytes()))["traceEvents"]
+        assert any(e.get("ph") == "X" for e in events)
+
+
+def test_profile_trace_needs_profile_device():
+    with pytest.raises(ValueError, match="--profile-trace"):
+        bench_synthetic.SyntheticSettings(synthetic="tiny", profile_trace="traces")
 
 
 def test_bad_configs_name_the_flag():

@@ -88,11 +88,17 @@ class SyntheticSettings:
         "after each engine's sweep, profile the device (torch.profiler, kernels inside CUDA graphs included) "
         "over the timed steps at the smallest batch size, and write the kernels by total GPU time to PATH",
         group=SYNTH, metavar="PATH"))
+    profile_trace: str | None = dataclasses.field(default=None, metadata=flag(
+        "with --profile-device, also write each profiled point's timeline (Chrome trace, gzipped) to "
+        "DIR/<engine>_bs<N>.json.gz: every kernel in order, for the gaps and the phases a table hides",
+        group=SYNTH, metavar="DIR"))
 
     def __post_init__(self) -> None:
         parse_configs(self.configs)
         if self.acceptance_model not in ("shipped", "none") and not Path(self.acceptance_model).is_file():
             raise ValueError(f"--acceptance-model {self.acceptance_model!r}: not 'shipped', 'none' or a JSON file")
+        if self.profile_trace and not self.profile_device:
+            raise ValueError("--profile-trace: needs --profile-device (the trace is of the profiled steps)")
 
     def acceptance_path(self) -> str | None:
         """The acceptance model's JSON file (None: the constant accept length)."""
@@ -272,12 +278,27 @@ def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, tit
     with open(settings.profile_device, "a") as f:
         f.write(f"==== {title}: {steps} timed decode steps (profiled: {point['step_ms']:.2f} ms/step), totals\n"
                 f"{table}\n")
+    if settings.profile_trace:
+        _write_trace(prof, Path(settings.profile_trace) / f"{title.replace(' bs=', '_bs')}.json.gz")
     # NOTE: the kernel rows only: a CPU op's row repeats the time of the kernels it launched
     nccl_us = sum(e.self_device_time_total for e in events
                   if e.device_type == DeviceType.CUDA and "nccl" in e.key.lower())
     nccl_ms = nccl_us / 1e3 / steps
     return {"batch_size": bs, "step_ms": point["step_ms"], "collective_ms": nccl_ms,
             "collective_share": nccl_ms / point["step_ms"]}
+
+
+def _write_trace(prof, path: Path) -> None:
+    """``prof``'s Chrome trace, gzipped, at ``path``."""
+    import gzip
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            dst.write(src.read())
 
 
 # ----------------------------------------------------------------------------- the sweep

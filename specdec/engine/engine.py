@@ -117,6 +117,7 @@ class Engine:
 
     def _load(self, args: EngineArgs, target_model, draft_model, tokenizer, tp: TPGroup) -> None:
         from specdec.models.loaders import draft_aux_hidden_layers, load_draft_head, load_target, read_num_layers
+        from specdec.models.quantize import quantize_draft_
         from specdec.models.tokenizer import load_tokenizer
 
         self.args = args
@@ -142,6 +143,8 @@ class Engine:
                 args.speculative_draft_model_path, target_model, dtype=torch_dtype, device=args.device,
                 token_map=args.speculative_token_map, load_format=args.load_format, seed=args.random_seed,
             )
+        if self.spec_config is not None and args.speculative_draft_model_quantization is not None:
+            quantize_draft_(draft_model, args.speculative_draft_model_quantization)
         self.tokenizer = tokenizer
         self.target_model = target_model
         self.draft_model = draft_model

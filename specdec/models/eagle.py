@@ -21,6 +21,7 @@ from torch import nn
 
 from specdec.forward import ForwardBatch, LogitsOutput
 from specdec.models.llama import KVLayout, LlamaConfig, LlamaDecoderLayer, logits_and_hidden
+from specdec.models.ops.gemv import linear
 from specdec.models.parallel import SINGLE, TPGroup, make_embedding
 
 
@@ -109,7 +110,7 @@ class EagleDraftModel(nn.Module):
             raise ValueError(
                 f"EAGLE draft: spec_hidden_states has shape {tuple(hidden_in.shape)}, expected {tuple(e.shape)}"
             )
-        h = self.fc(torch.cat([e, hidden_in.to(e.dtype)], dim=-1))  # [T, H]
+        h = linear(torch.cat([e, hidden_in.to(e.dtype)], dim=-1), self.fc.weight, self.fc.bias)  # [T, H]
         if batch.num_tokens > 0:
             residual = None  # the stream is h + residual (see specdec.models.llama)
             for layer in self.layers:

@@ -21,6 +21,7 @@ from torch import nn
 from specdec.forward import ForwardBatch, LogitsOutput
 from specdec.models.eagle import SharedWeights
 from specdec.models.llama import KVLayout, LlamaAttention, LlamaConfig, LlamaMLP, RMSNorm, logits_and_hidden
+from specdec.models.ops.gemv import linear
 from specdec.models.parallel import SINGLE, TPGroup, make_embedding
 
 
@@ -135,7 +136,7 @@ class Eagle3DraftModel(nn.Module):
         if features == self.config.hidden_size:
             h = hidden_in
         elif features == self.fc.in_features:
-            h = self.fc(hidden_in)
+            h = linear(hidden_in, self.fc.weight, self.fc.bias)
         else:
             raise ValueError(
                 f"EAGLE-3 draft: spec_hidden_states has {features} features; expected "

@@ -70,6 +70,19 @@ def test_strided_rows_interpreted():
     check_gemm(gk.gemv(wide[:, 8:56], weight, None, config), wide[:, 8:56].contiguous(), weight, None)
 
 
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True)],
+                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32"])
+@pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40)])
+def test_fp8_weight_matches_ref_interpreted(config, m, n, k):
+    """An FP8 copy (e4m3 + a scale per row): the kernel computes x @ (scale * W_fp8)^T (+ bias)."""
+    x = rand(m, k, dtype=torch.bfloat16, seed=m + k, scale=2.0)
+    weight = gemv.attach_fp8_copy_(rand(n, k, dtype=torch.bfloat16, seed=n, scale=k**-0.5))
+    q, scale = weight.fp8_copy
+    bias = rand(n, dtype=torch.bfloat16, seed=n + 1) if m != 3 else None
+    check_gemm(gk.gemv(x, q, bias, config, scale=scale), x, q.double() * scale.double()[:, None], bias)
+
+
 # ============================================================================= dispatch
 @pytest.fixture
 def kernel_on_cpu(monkeypatch):
@@ -115,6 +128,27 @@ def test_dispatch_falls_back_to_f_linear(kernel_on_cpu):
     assert kernel_on_cpu == []
 
 
+def test_dispatch_reads_the_fp8_copy(monkeypatch):
+    """A weight with an FP8 copy: the kernel gets the copy and its scales where the table applies;
+    on CPU the reference; autograd and the GPU beyond MAX_TOKENS read the 16-bit weight."""
+    dt = torch.bfloat16
+    w = gemv.attach_fp8_copy_(rand(48, 64, dtype=dt, seed=1, scale=0.125))
+    q, scale = w.fp8_copy
+    x = rand(5, 64, dtype=dt, seed=2)
+    assert torch.equal(gemv.linear(x, w), gemv.linear_fp8_ref(x, q, scale))  # CPU
+    if not _INTERPRETED:
+        return
+    monkeypatch.setattr(gemv, "_applies", lambda device: True)
+    launches = []
+    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config, scale=None: launches.append((w, scale)) or x)
+    gemv.linear(x, w)
+    assert len(launches) == 1 and launches[0][0] is q and launches[0][1] is scale
+    trained = w.clone().requires_grad_()
+    trained.fp8_copy = w.fp8_copy
+    gemv.linear(x, trained)  # autograd: F.linear on the weight itself
+    assert len(launches) == 1
+
+
 def test_cpu_keeps_reference_numerics():
     x, w = rand(2, 64, dtype=torch.bfloat16), rand(16, 64, dtype=torch.bfloat16)
     assert gemv.plan(x, w, None) is None
@@ -151,6 +185,21 @@ def test_gpu_kernel_matches_ref_llama8b_shapes(shape, m):
     out = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
     out.copy_(gk.gemv(x, weight, bias, config))
     check_gemm(out, x, weight, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "draft_qkv", "draft_lm_head"])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32])
+def test_gpu_fp8_weight_matches_ref(shape, m):
+    n, k = SHAPES[shape]
+    dt = torch.bfloat16
+    x = rand(m, k, dtype=dt, device="cuda", seed=m)
+    weight = torch.randn(n, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).mul_(k**-0.5).to(dt)
+    gemv.attach_fp8_copy_(weight)
+    q, scale = weight.fp8_copy
+    out = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
+    out.copy_(gemv.linear(x, weight))
+    check_gemm(out, x, q.double() * scale.double()[:, None], None)
 
 
 @pytest.mark.gpu

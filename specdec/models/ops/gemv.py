@@ -17,6 +17,12 @@ the eager warm-up and the CUDA-graph capture always take the same kernel):
 
 ``cublas_only()`` switches the Triton path off (the baseline of tests and benchmarks).
 
+FP8 copies (``attach_fp8_copy_``, for ``--speculative-draft-model-quantization fp8``): a weight may
+carry an FP8 copy of itself (e4m3, one fp32 scale per row). ``linear`` then computes
+``(x @ W_fp8^T) * scale`` instead: the Triton kernel on a GPU wherever the table above applies
+(half the weight bytes), ``linear_fp8_ref`` on CPU; on a GPU beyond MAX_TOKENS it reads the
+original weight with cuBLAS (which has no FP8-weight, 16-bit-activation GEMM).
+
 Measured and rejected (see the results README): fusing the RMSNorm or SiLU-and-mul into the GEMM
 as a prologue. Every program must recompute the prologue from the whole input row, so the input is
 re-read (from L2) once per program; at M = 1 that cost about what the separate kernel does, and at
@@ -34,8 +40,10 @@ import torch.nn.functional as F
 
 from specdec.models.ops import _HAS_TRITON
 
-__all__ = ["linear", "linear_ref", "cublas_only", "plan", "MAX_TOKENS"]
+__all__ = ["linear", "linear_ref", "linear_fp8_ref", "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS"]
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite e4m3 value
 MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's tensor-core kernels
 _enabled = True
 
@@ -117,13 +125,51 @@ def linear(
     weight: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:  # [T, N]
-    """``F.linear(x, weight, bias)``; see the module docstring for the dispatch."""
+    """``F.linear(x, weight, bias)``, or with the weight's FP8 copy if it has one; see the module
+    docstring for the dispatch."""
     config = plan(x, weight, bias)
+    fp8 = getattr(weight, "fp8_copy", None)  # (W_fp8 [N, K], scale [N] fp32) or None
+    if fp8 is not None and torch.is_grad_enabled() and weight.requires_grad:
+        fp8 = None  # NOTE: autograd differentiates the 16-bit weight, not its copy
     if config is None:
-        return F.linear(x, weight, bias)
+        if fp8 is None or x.device.type == "cuda":
+            return F.linear(x, weight, bias)
+        return linear_fp8_ref(x, *fp8, bias)
     if bias is not None and bias.shape[0] != weight.shape[0]:
         raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-    return _kernels().gemv(x, weight, bias, config)
+    if fp8 is None:
+        return _kernels().gemv(x, weight, bias, config)
+    return _kernels().gemv(x, fp8[0], bias, config, scale=fp8[1])
 
 
 linear_ref = F.linear
+
+
+def linear_fp8_ref(
+    x: torch.Tensor,  # [T, K]
+    weight_fp8: torch.Tensor,  # [N, K] float8_e4m3fn
+    scale: torch.Tensor,  # [N] fp32
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [T, N], x's dtype
+    """Specification of ``linear`` with an FP8 copy: ``x @ (scale * W_fp8)^T + bias``, the weight
+    dequantized in fp32 and rounded to x's dtype (exact for fp32 and, up to the scale's rounding,
+    what the kernel's fp32 accumulation computes)."""
+    dequantized = (weight_fp8.float() * scale[:, None]).to(x.dtype)
+    return F.linear(x, dequantized, bias)
+
+
+def attach_fp8_copy_(weight: torch.Tensor) -> torch.Tensor:
+    """Give ``weight`` [N, K] an FP8 copy (``weight.fp8_copy``): per row, ``scale = max|w| / 448``
+    and ``W_fp8 = e4m3(w / scale)``. The weight itself is kept; returns it.
+
+    NOTE: the copy is an attribute of this tensor object, so a module that later replaces the
+    tensor (``.to()``, a re-fuse) drops it: attach after the model is built and placed.
+    """
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"weight: expected a 2-D floating-point tensor, got {weight.dtype} {tuple(weight.shape)}")
+    with torch.no_grad():
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX  # [N]
+        q = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # NOTE: a CUDA cast past 448 may give NaN
+        weight.fp8_copy = (q.contiguous(), scale.contiguous())
+    return weight

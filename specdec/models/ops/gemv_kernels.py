@@ -13,6 +13,10 @@ products, chosen per shape by the caller's config:
   USE_DOT=True   ``tl.dot`` on [BLOCK_M >= 16, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles (tensor cores,
                  fp32 accumulation; the padding rows cost arithmetic only), software-pipelined
 
+FP8 weights (``HAS_SCALE``): W in float8 e4m3 with one fp32 scale per row. Each chunk is widened
+to x's dtype (exactly: every e4m3 value is a bf16 / fp16 value) before the inner product, and the
+row's scale multiplies the fp32 result: ``out = (x @ W_fp8^T) * scale (+ bias)``.
+
 With ``PDL`` (see ``specdec.models.ops.launch``) a program waits for the previous kernel before it
 reads x, then lets the next kernel launch. ``PREFETCH`` (elementwise path): each iteration issues
 the load of the next W chunk before it uses the current one (two chunks in flight per thread), and
@@ -60,9 +64,9 @@ def _load_w(w_rows, offs_n, offs_k, n_limit, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                 HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, COMPILED: tl.constexpr, EVEN_K: tl.constexpr,
-                 PDL: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                 HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, COMPILED: tl.constexpr,
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -92,6 +96,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, st
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0)
         else:
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+        if HAS_SCALE:
+            w = w.to(x.dtype)  # NOTE: exact: e4m3 values are bf16 / fp16 values
         if USE_DOT and COMPILED:
             acc = tl.dot(x, tl.trans(w), acc)
         elif USE_DOT:  # NOTE: the interpreter's bf16 dot is wrong (numpy has no bf16): fp32 operands
@@ -102,6 +108,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, st
         out = acc
     else:
         out = tl.sum(acc, axis=2)
+    if HAS_SCALE:
+        out *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
@@ -110,9 +118,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, st
 
 def gemv(
     x: torch.Tensor,  # [M, K], unit stride along K
-    weight: torch.Tensor,  # [N, K] contiguous
+    weight: torch.Tensor,  # [N, K] contiguous, x's dtype or float8_e4m3fn (then with scale)
     bias: torch.Tensor | None,  # [N]
     config: GemvConfig,
+    scale: torch.Tensor | None = None,  # [N] fp32, an FP8 weight's row scales
 ) -> torch.Tensor:  # [M, N]
     """Launch (no input checks: ``specdec.models.ops.gemv`` checks and dispatches)."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
@@ -122,8 +131,9 @@ def gemv(
     block_m = config.block_m_for(m)
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
     _gemv_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, USE_DOT=config.use_dot, COMPILED=not INTERPRETED, EVEN_K=k % config.block_k == 0,
+        x, weight, bias if bias is not None else x, scale if scale is not None else x, out, m, n, k, x.stride(0),
+        weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
+        USE_DOT=config.use_dot, COMPILED=not INTERPRETED, EVEN_K=k % config.block_k == 0,
         PREFETCH=config.prefetch and not config.use_dot,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_kwargs(x.device))

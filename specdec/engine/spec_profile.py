@@ -157,7 +157,7 @@ def _cache_path(engine, batch_sizes: list[int]) -> Path:
         "torch": torch.__version__,
         "target": [target.hidden_size, target.num_hidden_layers, target.num_attention_heads,
                    target.num_key_value_heads, target.vocab_size, str(next(engine.target_model.parameters()).dtype)],
-        "draft": [draft.hidden_size, draft.num_hidden_layers],
+        "draft": [draft.hidden_size, draft.num_hidden_layers, engine.args.speculative_draft_model_quantization],
         "backend": engine.args.attention, "page_size": engine.memory.page_size, "tp": engine.target_model.tp.size,
         "graphs": not engine.args.disable_cuda_graph, "overlap": engine.scheduler.overlap,
         "shapes": [s.name for s in worker.shapes], "batch_sizes": batch_sizes,

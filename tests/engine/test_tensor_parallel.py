@@ -78,7 +78,8 @@ def test_tp2_shards_the_draft_head_and_stays_lossless(checkpoint, tmp_path):
     # (algorithm, head, extra flags, lm_head rows on this rank): draft vocab 80 -> 40 a rank;
     # the target's vocab 97 -> 49 a rank; a token map's 30 rows whole
     cases = [("EAGLE3", head3, {}, 40), ("EAGLE", head1, {}, 49),
-             ("EAGLE", head1, {"speculative_token_map": str(token_map)}, 30)]
+             ("EAGLE", head1, {"speculative_token_map": str(token_map)}, 30),
+             ("EAGLE3", head3, {"speculative_draft_model_quantization": "fp8"}, 40)]  # each rank's shard
     heads = target.config.num_attention_heads
     for algorithm, head, extra, rows in cases:
         eng = Engine(path, tp_size=2, speculative_draft_model_path=str(head),
@@ -87,6 +88,7 @@ def test_tp2_shards_the_draft_head_and_stays_lossless(checkpoint, tmp_path):
             draft = eng.draft_model
             attn = (draft.midlayer if algorithm == "EAGLE3" else draft.layers[0]).self_attn
             assert attn.layer.num_heads == heads // 2 and draft.lm_head_weight.shape[0] == rows
+            assert hasattr(draft.lm_head_weight, "fp8_copy") == ("speculative_draft_model_quantization" in extra)
             out = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
             assert [o["output_ids"] for o in out] == plain, (algorithm, extra)
             assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)

@@ -45,6 +45,7 @@ __all__ = ["linear", "linear_ref", "linear_fp8_ref", "attach_fp8_copy_", "cublas
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
 MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's tensor-core kernels
+FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save (H100, see the docstring)
 _enabled = True
 
 
@@ -131,6 +132,8 @@ def linear(
     fp8 = getattr(weight, "fp8_copy", None)  # (W_fp8 [N, K], scale [N] fp32) or None
     if fp8 is not None and torch.is_grad_enabled() and weight.requires_grad:
         fp8 = None  # NOTE: autograd differentiates the 16-bit weight, not its copy
+    if fp8 is not None and config is not None and x.shape[0] > FP8_MAX_TOKENS:
+        fp8 = None
     if config is None:
         if fp8 is None or x.device.type == "cuda":
             return F.linear(x, weight, bias)

@@ -71,8 +71,8 @@ def test_strided_rows_interpreted():
 
 
 @pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
-@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True)],
-                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32"])
+@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True), C(16, 64, 4, 3, True)],
+                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32", "dot16x64-3stages"])
 @pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40)])
 def test_fp8_weight_matches_ref_interpreted(config, m, n, k):
     """An FP8 copy (e4m3 + a scale per row): the kernel computes x @ (scale * W_fp8)^T (+ bias)."""
@@ -140,13 +140,16 @@ def test_dispatch_reads_the_fp8_copy(monkeypatch):
         return
     monkeypatch.setattr(gemv, "_applies", lambda device: True)
     launches = []
-    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config, scale=None: launches.append((w, scale)) or x)
+    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config, scale=None: launches.append((w, scale, config)) or x)
     gemv.linear(x, w)
     assert len(launches) == 1 and launches[0][0] is q and launches[0][1] is scale
+    assert launches[0][2] == gemv._fp8_config(8, 48, 64)  # the FP8 table: 5 tokens -> bucket 8
+    gemv.linear(rand(gemv.FP8_MAX_TOKENS + 1, 64, dtype=dt, seed=3), w)  # past FP8_MAX_TOKENS: the weight itself
+    assert launches[1][0] is w and launches[1][1] is None
     trained = w.clone().requires_grad_()
     trained.fp8_copy = w.fp8_copy
     gemv.linear(x, trained)  # autograd: F.linear on the weight itself
-    assert len(launches) == 1
+    assert len(launches) == 2
 
 
 def test_cpu_keeps_reference_numerics():
@@ -188,10 +191,10 @@ def test_gpu_kernel_matches_ref_llama8b_shapes(shape, m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "draft_qkv", "draft_lm_head"])
+@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "draft_qkv", "draft_lm_head", "draft_fc"])
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32])
 def test_gpu_fp8_weight_matches_ref(shape, m):
-    n, k = SHAPES[shape]
+    n, k = {**SHAPES, "draft_fc": (4096, 12288)}[shape]
     dt = torch.bfloat16
     x = rand(m, k, dtype=dt, device="cuda", seed=m)
     weight = torch.randn(n, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).mul_(k**-0.5).to(dt)

@@ -19,9 +19,11 @@ the eager warm-up and the CUDA-graph capture always take the same kernel):
 
 FP8 copies (``attach_fp8_copy_``, for ``--speculative-draft-model-quantization fp8``): a weight may
 carry an FP8 copy of itself (e4m3, one fp32 scale per row). ``linear`` then computes
-``(x @ W_fp8^T) * scale`` instead: the Triton kernel on a GPU wherever the table above applies
-(half the weight bytes), ``linear_fp8_ref`` on CPU; on a GPU beyond MAX_TOKENS it reads the
-original weight with cuBLAS (which has no FP8-weight, 16-bit-activation GEMM).
+``(x @ W_fp8^T) * scale`` instead: the Triton kernel on a GPU for up to FP8_MAX_TOKENS tokens
+(half the weight bytes; its own tiling, ``_fp8_config``), ``linear_fp8_ref`` on CPU; on a GPU
+beyond FP8_MAX_TOKENS it reads the original weight (the 16-bit table, then cuBLAS, which has no
+FP8-weight, 16-bit-activation GEMM). At 17-32 tokens widening the FP8 chunks cost more than their
+bytes saved (H100: the 6x8x32 step at bs 4 11.73 ms against 11.61 with the 16-bit weights).
 
 Measured and rejected (see the results README): fusing the RMSNorm or SiLU-and-mul into the GEMM
 as a prologue. Every program must recompute the prologue from the whole input row, so the input is
@@ -45,7 +47,7 @@ __all__ = ["linear", "linear_ref", "linear_fp8_ref", "attach_fp8_copy_", "cublas
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
 MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's tensor-core kernels
-FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save (H100, see the docstring)
+FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save (see the docstring)
 _enabled = True
 
 
@@ -121,6 +123,28 @@ def _config(m: int, n: int, k: int):
     return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _fp8_config(m: int, n: int, k: int):
+    """The tiling for ``m`` tokens (a bucket) and an FP8 copy of an [n, k] weight: half the bytes a
+    chunk of the 16-bit table moves, so the few-program shapes (N = 4096) take longer chunks.
+
+    H100, µs a call, CUDA-graph replays over rotating weights, the 16-bit table's tiling -> this
+    one (benchmarks/results/2026-11-26-h100-draft-fp8):
+      M = 1     down 4096x14336 34.6 -> 31.9, EAGLE-3 fc 4096x12288 30.1 -> 28.2 (8 x 2048, no
+                prefetch, for K >= 12288 at N = 4096); the rest as the 16-bit table
+      M = 2     tensor cores as for 3-16 (the elementwise 4 x 512 lost to 16-bit weights on the
+                N = 4096 shapes: down 44.8 against 42.1)
+      M = 2-16  32 x 256, 4 stages for N >= 6144 (gate_up 46-48, EAGLE-3 lm_head 50-52); 32 x 512,
+                3 stages for N = 4096 (o 12.1 -> 11.2, down 34.9 -> 31.4, fc 30.4 -> 27.3)
+    """
+    cfg = _kernels().GemvConfig
+    if m == 1:
+        return cfg(8, 2048) if n < 6144 and k >= 12288 else _config(1, n, k)
+    if n < 6144:
+        return cfg(32, 512, num_warps=4, num_stages=3, use_dot=True)
+    return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
+
+
 def linear(
     x: torch.Tensor,  # [T, K]
     weight: torch.Tensor,  # [N, K]
@@ -142,6 +166,7 @@ def linear(
         raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
     if fp8 is None:
         return _kernels().gemv(x, weight, bias, config)
+    config = _fp8_config(_bucket(x.shape[0]), weight.shape[0], weight.shape[1])
     return _kernels().gemv(x, fp8[0], bias, config, scale=fp8[1])
 
 

@@ -202,7 +202,8 @@ def test_gpu_fp8_weight_matches_ref(shape, m):
     q, scale = weight.fp8_copy
     out = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
     out.copy_(gemv.linear(x, weight))
-    check_gemm(out, x, q.double() * scale.double()[:, None], None)
+    # past FP8_MAX_TOKENS the 16-bit weight itself is read
+    check_gemm(out, x, q.double() * scale.double()[:, None] if m <= gemv.FP8_MAX_TOKENS else weight, None)
 
 
 @pytest.mark.gpu

@@ -325,9 +325,10 @@ def test_decode_kernel_matches_ref(num_splits):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_extend_kernel_matches_ref(masked, num_splits):
-    """Random tree-block masks (diagonal set); a sequence without prefix."""
+@pytest.mark.parametrize("num_splits, new_split", [(1, False), (3, False), (1, True), (3, True)])
+def test_extend_kernel_matches_ref(masked, num_splits, new_split):
+    """Random tree-block masks (diagonal set); a sequence without prefix; the new tokens after the
+    last prefix chunk or in a split of their own (unsplit: always after the prefix)."""
     gen = torch.Generator().manual_seed(7)
     q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
     kv_lens = [a + b for a, b in zip(q_lens, prefix)]
@@ -345,10 +346,48 @@ def test_extend_kernel_matches_ref(masked, num_splits):
         mask_indptr = _indptr([n * n for n in q_lens]).long()
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     args = (q, k, v, _indptr(q_lens), _indptr(kv_lens), slots, mask, mask_indptr)
-    kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=max(prefix), num_splits=num_splits)
+    kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=max(prefix), num_splits=num_splits,
+              new_split=new_split)
     tk.extend_attention(*args, out, **kw)
     tk.extend_attention_ref(*args, ref, **kw)
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+def test_extend_kernel_new_split_chosen_by_the_planner():
+    """A prefix spanning several chunks at small batch: the planner runs the new block in a split of
+    its own (on CPU the interpreter counts 6 SMs), and the result still equals the reference."""
+    from specdec.attention.triton_kernels import common
+
+    gen = torch.Generator().manual_seed(11)
+    q_lens, prefix = [6], [300]
+    assert common.plan_extend_splits(2, 300, device=DEVICE, tile=16)[2] or DEVICE.type == "cuda"
+    k = _rand((320, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((320, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((6, 4, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(320, generator=gen)[:306].to(torch.int32).to(DEVICE)
+    mask = ((torch.rand(6, 6, generator=gen) < 0.5) | torch.eye(6, dtype=torch.bool)).flatten().to(torch.uint8)
+    args = (q, k, v, _indptr(q_lens), _indptr([306]), slots, mask.to(DEVICE), _indptr([36]).long())
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    kw = dict(sm_scale=0.25, max_q_len=6, max_prefix_len=300)
+    tk.extend_attention(*args, out, **kw)
+    tk.extend_attention_ref(*args, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+@pytest.mark.parametrize("ctas, prefix_len, forced, expected", [
+    (8, 1088, None, (5, 256, True)),  # bs 1 tree verify at 1 k: 5 chunks of 2 tiles + the new block
+    (8, 4160, None, (11, 384, True)),  # at 4 k: 12 x 8 = 96 programs, one wave
+    (32, 1088, None, (3, 384, True)),  # bs 4: 4 x 32 = 128 programs
+    (64, 1088, None, (3, 384, False)),  # past a third of the SMs: plan_num_splits, new block after the prefix
+    (8, 200, None, (1, 256, False)),  # a prefix under two chunks: nothing to take off its path
+    (8, 1088, 3, (3, 384, False)),  # a forced split count keeps the new block after the prefix
+])
+def test_plan_extend_splits(ctas, prefix_len, forced, expected, monkeypatch):
+    from specdec.attention.triton_kernels import common
+
+    monkeypatch.setattr(common, "_sm_count", lambda device: 132)
+    assert common.plan_extend_splits(ctas, prefix_len, device=torch.device("cuda"), tile=128,
+                                     num_splits=forced) == expected
 
 
 def test_merge_kernel_matches_ref_with_empty_splits():

@@ -4,10 +4,11 @@ A sequence with q query rows and kv entries has a prefix of ``p = kv - q`` entri
 sees (cached tokens), then the q new tokens' own entries, visible causally (row i sees new entries
 0..i) or per an explicit mask (TARGET_VERIFY trees). The two parts run as two loops of one
 program: the prefix loop needs no mask at all, and only the prefix is split across programs
-(split-KV) when the grid alone would leave SMs idle. The new block runs in the split that holds the
-end of the prefix, right after it, so a sequence whose prefix fits one chunk is one pass over its
-entries whatever the split count: a plan sized for a bound (CUDA graphs) computes what a plan
-sized for the actual lengths does, bit for bit.
+(split-KV) when the grid alone would leave SMs idle. A sequence whose prefix fits one chunk is one
+pass over its entries whatever the split count (the new block right after the prefix), so for it a
+plan sized for a bound (CUDA graphs) computes what a plan sized for the actual lengths does, bit
+for bit. A longer prefix's new block runs after its last chunk, or, at small batch
+(``plan_extend_splits``), in a split of its own (``NEW_SPLIT``), off the prefix chunks' critical path.
 
 Grid ``(num_seqs, num_kv_heads, m_blocks * num_splits)``. The tile's rows are (query row, query
 head) pairs of one KV head, row-major by query row, so each K/V tile is read once per KV head:
@@ -35,7 +36,7 @@ from specdec.attention.triton_kernels.common import (
     max_block_m,
     mma,
     online_softmax_step,
-    plan_num_splits,
+    plan_extend_splits,
     store_rows,
 )
 from specdec.attention.triton_kernels.decode import _check_inputs
@@ -53,7 +54,7 @@ def _extend_kernel(
     stride_lt, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, NEW_SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -97,8 +98,14 @@ def _extend_kernel(
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
-    # new tokens: causal or masked; the split holding the end of the prefix runs them
-    if split == tl.maximum(prefix_len - 1, 0) // chunk_len:
+    # new tokens: causal or masked. A prefix of one chunk: the split holding it runs them right after
+    # it (one pass). A longer prefix: with NEW_SPLIT the last split runs them alone (its chunk lies
+    # past every prefix, so the loop above ran no tile), else the split holding the prefix's end.
+    if NEW_SPLIT and prefix_len > chunk_len:
+        runs_new = split == num_splits - 1
+    else:
+        runs_new = split == tl.maximum(prefix_len - 1, 0) // chunk_len
+    if runs_new:
         if HAS_MASK:
             hi = kv_len
             mask_start = tl.load(mask_indptr + seq)
@@ -144,11 +151,14 @@ def extend_attention(
     max_q_len: int,
     max_prefix_len: int,
     num_splits: int | None = None,
+    new_split: bool | None = None,
 ) -> None:
     """Attention of each sequence's query rows over its prefix and (causal / masked) new tokens.
 
     ``max_q_len`` and ``max_prefix_len`` are host ints (no sync) that size the grid and the split
-    plan; ``num_splits`` forces a split count of the prefix.
+    plan; ``num_splits`` forces a split count of the prefix; ``new_split`` whether the new tokens'
+    block of a sequence whose prefix spans several chunks runs in a split of its own (None: the
+    planner decides, ``plan_extend_splits``).
     """
     _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
     num_tokens, hq, d = q.shape
@@ -167,8 +177,9 @@ def extend_attention(
     block_m = max(16, min(max_block_m(q.device), triton.next_power_of_2(max(1, max_q_len * group))))
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
     m_blocks = triton.cdiv(max_q_len * group, block_m)
-    splits, chunk = plan_num_splits(num_seqs * hkv * m_blocks, max_prefix_len, device=q.device,
-                                    tile=cfg.block_n, num_splits=num_splits)
+    splits, chunk, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, device=q.device,
+                                                  tile=cfg.block_n, num_splits=num_splits, new_split=new_split)
+    splits += int(new_split)
     direct = splits == 1
     if direct:
         partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT
@@ -185,7 +196,7 @@ def extend_attention(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
+        HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device), NEW_SPLIT=new_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:
@@ -207,6 +218,7 @@ def extend_attention_ref(
     max_q_len: int,
     max_prefix_len: int,
     num_splits: int | None = None,
+    new_split: bool | None = None,
 ) -> None:
     """Specification of ``extend_attention``, one sequence at a time in fp32.
 

@@ -354,39 +354,42 @@ def test_extend_kernel_matches_ref(masked, num_splits, new_split):
 
 
 def test_extend_kernel_new_split_chosen_by_the_planner():
-    """A prefix spanning several chunks at small batch: the planner runs the new block in a split of
-    its own (on CPU the interpreter counts 6 SMs), and the result still equals the reference."""
+    """A tree of 32 nodes over a prefix spanning several chunks, one sequence: the planner runs the
+    new block in a split of its own (on CPU: 6 SMs, 32-row tiles, so 64 rows of one KV head are 2
+    programs), and the result still equals the reference."""
     from specdec.attention.triton_kernels import common
 
     gen = torch.Generator().manual_seed(11)
-    q_lens, prefix = [6], [300]
-    assert common.plan_extend_splits(2, 300, device=DEVICE, tile=16)[2] or DEVICE.type == "cuda"
-    k = _rand((320, 2, 16), gen, torch.float32, DEVICE)
-    v = _rand((320, 2, 16), gen, torch.float32, DEVICE)
-    q = _rand((6, 4, 16), gen, torch.float32, DEVICE)
-    slots = torch.randperm(320, generator=gen)[:306].to(torch.int32).to(DEVICE)
-    mask = ((torch.rand(6, 6, generator=gen) < 0.5) | torch.eye(6, dtype=torch.bool)).flatten().to(torch.uint8)
-    args = (q, k, v, _indptr(q_lens), _indptr([306]), slots, mask.to(DEVICE), _indptr([36]).long())
+    n, prefix = 32, 300  # 32 nodes x group 2 = 64 rows
+    if DEVICE.type == "cpu":
+        assert common.plan_extend_splits(2, prefix, 2 * n, device=DEVICE, tile=16) == (2, 160, True)
+    k = _rand((340, 1, 16), gen, torch.float32, DEVICE)
+    v = _rand((340, 1, 16), gen, torch.float32, DEVICE)
+    q = _rand((n, 2, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(340, generator=gen)[: prefix + n].to(torch.int32).to(DEVICE)
+    mask = ((torch.rand(n, n, generator=gen) < 0.5) | torch.eye(n, dtype=torch.bool)).flatten().to(torch.uint8)
+    args = (q, k, v, _indptr([n]), _indptr([prefix + n]), slots, mask.to(DEVICE), _indptr([n * n]).long())
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    kw = dict(sm_scale=0.25, max_q_len=6, max_prefix_len=300)
+    kw = dict(sm_scale=0.25, max_q_len=n, max_prefix_len=prefix)
     tk.extend_attention(*args, out, **kw)
     tk.extend_attention_ref(*args, ref, **kw)
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
 
 
-@pytest.mark.parametrize("ctas, prefix_len, forced, expected", [
-    (8, 1088, None, (5, 256, True)),  # bs 1 tree verify at 1 k: 5 chunks of 2 tiles + the new block
-    (8, 4160, None, (11, 384, True)),  # at 4 k: 12 x 8 = 96 programs, one wave
-    (32, 1088, None, (3, 384, True)),  # bs 4: 4 x 32 = 128 programs
-    (64, 1088, None, (3, 384, False)),  # past a third of the SMs: plan_num_splits, new block after the prefix
-    (8, 200, None, (1, 256, False)),  # a prefix under two chunks: nothing to take off its path
-    (8, 1088, 3, (3, 384, False)),  # a forced split count keeps the new block after the prefix
+@pytest.mark.parametrize("ctas, prefix_len, rows, forced, expected", [
+    (8, 1088, 128, None, (5, 256, True)),  # bs 1 tree verify at 1 k: 5 chunks of 2 tiles + the new block
+    (8, 4160, 128, None, (11, 384, True)),  # at 4 k: 12 x 8 = 96 programs, one wave
+    (32, 1088, 128, None, (3, 384, True)),  # bs 4: 4 x 32 = 128 programs
+    (32, 1088, 16, None, (5, 256, False)),  # a chain's 4 nodes: plan_num_splits, new block after the prefix
+    (64, 1088, 128, None, (3, 384, False)),  # past a third of the SMs: likewise
+    (8, 200, 128, None, (1, 256, False)),  # a prefix under two chunks: nothing to take off its path
+    (8, 1088, 128, 3, (3, 384, False)),  # a forced split count keeps the new block after the prefix
 ])
-def test_plan_extend_splits(ctas, prefix_len, forced, expected, monkeypatch):
+def test_plan_extend_splits(ctas, prefix_len, rows, forced, expected, monkeypatch):
     from specdec.attention.triton_kernels import common
 
     monkeypatch.setattr(common, "_sm_count", lambda device: 132)
-    assert common.plan_extend_splits(ctas, prefix_len, device=torch.device("cuda"), tile=128,
+    assert common.plan_extend_splits(ctas, prefix_len, rows, device=torch.device("cuda"), tile=128,
                                      num_splits=forced) == expected
 
 

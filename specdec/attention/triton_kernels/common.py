@@ -166,24 +166,32 @@ def plan_num_splits(
     return math.ceil(split_len / chunk), chunk
 
 
+# the new-token block of an extend gets a split of its own only from this many (query row, head) rows:
+# a tree of 16+ nodes under 4-way GQA. Chains (4 nodes, 16 rows) lost by it in whole H100 steps.
+NEW_SPLIT_MIN_ROWS = 64
+
+
 def plan_extend_splits(
-    num_ctas: int, prefix_len: int, *, device: torch.device, tile: int, num_splits: int | None = None,
-    new_split: bool | None = None,
+    num_ctas: int, prefix_len: int, new_rows: int, *, device: torch.device, tile: int,
+    num_splits: int | None = None, new_split: bool | None = None,
 ) -> tuple[int, int, bool]:
     """(prefix splits, chunk_len, new_split) of an extend whose grid has ``num_ctas`` programs before
-    splitting and whose prefixes are up to ``prefix_len`` entries.
+    splitting, whose prefixes are up to ``prefix_len`` entries and whose new blocks up to
+    ``new_rows`` (query row, head) rows.
 
-    ``new_split`` None decides: a grid of at most a third of the SMs (a few sequences of a few
-    query tiles: tree verify and draft extend at small batch) runs the new tokens' block in a split
-    of its own and cuts the prefix so that all its programs fit one wave; otherwise (or False)
-    ``plan_num_splits``, the new block running after the prefix's last chunk. Measured on an H100
-    (Llama-3-8B heads, bf16, one verify call over a 1 k prefix, µs): 32 tree nodes at bs 1 27.0 ->
-    19.6, 8 nodes 16.9 -> 12.0, 32 nodes at bs 4 40.9 -> 34.3; at a 4 k prefix 32.0 -> 25.6 (the
-    plan for a grid that already fills a wave split the prefix past one wave, 144 programs: 34.2).
+    ``new_split`` None decides: a grid of at most a third of the SMs with a block of at least
+    NEW_SPLIT_MIN_ROWS rows (tree verify at small batch) runs the new block in a split of its own
+    and cuts the prefix so that all its programs fit one wave; otherwise (or False)
+    ``plan_num_splits``, the new block running after the prefix's last chunk.
+    Measured on an H100 (Llama-3-8B heads, bf16; benchmarks/results/2026-11-26-h100-verify-attention),
+    verify of 32 tree nodes inside the 8B decode step, µs a layer: 19.4 -> 16.6 at bs 1 and
+    36.6 -> 25.1 at bs 4 (context 1 k). The chain's 4 nodes lost at bs 4 (12.9 -> 15.0: fewer,
+    longer prefix chunks), hence the row threshold.
     """
     sms = _sm_count(device)
     if new_split is None:
-        new_split = num_splits is None and 3 * num_ctas <= sms and prefix_len >= 2 * MIN_SPLIT_LEN
+        new_split = (num_splits is None and 3 * num_ctas <= sms and new_rows >= NEW_SPLIT_MIN_ROWS
+                     and prefix_len >= 2 * MIN_SPLIT_LEN)
     if new_split and num_splits is None:
         num_splits = max(1, min(sms // max(num_ctas, 1) - 1, prefix_len // MIN_SPLIT_LEN))
     splits, chunk = plan_num_splits(num_ctas, prefix_len, device=device, tile=tile, num_splits=num_splits)

@@ -177,8 +177,9 @@ def extend_attention(
     block_m = max(16, min(max_block_m(q.device), triton.next_power_of_2(max(1, max_q_len * group))))
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
     m_blocks = triton.cdiv(max_q_len * group, block_m)
-    splits, chunk, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, device=q.device,
-                                                  tile=cfg.block_n, num_splits=num_splits, new_split=new_split)
+    splits, chunk, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
+                                                  device=q.device, tile=cfg.block_n, num_splits=num_splits,
+                                                  new_split=new_split)
     splits += int(new_split)
     direct = splits == 1
     if direct:

@@ -1,8 +1,8 @@
 """``--speculative-draft-model-quantization fp8``: FP8 copies of a draft head's linear weights.
 
 The draft loop reads the head's weights once per draft forward (0.75 GB for an 8B EAGLE-3 head, the
-same again for the draft extend); with FP8 copies its GEMMs read half those bytes for up to 32 tokens
-on a GPU (``specdec.models.ops.gemv``; larger batches read the 16-bit weights). Speculation stays
+same again for the draft extend); with FP8 copies its GEMMs read half those bytes for up to 16 tokens
+on a GPU (``specdec.models.ops.gemv``; more tokens read the 16-bit weights). Speculation stays
 lossless whatever the head proposes; what FP8 costs is acceptance, measured before this was
 written: 3.905 -> 3.888 tokens a step for the SmolLM2 EAGLE-3 head on MT-bench at 6x8x32
 (benchmarks/results/2026-11-26-cpu-draft-fp8-acceptance).

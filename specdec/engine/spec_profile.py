@@ -5,9 +5,13 @@ every candidate tree shape, at every batch size it may see. They are measured he
 itself — its graphs, its host overhead, its attention backend — by decoding dummy requests:
 
     for plain and each shape, for bs in the captured batch sizes:
-        bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then timed steps;
+        bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then BLOCKS blocks
+        of timed steps: the median block's ms a step (a host stall, a GC pause, spoils one block);
         the same at LONG_CTX tokens (or as many as the KV cache holds for bs requests), for the
-        slope: (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX))
+        slope: (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX)), then each shape's
+        slopes median-filtered over neighbouring batch sizes (one noisy pair of points made a
+        slope 3-10x its neighbours', and at a 4 k context the policy then chose a 1-step chain at
+        bs 64: 1.55x plain where the 3-step chain gives 1.91x, H100, 2026-11-26)
 
 The result is written as JSON (``--speculative-adaptive-profile``, else a cache file keyed by the
 device, the model shapes, the dtype, the backend, the page size, the shapes and the batch sizes),
@@ -33,10 +37,11 @@ from specdec.engine.admission import decode_steps_during_prefill
 logger = logging.getLogger(__name__)
 
 # bump when StepCosts' JSON, the measurement or our kernels' step times change: old cache files are then not read
-# (3: the skinny GEMM took every shape at 3-32 tokens, the draft's top-k two kernels)
-PROFILE_FORMAT = 3
+# (4: median of timed blocks, median-filtered slopes; FP8 draft GEMMs, the tree verify's new split)
+PROFILE_FORMAT = 4
 BASE_CTX = 64
 LONG_CTX = 1024
+BLOCKS = 3
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
 # MT-bench, measured on CPU (benchmarks/results/2026-11-24-h100-adaptive/acceptance_model.json)
 PRIOR = Path(__file__).resolve().parents[1] / "data" / "acceptance" / "smollm2_eagle3_mt_bench.json"
@@ -81,13 +86,14 @@ def _fit(model: AcceptanceModel, depth: int, topk: int) -> AcceptanceModel:
     return AcceptanceModel(h[np.ix_(rows, cols)])
 
 
-def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 6, warmup: int = 2,
+def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup: int = 2,
                        base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX) -> StepCosts:
     """Milliseconds per decode step of every choice (plain and each shape) at each batch size, at
-    ``base_ctx`` tokens of context and at ``long_ctx`` (or as many as the KV cache holds)."""
+    ``base_ctx`` tokens of context and at ``long_ctx`` (or as many as the KV cache holds); ``steps``
+    timed steps a block, BLOCKS blocks a point."""
     worker = engine.worker
     choices = [(PLAIN, None)] + [(s.name, s) for s in worker.shapes]
-    new_tokens = (warmup + steps + 2) * (worker.config.num_steps + 1)  # a choice's requests never finish
+    new_tokens = (warmup + BLOCKS * steps + 2) * (worker.config.num_steps + 1)  # a choice's requests never finish
     room = engine.context_length - new_tokens
     if room < 8:
         raise ValueError(f"adaptive speculation: context length {engine.context_length} leaves no room to profile "
@@ -107,11 +113,26 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 6, warmup
                     slope[name][bs] = max(ms - table[name][bs], 0.0) / (bs * (ctx - base_ctx))
     finally:
         worker.force = AUTO
-    return StepCosts(table=table, slope=slope, base_ctx=base_ctx)
+    return StepCosts(table=table, slope={name: median_filter(by_bs) for name, by_bs in slope.items()},
+                     base_ctx=base_ctx)
+
+
+def median_filter(by_bs: dict[int, float]) -> dict[int, float]:
+    """Each value replaced by the median of itself and its neighbours in batch-size order (the
+    first and last by the median of the three at their end); fewer than three values stay."""
+    sizes = sorted(by_bs)
+    if len(sizes) < 3:
+        return dict(by_bs)
+    out = {}
+    for i, bs in enumerate(sizes):
+        lo = min(max(i - 1, 0), len(sizes) - 3)
+        out[bs] = float(np.median([by_bs[b] for b in sizes[lo:lo + 3]]))
+    return out
 
 
 def _time_steps(engine, bs: int, ctx: int, new_tokens: int, steps: int, warmup: int) -> float:
-    """ms per decode step for ``bs`` dummy requests of ``ctx`` random tokens (the worker's current ``force``)."""
+    """ms per decode step for ``bs`` dummy requests of ``ctx`` random tokens (the worker's current
+    ``force``): the median of BLOCKS blocks of ``steps`` timed steps."""
     device = engine.memory.req_to_token.device
     gen = torch.Generator().manual_seed(bs * 7919 + ctx)
     vocab = engine.target_model.config.vocab_size
@@ -130,12 +151,15 @@ def _time_steps(engine, bs: int, ctx: int, new_tokens: int, steps: int, warmup: 
             engine.step()
         for _ in range(warmup):
             engine.step()
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        _sync(device)
-        return (time.perf_counter() - start) * 1e3 / steps
+        blocks = []
+        for _ in range(BLOCKS):
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            _sync(device)
+            blocks.append((time.perf_counter() - start) * 1e3 / steps)
+        return float(np.median(blocks))
     finally:
         for r in reqs:
             engine.abort(r.rid)

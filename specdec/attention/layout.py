@@ -23,7 +23,7 @@ import dataclasses
 import torch
 
 from specdec.forward import ForwardBatch, ForwardMode
-from specdec.kernels import create_kv_indices
+from specdec.kernels import create_kv_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,11 +157,8 @@ def build_static_layout(batch: ForwardBatch) -> StaticLayout:
     if bound is None:
         raise ValueError("build_static_layout needs batch.static_max_seq_len")
     bs, device = batch.batch_size, batch.input_ids.device
-    rows, prefix = batch.req_pool_indices, batch.prefix_lens
     if batch.draft_ancestors is not None:
-        own = batch.draft_ancestors  # [bs * K, depth]
-        branches = own.shape[0] // max(bs, 1)
-        rows, prefix = rows.repeat_interleave(branches), prefix.repeat_interleave(branches)
+        own = batch.draft_ancestors  # [bs * K, depth]: each branch a sequence of one query row
         q_len = 1
     else:
         if batch.num_tokens % max(bs, 1):
@@ -169,12 +166,10 @@ def build_static_layout(batch: ForwardBatch) -> StaticLayout:
         q_len = batch.num_tokens // max(bs, 1)
         own = batch.out_cache_loc.view(bs, q_len)
     num_seqs, width = own.shape
-    kv_indptr = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)
-    kv_indptr[1:] = torch.cumsum(prefix + width, 0)
+    kv_indptr = torch.empty(num_seqs + 1, dtype=torch.int32, device=device)
     kv_indices = torch.empty(num_seqs * (bound + width), dtype=torch.int32, device=device)
-    create_kv_indices(batch.req_to_token, rows, prefix, kv_indptr, None, kv_indices)
-    own_pos = kv_indptr[:-1, None] + prefix[:, None] + torch.arange(width, device=device)  # [num_seqs, width]
-    kv_indices.scatter_(0, own_pos.flatten().long(), own.flatten().to(torch.int32))
-    qo_indptr = torch.arange(num_seqs + 1, dtype=torch.int32, device=device) * q_len
+    create_kv_layout(batch.req_to_token, batch.req_pool_indices, batch.prefix_lens, own, kv_indptr, kv_indices)
+    qo_indptr = (torch.arange(0, (num_seqs + 1) * q_len, q_len, dtype=torch.int32, device=device) if q_len
+                 else torch.zeros(num_seqs + 1, dtype=torch.int32, device=device))
     return StaticLayout(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, q_len=q_len,
                         max_prefix_len=bound, max_kv_len=bound + width)

@@ -136,6 +136,8 @@ class DraftRunner:
         width = max(self.num_steps - 1, 1)
         ancestors_in, ancestors_out = (torch.empty(bs * k, width, dtype=torch.int64, device=device) for _ in range(2))
         slots = torch.empty(bs * k, dtype=torch.int64, device=device)  # [bs*K] this step's scratch slots
+        branch_positions = seq_lens.repeat_interleave(k)  # [bs*K] each branch's first draft position
+        branches = torch.full((bs,), k, dtype=torch.int64, device=device)  # [bs] query rows per request
         for step in range(self.num_steps):
             score_list.append(sel.tree_info[0])
             token_list.append(sel.tree_info[1])
@@ -149,11 +151,11 @@ class DraftRunner:
             batch = ForwardBatch(
                 forward_mode=ForwardMode.DECODE,
                 input_ids=sel.input_ids,
-                positions=(seq_lens + step).repeat_interleave(k),
+                positions=branch_positions + step,
                 out_cache_loc=slots,
                 req_pool_indices=req_pool_indices,
                 prefix_lens=seq_lens,
-                extend_lens=torch.full((bs,), k, dtype=torch.int64, device=device),
+                extend_lens=branches,
                 req_to_token=self.req_to_token,
                 kv_cache=self.kv_cache,
                 attn_backend=self.attn_backend,

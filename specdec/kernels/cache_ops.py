@@ -356,6 +356,54 @@ def create_kv_page_indices_ref(
     _gather_ref(req_to_token, req_pool_indices, seq_lens, page_indptr, None, page_indices, page_size=page_size)
 
 
+def create_kv_layout(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context]
+    req_pool_indices: torch.Tensor,  # [bs]
+    prefix_lens: torch.Tensor,  # [bs] prefix tokens of each request
+    own: torch.Tensor,  # [bs * branches, width] each attention sequence's own slots, after its prefix
+    kv_indptr: torch.Tensor,  # [bs * branches + 1], written
+    kv_indices: torch.Tensor,  # [>= sum over sequences of prefix + width], written
+) -> None:
+    """Every attention sequence's KV list and offsets in one launch (see the ref): the static
+    (CUDA-graph) layout of a verify, a draft extend or a draft decode step."""
+    bs, device = _check_rows(req_to_token, req_pool_indices, {"prefix_lens": prefix_lens})
+    check_tensor("own", own, dtype=_INDEX, dim=2, device=device)
+    if (bs == 0) != (own.shape[0] == 0) or (bs and own.shape[0] % bs):
+        raise ValueError(f"own: expected a multiple of bs = {bs} rows (branches per request), got {own.shape[0]}")
+    check_tensor("kv_indptr", kv_indptr, dtype=_INDEX, shape=(own.shape[0] + 1,), device=device)
+    check_tensor("kv_indices", kv_indices, dtype=_INDEX, dim=1, device=device)
+    impl = select_impl("create_kv_layout", create_kv_layout_ref, device)
+    impl(req_to_token, req_pool_indices, prefix_lens, own, kv_indptr, kv_indices)
+
+
+def create_kv_layout_ref(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    own: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+) -> None:
+    """Specification of ``create_kv_layout``.
+
+    Sequence ``s = b * branches + j`` (``branches = own.shape[0] // bs``) lists request b's prefix,
+    ``req_to_token[row_b, :prefix_b]``, then ``own[s]``; sequences are packed in order and
+    ``kv_indptr`` is their offsets. Example: rows [1, 0], prefix_lens [2, 1], own [[7], [8], [9], [5]]
+    (2 branches, width 1)::
+
+        kv_indptr  = [0, 3, 6, 8, 10]
+        kv_indices = [r2t[1,0] r2t[1,1] 7 | r2t[1,0] r2t[1,1] 8 | r2t[0,0] 9 | r2t[0,0] 5]
+    """
+    num_seqs, width = own.shape
+    branches = num_seqs // max(req_pool_indices.shape[0], 1)
+    rows, prefix = req_pool_indices.repeat_interleave(branches), prefix_lens.repeat_interleave(branches)
+    kv_indptr[0] = 0
+    kv_indptr[1:] = torch.cumsum(prefix + width, 0)
+    create_kv_indices_ref(req_to_token, rows, prefix, kv_indptr, None, kv_indices)
+    own_pos = kv_indptr[:-1, None].long() + prefix[:, None] + torch.arange(width, device=own.device)  # [num_seqs, width]
+    kv_indices.scatter_(0, own_pos.flatten(), own.flatten().to(kv_indices.dtype))
+
+
 def _gather_ref(req_to_token, req_pool_indices, seq_lens, indptr, start_idx, out, *, page_size: int) -> None:
     rows, lens, offs = req_pool_indices.tolist(), seq_lens.tolist(), indptr.tolist()
     starts = start_idx.tolist() if start_idx is not None else [0] * len(rows)

@@ -165,6 +165,33 @@ def test_kv_indices_random(device, page_size):
                      [table, rows, torch.tensor(lens), indptr, out], device, page_size=page_size)
 
 
+def test_kv_layout_example():
+    """The ref's docstring: rows [1, 0], prefixes [2, 1], 2 branches of width 1."""
+    table = torch.arange(20, dtype=torch.int32).view(2, 10) + 100  # r2t[r, i] = 100 + 10 r + i
+    indptr, out = torch.full((5,), POISON, dtype=torch.int32), torch.full((12,), POISON, dtype=torch.int32)
+    K.create_kv_layout_ref(table, torch.tensor([1, 0]), torch.tensor([2, 1]), torch.tensor([[7], [8], [9], [5]]),
+                           indptr, out)
+    assert indptr.tolist() == [0, 3, 6, 8, 10]
+    assert out[:10].tolist() == [110, 111, 7, 110, 111, 8, 100, 9, 100, 5] and out[10:].eq(POISON).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kv_layout_random(device):
+    """Verify / draft-extend layouts (one sequence a request, width = new tokens) and draft decode
+    layouts (K branches a request, width = ancestors), prefixes of every length including 0."""
+    rng = random.Random(5)
+    for case in range(6 if device == "cpu" else 40):
+        bs, ctx = rng.choice([1, 2, 7, 13]), rng.choice([17, 300])
+        branches, width = rng.choice([(1, 1), (1, 4), (1, 32), (4, 1), (8, 5)])
+        table = random_table(rng, bs + 1, ctx)
+        rows = torch.tensor(rng.sample(range(bs + 1), bs))
+        prefix = torch.tensor([rng.randint(0, ctx) if case % 3 else 0 for _ in range(bs)])
+        own = torch.randint(0, 10**6, (bs * branches, width), dtype=rng.choice([torch.int32, torch.int64]))
+        indptr = torch.full((bs * branches + 1,), POISON, dtype=torch.int32)
+        out = torch.full((bs * branches * (ctx + width) + 3,), POISON, dtype=torch.int32)  # a static plan's bound
+        run_both(K.create_kv_layout, K.create_kv_layout_ref, [table, rows, prefix, own, indptr, out], device)
+
+
 # --------------------------------------------------------------------------- validation and errors
 def test_validation_names_the_argument():
     table = torch.zeros(2, 8, dtype=torch.int32)
@@ -205,6 +232,22 @@ def test_out_of_range_is_flagged(device):
         assert flag.tolist() == [0, 2] and args[0][1].eq(0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_kv_layout_out_of_range_is_flagged(device):
+    """A prefix past the table's row: CPU raises naming the request; CUDA sets its flag and writes none of it."""
+    table = torch.zeros(2, 8, dtype=torch.int32, device=device)
+    args = [table, torch.tensor([0, 1]), torch.tensor([2, 9]), torch.zeros(2, 1, dtype=torch.int64),
+            torch.zeros(3, dtype=torch.int32), torch.full((20,), POISON, dtype=torch.int32)]
+    args = [a.to(device) for a in args]
+    if device == "cpu":
+        with pytest.raises(ValueError, match="request 1"):
+            K.create_kv_layout(*args)
+    else:
+        flag = torch.zeros(2, dtype=torch.int32, device=device)
+        triton_cache_ops.create_kv_layout(*args, error_flag=flag)
+        assert flag.tolist() == [0, 2] and args[5][3:].eq(POISON).all()
+
+
 def valid_calls() -> dict[str, tuple]:
     """One valid call of each op (bs = 2) by name: (op, arguments by keyword)."""
     table, rows = torch.zeros(3, 8, dtype=torch.int32), torch.tensor([0, 2])
@@ -226,6 +269,9 @@ def valid_calls() -> dict[str, tuple]:
             req_to_token=table, req_pool_indices=rows, seq_lens=lens,
             kv_indptr=torch.tensor([0, 2, 5], dtype=torch.int32), kv_start_idx=torch.tensor([0, 1]),
             kv_indices=torch.zeros(5, dtype=torch.int32))),
+        "create_kv_layout": (K.create_kv_layout, dict(
+            req_to_token=table, req_pool_indices=rows, prefix_lens=lens, own=torch.zeros(4, 2, **i64),
+            kv_indptr=torch.zeros(5, dtype=torch.int32), kv_indices=torch.zeros(18, dtype=torch.int32))),
         "create_kv_page_indices": (K.create_kv_page_indices, dict(
             req_to_token=table, req_pool_indices=rows, seq_lens=lens,
             page_indptr=torch.tensor([0, 1, 2], dtype=torch.int32), page_indices=torch.zeros(2, dtype=torch.int32),
@@ -253,6 +299,9 @@ def valid_calls() -> dict[str, tuple]:
         ("create_kv_indices", "seq_lens", torch.tensor([2, 3, 4])),
         ("create_kv_indices", "kv_start_idx", torch.tensor([0, 1], dtype=torch.int16)),
         ("create_kv_indices", "kv_indices", torch.zeros(5, 1, dtype=torch.int32)),
+        ("create_kv_layout", "prefix_lens", torch.tensor([2])),
+        ("create_kv_layout", "own", torch.zeros(3, 2, dtype=torch.int64)),  # not branches per request
+        ("create_kv_layout", "kv_indptr", torch.zeros(4, dtype=torch.int32)),
         ("create_kv_page_indices", "page_indptr", torch.tensor([0, 1], dtype=torch.int32)),
         ("create_kv_page_indices", "page_indices", torch.zeros(2, dtype=torch.int32, device="meta")),
         ("create_kv_page_indices", "page_size", 0),
@@ -278,6 +327,8 @@ def test_cache_custom_ops_pass_opcheck(device):
     torch.library.opcheck(ops.compact_accepted_kv_locs.default, (*tensors("compact_accepted_kv_locs"), flag, 2))
     torch.library.opcheck(ops.draft_scratch_slots.default,
                           (*tensors("draft_scratch_slots"), torch.zeros(4, dtype=torch.int32, device=device), 0, 3, 1))
+    torch.library.opcheck(ops.create_kv_layout.default,
+                          (*tensors("create_kv_layout"), torch.zeros(4, dtype=torch.int32, device=device)))
     table, rows, lens, indptr, start, out = tensors("create_kv_indices")
     for kv_start_idx in (start, None):
         torch.library.opcheck(ops.create_kv_indices.default, (table, rows, lens, indptr, kv_start_idx, out, flag, 1))

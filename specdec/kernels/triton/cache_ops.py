@@ -211,10 +211,65 @@ def create_kv_page_indices(req_to_token, req_pool_indices, seq_lens, page_indptr
     _check(flag, "create_kv_page_indices")
 
 
+# --------------------------------------------------------------------------- create_kv_layout
+@triton.jit
+def _layout_kernel(table_ptr, rows_ptr, prefix_ptr, own_ptr, indptr_ptr, out_ptr, error_ptr, branches, width,
+                   stride_own, max_reqs, ctx, out_numel, BLOCK: tl.constexpr):
+    s = tl.program_id(0)  # attention sequence s = b * branches + j
+    b = s // branches
+    j = s % branches
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    prefix = tl.load(prefix_ptr + b).to(tl.int64)
+    before = row * 0  # the prefixes of requests 0..b-1
+    for i0 in range(0, b, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        before += tl.sum(tl.load(prefix_ptr + i, mask=i < b, other=0).to(tl.int64))
+    off = before * branches + j * prefix + s.to(tl.int64) * width  # where sequence s starts
+    end = off + prefix + width
+    err = tl.where((row < 0) | (row >= max_reqs), 1,
+                   tl.where((prefix < 0) | (prefix > ctx), 2, tl.where(end > out_numel, 3, 0)))
+    tl.store(error_ptr + s, err)
+    tl.store(indptr_ptr + s + 1, end.to(indptr_ptr.dtype.element_ty))
+    if s == 0:
+        tl.store(indptr_ptr, end * 0)
+    count = tl.where(err == 0, prefix, 0)
+    for i0 in range(0, count, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        m = i < count
+        slot = tl.load(table_ptr + row * ctx + i, mask=m, other=0)
+        tl.store(out_ptr + off + i, slot.to(out_ptr.dtype.element_ty), mask=m)
+    for w0 in range(0, tl.where(err == 0, width, 0), BLOCK):
+        w = w0 + tl.arange(0, BLOCK)
+        m = w < width
+        slot = tl.load(own_ptr + s.to(tl.int64) * stride_own + w, mask=m, other=0)
+        tl.store(out_ptr + off + prefix + w, slot.to(out_ptr.dtype.element_ty), mask=m)
+
+
+@custom_op("create_kv_layout", ("kv_indptr", "kv_indices", "error_flag"))
+def _layout_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+               own: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, error_flag: torch.Tensor) -> None:
+    num_seqs, width = own.shape
+    if num_seqs:
+        _layout_kernel[(num_seqs,)](req_to_token, req_pool_indices, prefix_lens, own, kv_indptr, kv_indices, error_flag,
+                                    num_seqs // req_pool_indices.shape[0], width, own.stride(0), req_to_token.shape[0],
+                                    req_to_token.shape[1], kv_indices.numel(), BLOCK=_BLOCK)
+
+
+def create_kv_layout(req_to_token, req_pool_indices, prefix_lens, own, kv_indptr, kv_indices, *,
+                     error_flag: torch.Tensor | None = None) -> None:
+    if own.stride(1) != 1:
+        own = own.contiguous()
+    flag = error_flag_for(own.shape[0], req_to_token.device, error_flag)
+    _layout_op(req_to_token, req_pool_indices, prefix_lens, own, kv_indptr, kv_indices, flag)
+    branches = max(own.shape[0] // max(req_pool_indices.shape[0], 1), 1)
+    raise_on_cpu(flag, lambda s, code: "create_kv_layout: " + _ERRORS[code].format(b=s // branches))
+
+
 IMPLS = {
     "assign_req_to_token": assign_req_to_token,
     "compact_accepted_kv_locs": compact_accepted_kv_locs,
     "draft_scratch_slots": draft_scratch_slots,
     "create_kv_indices": create_kv_indices,
     "create_kv_page_indices": create_kv_page_indices,
+    "create_kv_layout": create_kv_layout,
 }

@@ -360,14 +360,18 @@ def create_kv_layout(
     req_to_token: torch.Tensor,  # [max_reqs, max_context]
     req_pool_indices: torch.Tensor,  # [bs]
     prefix_lens: torch.Tensor,  # [bs] prefix tokens of each request
-    own: torch.Tensor,  # [bs * branches, width] each attention sequence's own slots, after its prefix
+    own: torch.Tensor,  # [bs * branches, width] each attention sequence's own slots, after its prefix (rows may be strided)
     kv_indptr: torch.Tensor,  # [bs * branches + 1], written
     kv_indices: torch.Tensor,  # [>= sum over sequences of prefix + width], written
 ) -> None:
     """Every attention sequence's KV list and offsets in one launch (see the ref): the static
     (CUDA-graph) layout of a verify, a draft extend or a draft decode step."""
     bs, device = _check_rows(req_to_token, req_pool_indices, {"prefix_lens": prefix_lens})
-    check_tensor("own", own, dtype=_INDEX, dim=2, device=device)
+    if not (isinstance(own, torch.Tensor) and own.dim() == 2 and own.dtype in _INDEX and own.device == device
+            and (own.shape[1] <= 1 or own.stride(1) == 1)):  # NOTE: rows may be strided (a column slice)
+        raise ValueError(f"own: expected a 2-D int32 / int64 tensor on {device} with unit stride along its rows, got "
+                         + (f"{own.dtype} {tuple(own.shape)} strides {own.stride()} on {own.device}"
+                            if isinstance(own, torch.Tensor) else type(own).__name__))
     if (bs == 0) != (own.shape[0] == 0) or (bs and own.shape[0] % bs):
         raise ValueError(f"own: expected a multiple of bs = {bs} rows (branches per request), got {own.shape[0]}")
     check_tensor("kv_indptr", kv_indptr, dtype=_INDEX, shape=(own.shape[0] + 1,), device=device)

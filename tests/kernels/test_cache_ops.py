@@ -186,10 +186,15 @@ def test_kv_layout_random(device):
         table = random_table(rng, bs + 1, ctx)
         rows = torch.tensor(rng.sample(range(bs + 1), bs))
         prefix = torch.tensor([rng.randint(0, ctx) if case % 3 else 0 for _ in range(bs)])
-        own = torch.randint(0, 10**6, (bs * branches, width), dtype=rng.choice([torch.int32, torch.int64]))
+        wide = torch.randint(0, 10**6, (bs * branches, width + 2), dtype=rng.choice([torch.int32, torch.int64]))
         indptr = torch.full((bs * branches + 1,), POISON, dtype=torch.int32)
         out = torch.full((bs * branches * (ctx + width) + 3,), POISON, dtype=torch.int32)  # a static plan's bound
-        run_both(K.create_kv_layout, K.create_kv_layout_ref, [table, rows, prefix, own, indptr, out], device)
+        run_both(K.create_kv_layout, K.create_kv_layout_ref, [table, rows, prefix, wide[:, 2:], indptr, out], device)
+        # the draft's ancestors arrive as a column slice (strided rows), which run_both's clones would not keep
+        got = [t.clone().to(device) for t in (indptr, out)]
+        K.create_kv_layout(table.to(device), rows.to(device), prefix.to(device), wide.to(device)[:, :width], *got)
+        K.create_kv_layout_ref(table, rows, prefix, wide[:, :width].contiguous(), indptr, out)
+        assert torch.equal(got[0].cpu(), indptr) and torch.equal(got[1].cpu(), out)
 
 
 # --------------------------------------------------------------------------- validation and errors

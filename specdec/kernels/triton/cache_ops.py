@@ -257,8 +257,6 @@ def _layout_op(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefi
 
 def create_kv_layout(req_to_token, req_pool_indices, prefix_lens, own, kv_indptr, kv_indices, *,
                      error_flag: torch.Tensor | None = None) -> None:
-    if own.stride(1) != 1:
-        own = own.contiguous()
     flag = error_flag_for(own.shape[0], req_to_token.device, error_flag)
     _layout_op(req_to_token, req_pool_indices, prefix_lens, own, kv_indptr, kv_indices, flag)
     branches = max(own.shape[0] // max(req_pool_indices.shape[0], 1), 1)

@@ -220,37 +220,40 @@ def test_validation_names_the_argument():
                             torch.zeros(2, dtype=torch.int32))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_out_of_range_is_flagged(device):
-    """CPU: both raise ValueError. CUDA: no raise, no out-of-bounds write, flag set for request 1."""
+def out_of_range_calls() -> dict[str, tuple]:
+    """By op: (arguments whose request 1 is out of range, the written tensor's index, the part of it
+    request 0 may write); request 1 must write none of its part."""
     table = torch.zeros(2, 8, dtype=torch.int32)
-    args = [table, torch.tensor([0, 1]), torch.tensor([0, 6]), torch.tensor([2, 9]), torch.tensor([1, 2, 3, 4, 5])]
-    with pytest.raises(ValueError):
-        K.assign_req_to_token_ref(*[a.clone() for a in args])
-    args = [a.to(device) for a in args]
-    if device == "cpu":
-        with pytest.raises(ValueError, match="request 1"):
-            K.assign_req_to_token(*args)
-    else:
-        flag = torch.zeros(2, dtype=torch.int32, device=device)
-        triton_cache_ops.assign_req_to_token(*args, error_flag=flag)
-        assert flag.tolist() == [0, 2] and args[0][1].eq(0).all()
+    return {
+        # request 1 assigns positions [6, 9) of an 8-slot row
+        "assign_req_to_token": ([table, torch.tensor([0, 1]), torch.tensor([0, 6]), torch.tensor([2, 9]),
+                                 torch.tensor([1, 2, 3, 4, 5])], 0, None),
+        # request 1 lists a 9-token prefix of an 8-slot row
+        "create_kv_layout": ([table, torch.tensor([0, 1]), torch.tensor([2, 9]), torch.zeros(2, 1, dtype=torch.int64),
+                              torch.zeros(3, dtype=torch.int32), torch.full((20,), POISON, dtype=torch.int32)], 5, 3),
+    }
 
 
+@pytest.mark.parametrize("op", ["assign_req_to_token", "create_kv_layout"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_kv_layout_out_of_range_is_flagged(device):
-    """A prefix past the table's row: CPU raises naming the request; CUDA sets its flag and writes none of it."""
-    table = torch.zeros(2, 8, dtype=torch.int32, device=device)
-    args = [table, torch.tensor([0, 1]), torch.tensor([2, 9]), torch.zeros(2, 1, dtype=torch.int64),
-            torch.zeros(3, dtype=torch.int32), torch.full((20,), POISON, dtype=torch.int32)]
+def test_out_of_range_is_flagged(device, op):
+    """CPU: the op (and the reference) raise ValueError naming request 1. CUDA: no raise, the flag
+    set for request 1 and nothing of its written."""
+    args, written, request0_end = out_of_range_calls()[op]
+    with pytest.raises(ValueError):
+        getattr(K, f"{op}_ref")(*[a.clone() for a in args])
     args = [a.to(device) for a in args]
     if device == "cpu":
         with pytest.raises(ValueError, match="request 1"):
-            K.create_kv_layout(*args)
+            getattr(K, op)(*args)
     else:
         flag = torch.zeros(2, dtype=torch.int32, device=device)
-        triton_cache_ops.create_kv_layout(*args, error_flag=flag)
-        assert flag.tolist() == [0, 2] and args[5][3:].eq(POISON).all()
+        getattr(triton_cache_ops, op)(*args, error_flag=flag)
+        assert flag.tolist() == [0, 2]
+        if request0_end is None:  # assign: request 1's table row untouched
+            assert args[written][1].eq(0).all()
+        else:
+            assert args[written][request0_end:].eq(POISON).all()
 
 
 def valid_calls() -> dict[str, tuple]:

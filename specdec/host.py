@@ -65,7 +65,10 @@ def table_slots(
 @runtime_checkable
 class TargetKVCache(Protocol):
     def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:
-        """Copy K/V of every layer from slots ``src_locs`` to ``dst_locs`` ([n] each)."""
+        """Copy K/V of every layer from slots ``src_locs`` to ``dst_locs`` ([groups, width] int64
+        each, one group per request). Within a group every source is read before any destination
+        is written (accepted tree nodes move towards the prefix); groups touch disjoint slots;
+        entries with src == dst are no-ops."""
 
 
 @runtime_checkable

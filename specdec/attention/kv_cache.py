@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from specdec.kernels import move_kv_slots
+
 
 class KVCache:
     def __init__(
@@ -23,7 +25,7 @@ class KVCache:
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
         # [num_layers, num_slots, num_kv_heads, head_dim]: one allocation, so ``move`` is one
-        # gather and one scatter for all layers
+        # launch for all layers
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         # [num_slots, num_kv_heads, head_dim] per layer (views of the above)
@@ -62,13 +64,10 @@ class KVCache:
             self.v_buffers[layer_id][loc] = v.to(self.dtype)
 
     def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:
-        """Copy every layer's K/V from ``src_locs`` to ``dst_locs`` ([n] each).
+        """Copy every layer's K/V from ``src_locs`` to ``dst_locs`` ([groups, width] int64 each).
 
-        NOTE: all sources are read before any destination is written, so overlapping moves
-        (for example compacting accepted tree nodes towards the prefix) are safe.
+        NOTE: within a group all sources are read before any destination is written, so a group
+        may move slots onto each other (a request compacting its accepted tree nodes towards the
+        prefix); groups touch disjoint slots. One launch for all layers (``move_kv_slots``).
         """
-        if src_locs.numel() == 0:
-            return
-        with torch.no_grad():
-            for buf in (self.k, self.v):
-                buf[:, dst_locs] = buf[:, src_locs]
+        move_kv_slots(self.k, self.v, src_locs, dst_locs)

@@ -392,7 +392,7 @@ class EAGLEWorker:
         )
         # NOTE: a chain's node t sits at position seq_len + t, so its accepted nodes are in place
         if self.config.topk > 1:
-            self.target.kv_cache.move(src.flatten(), dst.flatten())  # padding entries copy a slot onto itself
+            self.target.kv_cache.move(src, dst)  # [bs, S+1]: one group per request; padding is src == dst
         return dst, positions >= 0
 
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,

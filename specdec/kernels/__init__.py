@@ -18,6 +18,8 @@ from specdec.kernels.cache_ops import (
     create_kv_page_indices_ref,
     draft_scratch_slots,
     draft_scratch_slots_ref,
+    move_kv_slots,
+    move_kv_slots_ref,
 )
 from specdec.kernels.common import TreeMaskMode
 from specdec.kernels.dispatch import TRITON_IMPLS
@@ -50,6 +52,8 @@ __all__ = [
     "create_kv_page_indices_ref",
     "draft_scratch_slots",
     "draft_scratch_slots_ref",
+    "move_kv_slots",
+    "move_kv_slots_ref",
     "build_tree_kernel_efficient",
     "build_tree_kernel_efficient_ref",
     "reconstruct_indices_from_tree_mask",

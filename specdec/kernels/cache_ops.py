@@ -174,7 +174,7 @@ def compact_accepted_kv_locs_ref(
     Node t of request b was verified at position seq_len + t; its i-th accepted node (root = 0th)
     belongs at seq_len + i. For i <= k: src = row[seq_len + t_i], dst = row[seq_len + i],
     position = seq_len + i. Padding (i > k): src = dst = row[seq_len] (a self-copy, so a fixed-shape
-    ``KVCache.move(src.flatten(), dst.flatten())`` needs no mask), position = -1. Example, N = 4,
+    ``KVCache.move(src, dst)`` skips it), position = -1. Example, N = 4,
     seq_len 10, row[10:14] = [50, 51, 52, 53], accept_index [0, 2, -1] (k = 1)::
 
         src [50, 52, 50]   dst [50, 51, 50]   positions [10, 11, -1]
@@ -197,6 +197,59 @@ def compact_accepted_kv_locs_ref(
         src_locs[b] = torch.tensor(src)
         dst_locs[b] = torch.tensor(dst)
         positions[b] = torch.tensor(pos)
+
+
+# --------------------------------------------------------------------------- move_kv_slots
+MAX_MOVE_WIDTH = 256  # slots one group may move (a verify's accepted path is num_steps + 1)
+
+
+def move_kv_slots(
+    k_cache: torch.Tensor,  # [num_layers, num_slots, num_kv_heads, head_dim], written
+    v_cache: torch.Tensor,  # [num_layers, num_slots, num_kv_heads, head_dim], written
+    src_locs: torch.Tensor,  # [groups, width] int64 slots to read
+    dst_locs: torch.Tensor,  # [groups, width] int64 slots to write
+) -> None:
+    """Copy every layer's K and V from ``src_locs`` to ``dst_locs``, group by group (see the ref):
+    the commit of a tree verify, one group per request, in one launch."""
+    device = k_cache.device if isinstance(k_cache, torch.Tensor) else None
+    if not (isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4 and k_cache.is_contiguous()
+            and matches(v_cache, k_cache.dtype, tuple(k_cache.shape), device)
+            and matches(src_locs, torch.int64, None, device) and src_locs.dim() == 2
+            and matches(dst_locs, torch.int64, tuple(src_locs.shape), device)):
+        check_tensor("k_cache", k_cache, dim=4)
+        check_tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=device)
+        check_tensor("src_locs", src_locs, dtype=torch.int64, dim=2, device=device)
+        check_tensor("dst_locs", dst_locs, dtype=torch.int64, shape=tuple(src_locs.shape), device=device)
+    if src_locs.shape[1] > MAX_MOVE_WIDTH:
+        raise ValueError(f"src_locs: a group moves at most {MAX_MOVE_WIDTH} slots, got {src_locs.shape[1]}")
+    impl = select_impl("move_kv_slots", move_kv_slots_ref, device)
+    impl(k_cache, v_cache, src_locs, dst_locs)
+
+
+def move_kv_slots_ref(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    src_locs: torch.Tensor,
+    dst_locs: torch.Tensor,
+) -> None:
+    """Specification of ``move_kv_slots``.
+
+    For every layer, slot ``dst_locs[g, i]`` of K and of V gets what slot ``src_locs[g, i]`` held
+    before the call. Within a group every source is read before any destination is written, so a
+    group may move slots onto each other (compacting accepted tree nodes towards the prefix); a
+    group's destinations are distinct and different groups touch disjoint slots. An entry with src == dst is a no-op (a verify's
+    root and padding). Example, one layer, slots holding [a, b, c, d], src [[0, 2, 3]],
+    dst [[0, 1, 2]]: the slots then hold [a, c, d, d].
+    """
+    for g, (src, dst) in enumerate(zip(src_locs.tolist(), dst_locs.tolist())):
+        for name, slots in (("src_locs", src), ("dst_locs", dst)):
+            if any(not 0 <= s < k_cache.shape[1] for s in slots):
+                raise ValueError(f"{name}: group {g} has a slot outside [0, {k_cache.shape[1]})")
+        moves = [(s, d) for s, d in zip(src, dst) if s != d]
+        if moves:
+            src_g, dst_g = (torch.tensor(col, device=k_cache.device) for col in zip(*moves))
+            for buf in (k_cache, v_cache):
+                buf[:, dst_g] = buf[:, src_g]  # the gather reads every source first
 
 
 # --------------------------------------------------------------------------- draft_scratch_slots

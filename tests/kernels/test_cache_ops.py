@@ -77,6 +77,14 @@ def test_a_chain_needs_no_compaction():
     assert torch.equal(src, dst)
 
 
+def test_move_kv_example():
+    """One layer, slots holding [a, b, c, d], src [[0, 2, 3]], dst [[0, 1, 2]] -> [a, c, d, d]."""
+    k = torch.arange(4.0).view(1, 4, 1, 1)
+    v = -k
+    K.move_kv_slots_ref(k, v, torch.tensor([[0, 2, 3]]), torch.tensor([[0, 1, 2]]))
+    assert k.flatten().tolist() == [0, 2, 3, 3] and v.flatten().tolist() == [0, -2, -3, -3]
+
+
 def test_scratch_example_matches_draft_runner():
     """K = 2, S = 3, step 1, scratch_base 100, ancestors_in [[100], [101]], parent_branch [[1, 1]]."""
     anc, slots = torch.full((2, 2), POISON), torch.full((2,), POISON)
@@ -128,6 +136,50 @@ def test_compact_random(device):
         run_both(K.compact_accepted_kv_locs, K.compact_accepted_kv_locs_ref,
                  [table, rows, seq_lens, accept, torch.tensor(lengths, dtype=torch.int32), *outs], device,
                  num_draft_tokens=n)
+
+
+def random_compaction(rng: random.Random, bs: int, num_slots: int, n: int, num_spec: int):
+    """A verify's commit moves: request b's tree at slots ``base_b .. base_b + n - 1`` (disjoint),
+    its accepted nodes (root first, increasing) moved to the front; padding src = dst = base."""
+    bases = rng.sample(range(0, num_slots - n + 1, n), bs)
+    src, dst = torch.empty(bs, num_spec, dtype=torch.int64), torch.empty(bs, num_spec, dtype=torch.int64)
+    for b, base in enumerate(bases):
+        k = rng.randint(0, min(num_spec - 1, n - 1))
+        nodes = [0] + sorted(rng.sample(range(1, n), k)) + [0] * (num_spec - 1 - k)
+        src[b] = torch.tensor(nodes) + base
+        dst[b] = torch.tensor(list(range(k + 1)) + [0] * (num_spec - 1 - k)) + base
+    return src, dst
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_move_kv_random(device):
+    """Overlapping compaction inside each group (a node moves onto a slot another entry reads),
+    bf16 and fp32 caches, head rows wider and narrower than one column tile."""
+    rng = random.Random(5)
+    for case in range(4 if device == "cpu" else 30):
+        bs, n, num_spec = rng.choice([1, 3, 8]), rng.randint(1, 12), rng.randint(1, 7)
+        layers, heads, dim = rng.choice([1, 3]), rng.choice([1, 2, 8]), rng.choice([16, 64, 128])
+        dtype = [torch.float32, torch.bfloat16][case % 2]
+        num_slots = n * (bs + 2)
+        k = torch.randn(layers, num_slots, heads, dim).to(dtype)
+        v = torch.randn(layers, num_slots, heads, dim).to(dtype)
+        src, dst = random_compaction(rng, bs, num_slots, n, num_spec)
+        run_both(K.move_kv_slots, K.move_kv_slots_ref, [k, v, src, dst], device)
+
+
+def test_kv_cache_move_compacts_a_tree():
+    """KVCache.move, as the worker calls it: node 3's K/V lands on node 1's slot while node 1's
+    own K/V moves nowhere (it was rejected); the root and padding stay."""
+    from specdec.attention.kv_cache import KVCache
+
+    cache = KVCache(num_layers=2, num_slots=8, num_kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu")
+    cache.k.copy_(torch.arange(32.0).view(2, 8, 1, 2))
+    cache.v.copy_(-cache.k)
+    before = cache.k.clone()
+    cache.move(torch.tensor([[4, 7, 4]]), torch.tensor([[4, 5, 4]]))  # tree at slots 4..7, path 0 -> 3
+    expect = before.clone()
+    expect[:, 5] = before[:, 7]
+    assert torch.equal(cache.k, expect) and torch.equal(cache.v, -expect)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -215,6 +267,16 @@ def test_validation_names_the_argument():
         K.draft_scratch_slots(torch.zeros(1, 2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64),
                               torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64),
                               scratch_base=0, num_steps=3, step=1)
+    cache = torch.zeros(2, 4, 1, 16)
+    for args, key in [((cache, cache[:, :3], torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 2, dtype=torch.int64)),
+                       "v_cache"),
+                      ((cache, cache, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)), "src_locs"),
+                      ((cache, cache, torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64)),
+                       "dst_locs"),
+                      ((cache, cache, torch.zeros(1, 257, dtype=torch.int64), torch.zeros(1, 257, dtype=torch.int64)),
+                       "src_locs")]:
+        with pytest.raises(ValueError, match=f"^{key}:"):
+            K.move_kv_slots(*args)
     with pytest.raises(ValueError, match="kv_indptr"):
         K.create_kv_indices(table, torch.tensor([0]), torch.tensor([2]), torch.tensor([0], dtype=torch.int32), None,
                             torch.zeros(2, dtype=torch.int32))
@@ -232,6 +294,25 @@ def out_of_range_calls() -> dict[str, tuple]:
         "create_kv_layout": ([table, torch.tensor([0, 1]), torch.tensor([2, 9]), torch.zeros(2, 1, dtype=torch.int64),
                               torch.zeros(3, dtype=torch.int32), torch.full((20,), POISON, dtype=torch.int32)], 5, 3),
     }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_move_kv_out_of_range_is_flagged(device):
+    """A group naming a slot past the cache: CPU raises naming the group; CUDA flags it and moves
+    nothing of that group, while the valid group still moves."""
+    k = torch.arange(8.0).view(1, 8, 1, 1).repeat(1, 1, 1, 16)
+    src, dst = torch.tensor([[0, 3], [4, 9]]), torch.tensor([[0, 1], [4, 5]])
+    with pytest.raises(ValueError, match="group 1"):
+        K.move_kv_slots_ref(k.clone(), k.clone(), src, dst)
+    k, src, dst = k.to(device), src.to(device), dst.to(device)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="group 1"):
+            K.move_kv_slots(k, k.clone(), src, dst)
+    else:
+        flag = torch.zeros(2, dtype=torch.int32, device=device)
+        triton_cache_ops.move_kv_slots(k, k.clone(), src, dst, error_flag=flag)
+        assert flag.tolist() == [0, 2]
+        assert k[0, :, 0, 0].tolist() == [0, 3, 2, 3, 4, 5, 6, 7]
 
 
 @pytest.mark.parametrize("op", ["assign_req_to_token", "create_kv_layout"])
@@ -335,6 +416,8 @@ def test_cache_custom_ops_pass_opcheck(device):
     torch.library.opcheck(ops.compact_accepted_kv_locs.default, (*tensors("compact_accepted_kv_locs"), flag, 2))
     torch.library.opcheck(ops.draft_scratch_slots.default,
                           (*tensors("draft_scratch_slots"), torch.zeros(4, dtype=torch.int32, device=device), 0, 3, 1))
+    cache, slots = torch.zeros(2, 6, 2, 16, device=device), torch.tensor([[0, 3], [4, 2]], device=device)
+    torch.library.opcheck(ops.move_kv_slots.default, (cache, cache.clone(), slots, slots.flip(1), flag))
     torch.library.opcheck(ops.create_kv_layout.default,
                           (*tensors("create_kv_layout"), torch.zeros(4, dtype=torch.int32, device=device)))
     table, rows, lens, indptr, start, out = tensors("create_kv_indices")

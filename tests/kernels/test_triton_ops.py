@@ -47,7 +47,7 @@ def test_dispatch(monkeypatch):
     assert set(TRITON_IMPLS) >= {"build_tree_kernel_efficient", "reconstruct_indices_from_tree_mask",
                                  "verify_tree_greedy", "tree_speculative_sampling_target_only", "segment_packbits",
                                  "assign_req_to_token", "compact_accepted_kv_locs", "draft_scratch_slots",
-                                 "create_kv_indices", "create_kv_page_indices", "create_kv_layout"}
+                                 "create_kv_indices", "create_kv_page_indices", "create_kv_layout", "move_kv_slots"}
     monkeypatch.delenv("TRITON_INTERPRET")
     assert select_impl("verify_tree_greedy", K.verify_tree_greedy_ref, cpu) is K.verify_tree_greedy_ref
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec.kernels.triton._common import custom_op, error_flag_for, raise_on_cpu
+from specdec.kernels.triton._common import custom_op, error_flag_for, next_pow2, raise_on_cpu
 
 _ERRORS = {
     1: "req_pool_indices: request {b} has a row outside req_to_token",
@@ -118,6 +118,56 @@ def compact_accepted_kv_locs(req_to_token, req_pool_indices, seq_lens, accept_in
     _compact_op(req_to_token, req_pool_indices, seq_lens, accept_index, accept_length, src_locs, dst_locs,
                 positions, flag, num_draft_tokens)
     _check(flag, "compact_accepted_kv_locs")
+
+
+# --------------------------------------------------------------------------- move_kv_slots
+@triton.jit
+def _move_kv_kernel(k_ptr, v_ptr, src_ptr, dst_ptr, error_ptr, num_slots, width, row_size,
+                    BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (group g, layer, column chunk): the group's [width, BLOCK_C] slice of that layer's K
+    and V rows, all loaded, then (after a barrier) stored."""
+    g = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    i = tl.arange(0, BLOCK_W)
+    src = tl.load(src_ptr + g * width + i, mask=i < width, other=0)
+    dst = tl.load(dst_ptr + g * width + i, mask=i < width, other=0)
+    outside = (i < width) & ((src < 0) | (src >= num_slots) | (dst < 0) | (dst >= num_slots))
+    err = tl.where(tl.max(outside.to(tl.int32)) > 0, 2, 0)
+    moved = (i < tl.where(err == 0, width, 0)) & (src != dst)  # [BLOCK_W]
+    mask = moved[:, None] & (cols < row_size)[None, :]  # [BLOCK_W, BLOCK_C]
+    layer_base = layer * num_slots * row_size
+    src_offs = layer_base + src[:, None] * row_size + cols[None, :]
+    dst_offs = layer_base + dst[:, None] * row_size + cols[None, :]
+    k = tl.load(k_ptr + src_offs, mask=mask)
+    v = tl.load(v_ptr + src_offs, mask=mask)
+    tl.debug_barrier()  # NOTE: a destination may be another entry's source: every thread reads first
+    tl.store(k_ptr + dst_offs, k, mask=mask)
+    tl.store(v_ptr + dst_offs, v, mask=mask)
+    tl.store(error_ptr + g, err)  # every program of the group stores the same code
+
+
+@custom_op("move_kv_slots", ("k_cache", "v_cache", "error_flag"))
+def _move_kv_op(k_cache: torch.Tensor, v_cache: torch.Tensor, src_locs: torch.Tensor, dst_locs: torch.Tensor,
+                error_flag: torch.Tensor) -> None:
+    groups, width = src_locs.shape
+    num_layers, num_slots = k_cache.shape[:2]
+    row_size = k_cache[0, 0].numel()  # num_kv_heads * head_dim
+    block_w = next_pow2(width)
+    block_c = min(next_pow2(row_size), max(16, 4096 // block_w))  # at most 4096 elements a tile
+    if groups and width and num_layers:
+        _move_kv_kernel[(groups, num_layers, triton.cdiv(row_size, block_c))](
+            k_cache, v_cache, src_locs, dst_locs, error_flag, num_slots, width, row_size,
+            BLOCK_W=block_w, BLOCK_C=block_c)
+
+
+def move_kv_slots(k_cache, v_cache, src_locs, dst_locs, *, error_flag: torch.Tensor | None = None) -> None:
+    groups, width = src_locs.shape
+    flag = error_flag_for(groups, k_cache.device, error_flag)
+    if not width or not k_cache.shape[0]:
+        flag.zero_()  # no program runs to write it
+    _move_kv_op(k_cache, v_cache, src_locs, dst_locs, flag)
+    raise_on_cpu(flag, lambda g, code: f"move_kv_slots: group {g} has a slot outside [0, {k_cache.shape[1]})")
 
 
 # --------------------------------------------------------------------------- draft_scratch_slots
@@ -266,6 +316,7 @@ def create_kv_layout(req_to_token, req_pool_indices, prefix_lens, own, kv_indptr
 IMPLS = {
     "assign_req_to_token": assign_req_to_token,
     "compact_accepted_kv_locs": compact_accepted_kv_locs,
+    "move_kv_slots": move_kv_slots,
     "draft_scratch_slots": draft_scratch_slots,
     "create_kv_indices": create_kv_indices,
     "create_kv_page_indices": create_kv_page_indices,

@@ -353,7 +353,7 @@ class EAGLEWorker:
                                        mean_committed=cfg.simulate_accept_length, generator=self.generator)
         if cfg.simulate_hazards is not None:
             if self._simulate_cdf is None:
-                self._simulate_cdf = child_cdf(cfg.simulate_hazards, logits.device)[:, : cfg.topk]
+                self._simulate_cdf = child_cdf(cfg.simulate_hazards, logits.device)[:, : cfg.topk].contiguous()
             return simulate_tree_acceptance(
                 candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
                 tree.retrive_next_sibling, self._simulate_cdf, num_steps=cfg.num_steps,

@@ -5,7 +5,8 @@ same, whatever the shape, so policies compared in one benchmark face the same te
 import pytest
 import torch
 
-from specdec.eagle.simulate import child_cdf, position_uniforms, simulate_tree_acceptance
+from specdec.eagle.simulate import child_cdf, simulate_tree_acceptance
+from specdec.kernels.position_hash import position_uniforms
 
 HAZARDS = ((0.8,), (0.6,), (0.5,), (0.7,), (0.4,))  # rank-0 acceptance per depth (topk 1: chains)
 
@@ -57,3 +58,19 @@ def test_position_uniforms_are_uniform_and_fixed(seed):
     assert (counts - u.numel() / 10).abs().max() < 5 * (u.numel() / 10) ** 0.5
     assert torch.equal(u, position_uniforms(positions, seed))
     assert torch.equal(u[3:5, 7:9], position_uniforms(positions, seed)[3:5, 7:9])
+
+
+@pytest.mark.parametrize("key, bad", [("cdf", torch.zeros(3, 2, dtype=torch.float64)),
+                                      ("positions", torch.zeros(2, 4, dtype=torch.int64)),
+                                      ("seq_lens", torch.zeros(2, dtype=torch.int32)),
+                                      ("candidates", torch.zeros(6, dtype=torch.int64))])
+def test_simulate_target_predict_names_the_bad_argument(key, bad):
+    from specdec.kernels import simulate_target_predict
+
+    node = torch.zeros(2, 3, dtype=torch.int64)
+    args = dict(candidates=node, argmax=node, positions=node, seq_lens=torch.zeros(2, dtype=torch.int64),
+                retrive_next_token=node - 1, retrive_next_sibling=node - 1, cdf=torch.zeros(3, 2),
+                target_predict=node.clone())
+    simulate_target_predict(**args, seed=0)
+    with pytest.raises(ValueError, match=f"^{key}:"):
+        simulate_target_predict(**{**args, key: bad}, seed=0)

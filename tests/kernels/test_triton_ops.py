@@ -21,6 +21,7 @@ from ..triton_env import import_kernels
 
 triton_verify = import_kernels("specdec.kernels.triton.verify")
 triton_tree_build = import_kernels("specdec.kernels.triton.tree_build")
+import_kernels("specdec.kernels.triton.simulate")
 
 from specdec import kernels as K  # noqa: E402
 from specdec.kernels.dispatch import TRITON_IMPLS, select_impl  # noqa: E402
@@ -47,7 +48,8 @@ def test_dispatch(monkeypatch):
     assert set(TRITON_IMPLS) >= {"build_tree_kernel_efficient", "reconstruct_indices_from_tree_mask",
                                  "verify_tree_greedy", "tree_speculative_sampling_target_only", "segment_packbits",
                                  "assign_req_to_token", "compact_accepted_kv_locs", "draft_scratch_slots",
-                                 "create_kv_indices", "create_kv_page_indices", "create_kv_layout", "move_kv_slots"}
+                                 "create_kv_indices", "create_kv_page_indices", "create_kv_layout", "move_kv_slots",
+                                 "simulate_target_predict"}
     monkeypatch.delenv("TRITON_INTERPRET")
     assert select_impl("verify_tree_greedy", K.verify_tree_greedy_ref, cpu) is K.verify_tree_greedy_ref
 
@@ -230,6 +232,35 @@ def check_sampling(args, device, **thresholds):
              **thresholds)
 
 
+def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int):
+    """Arguments of simulate_target_predict: random trees, positions seq_len + tree depth (some past
+    the cdf's rows, some huge so the hash's products wrap int64), a random cdf per depth."""
+    parents, _, next_token, next_sibling = random_links(rng, bs, n)
+    seq_lens = torch.tensor([rng.randrange(position_scale) for _ in range(bs)])
+    depth = torch.zeros(bs, n, dtype=torch.int64)
+    for b, par in enumerate(parents):
+        for t in range(1, n):
+            depth[b, t] = depth[b, par[t]] + 1
+    cdf = torch.rand(depths, k).cumsum(1) / (k + 1)  # increasing rows below 1
+    cdf[-1] = 0.0  # leaves draw no child
+    return [torch.randint(0, 1000, (bs, n)), torch.randint(1000, 2000, (bs, n)), seq_lens[:, None] + depth, seq_lens,
+            next_token, next_sibling, cdf, torch.full((bs, n), POISON, dtype=torch.int64)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_simulate_target_predict_random(device):
+    """Bit-exact against the reference: hash, drawn rank, sibling walk, argmax fallback; the cases
+    reach both outcomes (a drawn child's token, below 1000, and the argmax, 1000 and up)."""
+    rng, outcomes = random.Random(11), set()
+    for case in cases(device, 6, 60):
+        bs, n, k = rng.choice([1, 3, 8] if device == "cpu" else [1, 7, 64]), rng.randint(1, 24), rng.randint(1, 8)
+        args, seed = simulate_case(rng, bs, n, k, rng.randint(1, 7), [10**4, 2**40][case % 2]), rng.choice([0, 7, 2**63 - 1])
+        run_both(K.simulate_target_predict, K.simulate_target_predict_ref, args, device, seed=seed)
+        K.simulate_target_predict_ref(*args, seed=seed)
+        outcomes |= {"drawn" if token < 1000 else "argmax" for token in args[-1].flatten().tolist()}
+    assert outcomes == {"drawn", "argmax"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_sampling_random(device):
     rng, nrng = random.Random(3), np.random.default_rng(3)
@@ -390,6 +421,8 @@ def test_custom_ops_pass_opcheck(device):
     torch.library.opcheck(torch.ops.specdec.verify_tree_greedy.default, [a.to(device) for a in vargs])
     sargs = [a.to(device) for a in sampling_case(random.Random(9), np.random.default_rng(9), 2, 5, 33)]
     torch.library.opcheck(torch.ops.specdec.tree_speculative_sampling_target_only.default, [*sargs, flag, 1.0, 1.0])
+    margs = [a.to(device) for a in simulate_case(random.Random(10), 2, 5, 3, 4, 100)]
+    torch.library.opcheck(torch.ops.specdec.simulate_target_predict.default, [*margs, 3])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.kernels import TreeMaskMode, build_tree_kernel_efficient
+from specdec.kernels import TreeMaskMode, build_tree_kernel_efficient, select_frontier
 from specdec.kernels.tree_build import packed_mask_bytes
 
 __all__ = [
@@ -66,13 +66,6 @@ class DraftSelection(NamedTuple):
     parent_branch: torch.Tensor
 
 
-def _fast_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top k along the last dim; k == 1 uses max, as SGLang does (same tie-breaking)."""
-    if k == 1:
-        return torch.max(values, dim=-1, keepdim=True)
-    return torch.topk(values, k, dim=-1)
-
-
 def select_top_k_tokens(
     i: int,
     topk_p: torch.Tensor,  # step 0: [bs, K]; later: [bs*K, K] draft top-k probs per branch
@@ -101,17 +94,19 @@ def select_top_k_tokens(
             tree_info=TreeInfo(topk_p.unsqueeze(1), topk_index, parents),
             parent_branch=torch.zeros(bs, k, dtype=torch.long, device=topk_p.device),
         )
-    expand_scores = scores.unsqueeze(2) * topk_p.reshape(-1, k, k)  # [bs, K, K]
-    best_scores, best_index = _fast_topk(expand_scores.flatten(start_dim=1), k)  # [bs, K]
-    tokens = topk_index.reshape(-1, k * k)  # [bs, K*K]
-    parent_branch = best_index // k  # [bs, K]
-    bs = parent_branch.shape[0]
-    branch_base = torch.arange(0, bs * k, k, device=parent_branch.device).repeat_interleave(k)  # [bs*K]
+    bs, device = scores.shape[0], scores.device
+    expand_scores = torch.empty(bs, k, k, dtype=torch.float32, device=device)
+    best_scores = torch.empty(bs, k, dtype=torch.float32, device=device)
+    parents, parent_branch = (torch.empty(bs, k, dtype=torch.int64, device=device) for _ in range(2))
+    input_ids = torch.empty(bs * k, dtype=torch.int64, device=device)
+    next_hidden = torch.empty_like(hidden_states)  # [bs*K, hidden]
+    select_frontier(scores, topk_p, topk_index, hidden_states, expand_scores, best_scores, parents, parent_branch,
+                    input_ids, next_hidden, parent_offset=k * k * (i - 1) + k)
     return DraftSelection(
-        input_ids=torch.gather(tokens, 1, best_index).flatten(),
-        hidden_states=hidden_states[parent_branch.flatten() + branch_base],
+        input_ids=input_ids,
+        hidden_states=next_hidden,
         scores=best_scores,
-        tree_info=TreeInfo(expand_scores, tokens, best_index + (k * k * (i - 1) + k)),
+        tree_info=TreeInfo(expand_scores, topk_index.reshape(bs, k * k), parents),
         parent_branch=parent_branch,
     )
 

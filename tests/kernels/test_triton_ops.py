@@ -22,6 +22,7 @@ from ..triton_env import import_kernels
 triton_verify = import_kernels("specdec.kernels.triton.verify")
 triton_tree_build = import_kernels("specdec.kernels.triton.tree_build")
 import_kernels("specdec.kernels.triton.simulate")
+import_kernels("specdec.kernels.triton.frontier")
 
 from specdec import kernels as K  # noqa: E402
 from specdec.kernels.dispatch import TRITON_IMPLS, select_impl  # noqa: E402
@@ -49,7 +50,7 @@ def test_dispatch(monkeypatch):
                                  "verify_tree_greedy", "tree_speculative_sampling_target_only", "segment_packbits",
                                  "assign_req_to_token", "compact_accepted_kv_locs", "draft_scratch_slots",
                                  "create_kv_indices", "create_kv_page_indices", "create_kv_layout", "move_kv_slots",
-                                 "simulate_target_predict"}
+                                 "simulate_target_predict", "select_frontier"}
     monkeypatch.delenv("TRITON_INTERPRET")
     assert select_impl("verify_tree_greedy", K.verify_tree_greedy_ref, cpu) is K.verify_tree_greedy_ref
 
@@ -230,6 +231,40 @@ def check_sampling(args, device, **thresholds):
     integer arithmetic, so the ref gives the same tokens on every device)."""
     run_both(K.tree_speculative_sampling_target_only, K.tree_speculative_sampling_target_only_ref, args, device,
              **thresholds)
+
+
+def frontier_case(rng: random.Random, bs: int, k: int, h: int, *, ties: bool, broadcast: bool,
+                   dtype=torch.float32):
+    """select_frontier's arguments: frontier scores and child probabilities (coarse values when
+    ``ties``, so equal scores occur; a broadcast model row when ``broadcast``, as the synthetic
+    benchmark passes), tokens, features, and poisoned outputs."""
+    def probs(*shape):
+        p = torch.rand(*shape)
+        return (p * 4).round() / 4 if ties else p
+    scores = probs(bs, k)
+    topk_p = probs(k).expand(bs * k, k) if broadcast else probs(bs * k, k)
+    outs = [torch.full((bs, k, k), float(POISON)), torch.full((bs, k), float(POISON)),
+            torch.full((bs, k), POISON, dtype=torch.int64), torch.full((bs, k), POISON, dtype=torch.int64),
+            torch.full((bs * k,), POISON, dtype=torch.int64), torch.full((bs * k, h), float(POISON), dtype=dtype)]
+    return [scores, topk_p, torch.randint(0, 10**5, (bs * k, k)), torch.randn(bs * k, h).to(dtype), *outs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_frontier_random(device):
+    """Bit-exact against the reference (stable order on ties, strided inputs, features wider and
+    narrower than a column tile); then the worked example of the ref's docstring."""
+    rng = random.Random(12)
+    for case in cases(device, 8, 60):
+        bs, k = rng.choice([1, 3, 8] if device == "cpu" else [1, 8, 64]), rng.randint(1, 10)
+        args = frontier_case(rng, bs, k, rng.choice([3, 64, 300]), ties=case % 2 == 0, broadcast=case % 3 == 0,
+                             dtype=[torch.float32, torch.bfloat16][case % 2])
+        run_both(K.select_frontier, K.select_frontier_ref, args, device, parent_offset=rng.randint(0, 100))
+    args = [torch.tensor([[0.6, 0.3]]), torch.tensor([[0.5, 0.2], [0.9, 0.1]]), torch.tensor([[10, 11], [12, 13]]),
+            torch.tensor([[1.0], [2.0]]), *frontier_case(rng, 1, 2, 1, ties=False, broadcast=False)[4:]]
+    K.select_frontier(*[a.to(device) for a in args[:4]], *(outs := [a.to(device) for a in args[4:]]), parent_offset=2)
+    expand, best, parents, branch, ids, hidden = (o.cpu() for o in outs)
+    assert torch.allclose(best, torch.tensor([[0.30, 0.27]])) and parents.tolist() == [[2, 4]]
+    assert branch.tolist() == [[0, 1]] and ids.tolist() == [10, 12] and hidden.flatten().tolist() == [1.0, 2.0]
 
 
 def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int):
@@ -421,6 +456,8 @@ def test_custom_ops_pass_opcheck(device):
     torch.library.opcheck(torch.ops.specdec.verify_tree_greedy.default, [a.to(device) for a in vargs])
     sargs = [a.to(device) for a in sampling_case(random.Random(9), np.random.default_rng(9), 2, 5, 33)]
     torch.library.opcheck(torch.ops.specdec.tree_speculative_sampling_target_only.default, [*sargs, flag, 1.0, 1.0])
+    fargs = [a.to(device) for a in frontier_case(random.Random(13), 2, 3, 8, ties=False, broadcast=False)]
+    torch.library.opcheck(torch.ops.specdec.select_frontier.default, [*fargs, 3])
     margs = [a.to(device) for a in simulate_case(random.Random(10), 2, 5, 3, 4, 100)]
     torch.library.opcheck(torch.ops.specdec.simulate_target_predict.default, [*margs, 3])
 

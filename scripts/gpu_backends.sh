@@ -77,7 +77,7 @@ fi
 status=0
 # ------------------------------------------------------------------ tests
 if has tests; then
-  SPECDEC_ATTN_ERR_LOG="$OUT/attn_err.jsonl" timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rs \
+  SPECDEC_ATTN_ERR_LOG="$OUT/attn_err.jsonl" timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -p no:cacheprovider -rs \
     --durations=8 tests/attention/test_registry.py tests/attention/test_flashinfer_backend.py \
     tests/attention/test_flashattention_backend.py tests/e2e/test_gpu_backends.py ${PYTEST_ARGS:-} 2>&1 \
     | tail -60 | tee -a "$LOG"

@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     probe)
       timeout "${PROBE_TIMEOUT:-200}" python3 scripts/fa4_probe.py "$OUT/fa4_probe.json" 2>&1 | tail -40 ;;
     tests)
-      SPECDEC_ATTN_ERR_LOG="$OUT/attn_err.jsonl" timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -rs \
+      SPECDEC_ATTN_ERR_LOG="$OUT/attn_err.jsonl" timeout "${TESTS_TIMEOUT:-400}" python3 -m pytest -p no:cacheprovider -rs \
         -m gpu -x --durations=10 tests/attention/test_fa4_backend.py tests/e2e/test_gpu_fa4.py ${PYTEST_ARGS:-} 2>&1 \
         | tee "$OUT/gpu_fa4_tests.log" | tail -40
       status=${PIPESTATUS[0]}

@@ -49,7 +49,7 @@ if [ "$what" = synthetic ] || [ "$what" = all ]; then
 fi
 if [ "$what" = adaptive ]; then
   if [ "${ADAPTIVE_TESTS:-1}" != 0 ]; then
-    python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/e2e/test_adaptive.py 2>&1 | tee "$OUT/gpu_adaptive_tests.log" | tail -5
+    python3 -m pytest -m gpu -x -p no:cacheprovider tests/e2e/test_adaptive.py 2>&1 | tee "$OUT/gpu_adaptive_tests.log" | tail -5
     status=${PIPESTATUS[0]}
   fi
   jsons=()
@@ -70,7 +70,7 @@ if [ "$what" = prefix ]; then
 fi
 if [ "$what" = tp ]; then
   if [ "${TP_TESTS:-1}" != 0 ]; then
-    timeout "${TP_TESTS_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider -rs --durations=8 -o faulthandler_timeout=150 \
+    timeout "${TP_TESTS_TIMEOUT:-300}" python3 -m pytest -m gpu -p no:cacheprovider -rs --durations=8 -o faulthandler_timeout=150 \
       tests/e2e/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
     status=${PIPESTATUS[0]}
   fi
@@ -83,14 +83,14 @@ if [ "$what" = tp ]; then
   done
 fi
 if [ "$what" = graphs ]; then
-  python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/e2e/test_gpu_cuda_graphs.py tests/e2e/test_gpu_lossless.py \
+  python3 -m pytest -m gpu -x -p no:cacheprovider tests/e2e/test_gpu_cuda_graphs.py tests/e2e/test_gpu_lossless.py \
     2>&1 | tee "$OUT/gpu_graph_tests.log" | tail -30
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # the server tests are CPU-only and need fastapi/uvicorn, which the device lacks; the FlashInfer /
   # FA3 tests run in scripts/gpu_backends.sh, which restores FlashInfer's prebuilt kernels first
-  python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/server --ignore=tests/test_bench_serving.py \
+  python3 -m pytest -m gpu -p no:cacheprovider --ignore=tests/server --ignore=tests/test_bench_serving.py \
     --ignore=tests/attention/test_flashinfer_backend.py --ignore=tests/attention/test_flashattention_backend.py \
     --ignore=tests/e2e/test_gpu_backends.py --durations=15 --junitxml="$OUT/gpu_tests.xml" 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -40

@@ -95,8 +95,8 @@ def select_frontier_ref(
     """Specification of ``select_frontier``.
 
     expand = scores[:, :, None] * topk_p.view(bs, K, K); the K largest of each request's flattened
-    expand, largest first, equal scores in index order (a child never outranks its own parent's
-    earlier sibling by a tie), are the new frontier: flat index j = r*K + c is child c of branch r.
+    expand, largest first and equal scores in index order, are the new frontier: flat index
+    j = r*K + c is child c of branch r.
     Example, K = 2, scores [.6 .3], topk_p [[.5 .2], [.9 .1]], tokens [[10 11], [12 13]]::
 
         expand [[.30 .12], [.27 .03]] -> best [.30 .27] at j = [0, 2]

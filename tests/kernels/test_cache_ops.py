@@ -267,14 +267,11 @@ def test_validation_names_the_argument():
         K.draft_scratch_slots(torch.zeros(1, 2, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64),
                               torch.zeros(2, 1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64),
                               scratch_base=0, num_steps=3, step=1)
-    cache = torch.zeros(2, 4, 1, 16)
-    for args, key in [((cache, cache[:, :3], torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 2, dtype=torch.int64)),
-                       "v_cache"),
-                      ((cache, cache, torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)), "src_locs"),
-                      ((cache, cache, torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64)),
-                       "dst_locs"),
-                      ((cache, cache, torch.zeros(1, 257, dtype=torch.int64), torch.zeros(1, 257, dtype=torch.int64)),
-                       "src_locs")]:
+    cache, slots = torch.zeros(2, 4, 1, 16), lambda *shape: torch.zeros(*shape, dtype=torch.int64)
+    for args, key in [((cache, cache[:, :3], slots(1, 2), slots(1, 2)), "v_cache"),
+                      ((cache, cache, slots(2), slots(2)), "src_locs"),
+                      ((cache, cache, slots(1, 2), slots(1, 3)), "dst_locs"),
+                      ((cache, cache, slots(1, 257), slots(1, 257)), "src_locs")]:  # wider than MAX_MOVE_WIDTH
         with pytest.raises(ValueError, match=f"^{key}:"):
             K.move_kv_slots(*args)
     with pytest.raises(ValueError, match="kv_indptr"):

@@ -49,8 +49,9 @@ def check_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
 
 # ============================================================================= kernel vs reference
 @pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
-@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True)],
-                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32"])
+@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True),
+                                    C(16, 32, 4, 2, True, swap_ab=True)],
+                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32", "swap16x32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40)])
 def test_kernel_matches_ref_interpreted(config, dtype, m, n, k):
@@ -71,8 +72,9 @@ def test_strided_rows_interpreted():
 
 
 @pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
-@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True), C(16, 64, 4, 3, True)],
-                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32", "dot16x64-3stages"])
+@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(4, 64), C(16, 32, 4, 2, True), C(16, 64, 4, 3, True),
+                                    C(16, 64, 4, 3, True, swap_ab=True)],
+                         ids=["ew8x32-prefetch", "ew4x64", "dot16x32", "dot16x64-3stages", "swap16x64"])
 @pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40)])
 def test_fp8_weight_matches_ref_interpreted(config, m, n, k):
     """An FP8 copy (e4m3 + a scale per row): the kernel computes x @ (scale * W_fp8)^T (+ bias)."""

@@ -108,18 +108,26 @@ def _config(m: int, n: int, k: int):
       M = 1     elementwise, 4 rows x 1024 (N >= 6144), or 8 x 512 with the next chunk prefetched
                 (N = 4096: more bytes in flight for the few programs); 4-22% faster than cuBLAS
       M = 2     elementwise, 4 x 512 (prefetching loses 10-30% here: registers)
-      M = 3-32  tensor cores, 32 x 256, 4 stages, every shape. Timed alone, cuBLAS is up to 4%
-                faster on gate_up-sized N at M >= 8 and about as fast on the layers at M = 17-32;
-                inside a decode step the Triton kernels overlap their neighbours (PDL) and cuBLAS's
-                do not, and the whole step is faster: plain 8B decode 7.00 -> 6.46 ms at bs 8,
-                7.38 -> 7.01 ms at bs 16, the chain 3x1x4 8.82 -> 8.65 ms at bs 8, against the
-                table that left them to cuBLAS (2026-11-26-h100-gemm-dispatch)
+      M = 3-32  tensor cores, 32 x 256, 4 stages. Timed alone, cuBLAS is up to 4% faster on
+                gate_up-sized N at M >= 8 and about as fast on the layers at M = 17-32; inside a
+                decode step the Triton kernels overlap their neighbours (PDL) and cuBLAS's do not,
+                and the whole step is faster: plain 8B decode 7.00 -> 6.46 ms at bs 8, 7.38 -> 7.01
+                ms at bs 16, the chain 3x1x4 8.82 -> 8.65 ms at bs 8, against the table that left
+                them to cuBLAS (2026-11-26-h100-gemm-dispatch)
+      M = 9-32  N >= 6144: swap-AB (W x x^T), 128 x 128, 4 stages for N >= 16384 (gate_up at M = 32
+                88.7 -> 82.3 µs, lm_head 357.3 -> 353.1; M = 16: 86.6 -> 81.0, 349.6 -> 347.1), 64 x 128,
+                6 stages for N = 6144 (qkv 21.7 -> 20.4, M = 16: 20.3 -> 19.8); N = 4096 (o, down)
+                kept 32 x 256, which no variant beat by more than 1% (2026-11-26-h100-verify-gemm)
     """
     cfg = _kernels().GemvConfig
     if m == 1:
         return cfg(4, 1024) if n >= 6144 else cfg(8, 512, prefetch=True)
     if m == 2:
         return cfg(4, 512)
+    if m >= 16 and n >= 16384:
+        return cfg(128, 128, num_warps=4, num_stages=4, use_dot=True, swap_ab=True)
+    if m >= 16 and n >= 6144:
+        return cfg(64, 128, num_warps=4, num_stages=6, use_dot=True, swap_ab=True)
     return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
 
 

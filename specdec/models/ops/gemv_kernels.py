@@ -11,7 +11,11 @@ products, chosen per shape by the caller's config:
   USE_DOT=False  fp32 multiply-adds into a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator, one reduction
                  over BLOCK_K at the end (M <= 2: no tensor-core padding, few registers)
   USE_DOT=True   ``tl.dot`` on [BLOCK_M >= 16, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles (tensor cores,
-                 fp32 accumulation; the padding rows cost arithmetic only), software-pipelined
+                 fp32 accumulation; the padding rows cost arithmetic only), software-pipelined;
+                 with SWAP_AB the product is taken transposed, W [BLOCK_N, BLOCK_K] x x^T
+                 [BLOCK_K, BLOCK_M], so W's rows are the MMA's long side (BLOCK_N 64-128: Hopper's
+                 warpgroup MMA) and the few tokens its short one; the [BLOCK_N, BLOCK_M] result is
+                 stored transposed
 
 FP8 weights (``HAS_SCALE``): W in float8 e4m3 with one fp32 scale per row. Each chunk is widened
 to x's dtype (exactly: every e4m3 value is a bf16 / fp16 value) before the inner product, and the
@@ -45,6 +49,7 @@ class GemvConfig:
     num_stages: int = 1
     use_dot: bool = False
     prefetch: bool = False  # elementwise path only
+    swap_ab: bool = False  # tensor-core path only: W x x^T
 
     def block_m_for(self, m: int) -> int:
         p = triton.next_power_of_2(max(m, 1))
@@ -66,8 +71,8 @@ def _load_w(w_rows, offs_n, offs_k, n_limit, K, EVEN_K: tl.constexpr):
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                  HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, COMPILED: tl.constexpr,
-                 EVEN_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -81,7 +86,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if USE_DOT:
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif USE_DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -98,22 +105,34 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride
             x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
         if HAS_SCALE:
             w = w.to(x.dtype)  # NOTE: exact: e4m3 values are bf16 / fp16 values
-        if USE_DOT and COMPILED:
+        if SWAP_AB and COMPILED:
+            acc = tl.dot(w, tl.trans(x), acc)
+        elif SWAP_AB:  # NOTE: the interpreter's bf16 dot is wrong (numpy has no bf16): fp32 operands
+            acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
+        elif USE_DOT and COMPILED:
             acc = tl.dot(x, tl.trans(w), acc)
-        elif USE_DOT:  # NOTE: the interpreter's bf16 dot is wrong (numpy has no bf16): fp32 operands
+        elif USE_DOT:
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         else:
             acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if USE_DOT:
-        out = acc
+    if SWAP_AB:  # acc [BLOCK_N, BLOCK_M]: scale, bias and the store on the transposed tile
+        if HAS_SCALE:
+            acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[None, :] & n_mask[:, None])
     else:
-        out = tl.sum(acc, axis=2)
-    if HAS_SCALE:
-        out *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
-    if HAS_BIAS:
-        out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+        if USE_DOT:
+            out = acc
+        else:
+            out = tl.sum(acc, axis=2)
+        if HAS_SCALE:
+            out *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+        if HAS_BIAS:
+            out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
 
 
 def gemv(
@@ -134,7 +153,7 @@ def gemv(
         x, weight, bias if bias is not None else x, scale if scale is not None else x, out, m, n, k, x.stride(0),
         weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
         USE_DOT=config.use_dot, COMPILED=not INTERPRETED, EVEN_K=k % config.block_k == 0,
-        PREFETCH=config.prefetch and not config.use_dot,
+        PREFETCH=config.prefetch and not config.use_dot, SWAP_AB=config.use_dot and config.swap_ab,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_kwargs(x.device))
     return out

@@ -265,6 +265,9 @@ def test_select_frontier_random(device):
     expand, best, parents, branch, ids, hidden = (o.cpu() for o in outs)
     assert torch.allclose(best, torch.tensor([[0.30, 0.27]])) and parents.tolist() == [[2, 4]]
     assert branch.tolist() == [[0, 1]] and ids.tolist() == [10, 12] and hidden.flatten().tolist() == [1.0, 2.0]
+    args[1] = torch.full((2, 2), float("nan"))  # a broken draft: every index stays within the request
+    K.select_frontier(*[a.to(device) for a in args[:4]], *(outs := [a.to(device) for a in args[4:]]), parent_offset=2)
+    assert all(0 <= b < 2 for b in outs[3].flatten().tolist()) and set(outs[4].tolist()) <= {10, 11, 12, 13}
 
 
 def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int):

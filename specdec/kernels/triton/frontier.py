@@ -35,6 +35,7 @@ def _frontier_kernel(scores_ptr, p_ptr, index_ptr, hidden_ptr, expand_ptr, best_
     for i in range(k):
         top = tl.max(tl.max(remaining, axis=1), axis=0)
         j = tl.min(tl.min(tl.where(remaining == top, flat, k * k), axis=1), axis=0)
+        j = tl.minimum(j, k * k - 1)  # NOTE: NaN scores match nothing; never index past the request
         tl.store(best_ptr + b * k + i, top)
         chosen = tl.where(r == i, j, chosen)
         remaining = tl.where(flat == j, -float("inf"), remaining)

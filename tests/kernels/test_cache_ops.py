@@ -274,6 +274,8 @@ def test_validation_names_the_argument():
                       ((cache, cache, slots(1, 257), slots(1, 257)), "src_locs")]:  # wider than MAX_MOVE_WIDTH
         with pytest.raises(ValueError, match=f"^{key}:"):
             K.move_kv_slots(*args)
+    empty = torch.zeros(0, 4, 1, 16)  # a cache of no layers: nothing to move, no error
+    K.move_kv_slots(empty, empty.clone(), slots(1, 2), slots(1, 2))
     with pytest.raises(ValueError, match="kv_indptr"):
         K.create_kv_indices(table, torch.tensor([0]), torch.tensor([2]), torch.tensor([0], dtype=torch.int32), None,
                             torch.zeros(2, dtype=torch.int32))

@@ -152,7 +152,7 @@ def _move_kv_op(k_cache: torch.Tensor, v_cache: torch.Tensor, src_locs: torch.Te
                 error_flag: torch.Tensor) -> None:
     groups, width = src_locs.shape
     num_layers, num_slots = k_cache.shape[:2]
-    row_size = k_cache[0, 0].numel()  # num_kv_heads * head_dim
+    row_size = k_cache.shape[2] * k_cache.shape[3]  # num_kv_heads * head_dim (k_cache[0, 0] fails on an empty cache)
     block_w = next_pow2(width)
     block_c = min(next_pow2(row_size), max(16, 4096 // block_w))  # at most 4096 elements a tile
     if groups and width and num_layers:

@@ -13,6 +13,10 @@ grids and split plans are sized by that bound so that one captured graph serves 
 
 On CPU tensors the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before
 this module is imported), which is how the CPU tests run them.
+
+NOTE: unlike the model's Triton ops, these kernels launch without programmatic dependent launch:
+with it (store, decode, extend and merge) plain decode at bs 1 was 0.9% faster on an H100 but tree
+and chain verify at bs 1 0.6-1.3% slower (benchmarks/results/2026-11-26-h100-wide-verify).
 """
 
 from __future__ import annotations

@@ -49,12 +49,16 @@ class SpecShape:
 def candidate_shapes(config: SpecConfig) -> list[SpecShape]:
     """The shapes adaptive speculation chooses among, bounded by the configured (S, K, N): chains
     of depth 1, 2, 3, 5 and S that fit (depth <= S, depth + 1 <= N); for a configured tree wider
-    than (5, 4, 8), the middle tree (5, 4, 8) too; and the configured shape."""
+    than (5, 4, 8), the middle tree (5, 4, 8) too; for a tree of more than 32 nodes, its 32-node
+    cut (S, K, 32) (a verify of 32 rows costs much less than one of 48-64 from bs 2 on); and the
+    configured shape."""
     s, k, n = config.num_steps, config.topk, config.num_draft_tokens
     shapes = {SpecShape(d, 1, d + 1) for d in (1, 2, 3, 5, s) if d <= s and d + 1 <= n}
     middle = SpecShape(min(s, 5), min(k, 4), min(n, 8))
     if middle.topk > 1 and middle.num_draft_tokens > middle.num_steps + 1:
         shapes.add(middle)
+    if k > 1 and n > 32 >= s + 1:
+        shapes.add(SpecShape(s, k, 32))
     shapes.add(SpecShape(s, k, n))
     return sorted(shapes)
 

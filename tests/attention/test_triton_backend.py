@@ -393,6 +393,26 @@ def test_plan_extend_splits(ctas, prefix_len, rows, forced, expected, monkeypatc
                                      num_splits=forced) == expected
 
 
+@pytest.mark.parametrize("num_seqs, rows, prefix_len, expected", [
+    (1, 128, 1088, 64),  # bs 1, 32 tree nodes x 4 heads at 1 k: 16 programs of 64 rows
+    (1, 256, 1088, 64),  # 64 nodes: 32 programs
+    (2, 128, 1600, 64),  # bs 2: 32 programs
+    (4, 128, 1088, 128),  # bs 4: 64 programs of 64 rows fill more than a third of the SMs
+    (1, 256, 4160, 128),  # a 4 k prefix
+    (1, 64, 1088, 64),  # 64 rows or fewer: as many as the rows
+    (16, 16, 1088, 16),  # a chain of 4 nodes
+])
+def test_extend_block_m(num_seqs, rows, prefix_len, expected, monkeypatch):
+    from specdec.attention.triton_kernels import common
+
+    monkeypatch.setattr(common, "_sm_count", lambda device: 132)
+    got = common.extend_block_m(torch.device("cuda"), rows=rows, num_seqs=num_seqs, num_kv_heads=8,
+                                max_prefix_len=prefix_len)
+    assert got == expected
+    assert common.extend_block_m(torch.device("cpu"), rows=rows, num_seqs=num_seqs, num_kv_heads=8,
+                                 max_prefix_len=prefix_len) == min(32, max(16, rows))
+
+
 def test_merge_kernel_matches_ref_with_empty_splits():
     gen = torch.Generator().manual_seed(3)
     partial = _rand((5, 3, 4, 16), gen, torch.float32, DEVICE)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, observe_paths
-from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, candidate_shapes
 
 
 def test_expected_committed_worked_example():
@@ -75,6 +75,21 @@ def test_policy_learns_that_a_shape_commits_less_than_estimated():
     for _ in range(64):  # every step of it committed just the bonus token
         policy.record(first, [1, 1], None)
     assert policy.choose(1, 0) != first
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ((3, 1, 4), ["1x1x2", "2x1x3", "3x1x4"]),
+    ((6, 8, 32), ["1x1x2", "2x1x3", "3x1x4", "5x1x6", "5x4x8", "6x1x7", "6x8x32"]),
+    ((6, 8, 48), ["1x1x2", "2x1x3", "3x1x4", "5x1x6", "5x4x8", "6x1x7", "6x8x32", "6x8x48"]),
+    ((4, 2, 6), ["1x1x2", "2x1x3", "3x1x4", "4x1x5", "4x2x6"]),
+])
+def test_candidate_shapes_are_bounded_by_the_flags(flags, expected):
+    from specdec.config import SpecConfig
+
+    steps, topk, tokens = flags
+    config = SpecConfig.from_flags("EAGLE3", speculative_num_steps=steps, speculative_eagle_topk=topk,
+                                   speculative_num_draft_tokens=tokens)
+    assert [s.name for s in candidate_shapes(config)] == expected
 
 
 def test_step_costs_interpolate_and_extrapolate():

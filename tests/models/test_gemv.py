@@ -53,7 +53,7 @@ def check_gemm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: t
                                     C(16, 32, 4, 2, True, swap_ab=True)],
                          ids=["ew8x32-prefetch", "ew4x64", "dot16x32", "swap16x32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40)])
+@pytest.mark.parametrize("m,n,k", [(1, 24, 64), (3, 37, 72), (17, 20, 40), (45, 20, 40)])
 def test_kernel_matches_ref_interpreted(config, dtype, m, n, k):
     x = rand(m, k, dtype=dtype, seed=m + k, scale=2.0)
     x[0] *= 8.0  # rows of very different scales
@@ -110,6 +110,24 @@ def test_dispatch_takes_the_kernel(kernel_on_cpu, m, n):
     assert kernel_on_cpu[0].use_dot == (m > 2)
     with pytest.raises(ValueError, match="bias"):
         gemv.linear(x, w, b[:-1])
+
+
+@pytest.mark.parametrize("m", [33, 48, 64])
+def test_dispatch_wide_weights_to_64_tokens(kernel_on_cpu, m):
+    """33..WIDE_MAX_TOKENS tokens: swap-AB tiles of 64 tokens for weights of N >= WIDE_N rows;
+    narrower weights and more tokens go to F.linear."""
+    dt = torch.bfloat16
+    x = rand(m, 64, dtype=dt, seed=m)
+    for n in (gemv.WIDE_N, 28672):
+        gemv.linear(x, rand(n, 64, dtype=dt, seed=n, scale=0.125))
+    assert kernel_on_cpu == [gemv._config(64, gemv.WIDE_N, 64), gemv._config(64, 28672, 64)]
+    assert all(c.swap_ab and c.block_m_for(m) == 64 for c in kernel_on_cpu)
+    narrow = rand(gemv.WIDE_N - 8, 64, dtype=dt, seed=1)
+    assert torch.equal(gemv.linear(x, narrow), F.linear(x, narrow))
+    wide = rand(gemv.WIDE_N, 64, dtype=dt, seed=2)
+    many = rand(gemv.WIDE_MAX_TOKENS + 1, 64, dtype=dt, seed=3)
+    assert torch.equal(gemv.linear(many, wide), F.linear(many, wide))
+    assert len(kernel_on_cpu) == 2
 
 
 def test_dispatch_falls_back_to_f_linear(kernel_on_cpu):
@@ -179,7 +197,7 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 13, 16, 32])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 13, 16, 32, 40, 64])
 def test_gpu_kernel_matches_ref_llama8b_shapes(shape, m):
     n, k = SHAPES[shape]
     dt = torch.bfloat16

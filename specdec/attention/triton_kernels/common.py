@@ -131,6 +131,31 @@ def max_block_m(device: torch.device) -> int:
     return 128 if device.type == "cuda" else 32
 
 
+# tree verify at bs 1-2 over a short prefix: 64-row tiles (see extend_block_m)
+SMALL_GRID_BLOCK_M = 64
+SMALL_GRID_MAX_PREFIX = 2048
+
+
+def extend_block_m(device: torch.device, *, rows: int, num_seqs: int, num_kv_heads: int, max_prefix_len: int) -> int:
+    """(query row, head) pairs per extend tile for sequences of up to ``rows`` such pairs per KV head.
+
+    As many as fit (up to ``max_block_m``), except for a grid so small that even at
+    SMALL_GRID_BLOCK_M rows a tile it fills at most a third of the SMs (``plan_extend_splits``
+    then gives the new tokens a split of their own) over prefixes of at most
+    SMALL_GRID_MAX_PREFIX entries: there two 64-row tiles a program beat one 128-row tile.
+    Measured on an H100 (Llama-3-8B heads, bf16, one layer, CUDA-graph replay, µs; tree nodes x
+    4 heads = rows): 32 nodes at bs 1, ctx 1 k, 19.1 -> 16.4; 48 nodes 21.5 -> 19.4; 64 nodes
+    23.7 -> 21.5; 32 nodes at bs 2 22.9 -> 21.1. Not taken where it lost or tied: bs 4 (34.0 ->
+    43.9: the grid no longer small), ctx 4 k (64 nodes at bs 1 36.8 -> 43.5: fewer, longer prefix
+    splits) (benchmarks/results/2026-11-26-h100-wide-verify).
+    """
+    block_m = max(16, min(max_block_m(device), triton.next_power_of_2(max(1, rows))))
+    if device.type != "cuda" or block_m <= SMALL_GRID_BLOCK_M or max_prefix_len > SMALL_GRID_MAX_PREFIX:
+        return block_m
+    small_ctas = num_seqs * num_kv_heads * triton.cdiv(rows, SMALL_GRID_BLOCK_M)
+    return SMALL_GRID_BLOCK_M if 3 * small_ctas <= _sm_count(device) else block_m
+
+
 def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
     """How ``mma`` multiplies tiles of ``dtype``; products are accumulated in fp32 either way.
 

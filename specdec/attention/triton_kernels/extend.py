@@ -32,8 +32,8 @@ from specdec.attention.triton_kernels.common import (
     head_dim_block,
     LOG2E,
     dot_precision,
+    extend_block_m,
     launch_config,
-    max_block_m,
     mma,
     online_softmax_step,
     plan_extend_splits,
@@ -174,7 +174,8 @@ def extend_attention(
         return
     group = hq // hkv
     # NOTE: tl.dot needs >= 16 rows; a verify tile (N nodes x group heads) is often smaller than the cap
-    block_m = max(16, min(max_block_m(q.device), triton.next_power_of_2(max(1, max_q_len * group))))
+    block_m = extend_block_m(q.device, rows=max_q_len * group, num_seqs=num_seqs, num_kv_heads=hkv,
+                             max_prefix_len=max_prefix_len)
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
     m_blocks = triton.cdiv(max_q_len * group, block_m)
     splits, chunk, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,

@@ -11,8 +11,8 @@ Dispatch, decided once per (token bucket, N, K) by ``plan`` from a fixed table m
 (benchmarks/results/2026-11-22-h100-gemv, 2026-11-26-h100-gemm-dispatch; no timing at run time, so
 the eager warm-up and the CUDA-graph capture always take the same kernel):
 
-  Triton   CUDA tensors, bf16 / fp16, 1 <= tokens <= MAX_TOKENS, no autograd, contiguous weight,
-           16-byte rows
+  Triton   CUDA tensors, bf16 / fp16, 1 <= tokens <= MAX_TOKENS (WIDE_MAX_TOKENS for weights of
+           N >= WIDE_N rows), no autograd, contiguous weight, 16-byte rows
   F.linear otherwise (cuBLAS on CUDA; on CPU the model keeps its reference numerics)
 
 ``cublas_only()`` switches the Triton path off (the baseline of tests and benchmarks).
@@ -42,11 +42,15 @@ import torch.nn.functional as F
 
 from specdec.models.ops import _HAS_TRITON
 
-__all__ = ["linear", "linear_ref", "linear_fp8_ref", "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS"]
+__all__ = ["linear", "linear_ref", "linear_fp8_ref", "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS",
+           "WIDE_MAX_TOKENS", "WIDE_N"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
 MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's tensor-core kernels
+# ... except against wide weights (qkv, gate_up, lm_head): swap-AB tiles up to this many tokens
+WIDE_MAX_TOKENS = 64
+WIDE_N = 6144
 FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save (see the docstring)
 _enabled = True
 
@@ -80,7 +84,9 @@ def _applies(device: torch.device) -> bool:
 
 def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """The ``GemvConfig`` for this call, or None for ``F.linear``."""
-    if not (_enabled and _HAS_TRITON and x.dim() == 2 and weight.dim() == 2 and 1 <= x.shape[0] <= MAX_TOKENS):
+    if not (_enabled and _HAS_TRITON and x.dim() == 2 and weight.dim() == 2 and 1 <= x.shape[0] <= WIDE_MAX_TOKENS):
+        return None
+    if x.shape[0] > MAX_TOKENS and weight.shape[0] < WIDE_N:
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or not weight.is_contiguous():
         return None
@@ -96,12 +102,12 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
 
 
 def _bucket(m: int) -> int:
-    return 1 << (m - 1).bit_length()  # 1, 2, 4, 8, 16, 32
+    return 1 << (m - 1).bit_length()  # 1, 2, 4, 8, 16, 32, 64
 
 
 @functools.lru_cache(maxsize=None)
 def _config(m: int, n: int, k: int):
-    """The kernel's tiling for ``m`` tokens (a bucket) and an [n, k] weight.
+    """The kernel's tiling for ``m`` tokens (a bucket) and an [n, k] weight (None: cuBLAS).
 
     H100, Llama-3.1-8B shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336,
     lm_head 128256x4096, EAGLE-3 head 6144x8192 / 32000x4096), CUDA-graph replays with PDL:
@@ -118,8 +124,19 @@ def _config(m: int, n: int, k: int):
                 88.7 -> 82.3 µs, lm_head 357.3 -> 353.1; M = 16: 86.6 -> 81.0, 349.6 -> 347.1), 64 x 128,
                 6 stages for N = 6144 (qkv 21.7 -> 20.4, M = 16: 20.3 -> 19.8); N = 4096 (o, down)
                 kept 32 x 256, which no variant beat by more than 1% (2026-11-26-h100-verify-gemm)
+      M = 33-64 N >= 6144 only (trees of 33-64 nodes at bs 1-2, a chain at bs 9-16, plain decode at
+                bs 33-64): swap-AB, 64 tokens a tile; 128 x 128, 8 warps, 3 stages for N >= 16384
+                (cuBLAS -> this at 48 tokens: gate_up 87.6 -> 83.6 µs, lm_head 384.2 -> 356.6), 64 x
+                128, 5 stages for N = 6144 (qkv 21.3 -> 20.6). o and down stay with cuBLAS, which
+                was as fast or up to 4% faster (2026-11-26-h100-wide-verify)
     """
     cfg = _kernels().GemvConfig
+    if m > MAX_TOKENS:
+        if n < WIDE_N:
+            return None
+        if n >= 16384:
+            return cfg(128, 128, num_warps=8, num_stages=3, use_dot=True, swap_ab=True)
+        return cfg(64, 128, num_warps=4, num_stages=5, use_dot=True, swap_ab=True)
     if m == 1:
         return cfg(4, 1024) if n >= 6144 else cfg(8, 512, prefetch=True)
     if m == 2:

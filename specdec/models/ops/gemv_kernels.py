@@ -1,5 +1,5 @@
 """Triton skinny GEMM behind ``specdec.models.ops.gemv``: ``out = x @ W^T (+ bias)`` for a few tokens
-(M <= 32) against a bf16 / fp16 weight ``W [N, K]`` that is streamed from memory once.
+(M <= 32, or 64 against wide weights) against a bf16 / fp16 weight ``W [N, K]`` that is streamed from memory once.
 
 Imported only where Triton applies (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 
@@ -53,6 +53,8 @@ class GemvConfig:
 
     def block_m_for(self, m: int) -> int:
         p = triton.next_power_of_2(max(m, 1))
+        if self.swap_ab:  # the tokens are the MMA's short side: up to 64 in one tile
+            return max(16, min(p, 64))
         return max(16, min(p, 32)) if self.use_dot else min(p, 8)
 
 

@@ -50,3 +50,10 @@ def _default_draft() -> str:
     from specdec.engine.embedded import DEFAULT_DRAFT
 
     return DEFAULT_DRAFT
+
+
+def test_negative_adaptive_max_verify_rows_names_the_flag():
+    from specdec.engine.args import EngineArgs
+
+    with pytest.raises(ValueError, match="--speculative-adaptive-max-verify-rows=-1"):
+        EngineArgs(speculative_adaptive_max_verify_rows=-1)

@@ -9,6 +9,11 @@ tokens, so the draft KV and root state are current for any shape, or for a plain
 Greedy and sampled output stay lossless whatever the choice: each shape's step is an ordinary
 lossless speculative step, and a plain step is an ordinary decode step.
 
+Each shape's verify and draft-loop CUDA graphs are captured only at the batch sizes whose verify
+has at most ``max_verify_rows`` rows (``policy.graph_batch_sizes``), and the policy chooses a shape
+only there (``max_batch``): larger trees at large batches never pay and their graphs' logits would
+hold gigabytes. The draft extend, which plain steps run too, is captured at every size.
+
 The policy (``AdaptivePolicy``) needs step costs, measured at start-up by the host
 (``specdec.engine.spec_profile``); until it has them, ``force`` decides (default: the configured
 shape). The worker presents the host contract of ``EAGLEWorker`` (``prefill``, ``launch_decode``,
@@ -24,7 +29,7 @@ import torch
 
 from specdec.config import SpecConfig
 from specdec.eagle.output import DecodeOutput, PendingDecode
-from specdec.eagle.policy import AdaptivePolicy, SpecShape, candidate_shapes
+from specdec.eagle.policy import MAX_VERIFY_ROWS, AdaptivePolicy, SpecShape, candidate_shapes, graph_batch_sizes
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer
 from specdec.eagle.worker import EAGLEWorker
@@ -46,9 +51,17 @@ class AdaptiveEAGLEWorker:
         max_running_requests: int,
         generator: torch.Generator | None = None,
         shapes: list[SpecShape] | None = None,
+        max_verify_rows: int | None = MAX_VERIFY_ROWS,
     ) -> None:
+        """``max_verify_rows``: a shape's graphs and choice stop at the batch sizes whose verify
+        has more rows (None or 0: every size)."""
         self.config = config
         self.shapes = shapes or candidate_shapes(config)
+        if max_verify_rows is not None and max_verify_rows < 0:
+            raise ValueError(f"--speculative-adaptive-max-verify-rows={max_verify_rows}: expected >= 0")
+        self.max_verify_rows = max_verify_rows
+        # the largest batch size each shape (by name) has graphs for and may be chosen at; set at capture
+        self.max_batch: dict[str, int] = {}
         if any(s.num_steps > config.num_steps or s.topk > config.topk or s.num_draft_tokens > config.num_draft_tokens
                for s in self.shapes):
             raise ValueError(f"adaptive shapes {[s.name for s in self.shapes]} exceed the configured "
@@ -74,10 +87,16 @@ class AdaptiveEAGLEWorker:
         self._context = 0.0  # mean tokens in KV of the last read step (lengths unread under overlap)
         self._timer: PhaseTimer | None = None
 
-    @property
-    def verify_tokens(self) -> list[int]:
-        """Tree sizes the target verifies: one captured verify graph each."""
-        return sorted({s.num_draft_tokens for s in self.shapes})
+    def graph_sizes(self, shape: SpecShape, batch_sizes: list[int]) -> list[int]:
+        """The batch sizes ``shape``'s verify and draft loop are captured at."""
+        return graph_batch_sizes(shape, batch_sizes, self.max_verify_rows)
+
+    def verify_graph_sizes(self, batch_sizes: list[int]) -> dict[int, list[int]]:
+        """The target's verify graphs: each tree size at the batch sizes of the shapes verifying it."""
+        sizes: dict[int, set[int]] = {}
+        for shape in self.shapes:
+            sizes.setdefault(shape.num_draft_tokens, set()).update(self.graph_sizes(shape, batch_sizes))
+        return {tokens: sorted(s) for tokens, s in sorted(sizes.items())}
 
     @property
     def timer(self) -> PhaseTimer | None:
@@ -89,13 +108,27 @@ class AdaptiveEAGLEWorker:
         for worker in self.workers.values():
             worker.timer = timer
 
-    def capture_cuda_graphs(self, **kw) -> int:
-        """Every shape's draft loop and draft extend graphs (``EAGLEWorker.capture_cuda_graphs``)."""
-        return sum(worker.capture_cuda_graphs(**kw) for worker in self.workers.values())
+    def capture_cuda_graphs(self, *, batch_sizes: list[int], **kw) -> int:
+        """Every shape's draft loop (at its ``graph_sizes``) and draft extend graphs
+        (``EAGLEWorker.capture_cuda_graphs``); from now on a shape is chosen only up to its largest
+        captured size, unless that is the largest of all (past it every choice runs eagerly)."""
+        total = 0
+        self.max_batch = {}
+        for shape, worker in self.workers.items():
+            sizes = self.graph_sizes(shape, batch_sizes)
+            total += worker.capture_cuda_graphs(batch_sizes=batch_sizes, draft_batch_sizes=sizes, **kw)
+            if sizes[-1] < max(batch_sizes):
+                self.max_batch[shape.name] = sizes[-1]
+        if self.policy is not None:
+            self.policy.max_batch = dict(self.max_batch)
+        return total
 
     def release_cuda_graphs(self) -> None:
         for worker in self.workers.values():
             worker.release_cuda_graphs()
+        self.max_batch = {}
+        if self.policy is not None:
+            self.policy.max_batch = {}
 
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, **kw) -> torch.Tensor:
         return self.base.prefill(batch, sampling, **kw)

@@ -63,6 +63,23 @@ def candidate_shapes(config: SpecConfig) -> list[SpecShape]:
     return sorted(shapes)
 
 
+# a shape is captured in CUDA graphs, and chosen, only at batch sizes whose verify has at most this
+# many rows (bs x num_draft_tokens): past the roofline ridge (about 300 rows for bf16 on an H100) a
+# verify costs in proportion to its rows, and a tree of N nodes buys far less than N / 4 times a
+# 4-token chain's tokens. On the H100 no shape won a cell above 512 rows (2026-11-26-h100-adaptive),
+# while capturing every shape at every size held 15 GB of graphs bounded by (6, 8, 48).
+MAX_VERIFY_ROWS = 512
+
+
+def graph_batch_sizes(shape: SpecShape, batch_sizes: list[int], max_verify_rows: int | None) -> list[int]:
+    """The batch sizes of ``batch_sizes`` whose verify of ``shape`` has at most ``max_verify_rows``
+    rows (None or 0: all of them), and always the smallest."""
+    sizes = sorted(batch_sizes)
+    if not max_verify_rows:
+        return sizes
+    return [bs for bs in sizes if bs * shape.num_draft_tokens <= max_verify_rows] or sizes[:1]
+
+
 def _interpolate(points: dict[int, float], bs: int) -> float:
     """``points`` (by batch size) at ``bs``: linear between measured sizes; past the largest, the last
     segment's per-request cost continues; below the smallest, the smallest's."""
@@ -121,12 +138,16 @@ class AdaptivePolicy:
     """
 
     def __init__(self, shapes: list[SpecShape], costs: StepCosts, prior: AcceptanceModel, *,
-                 calibration_weight: float = 256.0, refresh_every: int = 16) -> None:
+                 max_batch: dict[str, int] | None = None, calibration_weight: float = 256.0,
+                 refresh_every: int = 16) -> None:
+        """``max_batch``: the largest batch size at which a shape (by name) may be chosen (absent:
+        any): where its CUDA graphs end (``graph_batch_sizes``)."""
         missing = [n for n in [PLAIN] + [s.name for s in shapes] if n not in costs.table]
         if missing:
             raise ValueError(f"adaptive speculation: no step costs for {', '.join(missing)}")
         self.shapes = shapes
         self.costs = costs
+        self.max_batch = dict(max_batch or {})
         self.stats = AcceptanceStats(prior)
         # a shape's observed / estimated committed tokens starts at 1 with this many tokens' weight
         self.calibration_weight = calibration_weight
@@ -149,10 +170,11 @@ class AdaptivePolicy:
         return self._expected[shape.name]
 
     def scores(self, bs: int, ctx: float) -> dict[str, float]:
-        """Expected committed tokens per ms of every candidate, plain included."""
+        """Expected committed tokens per ms of every candidate at ``bs``, plain included."""
         out = {PLAIN: 1.0 / self.costs.step_ms(PLAIN, bs, ctx)}
         for shape in self.shapes:
-            out[shape.name] = self._expected[shape.name] / self.costs.step_ms(shape.name, bs, ctx)
+            if bs <= self.max_batch.get(shape.name, bs):
+                out[shape.name] = self._expected[shape.name] / self.costs.step_ms(shape.name, bs, ctx)
         return out
 
     def choose(self, bs: int, ctx: float) -> SpecShape | None:

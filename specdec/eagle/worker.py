@@ -103,31 +103,32 @@ class EAGLEWorker:
         # set by a benchmark to time the phases of each decode step
         self.timer: PhaseTimer | None = None
 
-    @property
-    def verify_tokens(self) -> list[int]:
-        """Tree sizes the target verifies (one captured verify graph each)."""
-        return [self.config.num_draft_tokens]
+    def verify_graph_sizes(self, batch_sizes: list[int]) -> dict[int, list[int]]:
+        """The target's verify graphs to capture: batch sizes by tree size (tokens a request)."""
+        return {self.config.num_draft_tokens: sorted(batch_sizes)}
 
     # ------------------------------------------------------------ CUDA graphs
     @torch.inference_mode()
     def capture_cuda_graphs(
         self, *, batch_sizes: list[int], max_seq_len: int, target_features: int, target_dtype: torch.dtype,
-        use_graphs: bool = True, pool=None,
+        use_graphs: bool = True, pool=None, draft_batch_sizes: list[int] | None = None,
     ) -> int:
         """Capture the draft loop and the draft extend for each batch size; returns their bytes.
 
         ``max_seq_len`` bounds every request's length (it sizes the attention plans);
-        ``use_graphs=False`` runs the same padded static path eagerly (for tests on CPU).
+        ``use_graphs=False`` runs the same padded static path eagerly (for tests on CPU);
+        ``draft_batch_sizes`` (default ``batch_sizes``) limits the draft loop's graphs (the draft
+        extend, which plain steps run too, is captured at every size).
         """
         if max(batch_sizes) > self.max_batch_size:
             raise ValueError(f"--cuda-graph-max-bs={max(batch_sizes)} exceeds max_running_requests={self.max_batch_size}")
-        common = dict(batch_sizes=batch_sizes, max_seq_len=max_seq_len, device=self.device,
-                      use_graphs=use_graphs, pool=pool)
+        common = dict(max_seq_len=max_seq_len, device=self.device, use_graphs=use_graphs, pool=pool)
         self.draft_graph = EAGLEDraftCudaGraphRunner(
-            self.draft, hidden_size=self.state.hidden.shape[1], hidden_dtype=self.state.hidden.dtype, **common)
+            self.draft, hidden_size=self.state.hidden.shape[1], hidden_dtype=self.state.hidden.dtype,
+            batch_sizes=draft_batch_sizes or batch_sizes, **common)
         self.draft_extend_graph = EAGLEDraftExtendCudaGraphRunner(
             self.draft, num_tokens_per_req=self.config.num_steps + 1, feature_size=target_features,
-            feature_dtype=target_dtype, pad_slot=self.pad_slot, **common)
+            feature_dtype=target_dtype, pad_slot=self.pad_slot, batch_sizes=batch_sizes, **common)
         return self.draft_graph.capture() + self.draft_extend_graph.capture()
 
     def release_cuda_graphs(self) -> None:

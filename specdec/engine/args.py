@@ -112,6 +112,10 @@ class EngineArgs:
         "bounds (chains and the configured tree), or no speculation, that commits the most tokens per second "
         "at its batch size and context, from step costs measured at start-up and acceptance learnt online. "
         "auto: on on CUDA with CUDA graphs", group=SPEC, choices=["auto", "on", "off"]))
+    speculative_adaptive_max_verify_rows: int = dataclasses.field(default=512, metadata=flag(
+        "adaptive speculation captures a shape's verify and draft graphs, and chooses the shape, only at batch "
+        "sizes whose verify has at most this many rows (batch size x draft tokens); 0: every captured batch "
+        "size", group=SPEC))
     speculative_adaptive_profile: str | None = dataclasses.field(default=None, metadata=flag(
         "JSON file of measured step costs for adaptive speculation: read when it exists, else measured at "
         "start-up and written there (default: a cache per device and model under ~/.cache/specdec)", group=SPEC))
@@ -133,6 +137,9 @@ class EngineArgs:
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1 \
                 and self.chunked_prefill_size != -1:
             raise ValueError(f"--chunked-prefill-size={self.chunked_prefill_size}: expected >= 1, or -1 (no chunking)")
+        if self.speculative_adaptive_max_verify_rows < 0:
+            raise ValueError(f"--speculative-adaptive-max-verify-rows={self.speculative_adaptive_max_verify_rows}: "
+                             "expected >= 0 (0: no limit)")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"--load-format={self.load_format!r}: choose auto or dummy")
         if not self.schedule_conservativeness > 0:

@@ -199,9 +199,10 @@ class Engine:
         worker = None
         adaptive = self.spec_config is not None and self._adaptive(self.args.speculative_adaptive, graph_sizes)
         if self.spec_config is not None:
+            extra = dict(max_verify_rows=self.args.speculative_adaptive_max_verify_rows) if adaptive else {}
             worker = (AdaptiveEAGLEWorker if adaptive else EAGLEWorker)(
                 self.spec_config, self.runner, self.memory, draft_model, attention_backend=attention_backend,
-                max_running_requests=max_running_requests, generator=self.generator)
+                max_running_requests=max_running_requests, generator=self.generator, **extra)
         self.worker = worker
         self.cuda_graph_bytes = 0
         if graph_sizes:
@@ -261,7 +262,7 @@ class Engine:
         runner_graphs = self.runner.capture_cuda_graphs(
             batch_sizes=batch_sizes, req_to_token=self.memory.req_to_token, pad_slot=self.memory.capacity,
             max_seq_len=bound, decode_hidden=CaptureHiddenMode.LAST if spec else CaptureHiddenMode.NULL,
-            verify_tokens=self.worker.verify_tokens if spec else [], pool=pool, use_graphs=use_graphs)
+            verify_sizes=self.worker.verify_graph_sizes(batch_sizes) if spec else {}, pool=pool, use_graphs=use_graphs)
         return total + runner_graphs
 
     @staticmethod

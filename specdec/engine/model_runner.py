@@ -56,21 +56,21 @@ class ModelRunner:
         pad_slot: int,
         max_seq_len: int,
         decode_hidden: CaptureHiddenMode,
-        verify_tokens: list[int],
+        verify_sizes: dict[int, list[int]],
         pool=None,
         use_graphs: bool = True,
     ) -> int:
-        """Capture DECODE graphs and a TARGET_VERIFY graph per tree size in ``verify_tokens``;
-        returns their bytes."""
+        """Capture DECODE graphs at ``batch_sizes`` and a TARGET_VERIFY graph per tree size of
+        ``verify_sizes`` (tokens a request -> its batch sizes); returns their bytes."""
         device = self.kv_cache.device
-        kinds = [(ForwardMode.DECODE, decode_hidden, 1)]
-        kinds += [(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n) for n in verify_tokens]
+        kinds = [(ForwardMode.DECODE, decode_hidden, 1, batch_sizes)]
+        kinds += [(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n, sizes) for n, sizes in verify_sizes.items()]
         total = 0
-        for mode, hidden, tokens in kinds:
+        for mode, hidden, tokens, sizes in kinds:
             runner = CudaGraphRunner(
                 self._static_forward(mode, hidden, tokens, req_to_token, max_seq_len),
                 _target_inputs(tokens, pad_slot, with_tree=mode == ForwardMode.TARGET_VERIFY),
-                batch_sizes, device=device, pool=pool, use_graphs=use_graphs, name=f"target {mode.name.lower()}",
+                sizes, device=device, pool=pool, use_graphs=use_graphs, name=f"target {mode.name.lower()}",
                 prepare=self._host_planner(mode, tokens, max_seq_len) if self.attn_backend.plans_on_host else None,
             )
             runner.capture()

@@ -4,7 +4,7 @@ The policy (``specdec.eagle.policy``) needs milliseconds per decode step for pla
 every candidate tree shape, at every batch size it may see. They are measured here on the engine
 itself — its graphs, its host overhead, its attention backend — by decoding dummy requests:
 
-    for plain and each shape, for bs in the captured batch sizes:
+    for plain and each shape, for bs in the captured batch sizes (a shape's own, ``max_batch``):
         bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then BLOCKS blocks
         of timed steps: the median block's ms a step (a host stall, a GC pause, spoils one block);
         the same at LONG_CTX tokens (or as many as the KV cache holds for bs requests), for the
@@ -37,8 +37,9 @@ from specdec.engine.admission import decode_steps_during_prefill
 logger = logging.getLogger(__name__)
 
 # bump when StepCosts' JSON, the measurement or our kernels' step times change: old cache files are then not read
-# (4: median of timed blocks, median-filtered slopes; FP8 draft GEMMs, the tree verify's new split)
-PROFILE_FORMAT = 4
+# (4: median of timed blocks, median-filtered slopes; FP8 draft GEMMs, the tree verify's new split;
+# 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows)
+PROFILE_FORMAT = 5
 BASE_CTX = 64
 LONG_CTX = 1024
 BLOCKS = 3
@@ -66,7 +67,8 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(costs.to_json(), indent=1))
             logger.info("adaptive speculation: step costs measured, written to %s", path)
-    worker.policy = AdaptivePolicy(worker.shapes, costs, _fit(_prior(), worker.config.num_steps, worker.config.topk))
+    worker.policy = AdaptivePolicy(worker.shapes, costs, _fit(_prior(), worker.config.num_steps, worker.config.topk),
+                                   max_batch=worker.max_batch)
     return worker.policy
 
 
@@ -105,6 +107,8 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup
         for name, shape in choices:
             worker.force = shape
             for bs in batch_sizes:
+                if bs > worker.max_batch.get(name, bs):
+                    continue  # past the shape's graphs: never chosen there
                 table[name][bs] = _time_steps(engine, bs, base_ctx, new_tokens, steps, warmup)
                 fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
                 ctx = min(long_ctx, room, fits)
@@ -184,7 +188,7 @@ def _cache_path(engine, batch_sizes: list[int]) -> Path:
         "draft": [draft.hidden_size, draft.num_hidden_layers, engine.args.speculative_draft_model_quantization],
         "backend": engine.args.attention, "page_size": engine.memory.page_size, "tp": engine.target_model.tp.size,
         "graphs": not engine.args.disable_cuda_graph, "overlap": engine.scheduler.overlap,
-        "shapes": [s.name for s in worker.shapes], "batch_sizes": batch_sizes,
+        "shapes": [s.name for s in worker.shapes], "batch_sizes": batch_sizes, "max_batch": worker.max_batch,
     }, sort_keys=True)
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "specdec" / "step_costs" / f"{digest}.json"

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from specdec.eagle.adaptive import AdaptiveEAGLEWorker
-from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts, candidate_shapes
+from specdec.config import SpecConfig
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, candidate_shapes
 from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL, load_prompts
 from specdec.engine.engine import Engine
 from specdec.engine.spec_profile import measure_step_costs
@@ -43,8 +44,6 @@ def flat_costs(tmp_path, shapes, *, spec_ms: float, plain_ms: float = 1.0) -> st
 
 
 def adaptive_engine(target, draft, algorithm, tmp_path, *, spec_ms=1.0, **kw) -> Engine:
-    from specdec.config import SpecConfig
-
     shapes = candidate_shapes(SpecConfig.from_flags(algorithm, speculative_num_steps=5, speculative_eagle_topk=4,
                                                     speculative_num_draft_tokens=8))
     return engine(target, draft, algorithm=algorithm, shape=(5, 4, 8), speculative_adaptive="on",
@@ -70,8 +69,6 @@ def test_every_sequence_of_choices_is_lossless(algorithm, page_size, overlap, tm
 
 
 def _stories(tmp_path, spec_ms: float) -> Engine:
-    from specdec.config import SpecConfig
-
     shapes = candidate_shapes(SpecConfig.from_flags("EAGLE", speculative_num_steps=3, speculative_eagle_topk=2,
                                                     speculative_num_draft_tokens=5))
     return Engine(DEFAULT_MODEL, speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT,
@@ -99,6 +96,42 @@ def test_policy_turns_speculation_off_when_it_loses_and_on_when_it_pays(tmp_path
     assert [g["output_ids"] for g in again] == [e["output_ids"] for e in expected]
     assert all(g["meta_info"]["spec_verify_ct"] > 0 for g in again)
     assert_no_leak(costly)
+
+
+def test_large_trees_get_graphs_and_are_chosen_only_up_to_the_verify_row_cap(tmp_path):
+    """--speculative-adaptive-max-verify-rows 8 over sizes 1, 2, 4: the (3, 2, 5) tree is captured
+    (verify and draft loop) at bs 1 only, the 2- and 3-step chains to bs 2, the 1-step chain at
+    every size, the draft extend at every size; a policy that prefers the tree takes it at bs 1
+    and never past its graphs, and the output is plain greedy decoding's."""
+    from specdec.forward import CaptureHiddenMode, ForwardMode
+
+    target, draft = make_pair("EAGLE", "mixed")
+    prompts = prompts_of([5, 12, 3, 9], target.config.vocab_size, seed=2)
+    params = [{**GREEDY, "max_new_tokens": n} for n in (20, 9, 14, 11)]
+    expected = engine(target).generate(input_ids=prompts, sampling_params=params)
+    shapes = candidate_shapes(SpecConfig.from_flags("EAGLE", speculative_num_steps=3, speculative_eagle_topk=2,
+                                                    speculative_num_draft_tokens=5))
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 2, 5), speculative_adaptive="on",
+                  speculative_adaptive_max_verify_rows=8,
+                  speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=1.01))
+    spec.capture_cuda_graphs([1, 2, 4], use_graphs=False)
+    worker = spec.worker
+    assert worker.max_batch == {"2x1x3": 2, "3x1x4": 2, "3x2x5": 1}
+    assert worker.policy.max_batch == worker.max_batch
+    verify = {n: spec.runner.graphs[(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n)].batch_sizes
+              for n in (2, 3, 4, 5)}
+    assert verify == {2: [1, 2, 4], 3: [1, 2], 4: [1, 2], 5: [1]}
+    tree = worker.workers[SpecShape(3, 2, 5)]
+    assert tree.draft_graph.runner.batch_sizes == [1] and tree.draft_extend_graph.runner.batch_sizes == [1, 2, 4]
+    choices = []
+    choose = worker.policy.choose
+    worker.policy.choose = lambda bs, ctx: choices.append((bs, choose(bs, ctx))) or choices[-1][1]
+    got = spec.generate(input_ids=prompts, sampling_params=params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert (1, SpecShape(3, 2, 5)) in choices  # the tree commits the most per ms where it may run
+    assert all(shape is None or bs <= worker.max_batch.get(shape.name, bs) for bs, shape in choices)
+    assert {bs for bs, _ in choices} >= {1, 4}
+    assert_no_leak(spec)
 
 
 def test_profile_is_measured_once_then_read(tmp_path):

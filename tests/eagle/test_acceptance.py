@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, observe_paths
-from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, candidate_shapes
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, candidate_shapes, graph_batch_sizes
 
 
 def test_expected_committed_worked_example():
@@ -66,6 +66,26 @@ def test_policy_picks_plain_when_speculation_costs_too_much_and_a_tree_when_chea
     cheap = _policy(spec_ms=1.2)
     assert cheap.choose(1, 100) == SpecShape(5, 4, 8)  # more committed for little more time
     assert cheap.choose(64, 100) is None  # at bs 64 a tree step costs 16x its bs-1 time, plain 4x
+
+
+def test_policy_never_chooses_a_shape_past_its_max_batch():
+    policy = _policy(spec_ms=1.2)
+    policy.max_batch = {"5x4x8": 4}
+    assert policy.choose(4, 100) == SpecShape(5, 4, 8)
+    assert policy.choose(5, 100) == SpecShape(3, 1, 4)  # the tree has no graphs there: the chain
+    assert "5x4x8" not in policy.scores(5, 100)
+
+
+@pytest.mark.parametrize("shape, rows, expected", [
+    (SpecShape(3, 1, 4), 512, [1, 2, 4, 8, 16, 32, 64, 128]),
+    (SpecShape(5, 4, 8), 512, [1, 2, 4, 8, 16, 32, 64]),
+    (SpecShape(6, 8, 48), 512, [1, 2, 4, 8]),
+    (SpecShape(6, 8, 48), 16, [1]),  # always the smallest size
+    (SpecShape(6, 8, 48), 0, [1, 2, 4, 8, 16, 32, 64, 128]),  # no cap
+    (SpecShape(6, 8, 48), None, [1, 2, 4, 8, 16, 32, 64, 128]),
+])
+def test_graph_batch_sizes_by_verify_rows(shape, rows, expected):
+    assert graph_batch_sizes(shape, [128, 64, 32, 16, 8, 4, 2, 1], rows) == expected
 
 
 def test_policy_learns_that_a_shape_commits_less_than_estimated():

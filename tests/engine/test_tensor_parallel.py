@@ -213,7 +213,7 @@ def test_step_cost_cache_is_per_tensor_parallel_size(checkpoint):
 
     def engine_of(target):
         return SimpleNamespace(
-            target_model=target, draft_model=target, worker=SimpleNamespace(shapes=[]),
+            target_model=target, draft_model=target, worker=SimpleNamespace(shapes=[], max_batch={}),
             memory=SimpleNamespace(req_to_token=torch.zeros(1), page_size=1),
             args=SimpleNamespace(attention="torch_native", disable_cuda_graph=True,
                                  speculative_draft_model_quantization=None),

@@ -11,7 +11,6 @@ from specdec.config import SpecConfig
 from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, candidate_shapes
 from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL, load_prompts
 from specdec.engine.engine import Engine
-from specdec.engine.spec_profile import measure_step_costs
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 

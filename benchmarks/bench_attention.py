@@ -11,7 +11,11 @@ per-layer time), warm-up then median of CUDA-event timings, eagerly and replayed
 The floor is the KV bytes a call must read (K and V of every visible entry, once) divided by the
 bandwidth of a large device-to-device copy measured in the same run.
 
+``--static-bound L`` plans every call as a CUDA graph of a server does (triton only): from a length
+bound L (a server's context length) instead of the actual lengths, which stay at each case's context.
+
     python benchmarks/bench_attention.py --output-dir benchmarks/results/attention
+    python benchmarks/bench_attention.py --backends triton --static-bound 32768 --output-dir DIR
 """
 
 from __future__ import annotations
@@ -141,9 +145,13 @@ def library_versions() -> dict:
 
 def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str], args) -> dict:
     batch, layer, q, k, v = make_batch(mode, bs, ctx, n)
+    if args.static_bound:  # the plan of a captured graph: lengths on the device, grids sized by the bound
+        batch = dataclasses.replace(batch, prefix_lens_cpu=None, extend_lens_cpu=None,
+                                    static_max_seq_len=max(args.static_bound, ctx + n))
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
     row = {"mode": mode.name, "bs": bs, "context": ctx, "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None,
-           "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}}
+           "static_bound": args.static_bound, "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6,
+           "us": {}}
     for name in backends:
         if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
             row["us"][name] = None
@@ -203,9 +211,13 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--backends", nargs="+", default=None,
                         help="backends to measure (default: every available one; triton always runs as the baseline)")
+    parser.add_argument("--static-bound", type=int, default=None, metavar="L",
+                        help="plan as a CUDA graph does, for lengths up to L (triton only)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")
+    if args.static_bound is not None and (args.static_bound < 1 or set(args.backends or ["x"]) != {"triton"}):
+        raise SystemExit("--static-bound: a length >= 1, with --backends triton")
     start = time.time()
     args.bandwidth = copy_bandwidth()
     wanted = args.backends or [b for b in ("torch_native", "flashinfer", "fa3") if b in available_backends()]

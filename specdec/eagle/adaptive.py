@@ -60,7 +60,8 @@ class AdaptiveEAGLEWorker:
         if max_verify_rows is not None and max_verify_rows < 0:
             raise ValueError(f"--speculative-adaptive-max-verify-rows={max_verify_rows}: expected >= 0")
         self.max_verify_rows = max_verify_rows
-        # the largest batch size each shape (by name) has graphs for and may be chosen at; set at capture
+        # the largest batch size each shape (by name) has graphs for and may be chosen at (absent: any);
+        # filled at capture, emptied at release, read by the policy (the same dict)
         self.max_batch: dict[str, int] = {}
         if any(s.num_steps > config.num_steps or s.topk > config.topk or s.num_draft_tokens > config.num_draft_tokens
                for s in self.shapes):
@@ -113,22 +114,18 @@ class AdaptiveEAGLEWorker:
         (``EAGLEWorker.capture_cuda_graphs``); from now on a shape is chosen only up to its largest
         captured size, unless that is the largest of all (past it every choice runs eagerly)."""
         total = 0
-        self.max_batch = {}
+        self.max_batch.clear()  # NOTE: in place: the policy reads this dict
         for shape, worker in self.workers.items():
             sizes = self.graph_sizes(shape, batch_sizes)
             total += worker.capture_cuda_graphs(batch_sizes=batch_sizes, draft_batch_sizes=sizes, **kw)
             if sizes[-1] < max(batch_sizes):
                 self.max_batch[shape.name] = sizes[-1]
-        if self.policy is not None:
-            self.policy.max_batch = dict(self.max_batch)
         return total
 
     def release_cuda_graphs(self) -> None:
         for worker in self.workers.values():
             worker.release_cuda_graphs()
-        self.max_batch = {}
-        if self.policy is not None:
-            self.policy.max_batch = {}
+        self.max_batch.clear()
 
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, **kw) -> torch.Tensor:
         return self.base.prefill(batch, sampling, **kw)

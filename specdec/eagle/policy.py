@@ -141,13 +141,14 @@ class AdaptivePolicy:
                  max_batch: dict[str, int] | None = None, calibration_weight: float = 256.0,
                  refresh_every: int = 16) -> None:
         """``max_batch``: the largest batch size at which a shape (by name) may be chosen (absent:
-        any): where its CUDA graphs end (``graph_batch_sizes``)."""
+        any): where its CUDA graphs end (``graph_batch_sizes``). Read at every choice, not copied:
+        the adaptive worker passes its own dict and updates it when graphs are captured or released."""
         missing = [n for n in [PLAIN] + [s.name for s in shapes] if n not in costs.table]
         if missing:
             raise ValueError(f"adaptive speculation: no step costs for {', '.join(missing)}")
         self.shapes = shapes
         self.costs = costs
-        self.max_batch = dict(max_batch or {})
+        self.max_batch = {} if max_batch is None else max_batch
         self.stats = AcceptanceStats(prior)
         # a shape's observed / estimated committed tokens starts at 1 with this many tokens' weight
         self.calibration_weight = calibration_weight

@@ -116,7 +116,7 @@ def test_large_trees_get_graphs_and_are_chosen_only_up_to_the_verify_row_cap(tmp
     spec.capture_cuda_graphs([1, 2, 4], use_graphs=False)
     worker = spec.worker
     assert worker.max_batch == {"2x1x3": 2, "3x1x4": 2, "3x2x5": 1}
-    assert worker.policy.max_batch == worker.max_batch
+    assert worker.policy.max_batch is worker.max_batch  # read live, not copied
     verify = {n: spec.runner.graphs[(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n)].batch_sizes
               for n in (2, 3, 4, 5)}
     assert verify == {2: [1, 2, 4], 3: [1, 2], 4: [1, 2], 5: [1]}

@@ -86,8 +86,6 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """The ``GemvConfig`` for this call, or None for ``F.linear``."""
     if not (_enabled and _HAS_TRITON and x.dim() == 2 and weight.dim() == 2 and 1 <= x.shape[0] <= WIDE_MAX_TOKENS):
         return None
-    if x.shape[0] > MAX_TOKENS and weight.shape[0] < WIDE_N:
-        return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or not weight.is_contiguous():
         return None
     if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or bias.stride(0) != 1):
@@ -98,7 +96,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
         return None  # NOTE: 16-byte rows; shape errors are F.linear's to report
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         return None
-    return _config(_bucket(x.shape[0]), weight.shape[0], weight.shape[1])
+    return _config(_bucket(x.shape[0]), weight.shape[0], weight.shape[1])  # None past MAX_TOKENS for narrow weights
 
 
 def _bucket(m: int) -> int:

@@ -254,23 +254,25 @@ STATIC_SCENARIOS = {
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("bound", [64, 600])
 @pytest.mark.parametrize("name", list(STATIC_SCENARIOS))
-def test_static_plan_matches_torch_native(name, page_size, dtype):
-    """The CUDA-graph plan: lengths read on the device only, grids sized by a bound (here 64)."""
+def test_static_plan_matches_torch_native(name, bound, page_size, dtype):
+    """The CUDA-graph plan: lengths read on the device only, grids sized by a bound: 64, or 600,
+    which splits KV (in up to four), each sequence's own entries spread over every split."""
     pb = make_problem(STATIC_SCENARIOS[name], page_size=page_size, dtype=dtype, seed=3)
-    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=64)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=bound)
     check_against_torch(dataclasses.replace(pb, batch=static))
 
 
 @pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "draft_extend_uniform", "draft_decode_k3"])
 def test_static_plan_equals_the_eager_plan_bitwise(name):
-    """A bound of 600 makes the static plan split KV (in up to three); prefixes here fit the first chunk, so
-    each sequence is still one pass (the new block runs in the split holding the prefix's end)
-    and graph replay computes exactly what eager execution does (fp32, so any change shows)."""
+    """A sequence's chunks follow from its own length and the split count alone, so the static
+    plan (a bound of 600) and the eager plan (the actual lengths) with the same split count
+    compute the same, bit for bit (fp32, so any change shows)."""
     pb = make_problem(STATIC_SCENARIOS[name], page_size=1, dtype=torch.float32, seed=5)
-    eager, _ = run_backend(create_attention_backend("triton"), pb)
+    eager, _ = run_backend(create_attention_backend("triton", num_splits=3), pb)
     static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=600)
-    planned, _ = run_backend(create_attention_backend("triton"), dataclasses.replace(pb, batch=static))
+    planned, _ = run_backend(create_attention_backend("triton", num_splits=3), dataclasses.replace(pb, batch=static))
     assert torch.equal(planned, eager)
 
 
@@ -308,9 +310,12 @@ def _indptr(lens):
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 7])
-def test_decode_kernel_matches_ref(num_splits):
-    gen = torch.Generator().manual_seed(num_splits)
+@pytest.mark.parametrize("bound", [None, 4096], ids=["bound=longest", "bound=4096"])
+@pytest.mark.parametrize("num_splits", [None, 1, 2, 7])
+def test_decode_kernel_matches_ref(num_splits, bound):
+    """Split counts planned or forced, from the longest sequence or from a bound far past every
+    length (CUDA graphs at a server's context length): each sequence spreads over the splits."""
+    gen = torch.Generator().manual_seed(num_splits or 0)
     lens = [5, 1, 37, 20, 2]
     k = _rand((120, 2, 16), gen, torch.float32, DEVICE)
     v = _rand((120, 2, 16), gen, torch.float32, DEVICE)
@@ -318,17 +323,19 @@ def test_decode_kernel_matches_ref(num_splits):
     slots = torch.randperm(120, generator=gen)[: sum(lens)].to(torch.int32).to(DEVICE)
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     args = (q, k, v, _indptr(lens), slots)
-    kw = dict(sm_scale=0.3, max_kv_len=max(lens), num_splits=num_splits)
+    kw = dict(sm_scale=0.3, max_kv_len=bound or max(lens), num_splits=num_splits)
     tk.decode_attention(*args, out, **kw)
     tk.decode_attention_ref(*args, ref, **kw)
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
 
 
+@pytest.mark.parametrize("bound", [None, 4096], ids=["bound=longest", "bound=4096"])
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("num_splits, new_split", [(1, False), (3, False), (1, True), (3, True)])
-def test_extend_kernel_matches_ref(masked, num_splits, new_split):
+@pytest.mark.parametrize("num_splits, new_split", [(1, False), (3, False), (1, True), (3, True), (None, None)])
+def test_extend_kernel_matches_ref(masked, num_splits, new_split, bound):
     """Random tree-block masks (diagonal set); a sequence without prefix; the new tokens after the
-    last prefix chunk or in a split of their own (unsplit: always after the prefix)."""
+    last prefix chunk or in a split of their own (unsplit: always after the prefix); the plan from
+    the longest prefix or from a bound far past every prefix."""
     gen = torch.Generator().manual_seed(7)
     q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
     kv_lens = [a + b for a, b in zip(q_lens, prefix)]
@@ -346,7 +353,7 @@ def test_extend_kernel_matches_ref(masked, num_splits, new_split):
         mask_indptr = _indptr([n * n for n in q_lens]).long()
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     args = (q, k, v, _indptr(q_lens), _indptr(kv_lens), slots, mask, mask_indptr)
-    kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=max(prefix), num_splits=num_splits,
+    kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=bound or max(prefix), num_splits=num_splits,
               new_split=new_split)
     tk.extend_attention(*args, out, **kw)
     tk.extend_attention_ref(*args, ref, **kw)

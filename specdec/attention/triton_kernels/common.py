@@ -170,10 +170,18 @@ def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
     return "native"
 
 
+@triton.jit
+def split_chunk(length, num_splits, TILE: tl.constexpr):
+    """A sequence's chunk per split: ``length`` entries over ``num_splits`` splits, whole tiles."""
+    return tl.cdiv(tl.cdiv(length, num_splits), TILE) * TILE
+
+
 def plan_num_splits(
     num_ctas: int, split_len: int, *, device: torch.device, tile: int, num_splits: int | None = None
 ) -> tuple[int, int]:
-    """(num_splits, chunk_len): cut a KV range of up to ``split_len`` entries into chunks.
+    """(num_splits, chunk_len): cut a KV range of up to ``split_len`` entries into chunks (the
+    kernels then cut each sequence's own range into ``num_splits`` chunks, ``split_chunk``: for one of
+    ``split_len`` entries that is ``chunk_len``).
 
     Without a forced ``num_splits``, split only while the grid (``num_ctas`` programs before
     splitting) has fewer than PROGRAMS_PER_SM programs per SM, and keep chunks >= MIN_SPLIT_LEN

@@ -3,13 +3,19 @@
 Grid ``(num_seqs, num_kv_heads, num_splits)``. A program loads the ``group = num_heads /
 num_kv_heads`` query heads that share its KV head as the rows of one tile (padded to 16 rows for
 ``tl.dot``), so each K/V tile is read once per KV head, not once per query head. Split ``s`` covers
-KV entries ``[s * chunk, (s + 1) * chunk)`` of its sequence; with one split the program writes the
-output directly, otherwise partials that ``merge_partials`` combines.
+KV entries ``[s * chunk, (s + 1) * chunk)`` of its sequence, where the sequence's own ``chunk`` is
+its length over the split count, rounded up to whole tiles (``split_chunk``); with one split the
+program writes the output directly, otherwise partials that ``merge_partials`` combines.
 
-Example, 2 sequences with kv lens 5 and 2, chunk 4 (2 splits):
-    kv_indptr = [0, 5, 7]    kv_indices = [40 41 9 3 12 | 7 8]
-    seq 0: split 0 reads slots 40 41 9 3, split 1 reads slot 12
-    seq 1: split 0 reads slots 7 8, split 1 is empty (writes lse = -inf, weight 0 in the merge)
+The host plans the split count from a length bound (``max_kv_len``: the batch's longest sequence,
+or under CUDA graphs the captured bound, often the server's whole context length); each sequence
+then spreads its own entries over every split, so a short sequence under a long bound still takes
+all the programs the plan gave it, one or two tiles each, instead of filling the first split alone.
+
+Example, 2 sequences with kv lens 9 and 2, tiles of 2 entries, 3 splits:
+    kv_indptr = [0, 9, 11]    kv_indices = [40 41 9 3 12 5 6 20 21 | 7 8]
+    seq 0 (chunk 4): split 0 reads slots 40 41 9 3, split 1 12 5 6 20, split 2 21
+    seq 1 (chunk 2): split 0 reads slots 7 8, splits 1 and 2 are empty (lse = -inf, weight 0 in the merge)
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from specdec.attention.triton_kernels.common import (
     mma,
     online_softmax_step,
     plan_num_splits,
+    split_chunk,
     store_rows,
 )
 from specdec.attention.triton_kernels.merge import merge_partials
@@ -35,7 +42,7 @@ from specdec.kernels.common import check_tensor
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, O, LSE, kv_indptr, kv_indices, sm_scale_log2, chunk_len,
+    Q, K, V, O, LSE, kv_indptr, kv_indices, sm_scale_log2,
     stride_qs, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
     stride_os, stride_oh, stride_osplit,
@@ -49,6 +56,7 @@ def _decode_kernel(
     split = tl.program_id(2)
     kv_start = tl.load(kv_indptr + seq)
     kv_len = tl.load(kv_indptr + seq + 1) - kv_start
+    chunk_len = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
     lo = split * chunk_len
     hi = tl.minimum(lo + chunk_len, kv_len)
 
@@ -128,7 +136,7 @@ def decode_attention(
         return
     block_h = max(16, triton.next_power_of_2(hq // hkv))
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size())
-    splits, chunk = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
+    splits, _ = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
                                     num_splits=num_splits)
     direct = splits == 1
     if direct:
@@ -138,7 +146,7 @@ def decode_attention(
         lse = torch.empty(num_seqs, hq, splits, dtype=torch.float32, device=q.device)
     group = hq // hkv
     _decode_kernel[(num_seqs, hkv, splits)](
-        q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, sm_scale * LOG2E, chunk,
+        q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, sm_scale * LOG2E,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),

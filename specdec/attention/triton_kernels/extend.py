@@ -4,11 +4,13 @@ A sequence with q query rows and kv entries has a prefix of ``p = kv - q`` entri
 sees (cached tokens), then the q new tokens' own entries, visible causally (row i sees new entries
 0..i) or per an explicit mask (TARGET_VERIFY trees). The two parts run as two loops of one
 program: the prefix loop needs no mask at all, and only the prefix is split across programs
-(split-KV) when the grid alone would leave SMs idle. A sequence whose prefix fits one chunk is one
-pass over its entries whatever the split count (the new block right after the prefix), so for it a
-plan sized for a bound (CUDA graphs) computes what a plan sized for the actual lengths does, bit
-for bit. A longer prefix's new block runs after its last chunk, or, at small batch
-(``plan_extend_splits``), in a split of its own (``NEW_SPLIT``), off the prefix chunks' critical path.
+(split-KV) when the grid alone would leave SMs idle. The host plans the split count from a bound
+on the prefixes (the longest, or the captured bound under CUDA graphs); each sequence cuts its own
+prefix into that many chunks of whole tiles (``split_chunk``), so a short prefix under a long bound
+still spreads over every split. A prefix of one chunk's length or less is one pass over its entries
+(the new block right after the prefix). A longer prefix's new block runs after its last chunk, or,
+at small batch (``plan_extend_splits``), in a split of its own (``NEW_SPLIT``, the last one), off
+the prefix chunks' critical path.
 
 Grid ``(num_seqs, num_kv_heads, m_blocks * num_splits)``. The tile's rows are (query row, query
 head) pairs of one KV head, row-major by query row, so each K/V tile is read once per KV head:
@@ -37,6 +39,7 @@ from specdec.attention.triton_kernels.common import (
     mma,
     online_softmax_step,
     plan_extend_splits,
+    split_chunk,
     store_rows,
 )
 from specdec.attention.triton_kernels.decode import _check_inputs
@@ -47,7 +50,7 @@ from specdec.kernels.common import check_tensor
 @triton.jit
 def _extend_kernel(
     Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr,
-    sm_scale_log2, chunk_len, num_splits,
+    sm_scale_log2, num_splits,
     stride_qt, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_osplit,
@@ -67,6 +70,9 @@ def _extend_kernel(
     kv_start = tl.load(kv_indptr + seq)
     kv_len = tl.load(kv_indptr + seq + 1) - kv_start
     prefix_len = kv_len - q_len
+    # this sequence's chunk of its prefix (at least a tile: the new block's split is found by it)
+    prefix_splits = num_splits - 1 if NEW_SPLIT else num_splits
+    chunk_len = tl.maximum(split_chunk(prefix_len, prefix_splits, BLOCK_N), BLOCK_N)
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -178,7 +184,7 @@ def extend_attention(
                              max_prefix_len=max_prefix_len)
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
     m_blocks = triton.cdiv(max_q_len * group, block_m)
-    splits, chunk, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
+    splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
                                                   device=q.device, tile=cfg.block_n, num_splits=num_splits,
                                                   new_split=new_split)
     splits += int(new_split)
@@ -192,7 +198,7 @@ def extend_attention(
     _extend_kernel[(num_seqs, hkv, m_blocks * splits)](
         q, k_buffer, v_buffer, partial, lse, qo_indptr, kv_indptr, kv_indices,
         mask if has_mask else kv_indices, mask_indptr if has_mask else kv_indptr,
-        sm_scale * LOG2E, chunk, splits,
+        sm_scale * LOG2E, splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),

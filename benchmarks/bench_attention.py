@@ -1,7 +1,7 @@
 """Attention microbenchmark: time per layer call of decode and target verify, per backend.
 
 Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), bf16, page_size 1 with the slots
-of every request shuffled over the cache. For bs in {1, 8, 64} and context in {512, 4096}: DECODE
+of every request shuffled over the cache. By default, for bs in {1, 8, 64} and context in {512, 4096}: DECODE
 (one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes (random trees). Every
 available backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same inputs
 in the same process; ``forward`` is timed (metadata is planned once per forward, outside the
@@ -16,6 +16,7 @@ bound L (a server's context length) instead of the actual lengths, which stay at
 
     python benchmarks/bench_attention.py --output-dir benchmarks/results/attention
     python benchmarks/bench_attention.py --backends triton --static-bound 32768 --output-dir DIR
+    python benchmarks/bench_attention.py --backends triton --batch-sizes 4 8 --tree-sizes 32 64
 """
 
 from __future__ import annotations
@@ -213,6 +214,10 @@ def main() -> None:
                         help="backends to measure (default: every available one; triton always runs as the baseline)")
     parser.add_argument("--static-bound", type=int, default=None, metavar="L",
                         help="plan as a CUDA graph does, for lengths up to L (triton only)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    parser.add_argument("--tree-sizes", type=int, nargs="+", default=list(TREE_SIZES),
+                        help="TARGET_VERIFY node counts (0 alone: decode only)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")
@@ -222,8 +227,9 @@ def main() -> None:
     args.bandwidth = copy_bandwidth()
     wanted = args.backends or [b for b in ("torch_native", "flashinfer", "fa3") if b in available_backends()]
     backends = ["triton"] + [b for b in wanted if b != "triton"]
-    cases = [(ForwardMode.DECODE, bs, ctx, 1) for bs in BATCH_SIZES for ctx in CONTEXTS]
-    cases += [(ForwardMode.TARGET_VERIFY, bs, ctx, n) for bs in BATCH_SIZES for ctx in CONTEXTS for n in TREE_SIZES]
+    cases = [(ForwardMode.DECODE, bs, ctx, 1) for bs in args.batch_sizes for ctx in args.contexts]
+    cases += [(ForwardMode.TARGET_VERIFY, bs, ctx, n)
+              for bs in args.batch_sizes for ctx in args.contexts for n in args.tree_sizes if n > 0]
     try:
         from tqdm import tqdm
 

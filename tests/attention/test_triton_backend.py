@@ -400,6 +400,25 @@ def test_plan_extend_splits(ctas, prefix_len, rows, forced, expected, monkeypatc
                                      num_splits=forced) == expected
 
 
+@pytest.mark.parametrize("ctas, prefix_len, expected", [
+    (128, 512, (1, 512)),  # bs 8, 64 nodes: two 128-row tiles a KV head fill the SMs; one split
+    (128, 4160, (1, 4224)),  # likewise at 4 k (two splits took 236 µs a layer against 165)
+    (64, 1088, (2, 640)),  # bs 8, 32 nodes: two splits fit one wave (plan_num_splits: three, two waves)
+    (200, 4160, (1, 4224)),  # more programs than SMs: none
+])
+def test_plan_extend_splits_full_tiles_fit_one_wave(ctas, prefix_len, expected, monkeypatch):
+    """Full 128-row tiles past a third of the SMs: the prefix is cut only as far as every program
+    still runs in the first wave."""
+    from specdec.attention.triton_kernels import common
+
+    monkeypatch.setattr(common, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert common.plan_extend_splits(ctas, prefix_len, 128, device=cuda, tile=128, block_m=128) == expected + (False,)
+    # smaller tiles keep plan_num_splits' cut
+    assert common.plan_extend_splits(ctas, prefix_len, 16, device=cuda, tile=128, block_m=16)[:2] == \
+        common.plan_num_splits(ctas, prefix_len, device=cuda, tile=128)
+
+
 @pytest.mark.parametrize("num_seqs, rows, prefix_len, expected", [
     (1, 128, 1088, 64),  # bs 1, 32 tree nodes x 4 heads at 1 k: 16 programs of 64 rows
     (1, 256, 1088, 64),  # 64 nodes: 32 programs

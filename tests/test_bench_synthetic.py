@@ -47,6 +47,26 @@ def test_constant_accept_length_without_an_acceptance_model(tmp_path):
     assert res["speculative"]["3x1x4"][0]["committed_per_request_step"] == 4.0
 
 
+def test_server_context_length_bounds_the_engines_not_the_kv_pool(tmp_path):
+    """--server-context-length is the engines' --context-length (what their CUDA graphs plan attention
+    for); the KV pool stays sized for the run, and the results record it."""
+    settings = bench_synthetic.SyntheticSettings(synthetic="tiny", server_context_length=4096)
+    args = bench_synthetic._engine_args(settings, bench_synthetic.EngineArgs(device="cpu"), (3, 1, 4), [1, 2], 100,
+                                        ("target", "head"))
+    assert args.context_length == 4096 and args.max_total_tokens == 2 * (100 + 64)
+    out = tmp_path / "synthetic.json"
+    synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+                    "--batch-sizes", "2", "--configs", "3,1,4", "--context-len", "12", "--decode-steps", "2",
+                    "--warmup-steps", "1", "--skip-adaptive", "--server-context-length", "4096", "--output", str(out)])
+    assert json.loads(out.read_text())["setup"]["engine_context_length"] == 4096
+
+
+def test_server_context_length_below_the_runs_need_names_the_flag():
+    with pytest.raises(ValueError, match="--server-context-length 40: this run needs at least"):
+        synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--batch-sizes", "1", "--configs", "3,1,4",
+                        "--context-len", "12", "--server-context-length", "40"])
+
+
 def test_bad_acceptance_model_names_the_flag():
     with pytest.raises(ValueError, match="--acceptance-model"):
         bench_synthetic.SyntheticSettings(synthetic="tiny", acceptance_model="/nonexistent.json")

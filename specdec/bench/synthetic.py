@@ -75,6 +75,10 @@ class SyntheticSettings:
     configs: str = dataclasses.field(default=";".join(",".join(map(str, c)) for c in CONFIGS), metadata=flag(
         "(steps, topk, draft tokens) triples, e.g. '3,1,4;5,4,8'", group=SYNTH))
     context_len: int = dataclasses.field(default=1024, metadata=flag("prompt tokens per request", group=SYNTH))
+    server_context_length: int | None = dataclasses.field(default=None, metadata=flag(
+        "the engines' --context-length, which bounds the lengths their CUDA graphs plan attention for, as a "
+        "server's does (its default: the model's, up to 8192); default: just what the run needs", group=SYNTH,
+        metavar="L"))
     decode_steps: int = dataclasses.field(default=24, metadata=flag("timed decode steps per point", group=SYNTH))
     warmup_steps: int = dataclasses.field(default=3, metadata=flag("untimed decode steps first", group=SYNTH))
     seed: int = dataclasses.field(default=0, metadata=flag("weights, prompts and the engine's sampler", group=SYNTH))
@@ -298,7 +302,8 @@ def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, b
     max_bs = max(batch_sizes)
     target, head = checkpoint
     args = dataclasses.replace(engine_args, model_path=target, load_format="dummy", max_running_requests=max_bs,
-                               context_length=context, max_total_tokens=max_bs * (context + 64),
+                               context_length=settings.server_context_length or context,
+                               max_total_tokens=max_bs * (context + 64),
                                cuda_graph_bs=tuple(batch_sizes), random_seed=settings.seed)
     if config is None:
         return args
@@ -324,6 +329,10 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     groups = math.ceil(max(batch_sizes) / max(1, PREFILL_TOKENS // settings.context_len))
     groups += decode_steps_during_prefill(max(batch_sizes) * settings.context_len, engine_args.prefill_chunk_tokens)
     context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3 + groups) * most_steps + 64
+    if settings.server_context_length is not None:
+        if settings.server_context_length < context:
+            raise ValueError(f"--server-context-length {settings.server_context_length}: this run needs at least "
+                             f"{context} (--context-len and the decode steps)")
     results: dict = {"plain": [], "speculative": {}}
     weights: dict[str, int] = {}
     policies = [None] + configs + ([] if settings.skip_adaptive else [ADAPTIVE])
@@ -338,7 +347,8 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     results["setup"] = {
         "shape": settings.synthetic, "tp_size": engine_args.tp_size,
         "target_weight_bytes_per_rank": weights["target"], "head_weight_bytes": weights.get("head"),
-        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len, "decode_steps": settings.decode_steps,
+        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len, "engine_context_length": settings.server_context_length or context,
+        "decode_steps": settings.decode_steps,
         "acceptance_model": json.loads(Path(acceptance).read_text()) if acceptance else None,
         "simulated_accept_length": None if acceptance else settings.speculative_simulate_accept_length,
         "configs": configs, "batch_sizes": batch_sizes,

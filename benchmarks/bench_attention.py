@@ -1,10 +1,11 @@
 """Attention microbenchmark: time per layer call of decode and target verify, per backend.
 
 Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), bf16, page_size 1 with the slots
-of every request shuffled over the cache. By default, for bs in {1, 8, 64} and context in {512, 4096}: DECODE
-(one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes (random trees). Every
-available backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same inputs
-in the same process; ``forward`` is timed (metadata is planned once per forward, outside the
+of every request shuffled over the cache. By default, for bs in {1, 8, 64} and context in
+{512, 4096}: DECODE (one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes
+(random trees; ``--batch-sizes``, ``--contexts``, ``--tree-sizes`` choose others). Every available
+backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same inputs in the
+same process; ``forward`` is timed (metadata is planned once per forward, outside the
 per-layer time), warm-up then median of CUDA-event timings, eagerly and replayed from a CUDA graph
 (the GPU time without launch overhead; torch_native is timed eagerly only).
 
@@ -150,8 +151,8 @@ def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str]
         batch = dataclasses.replace(batch, prefix_lens_cpu=None, extend_lens_cpu=None,
                                     static_max_seq_len=max(args.static_bound, ctx + n))
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
-    row = {"mode": mode.name, "bs": bs, "context": ctx, "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None,
-           "static_bound": args.static_bound, "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6,
+    row = {"mode": mode.name, "bs": bs, "context": ctx,
+           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "static_bound": args.static_bound, "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6,
            "us": {}}
     for name in backends:
         if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
@@ -214,8 +215,9 @@ def main() -> None:
                         help="backends to measure (default: every available one; triton always runs as the baseline)")
     parser.add_argument("--static-bound", type=int, default=None, metavar="L",
                         help="plan as a CUDA graph does, for lengths up to L (triton only)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
-    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES), help="requests per call")
+    parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS),
+                        help="cached tokens per request")
     parser.add_argument("--tree-sizes", type=int, nargs="+", default=list(TREE_SIZES),
                         help="TARGET_VERIFY node counts (0 alone: decode only)")
     args = parser.parse_args()

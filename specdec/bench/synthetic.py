@@ -347,8 +347,8 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     results["setup"] = {
         "shape": settings.synthetic, "tp_size": engine_args.tp_size,
         "target_weight_bytes_per_rank": weights["target"], "head_weight_bytes": weights.get("head"),
-        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len, "engine_context_length": settings.server_context_length or context,
-        "decode_steps": settings.decode_steps,
+        "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len,
+        "engine_context_length": settings.server_context_length or context, "decode_steps": settings.decode_steps,
         "acceptance_model": json.loads(Path(acceptance).read_text()) if acceptance else None,
         "simulated_accept_length": None if acceptance else settings.speculative_simulate_accept_length,
         "configs": configs, "batch_sizes": batch_sizes,

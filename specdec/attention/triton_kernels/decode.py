@@ -137,7 +137,7 @@ def decode_attention(
     block_h = max(16, triton.next_power_of_2(hq // hkv))
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size())
     splits, _ = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
-                                    num_splits=num_splits)
+                                num_splits=num_splits)
     direct = splits == 1
     if direct:
         partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT

@@ -185,8 +185,8 @@ def extend_attention(
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
     m_blocks = triton.cdiv(max_q_len * group, block_m)
     splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
-                                                  device=q.device, tile=cfg.block_n, block_m=block_m,
-                                                  num_splits=num_splits, new_split=new_split)
+                                              device=q.device, tile=cfg.block_n, block_m=block_m,
+                                              num_splits=num_splits, new_split=new_split)
     splits += int(new_split)
     direct = splits == 1
     if direct:

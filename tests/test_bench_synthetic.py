@@ -3,10 +3,13 @@
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from specdec.bench import synthetic as bench_synthetic
+from specdec.bench import synthetic_report
 from specdec.cli.bench import synthetic_main
+from specdec.eagle.acceptance import AcceptanceModel
 
 
 def test_tiny_sweep_reports_every_point(tmp_path):
@@ -33,6 +36,21 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     assert res["setup"]["acceptance_model"]["protocol"]["dataset"] == "mt_bench"
     assert [r["bs"] for r in res["sweep"]] == [1, 3] and set(res["sweep"][0]["fixed"]) == {"3x1x4", "2x2x4"}
     assert res["sweep"][0]["ctx"] == 12 and res["sweep"][0]["adaptive_speedup"] == adaptive[0]["speedup"]
+    # and each speedup at the acceptance model's expectation: drawn tokens swapped for expected ones
+    model = AcceptanceModel.from_json(res["setup"]["acceptance_model"])
+    point = res["speculative"]["2x2x4"][1]
+    assert res["sweep"][1]["fixed_expected"]["2x2x4"] == pytest.approx(
+        point["speedup"] * model.expected_committed(2, 2, 4) / point["committed_per_request_step"])
+    assert res["sweep"][0]["adaptive_speedup_expected"] > 0
+
+
+def test_expected_committed_weighs_the_shapes_a_point_ran():
+    """Three steps of (2, 2, 4) and one plain step: (3 * E[2x2x4] + 1) / 4; the worked example of
+    specdec.eagle.acceptance gives E[2x2x4] = 2.44."""
+    model = AcceptanceModel(np.array([[0.8, 0.5], [0.6, 0.5]]))
+    point = {"shapes": {"2x2x4": 3, "plain": 1}, "speedup": 2.0, "committed_per_request_step": 2.0}
+    assert synthetic_report.expected_committed(point, model) == pytest.approx((3 * 2.44 + 1) / 4)
+    assert synthetic_report.speedup_at_expectation(point, model) == pytest.approx(2.0 * 2.08 / 2.0)
 
 
 def test_constant_accept_length_without_an_acceptance_model(tmp_path):

@@ -11,20 +11,50 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specdec.eagle.acceptance import AcceptanceModel
+from specdec.eagle.policy import PLAIN, SpecShape
+
 ADAPTIVE = "adaptive"
 
 
+def expected_committed(point: dict, model: AcceptanceModel) -> float:
+    """Tokens a request commits per step that ``model`` expects for the shapes ``point`` ran
+    (``point["shapes"]``: steps by shape name, "plain" committing one)."""
+    steps = point["shapes"]
+    total = sum(steps.values())
+    return sum(n * (1.0 if name == PLAIN else _expected(model, SpecShape.parse(name)))
+               for name, n in steps.items()) / total
+
+
+def _expected(model: AcceptanceModel, shape: SpecShape) -> float:
+    return model.expected_committed(shape.num_steps, shape.topk, shape.num_draft_tokens)
+
+
+def speedup_at_expectation(point: dict, model: AcceptanceModel) -> float:
+    """The point's speedup with the tokens ``model`` expects instead of those its steps drew: the
+    measured step times stand, the draw's luck (a few percent over 64 steps) goes."""
+    return point["speedup"] * expected_committed(point, model) / point["committed_per_request_step"]
+
+
 def sweep_rows(results: dict) -> list[dict]:
-    """One row per batch size: plain ms per step, and each policy's speedup over plain decoding."""
+    """One row per batch size: plain ms per step, and each policy's speedup over plain decoding;
+    with an acceptance model, also each speedup at the model's expectation (``*_expected``)."""
     ctx = results["setup"]["context_len"]
-    adaptive = {p["batch_size"]: p["speedup"] for p in results.get(ADAPTIVE, [])}
+    hazards = results["setup"].get("acceptance_model")
+    model = AcceptanceModel.from_json(hazards) if hazards else None
+    adaptive = {p["batch_size"]: p for p in results.get(ADAPTIVE, [])}
     rows = []
     for p in results["plain"]:
         bs = p["batch_size"]
-        fixed = {name: next(q["speedup"] for q in points if q["batch_size"] == bs)
+        fixed = {name: next(q for q in points if q["batch_size"] == bs)
                  for name, points in results["speculative"].items()}
-        rows.append({"bs": bs, "ctx": ctx, "plain_ms": p["step_ms"], "adaptive_speedup": adaptive.get(bs),
-                     "fixed": fixed})
+        point = adaptive.get(bs)
+        row = {"bs": bs, "ctx": ctx, "plain_ms": p["step_ms"], "adaptive_speedup": point and point["speedup"],
+               "fixed": {name: q["speedup"] for name, q in fixed.items()}}
+        if model is not None:
+            row["adaptive_speedup_expected"] = point and speedup_at_expectation(point, model)
+            row["fixed_expected"] = {name: speedup_at_expectation(q, model) for name, q in fixed.items()}
+        rows.append(row)
     return rows
 
 

@@ -238,8 +238,8 @@ def move_kv_slots_ref(
     before the call. Within a group every source is read before any destination is written, so a
     group may move slots onto each other (compacting accepted tree nodes towards the prefix); a
     group's destinations are distinct and different groups touch disjoint slots. An entry with
-    src == dst is a no-op (a verify's root and padding). Example, one layer, slots holding [a, b, c, d], src [[0, 2, 3]],
-    dst [[0, 1, 2]]: the slots then hold [a, c, d, d].
+    src == dst is a no-op (a verify's root and padding). Example, one layer, slots holding
+    [a, b, c, d], src [[0, 2, 3]], dst [[0, 1, 2]]: the slots then hold [a, c, d, d].
     """
     for g, (src, dst) in enumerate(zip(src_locs.tolist(), dst_locs.tolist())):
         for name, slots in (("src_locs", src), ("dst_locs", dst)):

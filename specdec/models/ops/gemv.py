@@ -136,12 +136,12 @@ def _config(m: int, n: int, k: int):
             return cfg(128, 128, num_warps=8, num_stages=3, use_dot=True, swap_ab=True)
         return cfg(64, 128, num_warps=4, num_stages=5, use_dot=True, swap_ab=True)
     if m == 1:
-        return cfg(4, 1024) if n >= 6144 else cfg(8, 512, prefetch=True)
+        return cfg(4, 1024) if n >= WIDE_N else cfg(8, 512, prefetch=True)
     if m == 2:
         return cfg(4, 512)
     if m >= 16 and n >= 16384:
         return cfg(128, 128, num_warps=4, num_stages=4, use_dot=True, swap_ab=True)
-    if m >= 16 and n >= 6144:
+    if m >= 16 and n >= WIDE_N:
         return cfg(64, 128, num_warps=4, num_stages=6, use_dot=True, swap_ab=True)
     return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
 

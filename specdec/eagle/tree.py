@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.kernels import TreeMaskMode, build_tree_kernel_efficient, select_frontier
+from specdec.kernels import TreeMaskMode, build_tree_kernel_efficient, select_draft_nodes, select_frontier
 from specdec.kernels.tree_build import packed_mask_bytes
 
 __all__ = [
@@ -129,16 +129,13 @@ def organize_draft_results(
     if not 1 <= num_draft_token <= flat_scores.shape[1] + 1:
         raise ValueError(f"num_draft_token: expected 1..{flat_scores.shape[1] + 1} for these draft "
                          f"results, got {num_draft_token}")
-    # NOTE: a stable descending sort, not topk: a child's score is its parent's times p <= 1 and
-    # its index is larger, so on ties (confident drafts underflow to exactly 0 or saturate at 1)
-    # the parent still ranks first and the kept set always contains every kept node's parent.
-    order = torch.sort(flat_scores, dim=-1, descending=True, stable=True).indices
-    top_scores_index = torch.sort(order[:, : num_draft_token - 1]).values  # [bs, N-1]
-    draft_tokens = torch.gather(flat_tokens, 1, top_scores_index)  # [bs, N-1]
+    bs = flat_scores.shape[0]
+    top_scores_index, draft_tokens = torch.empty(2, bs, num_draft_token - 1, dtype=torch.int64,
+                                                 device=flat_scores.device)  # [bs, N-1] each
+    select_draft_nodes(flat_scores, flat_tokens.to(torch.int64), top_scores_index, draft_tokens)
     if len(parents_list) > 1:
         parent_list = torch.cat(parents_list[:-1], dim=1)
     else:
-        bs = parents_list[0].shape[0]
         parent_list = torch.empty(bs, 0, dtype=torch.long, device=parents_list[0].device)
     return parent_list, top_scores_index, draft_tokens
 

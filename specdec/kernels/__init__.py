@@ -3,8 +3,8 @@
 Each op validates its inputs and runs its Triton kernel (``specdec.kernels.triton``) on CUDA
 tensors, and on CPU tensors when TRITON_INTERPRET=1; else its torch reference ``<op>_ref`` (the
 specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker,
-``frontier`` a draft step's next frontier and ``simulate`` the synthetic benchmark's drawn target
-predictions (both ours, not sgl_kernel's).
+``frontier`` the draft's selections (a step's next frontier, the tree's nodes) and ``simulate``
+the synthetic benchmark's drawn target predictions (all ours, not sgl_kernel's).
 """
 
 from specdec.kernels.cache_ops import (
@@ -25,7 +25,7 @@ from specdec.kernels.cache_ops import (
 )
 from specdec.kernels.common import TreeMaskMode
 from specdec.kernels.dispatch import TRITON_IMPLS
-from specdec.kernels.frontier import select_frontier, select_frontier_ref
+from specdec.kernels.frontier import select_draft_nodes, select_draft_nodes_ref, select_frontier, select_frontier_ref
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
 from specdec.kernels.simulate import simulate_target_predict, simulate_target_predict_ref
 from specdec.kernels.tree_build import (
@@ -64,6 +64,8 @@ __all__ = [
     "reconstruct_indices_from_tree_mask_ref",
     "segment_packbits",
     "segment_packbits_ref",
+    "select_draft_nodes",
+    "select_draft_nodes_ref",
     "select_frontier",
     "select_frontier_ref",
     "simulate_target_predict",

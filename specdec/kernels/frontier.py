@@ -1,11 +1,16 @@
-"""``select_frontier``: one draft step's next frontier in one launch (ours, not an sgl_kernel op;
-the torch reference is SGLang's ``select_top_k_tokens`` for steps after the first).
+"""The draft's selections in one launch each (ours, not sgl_kernel ops).
 
-Each of a request's K frontier branches proposed K children (the draft's top-k); a child's score is
-its branch's score times its probability. The K best of the K*K children become the next
-frontier: their scores, score indices (the tree's parents), branches, tokens, and the features of
-their parents' rows, which the next draft forward reads. In torch that is about a dozen small
-kernels a draft step (multiply, top-k, divide, gathers, index arithmetic); here one.
+``select_frontier``: one draft step's next frontier (the torch reference is SGLang's
+``select_top_k_tokens`` for steps after the first). Each of a request's K frontier branches
+proposed K children (the draft's top-k); a child's score is its branch's score times its
+probability. The K best of the K*K children become the next frontier: their scores, score indices
+(the tree's parents), branches, tokens, and the features of their parents' rows, which the next
+draft forward reads. In torch that is about a dozen small kernels a draft step (multiply, top-k,
+divide, gathers, index arithmetic); here one.
+
+``select_draft_nodes``: after the last draft step, the N-1 best of all the expansion's proposals
+become the tree (the core of SGLang's ``organize_draft_results``): two sorts, a gather and their
+copies in torch (about 45 us of a bs-1 step on an H100 at N = 64), one launch here.
 """
 
 from __future__ import annotations
@@ -114,3 +119,55 @@ def select_frontier_ref(
     input_ids.copy_(topk_index.reshape(bs, k * k).gather(1, best).flatten())
     rows = (parent_branch + torch.arange(bs, device=scores.device)[:, None] * k).flatten()  # [bs*K]
     hidden_out.copy_(hidden[rows])
+
+
+def select_draft_nodes(
+    scores: torch.Tensor,  # [bs, M] fp32 every proposal's score, M = K + (S-1)K^2 score indices
+    tokens: torch.Tensor,  # [bs, M] int64 their tokens
+    top_scores_index: torch.Tensor,  # [bs, N-1] int64, written: the kept score indices, ascending
+    draft_tokens: torch.Tensor,  # [bs, N-1] int64, written: their tokens
+) -> None:
+    """The N-1 best proposals of every request (see the ref)."""
+    device = _check_nodes(scores, tokens, top_scores_index, draft_tokens)
+    impl = select_impl("select_draft_nodes", select_draft_nodes_ref, device)
+    impl(scores, tokens, top_scores_index, draft_tokens)
+
+
+def _check_nodes(scores, tokens, top_scores_index, draft_tokens) -> torch.device:
+    if isinstance(scores, torch.Tensor) and scores.dim() == 2 and isinstance(top_scores_index, torch.Tensor):
+        (bs, m), device = scores.shape, scores.device
+        kept = (bs, top_scores_index.shape[-1])
+        if (matches(scores, torch.float32, (bs, m), device) and matches(tokens, torch.int64, (bs, m), device)
+                and matches(top_scores_index, torch.int64, kept, device)
+                and matches(draft_tokens, torch.int64, kept, device) and kept[1] <= m):
+            return device
+    check_tensor("scores", scores, dtype=torch.float32, dim=2)
+    (bs, m), device = scores.shape, scores.device
+    check_tensor("tokens", tokens, dtype=torch.int64, shape=(bs, m), device=device)
+    check_tensor("top_scores_index", top_scores_index, dtype=torch.int64, dim=2, device=device)
+    if top_scores_index.shape[0] != bs or top_scores_index.shape[1] > m:
+        raise ValueError(f"top_scores_index: expected [{bs}, at most {m}], got {tuple(top_scores_index.shape)}")
+    check_tensor("draft_tokens", draft_tokens, dtype=torch.int64, shape=tuple(top_scores_index.shape), device=device)
+    return device
+
+
+def select_draft_nodes_ref(
+    scores: torch.Tensor,
+    tokens: torch.Tensor,
+    top_scores_index: torch.Tensor,
+    draft_tokens: torch.Tensor,
+) -> None:
+    """Specification of ``select_draft_nodes``.
+
+    The N-1 largest scores of each row, largest first and equal scores in index order (a stable
+    descending sort, NaN first as torch sorts it), then their indices ascending and their tokens.
+    A child's score is its parent's times p <= 1 and its index is larger, so on ties (confident
+    drafts underflow to exactly 0 or saturate at 1) the parent still ranks first and the kept set
+    contains every kept node's parent.
+    Example, N - 1 = 3: scores [.6 .35 .30 .12 .315 .035], tokens [a b c d e f]
+    -> top_scores_index [0, 1, 4], draft_tokens [a, b, e].
+    """
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    kept = torch.sort(order[:, : top_scores_index.shape[1]]).values  # [bs, N-1]
+    top_scores_index.copy_(kept)
+    draft_tokens.copy_(torch.gather(tokens, 1, kept))

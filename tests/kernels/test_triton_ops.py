@@ -252,11 +252,11 @@ def frontier_case(rng: random.Random, bs: int, k: int, h: int, *, ties: bool, br
 @pytest.mark.parametrize("device", DEVICES)
 def test_select_frontier_random(device):
     """Bit-exact against the reference (stable order on ties, strided inputs, features wider and
-    narrower than a column tile); then the worked example of the ref's docstring."""
+    narrower than a column block, several blocks); then the worked example of the ref's docstring."""
     rng = random.Random(12)
     for case in cases(device, 8, 60):
         bs, k = rng.choice([1, 3, 8] if device == "cpu" else [1, 8, 64]), rng.randint(1, 10)
-        args = frontier_case(rng, bs, k, rng.choice([3, 64, 300]), ties=case % 2 == 0, broadcast=case % 3 == 0,
+        args = frontier_case(rng, bs, k, [3, 64, 1100, 300][case % 4], ties=case % 2 == 0, broadcast=case % 3 == 0,
                              dtype=[torch.float32, torch.bfloat16][case % 2])
         run_both(K.select_frontier, K.select_frontier_ref, args, device, parent_offset=rng.randint(0, 100))
     args = [torch.tensor([[0.6, 0.3]]), torch.tensor([[0.5, 0.2], [0.9, 0.1]]), torch.tensor([[10, 11], [12, 13]]),
@@ -268,6 +268,33 @@ def test_select_frontier_random(device):
     args[1] = torch.full((2, 2), float("nan"))  # a broken draft: every index stays within the request
     K.select_frontier(*[a.to(device) for a in args[:4]], *(outs := [a.to(device) for a in args[4:]]), parent_offset=2)
     assert all(0 <= b < 2 for b in outs[3].flatten().tolist()) and set(outs[4].tolist()) <= {10, 11, 12, 13}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_draft_nodes_random(device):
+    """Bit-exact against the reference: heavy ties (scores from a few values, 0 and 1 among them,
+    -0.0 against +0.0), NaN scores, every N from 1 to the proposals; then the ref's example."""
+    rng = random.Random(13)
+    for case in cases(device, 10, 80):
+        bs = rng.choice([1, 3] if device == "cpu" else [1, 8, 64])
+        k, steps = rng.randint(1, 4 if device == "cpu" else 8), rng.randint(1, 3 if device == "cpu" else 6)
+        m = k + (steps - 1) * k * k
+        if case % 3 == 0:
+            scores = torch.tensor(rng.choices([0.0, -0.0, 0.25, 0.5, 1.0], k=bs * m)).view(bs, m)
+        else:
+            scores = torch.rand(bs, m)
+        if case % 4 == 1:
+            scores[torch.rand(bs, m) < 0.2] = float("nan")
+        tokens = torch.randint(0, 50000, (bs, m))
+        kept = rng.randint(0, m)
+        ours, theirs = ([torch.full((bs, kept), POISON, dtype=torch.int64) for _ in range(2)] for _ in range(2))
+        K.select_draft_nodes(scores.to(device), tokens.to(device), *(ours := [o.to(device) for o in ours]))
+        K.select_draft_nodes_ref(scores, tokens, *theirs)  # NOTE: not run_both: NaN != NaN in the inputs
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(ours, theirs)), (scores, kept)
+    scores, tokens = torch.tensor([[0.6, 0.35, 0.30, 0.12, 0.315, 0.035]]), torch.arange(10, 16)[None]
+    outs = [torch.full((1, 3), POISON, dtype=torch.int64, device=device) for _ in range(2)]
+    K.select_draft_nodes(scores.to(device), tokens.to(device), *outs)
+    assert outs[0].tolist() == [[0, 1, 4]] and outs[1].tolist() == [[10, 11, 14]]
 
 
 def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int):

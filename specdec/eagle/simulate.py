@@ -23,6 +23,7 @@ import torch
 
 from specdec.eagle.verify import VerifyResult
 from specdec.kernels import simulate_target_predict, verify_tree_greedy
+from specdec.models.ops.topk import argmax
 
 
 def child_cdf(hazards: tuple[tuple[float, ...], ...], device) -> torch.Tensor:
@@ -49,7 +50,7 @@ def simulate_tree_acceptance(
     bs, n = candidates.shape
     device = candidates.device
     target_predict = torch.empty_like(candidates)
-    simulate_target_predict(candidates, logits.argmax(dim=-1).view(bs, n), positions.view(bs, n), seq_lens,
+    simulate_target_predict(candidates, argmax(logits).view(bs, n), positions.view(bs, n), seq_lens,
                             retrive_next_token, retrive_next_sibling, cdf, target_predict, seed=seed)
     predicts = torch.full((bs * n,), -1, dtype=torch.int32, device=device)
     accept_index = torch.full((bs, num_steps + 1), -1, dtype=torch.int32, device=device)

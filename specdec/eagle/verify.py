@@ -19,6 +19,7 @@ import dataclasses
 import torch
 
 from specdec.kernels import tree_speculative_sampling_target_only, verify_tree_greedy
+from specdec.models.ops.topk import argmax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ def verify_greedy(
     predicts = torch.full((bs * n,), -1, dtype=torch.int32, device=device)
     accept_index = torch.full((bs, num_steps + 1), -1, dtype=torch.int32, device=device)
     accept_length = torch.zeros(bs, dtype=torch.int32, device=device)
-    target_predict = logits.argmax(dim=-1).view(bs, n)
+    target_predict = argmax(logits).view(bs, n)
     verify_tree_greedy(
         predicts, accept_index, accept_length, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, target_predict,

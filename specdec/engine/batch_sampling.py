@@ -26,6 +26,7 @@ import torch
 
 from specdec.engine.logits_process import ProcessorBatch, apply_processors
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
+from specdec.models.ops.topk import argmax
 
 
 # the logprob reported for a token of probability zero (JSON has no -inf; OpenAI's value)
@@ -125,7 +126,7 @@ class BatchSampling:
         """One token per request from its root logits [bs, V] (processors applied here): [bs]."""
         logits = self.process(logits)
         if self.is_all_greedy:
-            tokens = logits.argmax(dim=1)
+            tokens = argmax(logits)
         elif not self._seeded:
             tokens = sample(logits, self.batch, generator=self.generator)
         else:
@@ -136,7 +137,7 @@ class BatchSampling:
 
     def _sample_seeded(self, logits: torch.Tensor) -> torch.Tensor:
         probs = probs_from_logits(logits, self.batch)  # [bs, V]
-        tokens = logits.argmax(dim=1)
+        tokens = argmax(logits)
         for b, r in enumerate(self._reqs):
             if not self._params[b].is_greedy:
                 gen = getattr(r, "generator", None) or self.generator

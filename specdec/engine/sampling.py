@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from specdec.models.ops.topk import argmax
+
 # SGLang treats temperatures below this as greedy.
 GREEDY_EPS = 1e-5
 MAX_TEMPERATURE = 100.0
@@ -357,9 +359,9 @@ def sample(
 
     Greedy rows take argmax(logits); the others draw from ``probs_from_logits``.
     """
-    argmax = logits.argmax(dim=1)  # [bs]
+    greedy = argmax(logits)  # [bs]
     if sampling.all_greedy:
-        return argmax
+        return greedy
     probs = probs_from_logits(logits, sampling)
     drawn = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return torch.where(sampling.is_greedy, argmax, drawn)
+    return torch.where(sampling.is_greedy, greedy, drawn)

@@ -1,4 +1,5 @@
-"""``specdec.models.ops.topk.softmax_topk``: the draft's top-k over its vocabulary.
+"""``specdec.models.ops.topk.softmax_topk``: the draft's top-k over its vocabulary; ``argmax``:
+greedy's token, equal to torch's argmax.
 
 1. The kernels against the reference, CPU through Triton's interpreter (small vocabularies split
    into several chunks, the last one ragged) and, marked ``gpu``, compiled at the draft's shapes and
@@ -78,6 +79,27 @@ def test_rows_with_few_finite_logits_interpreted():
     assert (probs[0, 2:] == 0).all() and torch.isnan(probs[1]).all()  # an all -inf row has no softmax
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="triton was imported compiled")
+@pytest.mark.parametrize("rows,vocab,block", [(1, 100, 32), (3, 100, 16), (5, 257, 64), (2, 50, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_argmax_equals_torch_interpreted(rows, vocab, block, dtype):
+    """Random rows, then the promises: ties within and across chunks take the first column, a NaN
+    wins (the first one), an all -inf row gives 0, rows of a wider tensor are read in place."""
+    logits = rand(rows, vocab, seed=rows * vocab, scale=4.0).to(dtype)
+    assert torch.equal(tk.argmax(logits, block=block), logits.argmax(-1))
+    logits = torch.full((5, vocab), -3.0, dtype=dtype)
+    logits[0, [vocab - 1, 17, 3]] = 2.0  # ties: 3 and 17 share a chunk of 16 or 32, vocab - 1 does not
+    logits[1, [vocab - 2, 40]] = float("nan")
+    logits[1, 5] = float("inf")
+    logits[2] = float("-inf")
+    logits[3, vocab - 1] = 1.0
+    logits[4, [2, vocab - 3]] = float("inf")
+    wide = torch.cat([logits, torch.full((5, 7), 9.0, dtype=dtype)], dim=1)[:, :vocab]  # strided rows
+    for x in (logits, wide):
+        out = tk.argmax(x, block=block)
+        assert torch.equal(out, x.argmax(-1)) and out.tolist() == [3, 40, 0, vocab - 1, 2]
+
+
 # ============================================================================= dispatch
 @pytest.fixture
 def kernel_on_cpu(monkeypatch):
@@ -102,6 +124,23 @@ def test_dispatch(kernel_on_cpu):
     assert kernel_on_cpu == [8]
 
 
+def test_argmax_dispatch(monkeypatch):
+    """The kernels for float rows where they apply; float64 and plain CPU take the reference."""
+    logits = rand(3, 300, seed=4, scale=4.0)
+    assert torch.equal(topk.argmax(logits), logits.argmax(-1))  # CPU: the reference
+    if not INTERPRETED:
+        return
+    monkeypatch.setattr(topk, "_applies", lambda device: True)
+    calls = []
+    launch = tk.argmax
+    monkeypatch.setattr(tk, "argmax", lambda x: calls.append(x.dtype) or launch(x))
+    assert torch.equal(topk.argmax(logits), logits.argmax(-1))
+    assert torch.equal(topk.argmax(logits.double()), logits.argmax(-1))
+    assert calls == [torch.float32]
+    with pytest.raises(ValueError, match="logits"):
+        topk.argmax(torch.zeros(4))
+
+
 def test_cpu_runs_the_reference():
     logits = rand(2, 50, seed=2)
     out, ref = topk.softmax_topk(logits, 3), topk.softmax_topk_ref(logits, 3)
@@ -123,6 +162,17 @@ def test_gpu_kernels_match_ref(rows, vocab, k):
     logits = rand(rows, vocab, seed=rows + k, scale=3.0, device="cuda")
     for dtype in (torch.float32, torch.bfloat16):  # bf16 logits tie often
         assert_matches_ref(logits.to(dtype), k, *topk.softmax_topk(logits.to(dtype), k))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 7, 64, 256])
+def test_gpu_argmax_equals_torch(rows):
+    logits = rand(rows, 128256, seed=rows, scale=3.0, device="cuda")
+    logits[0, 5000:5003] = logits.max() + 1  # a tie across columns
+    for x in (logits, logits.to(torch.bfloat16)):  # bf16 logits tie often
+        assert torch.equal(topk.argmax(x), x.argmax(-1))
+    logits[-1, [90000, 7]] = float("nan")
+    assert topk.argmax(logits)[-1].item() == logits.argmax(-1)[-1].item() == 7
 
 
 @pytest.mark.gpu

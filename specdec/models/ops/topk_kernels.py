@@ -1,4 +1,4 @@
-"""Triton kernels behind ``specdec.models.ops.topk.softmax_topk``.
+"""Triton kernels behind ``specdec.models.ops.topk.softmax_topk`` and ``argmax``.
 
 Imported only where Triton applies (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 
@@ -11,6 +11,10 @@ Two launches, no host sync:
                 (the softmax statistics of a split row, as in split-KV attention), then k arg-max
                 passes over the chunks' candidates laid out chunk by chunk, so among equal logits
                 the lowest column still wins; p = exp(x - M) / Z.
+
+``argmax`` is the same split without the softmax: _chunk_argmax keeps each chunk's maximum and
+its first column (a NaN, if any: the chunk's first NaN), _merge_argmax the first chunk holding
+the row's maximum (or a NaN).
 
 With ``PDL`` (see ``specdec.models.ops.launch``) each kernel waits for the previous one before it
 reads, then lets the next launch. A row with fewer than k logits above -inf gets -inf candidates
@@ -108,3 +112,65 @@ def softmax_topk(
         K=k, BLOCK_C=max(16, triton.next_power_of_2(num_chunks)),
         BLOCK_CAND=max(16, triton.next_power_of_2(num_chunks * k)), num_warps=4, **pdl)
     return probs, index
+
+
+@triton.jit
+def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, num_chunks,
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    cols = chunk * BLOCK + offs
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=cols < vocab,
+                other=float("-inf")).to(tl.float32)
+    is_nan = x != x
+    first_nan = tl.min(tl.where(is_nan, offs, BLOCK), axis=0)
+    best, at = tl.max(tl.where(is_nan, float("-inf"), x), axis=0, return_indices=True,
+                      return_indices_tie_break_left=True)
+    slot = row * num_chunks + chunk
+    tl.store(val_ptr + slot, tl.where(first_nan < BLOCK, float("nan"), best))
+    tl.store(idx_ptr + slot, chunk * BLOCK + tl.where(first_nan < BLOCK, first_nan, at))
+
+
+@triton.jit
+def _merge_argmax_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    chunks = tl.arange(0, BLOCK_C)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    valid = chunks < num_chunks
+    v = tl.load(val_ptr + row * num_chunks + chunks, mask=valid, other=float("-inf"))
+    ids = tl.load(idx_ptr + row * num_chunks + chunks, mask=valid, other=0)
+    is_nan = v != v
+    first_nan = tl.min(tl.where(is_nan, chunks, BLOCK_C), axis=0)
+    _, at = tl.max(tl.where(is_nan, float("-inf"), v), axis=0, return_indices=True,
+                   return_indices_tie_break_left=True)
+    pick = tl.where(first_nan < BLOCK_C, first_nan, at)
+    tl.store(out_ptr + row, tl.sum(tl.where(chunks == pick, ids, 0), axis=0).to(tl.int64))
+
+
+def argmax(
+    logits: torch.Tensor,  # [R, V], unit stride along V
+    *,
+    block: int | None = None,  # columns per chunk program (tests force small chunks)
+) -> torch.Tensor:  # [R] int64
+    """Launch (inputs checked by ``specdec.models.ops.topk.argmax``)."""
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    rows, vocab = logits.shape
+    block = block or min(MAX_BLOCK, max(16, triton.next_power_of_2(vocab)))
+    num_chunks = triton.cdiv(vocab, block)
+    device = logits.device
+    chunk_val = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
+    chunk_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
+    out = torch.empty(rows, dtype=torch.int64, device=device)
+    pdl = pdl_kwargs(device)
+    _chunk_argmax_kernel[(rows, num_chunks)](logits, logits.stride(0), vocab, chunk_val, chunk_idx, num_chunks,
+                                             BLOCK=block, num_warps=4, **pdl)
+    _merge_argmax_kernel[(rows,)](chunk_val, chunk_idx, out, num_chunks,
+                                  BLOCK_C=max(16, triton.next_power_of_2(num_chunks)), num_warps=4, **pdl)
+    return out

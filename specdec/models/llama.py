@@ -309,7 +309,8 @@ def logits_and_hidden(
     needs_last = batch.logits_mode == LogitsMode.LAST or batch.capture_hidden_mode == CaptureHiddenMode.LAST
     rows = last_token_rows(batch, logits_input.device) if needs_last else None
     x = select_output(logits_input, batch, last=batch.logits_mode == LogitsMode.LAST, rows=rows)
-    logits = tp.gather_vocab(linear(x, lm_head_weight).float(), vocab_size or lm_head_weight.shape[0])
+    logits = linear(x, lm_head_weight, out_dtype=torch.float32)  # [rows, vocab chunk] fp32
+    logits = tp.gather_vocab(logits, vocab_size or lm_head_weight.shape[0])
     captured = None
     if batch.capture_hidden_mode != CaptureHiddenMode.NULL and hidden is not None:
         captured = select_output(hidden, batch, last=batch.capture_hidden_mode == CaptureHiddenMode.LAST, rows=rows)

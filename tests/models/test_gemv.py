@@ -63,6 +63,18 @@ def test_kernel_matches_ref_interpreted(config, dtype, m, n, k):
 
 
 @pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+@pytest.mark.parametrize("config", [C(8, 32, prefetch=True), C(16, 32, 4, 2, True),
+                                    C(16, 32, 4, 2, True, swap_ab=True)],
+                         ids=["ew8x32-prefetch", "dot16x32", "swap16x32"])
+def test_fp32_out_is_the_rounded_result_widened_interpreted(config):
+    """out_dtype=float32 (logits): bit for bit the 16-bit result, widened: F.linear(...).float()."""
+    x = rand(5, 72, dtype=torch.bfloat16, seed=4, scale=2.0)
+    weight = rand(37, 72, dtype=torch.bfloat16, seed=5, scale=0.3)
+    wide = gk.gemv(x, weight, None, config, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32 and torch.equal(wide, gk.gemv(x, weight, None, config).float())
+
+
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
 def test_strided_rows_interpreted():
     """x as a column slice of a wider tensor (q/k/v slices, attention output views)."""
     wide = rand(5, 100, dtype=torch.bfloat16, seed=1)
@@ -94,7 +106,8 @@ def kernel_on_cpu(monkeypatch):
         pytest.skip("needs the interpreter")
     monkeypatch.setattr(gemv, "_applies", lambda device: True)
     calls = []
-    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config: calls.append(config) or F.linear(x, w, b))
+    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config, out_dtype=None: calls.append(config)
+                        or F.linear(x, w, b).to(out_dtype or x.dtype))
     return calls
 
 
@@ -110,6 +123,8 @@ def test_dispatch_takes_the_kernel(kernel_on_cpu, m, n):
     assert kernel_on_cpu[0].use_dot == (m > 2)
     with pytest.raises(ValueError, match="bias"):
         gemv.linear(x, w, b[:-1])
+    logits = gemv.linear(x, w, b, out_dtype=torch.float32)  # the lm_head's logits: the same kernel
+    assert logits.dtype == torch.float32 and len(kernel_on_cpu) == 2 and kernel_on_cpu[1] == kernel_on_cpu[0]
 
 
 @pytest.mark.parametrize("m", [33, 48, 64])
@@ -160,7 +175,8 @@ def test_dispatch_reads_the_fp8_copy(monkeypatch):
         return
     monkeypatch.setattr(gemv, "_applies", lambda device: True)
     launches = []
-    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config, scale=None: launches.append((w, scale, config)) or x)
+    monkeypatch.setattr(gk, "gemv", lambda x, w, b, config, scale=None, out_dtype=None:
+                        launches.append((w, scale, config)) or x)
     gemv.linear(x, w)
     assert len(launches) == 1 and launches[0][0] is q and launches[0][1] is scale
     assert launches[0][2] == gemv._fp8_config(8, 48, 64)  # the FP8 table: 5 tokens -> bucket 8
@@ -208,6 +224,19 @@ def test_gpu_kernel_matches_ref_llama8b_shapes(shape, m):
     out = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
     out.copy_(gk.gemv(x, weight, bias, config))
     check_gemm(out, x, weight, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 32, 64, 65])
+def test_gpu_fp32_logits_equal_the_widened_result(m):
+    """linear(..., out_dtype=float32) at the lm_head: the kernel's store widens exactly what
+    F.linear's path would round to (past 64 tokens it is F.linear(...).float() itself)."""
+    n, k = SHAPES["lm_head"]
+    x = rand(m, k, dtype=torch.bfloat16, device="cuda", seed=m)
+    weight = torch.randn(n, k, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).mul_(k**-0.5)
+    weight = weight.to(torch.bfloat16)
+    logits = gemv.linear(x, weight, out_dtype=torch.float32)
+    assert logits.dtype == torch.float32 and torch.equal(logits, gemv.linear(x, weight).float())
 
 
 @pytest.mark.gpu

@@ -122,8 +122,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[None, :] & n_mask[:, None])
+        # NOTE: rounded to x's dtype first: a wider out (fp32 logits) holds exactly that result
+        acc = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc, mask=m_mask[None, :] & n_mask[:, None])
     else:
         if USE_DOT:
             out = acc
@@ -133,8 +134,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride
             out *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
         if HAS_BIAS:
             out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        out = out.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
 
 
 def gemv(
@@ -143,10 +144,11 @@ def gemv(
     bias: torch.Tensor | None,  # [N]
     config: GemvConfig,
     scale: torch.Tensor | None = None,  # [N] fp32, an FP8 weight's row scales
+    out_dtype: torch.dtype | None = None,  # wider than x's: x's rounding, then widened in the store
 ) -> torch.Tensor:  # [M, N]
     """Launch (no input checks: ``specdec.models.ops.gemv`` checks and dispatches)."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     block_m = config.block_m_for(m)

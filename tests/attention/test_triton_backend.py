@@ -439,13 +439,15 @@ def test_extend_block_m(num_seqs, rows, prefix_len, expected, monkeypatch):
                                  max_prefix_len=prefix_len) == min(32, max(16, rows))
 
 
-def test_merge_kernel_matches_ref_with_empty_splits():
+@pytest.mark.parametrize("rows,heads,splits,d", [(5, 3, 4, 16), (3, 32, 8, 128), (2, 5, 1, 16), (4, 12, 3, 64)])
+def test_merge_kernel_matches_ref_with_empty_splits(rows, heads, splits, d):
+    """Several heads a program, the last block of heads ragged; empty splits and rows with one."""
     gen = torch.Generator().manual_seed(3)
-    partial = _rand((5, 3, 4, 16), gen, torch.float32, DEVICE)
-    lse = _rand((5, 3, 4), gen, torch.float32, DEVICE) * 4
-    lse[:, :, 3] = float("-inf")  # an empty last split
+    partial = _rand((rows, heads, splits, d), gen, torch.float32, DEVICE)
+    lse = _rand((rows, heads, splits), gen, torch.float32, DEVICE) * 4
+    lse[:, :, -1] = float("-inf") if splits > 1 else lse[:, :, -1]  # an empty last split
     lse[0, 0, 1:] = float("-inf")  # only one split saw anything
-    out, ref = (torch.full((5, 3, 16), float("nan"), device=DEVICE) for _ in range(2))
+    out, ref = (torch.full((rows, heads, d), float("nan"), device=DEVICE) for _ in range(2))
     tk.merge_partials(partial, lse, out)
     tk.merge_partials_ref(partial, lse, ref)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)

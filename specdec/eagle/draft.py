@@ -62,10 +62,10 @@ class DraftRunner:
         return self.model(batch)
 
     def _root_topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k most likely draft tokens of each row and their probabilities: [rows, k] each
-        (two kernels on a GPU, not softmax + torch's radix top-k: see specdec.models.ops.topk)."""
-        topk_p, topk_index = softmax_topk(logits, k)
-        return topk_p, self.adapter.to_target_ids(topk_index)
+        """The k most likely draft tokens of each row (as target ids) and their probabilities:
+        [rows, k] each (two kernels on a GPU, not softmax + torch's radix top-k and a gather: see
+        specdec.models.ops.topk)."""
+        return softmax_topk(logits, k, id_map=self.adapter.target_ids)
 
     def extend(
         self,

@@ -8,8 +8,6 @@ reduced draft vocab that ``d2t`` maps back to target ids (``target = draft + d2t
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
-
 import torch
 
 from specdec.config import SpecConfig
@@ -19,8 +17,13 @@ from specdec.config import SpecConfig
 class DraftHeadAdapter:
     # features per token the head expects from the target (H for EAGLE, 3H for EAGLE-3)
     target_feature_size: int
-    # maps draft-vocab ids to target-vocab ids (identity for EAGLE)
-    to_target_ids: Callable[[torch.Tensor], torch.Tensor]
+    # [draft vocab] int64 target id of each draft id (None: the same ids, EAGLE's full vocab);
+    # the draft's top-k kernel reads it, so the mapping costs no kernel of its own
+    target_ids: torch.Tensor | None = None
+
+    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids -> target-vocab ids, any shape."""
+        return ids if self.target_ids is None else self.target_ids[ids]
 
 
 def resolve_head(
@@ -41,11 +44,7 @@ def resolve_head(
         if not target_aux_layers:
             raise ValueError("EAGLE3: the target must capture auxiliary hidden states (aux_hidden_layers)")
         d2t = d2t.to(torch.int64)
-
-        def to_target(ids: torch.Tensor) -> torch.Tensor:
-            return ids + d2t[ids]
-
-        return DraftHeadAdapter(len(target_aux_layers) * hidden_size, to_target)
+        return DraftHeadAdapter(len(target_aux_layers) * hidden_size, torch.arange(len(d2t), device=d2t.device) + d2t)
     if d2t is not None:
         raise ValueError(
             "--speculative-algorithm EAGLE got an EAGLE-3 draft head; use --speculative-algorithm EAGLE3"
@@ -54,6 +53,5 @@ def resolve_head(
         raise ValueError("EAGLE: the target must capture its final hidden state, not auxiliary layers")
     hot = getattr(draft_model, "hot_token_ids", None)
     if hot is not None:  # EAGLE-2 reduced vocabulary (--speculative-token-map)
-        hot = hot.to(torch.int64)
-        return DraftHeadAdapter(hidden_size, lambda ids: hot[ids])
-    return DraftHeadAdapter(hidden_size, lambda ids: ids)
+        return DraftHeadAdapter(hidden_size, hot.to(torch.int64))
+    return DraftHeadAdapter(hidden_size)

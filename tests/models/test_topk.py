@@ -47,6 +47,18 @@ def test_kernels_match_ref_interpreted(rows, vocab, k, block, dtype):
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="triton was imported compiled")
+def test_id_map_interpreted():
+    """A draft vocab's target ids (EAGLE-3's d2t, EAGLE-2's hot tokens) read in the merge."""
+    logits = rand(3, 100, seed=7, scale=4.0)
+    id_map = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[:100]
+    probs, ids = tk.softmax_topk(logits, 6, id_map=id_map, block=32)
+    ref_probs, ref_ids = topk.softmax_topk_ref(logits, 6, id_map=id_map)
+    assert torch.equal(ids, id_map[torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :6]])
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(probs, ref_probs, rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="triton was imported compiled")
 def test_strided_rows_interpreted():
     """Rows of a wider tensor (padded logits) read in place."""
     wide = rand(4, 120, seed=3, scale=3.0)
@@ -109,7 +121,12 @@ def kernel_on_cpu(monkeypatch):
     monkeypatch.setattr(topk, "_applies", lambda device: True)
     calls = []
     launch = tk.softmax_topk
-    monkeypatch.setattr(tk, "softmax_topk", lambda logits, k: calls.append(k) or launch(logits, k))
+
+    def counted(logits, k, id_map=None):
+        calls.append(k)
+        return launch(logits, k, id_map=id_map)
+
+    monkeypatch.setattr(tk, "softmax_topk", counted)
     return calls
 
 
@@ -152,6 +169,9 @@ def test_cpu_runs_the_reference():
 def test_bad_input_names_the_argument(logits, k, match):
     with pytest.raises(ValueError, match=match):
         topk.softmax_topk(logits, k)
+    for id_map in (torch.arange(3), torch.arange(4, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="id_map"):
+            topk.softmax_topk(torch.zeros(2, 4), 1, id_map=id_map)
 
 
 # ============================================================================= GPU

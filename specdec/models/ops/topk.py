@@ -40,22 +40,32 @@ MAX_K = 16  # the kernels unroll k selection passes; EAGLE trees use topk <= 10
 def softmax_topk(
     logits: torch.Tensor,  # [R, V] fp32 / bf16 / fp16
     k: int,
+    *,
+    id_map: torch.Tensor | None = None,  # [V] int64: the id each column stands for (a draft vocab's target ids)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([R, k] fp32 probabilities, [R, k] int64 token ids)
-    """``softmax(logits.float()).topk(k)``: see the module docstring for the dispatch."""
+    """``softmax(logits.float()).topk(k)``, ids through ``id_map``: see the module docstring for the
+    dispatch."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"logits: expected a [rows, vocab] tensor, got {getattr(logits, 'shape', type(logits))}")
     if not 1 <= k <= logits.shape[1]:
         raise ValueError(f"k: expected 1 <= k <= vocab ({logits.shape[1]}), got {k}")
+    if id_map is not None and (id_map.dtype != torch.int64 or id_map.shape != (logits.shape[1],)
+                               or id_map.device != logits.device or not id_map.is_contiguous()):
+        raise ValueError(f"id_map: expected a contiguous [{logits.shape[1]}] int64 tensor on {logits.device}, got "
+                         f"{id_map.dtype} {tuple(id_map.shape)} on {id_map.device}")
     if (k <= MAX_K and _HAS_TRITON and _applies(logits.device) and logits.shape[0] > 0
             and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and not (torch.is_grad_enabled() and logits.requires_grad)):
-        return _kernels().softmax_topk(logits, k)
-    return softmax_topk_ref(logits, k)
+        return _kernels().softmax_topk(logits, k, id_map=id_map)
+    return softmax_topk_ref(logits, k, id_map=id_map)
 
 
-def softmax_topk_ref(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Specification of ``softmax_topk``: softmax over each row in fp32, then its k largest."""
-    return torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+def softmax_topk_ref(logits: torch.Tensor, k: int, *, id_map: torch.Tensor | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Specification of ``softmax_topk``: softmax over each row in fp32, then its k largest, their
+    columns mapped through ``id_map`` when given."""
+    probs, index = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return probs, index if id_map is None else id_map[index]
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:  # [R, V] -> [R] int64

@@ -10,7 +10,8 @@ Two launches, no host sync:
   _merge_topk   grid (rows,): the row's max M = max_c m_c and denominator Z = sum_c s_c exp(m_c - M)
                 (the softmax statistics of a split row, as in split-KV attention), then k arg-max
                 passes over the chunks' candidates laid out chunk by chunk, so among equal logits
-                the lowest column still wins; p = exp(x - M) / Z.
+                the lowest column still wins; p = exp(x - M) / Z; the column read through ``id_map`` when one
+                is given (a draft vocab's target ids).
 
 ``argmax`` is the same split without the softmax: _chunk_argmax keeps each chunk's maximum and
 its first column (a NaN, if any: the chunk's first NaN), _merge_argmax the first chunk holding
@@ -59,8 +60,9 @@ def _chunk_topk_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, max_ptr,
 
 
 @triton.jit
-def _merge_topk_kernel(val_ptr, idx_ptr, max_ptr, sum_ptr, probs_ptr, index_ptr, num_chunks, vocab,
-                       K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CAND: tl.constexpr, PDL: tl.constexpr):
+def _merge_topk_kernel(val_ptr, idx_ptr, max_ptr, sum_ptr, probs_ptr, index_ptr, map_ptr, num_chunks, vocab,
+                       K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CAND: tl.constexpr, HAS_MAP: tl.constexpr,
+                       PDL: tl.constexpr):
     row = tl.program_id(0)
     chunks = tl.arange(0, BLOCK_C)
     cand = tl.arange(0, BLOCK_CAND)
@@ -80,7 +82,10 @@ def _merge_topk_kernel(val_ptr, idx_ptr, max_ptr, sum_ptr, probs_ptr, index_ptr,
         best, at = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
         token = tl.sum(tl.where(cand == at, ids, 0), axis=0)
         tl.store(probs_ptr + row * K + i, tl.exp(best - row_max) / denom)
-        tl.store(index_ptr + row * K + i, tl.minimum(token, vocab - 1).to(tl.int64))
+        token = tl.minimum(token, vocab - 1).to(tl.int64)
+        if HAS_MAP:
+            token = tl.load(map_ptr + token)
+        tl.store(index_ptr + row * K + i, token)
         v = tl.where(cand == at, float("-inf"), v)
 
 
@@ -88,6 +93,7 @@ def softmax_topk(
     logits: torch.Tensor,  # [R, V], unit stride along V
     k: int,
     *,
+    id_map: torch.Tensor | None = None,  # [V] int64
     block: int | None = None,  # columns per chunk program (tests force small chunks)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([R, k] fp32, [R, k] int64)
     """Launch (inputs checked by ``specdec.models.ops.topk.softmax_topk``)."""
@@ -108,9 +114,9 @@ def softmax_topk(
         logits, logits.stride(0), vocab, cand_val, cand_idx, chunk_max, chunk_sum, num_chunks,
         K=k, BLOCK=block, num_warps=4, **pdl)
     _merge_topk_kernel[(rows,)](
-        cand_val, cand_idx, chunk_max, chunk_sum, probs, index, num_chunks, vocab,
-        K=k, BLOCK_C=max(16, triton.next_power_of_2(num_chunks)),
-        BLOCK_CAND=max(16, triton.next_power_of_2(num_chunks * k)), num_warps=4, **pdl)
+        cand_val, cand_idx, chunk_max, chunk_sum, probs, index, id_map if id_map is not None else index,
+        num_chunks, vocab, K=k, BLOCK_C=max(16, triton.next_power_of_2(num_chunks)),
+        BLOCK_CAND=max(16, triton.next_power_of_2(num_chunks * k)), HAS_MAP=id_map is not None, num_warps=4, **pdl)
     return probs, index
 
 

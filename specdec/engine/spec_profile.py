@@ -11,7 +11,11 @@ itself — its graphs, its host overhead, its attention backend — by decoding 
         slope: (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX)), then each shape's
         slopes median-filtered over neighbouring batch sizes (one noisy pair of points made a
         slope 3-10x its neighbours', and at a 4 k context the policy then chose a 1-step chain at
-        bs 64: 1.55x plain where the 3-step chain gives 1.91x, H100, 2026-11-26)
+        bs 64: 1.55x plain where the 3-step chain gives 1.91x, H100, 2026-11-26);
+        where the KV cache and the context length hold FAR_CTX tokens a request, the same again
+        at FAR_CTX for the slope past LONG_CTX (a tree's verify grows faster than linearly there:
+        extrapolated from 1 k, 6x8x32 at bs 8 and 4 k was predicted 6 % short and chosen over
+        5x4x8, which was 9 % faster)
 
 The result is written as JSON (``--speculative-adaptive-profile``, else a cache file keyed by the
 device, the model shapes, the dtype, the backend, the page size, the shapes and the batch sizes),
@@ -38,10 +42,12 @@ logger = logging.getLogger(__name__)
 
 # bump when StepCosts' JSON, the measurement or our kernels' step times change: old cache files are then not read
 # (4: median of timed blocks, median-filtered slopes; FP8 draft GEMMs, the tree verify's new split;
-# 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows)
-PROFILE_FORMAT = 5
+# 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows;
+# 6: the slope past LONG_CTX, the draft's bookkeeping kernels, the merge of split partials)
+PROFILE_FORMAT = 6
 BASE_CTX = 64
 LONG_CTX = 1024
+FAR_CTX = 4096
 BLOCKS = 3
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
 # MT-bench, measured on CPU (benchmarks/results/2026-11-24-h100-adaptive/acceptance_model.json)
@@ -89,10 +95,10 @@ def _fit(model: AcceptanceModel, depth: int, topk: int) -> AcceptanceModel:
 
 
 def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup: int = 2,
-                       base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX) -> StepCosts:
+                       base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX, far_ctx: int = FAR_CTX) -> StepCosts:
     """Milliseconds per decode step of every choice (plain and each shape) at each batch size, at
-    ``base_ctx`` tokens of context and at ``long_ctx`` (or as many as the KV cache holds); ``steps``
-    timed steps a block, BLOCKS blocks a point."""
+    ``base_ctx`` tokens of context, at ``long_ctx`` (or as many as the KV cache holds) and, where
+    they fit, at ``far_ctx``; ``steps`` timed steps a block, BLOCKS blocks a point."""
     worker = engine.worker
     choices = [(PLAIN, None)] + [(s.name, s) for s in worker.shapes]
     new_tokens = (warmup + BLOCKS * steps + 2) * (worker.config.num_steps + 1)  # a choice's requests never finish
@@ -102,6 +108,7 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup
                          f"step costs ({new_tokens} tokens of decoding); raise --context-length")
     table: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     slope: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
+    slope_far: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     base_ctx = min(base_ctx, room)
     try:
         for name, shape in choices:
@@ -112,13 +119,18 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup
                 table[name][bs] = _time_steps(engine, bs, base_ctx, new_tokens, steps, warmup)
                 fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
                 ctx = min(long_ctx, room, fits)
-                if ctx >= 2 * base_ctx:
-                    ms = _time_steps(engine, bs, ctx, new_tokens, steps, warmup)
-                    slope[name][bs] = max(ms - table[name][bs], 0.0) / (bs * (ctx - base_ctx))
+                if ctx < 2 * base_ctx:
+                    continue
+                ms = _time_steps(engine, bs, ctx, new_tokens, steps, warmup)
+                slope[name][bs] = max(ms - table[name][bs], 0.0) / (bs * (ctx - base_ctx))
+                if ctx == long_ctx and min(far_ctx, room, fits) == far_ctx > long_ctx:
+                    far_ms = _time_steps(engine, bs, far_ctx, new_tokens, steps, warmup)
+                    slope_far[name][bs] = max(far_ms - ms, 0.0) / (bs * (far_ctx - long_ctx))
     finally:
         worker.force = AUTO
-    return StepCosts(table=table, slope={name: median_filter(by_bs) for name, by_bs in slope.items()},
-                     base_ctx=base_ctx)
+    smooth = {name: median_filter(by_bs) for name, by_bs in slope.items()}
+    smooth_far = {name: median_filter(by_bs) for name, by_bs in slope_far.items() if by_bs}
+    return StepCosts(table=table, slope=smooth, base_ctx=base_ctx, slope_far=smooth_far, long_ctx=long_ctx)
 
 
 def median_filter(by_bs: dict[int, float]) -> dict[int, float]:

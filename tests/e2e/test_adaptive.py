@@ -149,6 +149,27 @@ def test_profile_is_measured_once_then_read(tmp_path):
     assert path.stat().st_mtime_ns == mtime  # read, not measured again
 
 
+def test_profile_measures_the_far_slope_where_it_fits(tmp_path):
+    """Three contexts a point where the KV cache holds the far one: a near and a far slope per
+    batch size, and step_ms reads both; where it does not fit, no far slope."""
+    from specdec.engine.spec_profile import measure_step_costs
+
+    target, draft = make_pair("EAGLE", "mixed")
+    shapes = candidate_shapes(SpecConfig.from_flags("EAGLE", speculative_num_steps=3, speculative_eagle_topk=2,
+                                                    speculative_num_draft_tokens=5))
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 2, 5), speculative_adaptive="on",
+                  speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=1.0))
+    costs = measure_step_costs(spec, [1, 2], steps=1, warmup=1, base_ctx=8, long_ctx=24, far_ctx=48)
+    assert costs.long_ctx == 24 and set(costs.slope_far) == set(costs.table)
+    assert all(set(by_bs) == {1, 2} and min(by_bs.values()) >= 0 for by_bs in costs.slope_far.values())
+    name = next(iter(costs.table))
+    expected = (costs.table[name][2] + costs.slope[name][2] * 2 * 16 + costs.slope_far[name][2] * 2 * 8)
+    assert costs.step_ms(name, 2, 32) == pytest.approx(expected)
+    unfit = measure_step_costs(spec, [1], steps=1, warmup=1, base_ctx=8, long_ctx=24, far_ctx=10 ** 6)
+    assert unfit.slope_far == {} and unfit.slope[PLAIN][1] >= 0
+    assert_no_leak(spec)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size,overlap", [(1, True), (16, False)])
 def test_gpu_choices_replaying_graphs_are_lossless(page_size, overlap, tmp_path):

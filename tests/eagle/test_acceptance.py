@@ -118,3 +118,18 @@ def test_step_costs_interpolate_and_extrapolate():
     assert costs.step_ms(PLAIN, 32, 64) == pytest.approx(8.0 + 0.5 * 16)
     assert costs.step_ms(PLAIN, 8, 1064) == pytest.approx(4.0 + 0.001 * 8 * 1000)
     assert StepCosts.from_json(costs.to_json()) == costs
+
+
+def test_step_costs_take_the_far_slope_past_long_ctx():
+    """Two segments: the near slope up to long_ctx, the far one past it; a batch size past the far
+    slope's measured ones keeps the near slope all the way; a profile without far slopes reads as before."""
+    costs = StepCosts({PLAIN: {1: 2.0, 8: 4.0, 64: 9.0}}, slope={PLAIN: {1: 0.001, 64: 0.002}}, base_ctx=64,
+                      slope_far={PLAIN: {1: 0.003, 8: 0.004}}, long_ctx=1024)
+    assert costs.step_ms(PLAIN, 1, 1000) == pytest.approx(2.0 + 0.001 * 936)
+    assert costs.step_ms(PLAIN, 1, 4096) == pytest.approx(2.0 + 0.001 * 960 + 0.003 * 3072)
+    near8 = 0.001 + 0.001 * 7 / 63
+    assert costs.step_ms(PLAIN, 8, 2048) == pytest.approx(4.0 + near8 * 8 * 960 + 0.004 * 8 * 1024)
+    assert costs.step_ms(PLAIN, 64, 4096) == pytest.approx(9.0 + 0.002 * 64 * 4032)  # no far slope measured
+    assert StepCosts.from_json(costs.to_json()) == costs
+    old = {"base_ctx": 64, "slope": {PLAIN: {"1": 0.001}}, "table": {PLAIN: {"1": 2.0}}}  # PROFILE_FORMAT 5
+    assert StepCosts.from_json(old).step_ms(PLAIN, 1, 4096) == pytest.approx(2.0 + 0.001 * 4032)

@@ -8,6 +8,7 @@ reduced draft vocab that ``d2t`` maps back to target ids (``target = draft + d2t
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 
 from specdec.config import SpecConfig

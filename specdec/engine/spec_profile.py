@@ -13,9 +13,8 @@ itself — its graphs, its host overhead, its attention backend — by decoding 
         slope 3-10x its neighbours', and at a 4 k context the policy then chose a 1-step chain at
         bs 64: 1.55x plain where the 3-step chain gives 1.91x, H100, 2026-11-26);
         where the KV cache and the context length hold FAR_CTX tokens a request, the same again
-        at FAR_CTX for the slope past LONG_CTX (a tree's verify grows faster than linearly there:
-        extrapolated from 1 k, 6x8x32 at bs 8 and 4 k was predicted 6 % short and chosen over
-        5x4x8, which was 9 % faster)
+        at FAR_CTX for the slope past LONG_CTX (extrapolated from 1 k, the step of 6x8x32 at bs 8
+        and 4 k came out 6 % short, and the policy chose it over 5x4x8, which was 9 % faster)
 
 The result is written as JSON (``--speculative-adaptive-profile``, else a cache file keyed by the
 device, the model shapes, the dtype, the backend, the page size, the shapes and the batch sizes),

@@ -35,8 +35,8 @@ MAX_BLOCK = 2048  # columns a chunk program holds (fp32: 16 values a thread at 4
 
 
 @triton.jit
-def _chunk_topk_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, max_ptr, sum_ptr, num_chunks,
-                       K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _load_chunk(logits_ptr, stride_row, vocab, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """The program's chunk of its row in fp32, -inf past the vocabulary: (row, chunk, offs, x)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -46,6 +46,13 @@ def _chunk_topk_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, max_ptr,
         tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=cols < vocab,
                 other=float("-inf")).to(tl.float32)
+    return row, chunk, offs, x
+
+
+@triton.jit
+def _chunk_topk_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, max_ptr, sum_ptr, num_chunks,
+                       K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row, chunk, offs, x = _load_chunk(logits_ptr, stride_row, vocab, BLOCK, PDL)
     m = tl.max(x, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # NOTE: an all -inf chunk adds exp(-inf) = 0, not NaN
     s = tl.sum(tl.exp(x - m_safe), axis=0)
@@ -89,6 +96,14 @@ def _merge_topk_kernel(val_ptr, idx_ptr, max_ptr, sum_ptr, probs_ptr, index_ptr,
         v = tl.where(cand == at, float("-inf"), v)
 
 
+def _chunks(logits: torch.Tensor, block: int | None) -> tuple[torch.Tensor, int, int]:
+    """(logits with unit stride along V, columns a chunk program holds, chunks a row)."""
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    block = block or min(MAX_BLOCK, max(16, triton.next_power_of_2(logits.shape[1])))
+    return logits, block, triton.cdiv(logits.shape[1], block)
+
+
 def softmax_topk(
     logits: torch.Tensor,  # [R, V], unit stride along V
     k: int,
@@ -97,12 +112,8 @@ def softmax_topk(
     block: int | None = None,  # columns per chunk program (tests force small chunks)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([R, k] fp32, [R, k] int64)
     """Launch (inputs checked by ``specdec.models.ops.topk.softmax_topk``)."""
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    rows, vocab = logits.shape
-    block = block or min(MAX_BLOCK, max(16, triton.next_power_of_2(vocab)))
-    num_chunks = triton.cdiv(vocab, block)
-    device = logits.device
+    logits, block, num_chunks = _chunks(logits, block)
+    (rows, vocab), device = logits.shape, logits.device
     cand_val = torch.empty(rows, num_chunks, k, dtype=torch.float32, device=device)
     cand_idx = torch.empty(rows, num_chunks, k, dtype=torch.int32, device=device)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
@@ -121,24 +132,24 @@ def softmax_topk(
 
 
 @triton.jit
-def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, num_chunks,
-                         BLOCK: tl.constexpr, PDL: tl.constexpr):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    offs = tl.arange(0, BLOCK)
-    cols = chunk * BLOCK + offs
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=cols < vocab,
-                other=float("-inf")).to(tl.float32)
+def _first_max(x, offs, BLOCK: tl.constexpr):
+    """torch's argmax of a vector: (its maximum, NaN if it holds one; the first position holding it)."""
     is_nan = x != x
     first_nan = tl.min(tl.where(is_nan, offs, BLOCK), axis=0)
     best, at = tl.max(tl.where(is_nan, float("-inf"), x), axis=0, return_indices=True,
                       return_indices_tie_break_left=True)
+    has_nan = first_nan < BLOCK
+    return tl.where(has_nan, float("nan"), best), tl.where(has_nan, first_nan, at)
+
+
+@triton.jit
+def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, val_ptr, idx_ptr, num_chunks,
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row, chunk, offs, x = _load_chunk(logits_ptr, stride_row, vocab, BLOCK, PDL)
+    best, at = _first_max(x, offs, BLOCK)
     slot = row * num_chunks + chunk
-    tl.store(val_ptr + slot, tl.where(first_nan < BLOCK, float("nan"), best))
-    tl.store(idx_ptr + slot, chunk * BLOCK + tl.where(first_nan < BLOCK, first_nan, at))
+    tl.store(val_ptr + slot, best)
+    tl.store(idx_ptr + slot, chunk * BLOCK + at)
 
 
 @triton.jit
@@ -151,11 +162,7 @@ def _merge_argmax_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.cons
     valid = chunks < num_chunks
     v = tl.load(val_ptr + row * num_chunks + chunks, mask=valid, other=float("-inf"))
     ids = tl.load(idx_ptr + row * num_chunks + chunks, mask=valid, other=0)
-    is_nan = v != v
-    first_nan = tl.min(tl.where(is_nan, chunks, BLOCK_C), axis=0)
-    _, at = tl.max(tl.where(is_nan, float("-inf"), v), axis=0, return_indices=True,
-                   return_indices_tie_break_left=True)
-    pick = tl.where(first_nan < BLOCK_C, first_nan, at)
+    _, pick = _first_max(v, chunks, BLOCK_C)  # chunks in column order: the first chunk is the first column
     tl.store(out_ptr + row, tl.sum(tl.where(chunks == pick, ids, 0), axis=0).to(tl.int64))
 
 
@@ -165,12 +172,8 @@ def argmax(
     block: int | None = None,  # columns per chunk program (tests force small chunks)
 ) -> torch.Tensor:  # [R] int64
     """Launch (inputs checked by ``specdec.models.ops.topk.argmax``)."""
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    rows, vocab = logits.shape
-    block = block or min(MAX_BLOCK, max(16, triton.next_power_of_2(vocab)))
-    num_chunks = triton.cdiv(vocab, block)
-    device = logits.device
+    logits, block, num_chunks = _chunks(logits, block)
+    (rows, vocab), device = logits.shape, logits.device
     chunk_val = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
     chunk_idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
     out = torch.empty(rows, dtype=torch.int64, device=device)

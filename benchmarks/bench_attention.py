@@ -152,8 +152,8 @@ def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str]
                                     static_max_seq_len=max(args.static_bound, ctx + n))
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
     row = {"mode": mode.name, "bs": bs, "context": ctx,
-           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "static_bound": args.static_bound, "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6,
-           "us": {}}
+           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "static_bound": args.static_bound,
+           "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}}
     for name in backends:
         if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
             row["us"][name] = None
@@ -223,7 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")
-    if args.static_bound is not None and (args.static_bound < 1 or set(args.backends or ["x"]) != {"triton"}):
+    if args.static_bound is not None and (args.static_bound < 1 or args.backends != ["triton"]):
         raise SystemExit("--static-bound: a length >= 1, with --backends triton")
     start = time.time()
     args.bandwidth = copy_bandwidth()

@@ -329,10 +329,9 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     groups = math.ceil(max(batch_sizes) / max(1, PREFILL_TOKENS // settings.context_len))
     groups += decode_steps_during_prefill(max(batch_sizes) * settings.context_len, engine_args.prefill_chunk_tokens)
     context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3 + groups) * most_steps + 64
-    if settings.server_context_length is not None:
-        if settings.server_context_length < context:
-            raise ValueError(f"--server-context-length {settings.server_context_length}: this run needs at least "
-                             f"{context} (--context-len and the decode steps)")
+    if settings.server_context_length is not None and settings.server_context_length < context:
+        raise ValueError(f"--server-context-length {settings.server_context_length}: this run needs at least "
+                         f"{context} (--context-len and the decode steps)")
     results: dict = {"plain": [], "speculative": {}}
     weights: dict[str, int] = {}
     policies = [None] + configs + ([] if settings.skip_adaptive else [ADAPTIVE])

@@ -47,6 +47,12 @@ from specdec.attention.triton_kernels.merge import merge_partials
 from specdec.kernels.common import check_tensor
 
 
+def new_block_n(max_q_len: int, block_n: int) -> int:
+    """KV entries per tile of the new tokens' block: as few as cover it (>= 16 for ``tl.dot``), up to
+    ``block_n``. A chain's 4 new entries in a 128-wide tile cost a ninth prefix tile at context 1 k."""
+    return min(block_n, max(16, triton.next_power_of_2(max(1, max_q_len))))
+
+
 @triton.jit
 def _extend_kernel(
     Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr,
@@ -56,7 +62,7 @@ def _extend_kernel(
     stride_ot, stride_oh, stride_osplit,
     stride_lt, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NEW: tl.constexpr,
     HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, NEW_SPLIT: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,
 ):
@@ -123,8 +129,8 @@ def _extend_kernel(
         else:
             last_row = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
             hi = prefix_len + last_row + 1
-        for start in range(prefix_len, hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
+        for start in range(prefix_len, hi, BLOCK_NEW):
+            offs_n = start + tl.arange(0, BLOCK_NEW)
             n_valid = offs_n < hi
             slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
             k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
@@ -209,6 +215,7 @@ def extend_attention(
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
+        BLOCK_NEW=new_block_n(max_q_len, cfg.block_n),
         HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device), NEW_SPLIT=new_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

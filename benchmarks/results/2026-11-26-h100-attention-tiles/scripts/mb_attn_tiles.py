@@ -26,7 +26,7 @@ sys.path.insert(0, "benchmarks")
 from bench_attention import copy_bandwidth, graph_ms, random_tree_mask  # noqa: E402
 from specdec.attention.triton_kernels.common import LOG2E, dot_precision, head_dim_block  # noqa: E402
 from specdec.attention.triton_kernels.decode import _decode_kernel, decode_attention  # noqa: E402
-from specdec.attention.triton_kernels.extend import _extend_kernel, extend_attention  # noqa: E402
+from specdec.attention.triton_kernels.extend import _extend_kernel, extend_attention, new_block_n  # noqa: E402
 from specdec.attention.triton_kernels.merge import merge_partials  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -40,6 +40,13 @@ DEVICE = "cuda"
 def chain_cfgs():
     for bn, st, w, sp, hf in itertools.product((64, 128), (2, 3, 4), (2, 4), (1, 2), (False, True)):
         yield dict(block_m=16, block_n=bn, stages=st, warps=w, splits=sp, new_split=False, heads_first=hf)
+
+
+def chain_new_cfgs():
+    """The new tokens' tile as wide as the prefix's (``wide_new``, before) or as narrow as they need."""
+    for bn, st, w, sp, hf, wide in itertools.product((64, 128), (2, 3), (2, 4), (1, 2), (False, True), (False, True)):
+        yield dict(block_m=16, block_n=bn, stages=st, warps=w, splits=sp, new_split=False, heads_first=hf,
+                   wide_new=wide)
 
 
 def tree_cfgs(split_counts):
@@ -58,6 +65,14 @@ CASES = {
     "chain64_1k": ("verify", 64, 1024, 4, False, lambda: chain_cfgs()),
     "chain64_4k": ("verify", 64, 4096, 4, False, lambda: chain_cfgs()),
     "chain32_1k": ("verify", 32, 1024, 4, False, lambda: chain_cfgs()),
+    "chain16_1k_new": ("verify", 16, 1024, 4, False, lambda: chain_new_cfgs()),
+    "chain32_1k_new": ("verify", 32, 1024, 4, False, lambda: chain_new_cfgs()),
+    "chain64_1k_new": ("verify", 64, 1024, 4, False, lambda: chain_new_cfgs()),
+    "chain128_1k_new": ("verify", 128, 1024, 4, False, lambda: chain_new_cfgs()),
+    "chain64_4k_new": ("verify", 64, 4096, 4, False, lambda: chain_new_cfgs()),
+    "decode16_1k": ("decode", 16, 1024, 1, False, lambda: decode_cfgs((1, 2))),
+    "decode32_1k": ("decode", 32, 1024, 1, False, lambda: decode_cfgs((1, 2))),
+    "decode128_1k": ("decode", 128, 1024, 1, False, lambda: decode_cfgs((1, 2))),
     "tree1_4k": ("verify", 1, 4096, 64, True, lambda: tree_cfgs((4, 7, 14))),
     "tree1_1k": ("verify", 1, 1024, 64, True, lambda: tree_cfgs((2, 4, 7))),
     "decode64_1k": ("decode", 64, 1024, 1, False, lambda: decode_cfgs((1, 2))),
@@ -112,7 +127,8 @@ class Inputs:
                 self.q, self.k[i], self.v[i], partial, lse, self.qo_indptr, self.kv_indptr, self.kv_indices,
                 self.mask, self.mask_indptr, SCALE * LOG2E, total)
             consts = dict(GROUP=GROUP, HEAD_DIM=D, BLOCK_D=head_dim_block(D), BLOCK_M=cfg["block_m"],
-                          BLOCK_N=cfg["block_n"], HAS_MASK=True, NEW_SPLIT=cfg["new_split"])
+                          BLOCK_N=cfg["block_n"], HAS_MASK=True, NEW_SPLIT=cfg["new_split"],
+                          BLOCK_NEW=cfg["block_n"] if cfg.get("wide_new", True) else new_block_n(self.n, cfg["block_n"]))
             kernel = _extend_kernel
         direct = total == 1
         if direct:

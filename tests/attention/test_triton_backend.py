@@ -439,6 +439,41 @@ def test_extend_block_m(num_seqs, rows, prefix_len, expected, monkeypatch):
                                  max_prefix_len=prefix_len) == min(32, max(16, rows))
 
 
+@pytest.mark.parametrize("ctas, splits, expected", [
+    (512, 1, True),  # bs 64 decode, 8 KV heads: 3.9 programs an SM
+    (1024, 1, True),
+    (256, 1, False),  # bs 32: 1.9 an SM keeps the default tiles
+    (512, 2, False),  # a split grid is not streaming
+])
+def test_streaming_decode_grid(ctas, splits, expected, monkeypatch):
+    from specdec.attention.triton_kernels import common
+
+    monkeypatch.setattr(common, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert common.is_streaming_grid(cuda, ctas, splits) == expected
+    assert not common.is_streaming_grid(torch.device("cpu"), ctas, splits)
+
+
+def test_launch_config_streaming_and_shared_memory_fit():
+    from specdec.attention.triton_kernels import common
+
+    cuda = torch.device("cuda")
+    assert common.launch_config(cuda, block_m=16, head_dim=128, elem_size=2) == (128, 4, 2)
+    assert common.launch_config(cuda, block_m=16, head_dim=128, elem_size=2, streaming=True) == (64, 2, 3)
+    # fp32 head_dim 256: stages, then tile width, shrink into SMEM_BUDGET
+    big = common.launch_config(cuda, block_m=16, head_dim=256, elem_size=4, streaming=True)
+    assert big.num_stages * 2 * big.block_n * 256 * 4 + 16 * 256 * 4 <= common.SMEM_BUDGET
+    assert big == (32, 2, 2)
+
+
+@pytest.mark.parametrize("q_len, block_n, expected", [(1, 128, 16), (4, 128, 16), (17, 128, 32), (64, 128, 64),
+                                                       (300, 128, 128), (4, 16, 16)])
+def test_new_block_n(q_len, block_n, expected):
+    from specdec.attention.triton_kernels.extend import new_block_n
+
+    assert new_block_n(q_len, block_n) == expected
+
+
 @pytest.mark.parametrize("rows,heads,splits,d", [(5, 3, 4, 16), (3, 32, 8, 128), (2, 5, 1, 16), (4, 12, 3, 64)])
 def test_merge_kernel_matches_ref_with_empty_splits(rows, heads, splits, d):
     """Several heads a program, the last block of heads ragged; empty splits and rows with one."""

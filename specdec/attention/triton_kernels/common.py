@@ -104,18 +104,21 @@ class LaunchConfig(NamedTuple):
 SMEM_BUDGET = 180 * 1024
 
 
-def launch_config(device: torch.device, *, block_m: int, head_dim: int, elem_size: int) -> LaunchConfig:
+def launch_config(device: torch.device, *, block_m: int, head_dim: int, elem_size: int,
+                  streaming: bool = False) -> LaunchConfig:
     """Tile and pipeline of a kernel whose tiles are [block_m, head_dim] queries x block_n KV entries.
 
     Measured on an H100 (bf16, Llama-3-8B heads, CUDA-graph replay): 128-entry KV tiles with 3
     pipeline stages beat 64 x 2 by 1.1-2x for decode and verify; 8 warps pay off from 128 rows.
-    Stages, then tile width, shrink until the K and V buffers fit SMEM_BUDGET (fp32, head_dim 256).
+    ``streaming`` (an unsplit decode grid of STREAM_PROGRAMS_PER_SM programs an SM or more): 64-entry
+    tiles, 2 warps, 3 stages. Stages, then tile width, shrink until the K and V buffers fit
+    SMEM_BUDGET (fp32, head_dim 256).
     NOTE: on CPU (the interpreter) tiles are small so tiny tests still loop over several tiles.
     """
     if device.type != "cuda":
         return LaunchConfig(block_n=16, num_warps=4, num_stages=1)
     d = triton.next_power_of_2(head_dim)
-    block_n, stages = 128, 3
+    block_n, stages = (64, 3) if streaming else (128, 3)
     while stages * 2 * block_n * d * elem_size + block_m * d * elem_size > SMEM_BUDGET:
         if stages > 2:
             stages -= 1
@@ -123,7 +126,20 @@ def launch_config(device: torch.device, *, block_m: int, head_dim: int, elem_siz
             block_n //= 2
         else:
             break
-    return LaunchConfig(block_n=block_n, num_warps=8 if block_m >= 128 else 4, num_stages=stages)
+    warps = 2 if streaming else 8 if block_m >= 128 else 4
+    return LaunchConfig(block_n=block_n, num_warps=warps, num_stages=stages)
+
+
+# a decode grid of this many programs an SM, unsplit, streams its KV through small tiles
+# (``launch_config(streaming=True)``). Measured on an H100 (Llama-3-8B heads, bf16, one layer, CUDA-graph
+# replay, µs; 128 x 2 stages x 4 warps -> 64 x 3 x 2): bs 64 at context 1 k 101.0 -> 97.4, bs 128
+# 194.3 -> 187.7, bs 64 at 4 k 359.4 -> 359.2; bs 32 (1.9 programs an SM) 53.4 against 53.7, so it
+# keeps the default (benchmarks/results/2026-11-26-h100-attention-tiles).
+STREAM_PROGRAMS_PER_SM = 3
+
+
+def is_streaming_grid(device: torch.device, num_ctas: int, num_splits: int) -> bool:
+    return device.type == "cuda" and num_splits == 1 and num_ctas >= STREAM_PROGRAMS_PER_SM * _sm_count(device)
 
 
 def max_block_m(device: torch.device) -> int:

@@ -29,6 +29,7 @@ from specdec.attention.triton_kernels.common import (
     LOG2E,
     check_device,
     dot_precision,
+    is_streaming_grid,
     launch_config,
     mma,
     online_softmax_step,
@@ -49,14 +50,10 @@ def _decode_kernel(
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    if HEADS_FIRST:
-        kv_head = tl.program_id(0)
-        seq = tl.program_id(1)
-    else:
-        seq = tl.program_id(0)
-        kv_head = tl.program_id(1)
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
     split = tl.program_id(2)
     kv_start = tl.load(kv_indptr + seq)
     kv_len = tl.load(kv_indptr + seq + 1) - kv_start
@@ -142,6 +139,8 @@ def decode_attention(
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size())
     splits, _ = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
                                 num_splits=num_splits)
+    if is_streaming_grid(q.device, num_seqs * hkv, splits):
+        cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size(), streaming=True)
     direct = splits == 1
     if direct:
         partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT

@@ -49,7 +49,9 @@ from specdec.kernels.common import check_tensor
 
 def new_block_n(max_q_len: int, block_n: int) -> int:
     """KV entries per tile of the new tokens' block: as few as cover it (>= 16 for ``tl.dot``), up to
-    ``block_n``. A chain's 4 new entries in a 128-wide tile cost a ninth prefix tile at context 1 k."""
+    ``block_n``. A chain's 4 new entries in a 128-entry tile cost almost a ninth prefix tile at
+    context 1 k: the chain's verify at bs 64 took 109.1 µs a layer, 104.7 with a 16-entry tile
+    (H100, benchmarks/results/2026-11-26-h100-attention-tiles)."""
     return min(block_n, max(16, triton.next_power_of_2(max(1, max_q_len))))
 
 
@@ -64,14 +66,9 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NEW: tl.constexpr,
     HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, NEW_SPLIT: tl.constexpr,
-    HEADS_FIRST: tl.constexpr = False,
 ):
-    if HEADS_FIRST:
-        kv_head = tl.program_id(0)
-        seq = tl.program_id(1)
-    else:
-        seq = tl.program_id(0)
-        kv_head = tl.program_id(1)
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
     m_block = tl.program_id(2) // num_splits
     split = tl.program_id(2) % num_splits
     q_start = tl.load(qo_indptr + seq)

@@ -3,9 +3,11 @@
 ``init_forward_metadata`` turns the batch's layout into the int32 index arrays and host ints the
 kernels take, once per forward; ``forward`` (once per layer) only writes K/V (one kernel) and
 launches.
-One query row per sequence and no mask (DECODE, a draft decode step whose branches are sequences,
-a one-token DRAFT_EXTEND) runs the split-KV decode kernel; everything else runs the extend kernel
-(prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, passed as it is).
+A draft decode step (``draft_ancestors`` set) runs the draft-step kernel: all of a request's
+branches in one program over its shared prefix, read straight from the request-to-token table, then
+each branch's ancestors; it needs no slot list. Otherwise one query row per sequence and no mask
+(DECODE, a one-token DRAFT_EXTEND) runs the split-KV decode kernel, and everything else the extend
+kernel (prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, passed as it is).
 
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose
@@ -27,7 +29,7 @@ import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
 from specdec.attention.layout import build_ragged_layout, build_static_layout
-from specdec.attention.triton_kernels import decode_attention, extend_attention, store_kv
+from specdec.attention.triton_kernels import decode_attention, draft_decode_attention, extend_attention, store_kv
 from specdec.attention.triton_kernels.common import check_device
 from specdec.forward import ForwardBatch, ForwardMode
 
@@ -52,6 +54,17 @@ class TritonMetadata:
     use_decode: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftStepMetadata:
+    # [bs] table row and cached tokens of each request
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    # [bs * topk, depth] KV slots of each branch's ancestors, itself last
+    ancestors: torch.Tensor
+    # host bound on the prefixes (the longest, or the captured bound) that sizes the split plan
+    max_prefix_len: int
+
+
 class TritonBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
@@ -64,6 +77,15 @@ class TritonBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_device(batch.input_ids.device)
+        if batch.draft_ancestors is not None:
+            bound = batch.static_max_seq_len
+            batch.attn_metadata = DraftStepMetadata(
+                req_pool_indices=batch.req_pool_indices,
+                prefix_lens=batch.prefix_lens,
+                ancestors=batch.draft_ancestors,
+                max_prefix_len=bound if bound is not None else max(batch.host_prefix_lens(), default=0),
+            )
+            return
         if batch.static_max_seq_len is not None:
             batch.attn_metadata = self._plan_static(batch)
             return
@@ -106,13 +128,17 @@ class TritonBackend(AttentionBackend):
         layer: AttentionLayer,
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
-        md: TritonMetadata = batch.attn_metadata
+        md: TritonMetadata | DraftStepMetadata = batch.attn_metadata
         hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
         k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
         store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
         q3 = q.reshape(-1, hq, d)  # [num_tokens, hq, d]
         out = torch.empty_like(q3, memory_format=torch.contiguous_format)
-        if md.use_decode:
+        if isinstance(md, DraftStepMetadata):
+            draft_decode_attention(q3, k_buf, v_buf, batch.req_to_token, md.req_pool_indices, md.prefix_lens,
+                                   md.ancestors, out, sm_scale=layer.scaling, max_prefix_len=md.max_prefix_len,
+                                   num_splits=self.num_splits)
+        elif md.use_decode:
             # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n)
             decode_attention(q3, k_buf, v_buf, md.kv_indptr, md.kv_indices, out,
                              sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits)

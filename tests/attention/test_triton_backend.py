@@ -360,6 +360,40 @@ def test_extend_kernel_matches_ref(masked, num_splits, new_split, bound):
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
 
 
+@pytest.mark.parametrize("bound", [None, 4096], ids=["bound=longest", "bound=4096"])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+@pytest.mark.parametrize("topk, hq", [(1, 4), (3, 4), (8, 4), (5, 16)])  # 5 x 8 = 40 rows: two 32-row m-blocks on CPU
+def test_draft_decode_kernel_matches_ref(topk, hq, num_splits, bound):
+    """Requests of prefixes 0 to 41 (one empty) in shuffled table rows; each branch's ancestors a
+    column slice of a wider scratch table (itself last); split counts planned or forced, from the
+    longest prefix or a bound far past it."""
+    gen = torch.Generator().manual_seed(topk * 10 + (num_splits or 0))
+    prefix, depth, width = [9, 0, 41], 3, 5
+    bs, num_slots = len(prefix), 400
+    k = _rand((num_slots, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((num_slots, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((bs * topk, hq, 16), gen, torch.float32, DEVICE)
+    table = torch.randperm(num_slots, generator=gen)[: 6 * 48].view(6, 48).to(torch.int32).to(DEVICE)
+    rows = torch.tensor([4, 0, 2], device=DEVICE)
+    scratch = torch.randint(0, num_slots, (bs * topk, width), generator=gen).to(DEVICE)
+    args = (q, k, v, table, rows, torch.tensor(prefix, device=DEVICE), scratch[:, :depth])
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    kw = dict(sm_scale=0.3, max_prefix_len=bound or max(prefix), num_splits=num_splits)
+    tk.draft_decode_attention(*args, out, **kw)
+    tk.draft_decode_attention_ref(*args, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+def test_draft_decode_kernel_rejects_rows_that_are_not_topk_per_request():
+    q = torch.zeros(5, 4, 16, device=DEVICE)
+    kv = torch.zeros(10, 2, 16, device=DEVICE)
+    table = torch.zeros(2, 8, dtype=torch.int32, device=DEVICE)
+    two = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="not topk each for 2 requests"):
+        tk.draft_decode_attention(q, kv, kv, table, two, two, torch.zeros(5, 1, dtype=torch.int64, device=DEVICE),
+                                  torch.empty_like(q), sm_scale=1.0, max_prefix_len=8)
+
+
 def test_extend_kernel_new_split_chosen_by_the_planner():
     """A tree of 32 nodes over a prefix spanning several chunks, one sequence: the planner runs the
     new block in a split of its own (on CPU: 6 SMs, 32-row tiles, so 64 rows of one KV head are 2

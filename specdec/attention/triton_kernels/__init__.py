@@ -1,17 +1,21 @@
 """Triton attention kernels over the paged KV cache (GQA, fp32 accumulation).
 
 * ``decode.py`` — one query row per sequence, split-KV (flash-decoding) over the sequence's slots.
+* ``draft_decode.py`` — one draft step: a request's branches together over its shared prefix
+  (read from the request-to-token table), then each branch's own ancestors.
 * ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
   causal or under an explicit mask (TARGET_VERIFY trees), optionally split over the prefix.
 * ``merge.py`` — combines split-KV partial outputs by their log-sum-exp; shared by both.
 * ``store_kv.py`` — writes a layer's new K and V rows into their cache slots in one kernel.
 
-Every kernel reads KV through an explicit per-sequence slot list (``kv_indptr`` / ``kv_indices``
-of a ``RaggedLayout``), so any page size works. This package imports nothing else of specdec
+The decode and extend kernels read KV through an explicit per-sequence slot list (``kv_indptr`` /
+``kv_indices`` of a ``RaggedLayout``), the draft-step kernel through the request-to-token table;
+both are per token, so any page size works. This package imports nothing else of specdec
 except ``specdec.kernels`` (input checks).
 """
 
 from specdec.attention.triton_kernels.decode import decode_attention, decode_attention_ref
+from specdec.attention.triton_kernels.draft_decode import draft_decode_attention, draft_decode_attention_ref
 from specdec.attention.triton_kernels.extend import extend_attention, extend_attention_ref
 from specdec.attention.triton_kernels.merge import (
     merge_partials,
@@ -24,6 +28,8 @@ from specdec.attention.triton_kernels.store_kv import store_kv, store_kv_ref
 __all__ = [
     "decode_attention",
     "decode_attention_ref",
+    "draft_decode_attention",
+    "draft_decode_attention_ref",
     "extend_attention",
     "extend_attention_ref",
     "merge_partials",

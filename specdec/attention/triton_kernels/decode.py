@@ -96,6 +96,13 @@ def _decode_kernel(
 
 
 def _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out) -> None:
+    check_qkv(q, k_buffer, v_buffer, out)
+    check_tensor("kv_indptr", kv_indptr, dtype=torch.int32, dim=1, device=q.device)
+    check_tensor("kv_indices", kv_indices, dtype=torch.int32, dim=1, device=q.device)
+
+
+def check_qkv(q, k_buffer, v_buffer, out) -> None:
+    """The query rows, the KV cache's buffers and the output agree on device, heads and head_dim."""
     device = q.device
     check_device(device)
     if q.dim() != 3 or q.stride(-1) != 1:
@@ -108,8 +115,6 @@ def _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out) -> None:
         raise ValueError(
             f"q heads/dim {tuple(q.shape[1:])} do not fit the KV cache's {tuple(k_buffer.shape[1:])}"
         )
-    check_tensor("kv_indptr", kv_indptr, dtype=torch.int32, dim=1, device=device)
-    check_tensor("kv_indices", kv_indices, dtype=torch.int32, dim=1, device=device)
 
 
 def decode_attention(

@@ -4,8 +4,9 @@ The policy (``specdec.eagle.policy``) needs milliseconds per decode step for pla
 every candidate tree shape, at every batch size it may see. They are measured here on the engine
 itself — its graphs, its host overhead, its attention backend — by decoding dummy requests:
 
-    for plain and each shape, for bs in the captured batch sizes (a shape's own, ``max_batch``):
-        bs requests of BASE_CTX random tokens, prefilled, a few warm-up steps, then BLOCKS blocks
+    for bs in the captured batch sizes, for plain and each shape captured there (``max_batch``):
+        bs requests of BASE_CTX random tokens, prefilled (once for all the choices: the prefix
+        cache keeps the same prompts between them), a few warm-up steps, then BLOCKS blocks
         of timed steps: the median block's ms a step (a host stall, a GC pause, spoils one block);
         the same at LONG_CTX tokens (or as many as the KV cache holds for bs requests), for the
         slope: (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX)), then each shape's
@@ -23,6 +24,7 @@ and read instead of measured when the file exists.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -42,8 +44,9 @@ logger = logging.getLogger(__name__)
 # bump when StepCosts' JSON, the measurement or our kernels' step times change: old cache files are then not read
 # (4: median of timed blocks, median-filtered slopes; FP8 draft GEMMs, the tree verify's new split;
 # 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows;
-# 6: the slope past LONG_CTX, the draft's bookkeeping kernels, the merge of split partials)
-PROFILE_FORMAT = 6
+# 6: the slope past LONG_CTX, the draft's bookkeeping kernels, the merge of split partials;
+# 7: the draft step's shared-prefix attention, streaming decode tiles, narrow new-token tiles)
+PROFILE_FORMAT = 7
 BASE_CTX = 64
 LONG_CTX = 1024
 FAR_CTX = 4096
@@ -110,21 +113,23 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup
     slope_far: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     base_ctx = min(base_ctx, room)
     try:
-        for name, shape in choices:
-            worker.force = shape
-            for bs in batch_sizes:
-                if bs > worker.max_batch.get(name, bs):
-                    continue  # past the shape's graphs: never chosen there
-                table[name][bs] = _time_steps(engine, bs, base_ctx, new_tokens, steps, warmup)
-                fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
-                ctx = min(long_ctx, room, fits)
-                if ctx < 2 * base_ctx:
-                    continue
-                ms = _time_steps(engine, bs, ctx, new_tokens, steps, warmup)
-                slope[name][bs] = max(ms - table[name][bs], 0.0) / (bs * (ctx - base_ctx))
-                if ctx == long_ctx and min(far_ctx, room, fits) == far_ctx > long_ctx:
-                    far_ms = _time_steps(engine, bs, far_ctx, new_tokens, steps, warmup)
-                    slope_far[name][bs] = max(far_ms - ms, 0.0) / (bs * (far_ctx - long_ctx))
+        for bs in batch_sizes:
+            live = [(name, shape) for name, shape in choices if bs <= worker.max_batch.get(name, bs)]
+            point = functools.partial(_time_choices, engine, live, bs, new_tokens=new_tokens, steps=steps,
+                                      warmup=warmup)
+            base = point(base_ctx)
+            for name, ms in base.items():
+                table[name][bs] = ms
+            fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
+            ctx = min(long_ctx, room, fits)
+            if ctx < 2 * base_ctx:
+                continue
+            long = point(ctx)
+            for name, ms in long.items():
+                slope[name][bs] = max(ms - base[name], 0.0) / (bs * (ctx - base_ctx))
+            if ctx == long_ctx and min(far_ctx, room, fits) == far_ctx > long_ctx:
+                for name, ms in point(far_ctx).items():
+                    slope_far[name][bs] = max(ms - long[name], 0.0) / (bs * (far_ctx - long_ctx))
     finally:
         worker.force = AUTO
     smooth = {name: median_filter(by_bs) for name, by_bs in slope.items()}
@@ -142,6 +147,21 @@ def median_filter(by_bs: dict[int, float]) -> dict[int, float]:
     for i, bs in enumerate(sizes):
         lo = min(max(i - 1, 0), len(sizes) - 3)
         out[bs] = float(np.median([by_bs[b] for b in sizes[lo:lo + 3]]))
+    return out
+
+
+def _time_choices(engine, choices: list, bs: int, ctx: int, *, new_tokens: int, steps: int,
+                  warmup: int) -> dict[str, float]:
+    """ms per decode step of each (name, shape) of ``choices`` at ``bs`` requests of ``ctx`` tokens.
+
+    NOTE: every choice decodes the same prompts (seeded by bs and ctx), one choice after another, so
+    the prefix cache keeps them and only the first choice prefills them (at 64 x 4 k tokens a point,
+    prefill was most of the profile's time).
+    """
+    worker, out = engine.worker, {}
+    for name, shape in choices:
+        worker.force = shape
+        out[name] = _time_steps(engine, bs, ctx, new_tokens, steps, warmup)
     return out
 
 

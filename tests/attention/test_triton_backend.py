@@ -500,8 +500,8 @@ def test_launch_config_streaming_and_shared_memory_fit():
     assert big == (32, 2, 2)
 
 
-@pytest.mark.parametrize("q_len, block_n, expected", [(1, 128, 16), (4, 128, 16), (17, 128, 32), (64, 128, 64),
-                                                       (300, 128, 128), (4, 16, 16)])
+@pytest.mark.parametrize("q_len, block_n, expected", [(1, 128, 16), (4, 128, 16), (16, 128, 16), (17, 128, 128),
+                                                       (64, 128, 128), (300, 64, 64), (4, 16, 16)])
 def test_new_block_n(q_len, block_n, expected):
     from specdec.attention.triton_kernels.extend import new_block_n
 

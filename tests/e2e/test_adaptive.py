@@ -151,7 +151,8 @@ def test_profile_is_measured_once_then_read(tmp_path):
 
 def test_profile_measures_the_far_slope_where_it_fits(tmp_path):
     """Three contexts a point where the KV cache holds the far one: a near and a far slope per
-    batch size, and step_ms reads both; where it does not fit, no far slope."""
+    batch size, and step_ms reads both; where it does not fit, no far slope. The choices share
+    each point's prefill through the prefix cache."""
     from specdec.engine.spec_profile import measure_step_costs
 
     target, draft = make_pair("EAGLE", "mixed")
@@ -159,7 +160,13 @@ def test_profile_measures_the_far_slope_where_it_fits(tmp_path):
                                                     speculative_num_draft_tokens=5))
     spec = engine(target, draft, algorithm="EAGLE", shape=(3, 2, 5), speculative_adaptive="on",
                   speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=1.0))
+    before = spec.cache_stats()
     costs = measure_step_costs(spec, [1, 2], steps=1, warmup=1, base_ctx=8, long_ctx=24, far_ctx=48)
+    after = spec.cache_stats()
+    queried, prefilled = (after[k] - before[k] for k in ("queried_prompt_tokens", "prefill_tokens"))
+    # every choice decodes every point's prompts; only the first choice at a point prefills them
+    # (the later ones recompute a prompt's last token)
+    assert queried == len(costs.table) * 3 * (8 + 24 + 48) and prefilled < 2 * queried / len(costs.table)
     assert costs.long_ctx == 24 and set(costs.slope_far) == set(costs.table)
     assert all(set(by_bs) == {1, 2} and min(by_bs.values()) >= 0 for by_bs in costs.slope_far.values())
     name = next(iter(costs.table))

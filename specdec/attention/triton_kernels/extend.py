@@ -47,12 +47,17 @@ from specdec.attention.triton_kernels.merge import merge_partials
 from specdec.kernels.common import check_tensor
 
 
+# new-token blocks of up to this many entries run in tiles of this width (tl.dot's least)
+NARROW_NEW_BLOCK = 16
+
+
 def new_block_n(max_q_len: int, block_n: int) -> int:
-    """KV entries per tile of the new tokens' block: as few as cover it (>= 16 for ``tl.dot``), up to
-    ``block_n``. A chain's 4 new entries in a 128-entry tile cost almost a ninth prefix tile at
-    context 1 k: the chain's verify at bs 64 took 109.1 µs a layer, 104.7 with a 16-entry tile
-    (H100, benchmarks/results/2026-11-26-h100-attention-tiles)."""
-    return min(block_n, max(16, triton.next_power_of_2(max(1, max_q_len))))
+    """KV entries per tile of the new tokens' block: NARROW_NEW_BLOCK where that covers it, else the
+    prefix's ``block_n``. Measured on an H100 (benchmarks/results/2026-11-26-h100-attention-tiles): a
+    chain's 4 new entries in a 128-entry tile cost almost a ninth prefix tile at context 1 k (its
+    verify at bs 64 109.1 -> 104.7 µs a layer; 5x4x8's verify at bs 64 17.32 -> 16.77 ms a step),
+    while a 64-node tree lost in 64-entry tiles (6x8x64 at bs 1, ctx 1 k: verify 6.92 -> 7.12 ms)."""
+    return min(block_n, NARROW_NEW_BLOCK) if max_q_len <= NARROW_NEW_BLOCK else block_n
 
 
 @triton.jit

@@ -167,6 +167,7 @@ def test_profile_measures_the_far_slope_where_it_fits(tmp_path):
     # every choice decodes every point's prompts; only the first choice at a point prefills them
     # (the later ones recompute a prompt's last token)
     assert queried == len(costs.table) * 3 * (8 + 24 + 48) and prefilled < 2 * queried / len(costs.table)
+    assert after["cached_pages"] == 0  # the dummy prompts are not left in the prefix cache
     assert costs.long_ctx == 24 and set(costs.slope_far) == set(costs.table)
     assert all(set(by_bs) == {1, 2} and min(by_bs.values()) >= 0 for by_bs in costs.slope_far.values())
     name = next(iter(costs.table))

@@ -6,8 +6,9 @@ itself — its graphs, its host overhead, its attention backend — by decoding 
 
     for bs in the captured batch sizes, for plain and each shape captured there (``max_batch``):
         bs requests of BASE_CTX random tokens, prefilled (once for all the choices: the prefix
-        cache keeps the same prompts between them), a few warm-up steps, then BLOCKS blocks
-        of timed steps: the median block's ms a step (a host stall, a GC pause, spoils one block);
+        cache keeps the same prompts between them), a few warm-up steps, then BLOCKS blocks of
+        STEPS_PER_BLOCK timed steps: the median block's ms a step (a host stall, a GC pause,
+        spoils one block);
         the same at LONG_CTX tokens (or as many as the KV cache holds for bs requests), for the
         slope: (ms at LONG_CTX - ms at BASE_CTX) / (bs * (LONG_CTX - BASE_CTX)), then each shape's
         slopes median-filtered over neighbouring batch sizes (one noisy pair of points made a
@@ -45,12 +46,19 @@ logger = logging.getLogger(__name__)
 # (4: median of timed blocks, median-filtered slopes; FP8 draft GEMMs, the tree verify's new split;
 # 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows;
 # 6: the slope past LONG_CTX, the draft's bookkeeping kernels, the merge of split partials;
-# 7: the draft step's shared-prefix attention, streaming decode tiles, narrow new-token tiles)
+# 7: the draft step's shared-prefix attention, streaming decode tiles, narrow new-token tiles,
+#    8 steps a timed block)
 PROFILE_FORMAT = 7
 BASE_CTX = 64
 LONG_CTX = 1024
 FAR_CTX = 4096
 BLOCKS = 3
+# timed steps a block: a block also pays one step's host launch and the last step's read, not
+# overlapped (about 1.5 ms on the H100's host). With 3 steps a block that added about 0.5 ms to
+# every step time (plain at bs 1: 6.37 ms against 5.91 in the sweep), cheap shapes the most in
+# proportion, and at bs 4, ctx 4 k the policy chose 6x8x32 (11.44 ms) over 5x4x8 (8.56 ms, 2 %
+# more tokens a second at the acceptance model's expectation)
+STEPS_PER_BLOCK = 8
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
 # MT-bench, measured on CPU (benchmarks/results/2026-11-24-h100-adaptive/acceptance_model.json)
 PRIOR = Path(__file__).resolve().parents[1] / "data" / "acceptance" / "smollm2_eagle3_mt_bench.json"
@@ -96,7 +104,7 @@ def _fit(model: AcceptanceModel, depth: int, topk: int) -> AcceptanceModel:
     return AcceptanceModel(h[np.ix_(rows, cols)])
 
 
-def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = 3, warmup: int = 2,
+def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = STEPS_PER_BLOCK, warmup: int = 2,
                        base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX, far_ctx: int = FAR_CTX) -> StepCosts:
     """Milliseconds per decode step of every choice (plain and each shape) at each batch size, at
     ``base_ctx`` tokens of context, at ``long_ctx`` (or as many as the KV cache holds) and, where

@@ -54,10 +54,9 @@ LONG_CTX = 1024
 FAR_CTX = 4096
 BLOCKS = 3
 # timed steps a block: a block also pays one step's host launch and the last step's read, not
-# overlapped (about 1.5 ms on the H100's host). With 3 steps a block that added about 0.5 ms to
-# every step time (plain at bs 1: 6.37 ms against 5.91 in the sweep), cheap shapes the most in
-# proportion, and at bs 4, ctx 4 k the policy chose 6x8x32 (11.44 ms) over 5x4x8 (8.56 ms, 2 %
-# more tokens a second at the acceptance model's expectation)
+# overlapped (about 1.5 ms on the H100's host), which weighs most on the cheap shapes. With 3 steps
+# a block it added about 0.5 ms to every step time (plain at bs 1: 6.37 ms against 5.91 in the
+# sweep after it), with 8 about 0.2 (6.21 against 5.99; benchmarks/results/2026-11-26-h100-adaptive)
 STEPS_PER_BLOCK = 8
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
 # MT-bench, measured on CPU (benchmarks/results/2026-11-24-h100-adaptive/acceptance_model.json)

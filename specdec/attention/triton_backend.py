@@ -129,7 +129,7 @@ class TritonBackend(AttentionBackend):
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
         md: TritonMetadata | DraftStepMetadata = batch.attn_metadata
-        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        hq, d = layer.num_heads, layer.head_dim
         k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
         store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
         q3 = q.reshape(-1, hq, d)  # [num_tokens, hq, d]

@@ -107,14 +107,18 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = STEPS_PER
                        base_ctx: int = BASE_CTX, long_ctx: int = LONG_CTX, far_ctx: int = FAR_CTX) -> StepCosts:
     """Milliseconds per decode step of every choice (plain and each shape) at each batch size, at
     ``base_ctx`` tokens of context, at ``long_ctx`` (or as many as the KV cache holds) and, where
-    they fit, at ``far_ctx``; ``steps`` timed steps a block, BLOCKS blocks a point."""
+    they fit, at ``far_ctx``; ``steps`` timed steps a block (fewer where the context length has no
+    room for them beside ``base_ctx`` tokens of prompt), BLOCKS blocks a point."""
     worker = engine.worker
     choices = [(PLAIN, None)] + [(s.name, s) for s in worker.shapes]
-    new_tokens = (warmup + BLOCKS * steps + 2) * (worker.config.num_steps + 1)  # a choice's requests never finish
+    per_step = worker.config.num_steps + 1
+    steps = timed_steps_that_fit(engine.context_length, per_step, steps=steps, warmup=warmup, prompt=base_ctx)
+    new_tokens = (warmup + BLOCKS * steps + 2) * per_step  # a choice's requests never finish
     room = engine.context_length - new_tokens
-    if room < 8:
+    if steps < 1:
         raise ValueError(f"adaptive speculation: context length {engine.context_length} leaves no room to profile "
-                         f"step costs ({new_tokens} tokens of decoding); raise --context-length")
+                         f"step costs ({(warmup + BLOCKS + 2) * per_step} tokens of decoding at least); "
+                         "raise --context-length")
     table: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     slope: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     slope_far: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
@@ -146,6 +150,16 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = STEPS_PER
     smooth = {name: median_filter(by_bs) for name, by_bs in slope.items()}
     smooth_far = {name: median_filter(by_bs) for name, by_bs in slope_far.items() if by_bs}
     return StepCosts(table=table, slope=smooth, base_ctx=base_ctx, slope_far=smooth_far, long_ctx=long_ctx)
+
+
+def timed_steps_that_fit(context_length: int, per_step: int, *, steps: int, warmup: int, prompt: int) -> int:
+    """Timed steps a block, at most ``steps``, such that a request decoding ``per_step`` tokens a step
+    through the warm-up, BLOCKS blocks and 2 more steps still fits the context length after a
+    ``prompt``-token prompt, or failing that after 8 tokens (0: not even one step fits)."""
+    def fit(prompt_tokens: int) -> int:
+        return ((context_length - prompt_tokens) // per_step - warmup - 2) // BLOCKS
+
+    return max(0, min(steps, fit(prompt) if fit(prompt) >= 1 else fit(8)))
 
 
 def median_filter(by_bs: dict[int, float]) -> dict[int, float]:

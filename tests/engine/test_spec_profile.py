@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.engine.spec_profile import median_filter
+from specdec.engine.spec_profile import STEPS_PER_BLOCK, median_filter, timed_steps_that_fit
 
 
 def test_median_filter_drops_a_lone_outlier():
@@ -19,3 +19,16 @@ def test_median_filter_keeps_few_points_and_smooth_runs():
     assert median_filter({1: 0.3, 8: 0.1}) == {1: 0.3, 8: 0.1}
     steady = {1: 0.12, 2: 0.11, 4: 0.09, 8: 0.07}
     assert median_filter(steady) == {1: 0.11, 2: 0.11, 4: 0.09, 8: 0.09}
+
+
+@pytest.mark.parametrize("context_length, expected", [
+    (8192, STEPS_PER_BLOCK),  # a server: the full blocks
+    (112, 2),  # the tiny sweep's engine: (112 - 64) // 4 = 12 steps of room, 2 warm-up, 2 more, 3 blocks of 2
+    (80, 4),  # no room beside a 64-token prompt; after 8 tokens: (80 - 8) // 4 = 18 steps, 3 blocks of 4
+    (30, 0),  # not one step fits
+])
+def test_timed_steps_shrink_to_the_context_length(context_length, expected):
+    steps = timed_steps_that_fit(context_length, 4, steps=STEPS_PER_BLOCK, warmup=2, prompt=64)
+    assert steps == expected
+    if steps:
+        assert context_length - (2 + 3 * steps + 2) * 4 >= 8

@@ -1,5 +1,6 @@
-"""Would FP8 weights cost the draft head acceptance? The acceptance model of a head as it is and with
-its linear weights rounded to FP8, on the same prompts.
+"""Would FP8 weights cost the draft head acceptance? The acceptance model of a head as it is, with
+its linear weights rounded to FP8 (W8A16), and with their inputs rounded to FP8 too (W8A8), on the
+same prompts.
 
 The draft head's GEMMs read its weights once per draft forward (0.75 GB a forward for an 8B
 EAGLE-3 head), so FP8 weights (e4m3, one fp32 scale per output row: weight-only, W8A16) would halve
@@ -9,7 +10,11 @@ except embeddings is replaced by its FP8 rounding, ``s * fp8(w / s)`` with ``s =
 and the computation stays in the model's dtype, which is what a W8A16 kernel computes up to its
 summation order.
 
-    python benchmarks/bench_draft_fp8_acceptance.py --num-prompts 40 --max-new-tokens 192
+W8A8 (``--activations``) also rounds the input rows of every GEMM of the head to FP8, one scale per
+row (token): what an FP8 tensor-core GEMM with per-token activation scales (``torch._scaled_mm``)
+computes up to its summation order; the target's GEMMs stay as they are.
+
+    python benchmarks/bench_draft_fp8_acceptance.py --num-prompts 40 --max-new-tokens 192 [--activations]
 
 Other flags go to ``python -m specdec.cli.bench acceptance`` (defaults: SmolLM2-135M-Instruct and
 its EAGLE-3 head, MT-bench first turns, greedy, shape 6x8x32). Writes both acceptance models, with
@@ -47,35 +52,72 @@ def round_to_fp8_(model: torch.nn.Module) -> list[str]:
     return rounded
 
 
-def measure(argv: list[str], output: Path, *, fp8: bool) -> dict:
+def round_rows_to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., K] rounded to FP8 with one scale per row, in its own dtype."""
+    scale = x.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FP8_MAX
+    return ((x.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+
+
+# every module that calls the GEMM op by this name (the head's GEMMs and the target's)
+LINEAR_USERS = ("specdec.models.llama", "specdec.models.eagle", "specdec.models.eagle3",
+                "specdec.models.ops.stacked_linear")
+
+
+def measure(argv: list[str], output: Path, *, fp8: bool, activations: bool = False) -> dict:
     """``python -m specdec.cli.bench acceptance`` with ``argv``, the head's weights rounded to FP8
-    when ``fp8``; returns its JSON."""
+    when ``fp8``, and its GEMMs' inputs too when ``activations``; returns its JSON."""
+    import importlib
+
+    from specdec.models.ops.gemv import linear as original_linear
+
     original = engine_module.Engine
     rounded: list[str] = []
+    head_storage: set[int] = set()  # the head's weights, by storage (stacked weights are views of one)
+
+    rounded_calls = [0]
+
+    def head_linear(x, weight, *args, **kw):
+        if weight.untyped_storage().data_ptr() in head_storage:
+            x = round_rows_to_fp8(x)
+            rounded_calls[0] += 1
+        return original_linear(x, weight, *args, **kw)
 
     class RoundedHeadEngine(original):
         def __init__(self, *a, **kw) -> None:
             super().__init__(*a, **kw)
             rounded.extend(round_to_fp8_(self.draft_model))
+            head_storage.update(p.untyped_storage().data_ptr() for p in self.draft_model.parameters() if p.dim() == 2)
 
+    users = [importlib.import_module(name) for name in LINEAR_USERS]
     engine_module.Engine = RoundedHeadEngine if fp8 else original
+    if activations:
+        for module in users:
+            module.linear = head_linear
     try:
         start = time.perf_counter()
         acceptance_main([*argv, "--output", str(output)])
     finally:
         engine_module.Engine = original
+        for module in users:
+            module.linear = original_linear
     result = json.loads(output.read_text())
     result["protocol"]["wall_s"] = round(time.perf_counter() - start, 1)
     result["protocol"]["fp8_weights"] = rounded
+    result["protocol"]["fp8_activations"] = activations
+    result["protocol"]["head_gemms_with_fp8_inputs"] = rounded_calls[0]
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path("draft_fp8_acceptance.json"))
+    parser.add_argument("--activations", action="store_true", help="also W8A8: the head's GEMM inputs in FP8")
     opts, argv = parser.parse_known_args()  # the rest goes to `specdec.cli.bench acceptance`
+    variants = {"as_is": {"fp8": False}, "fp8": {"fp8": True}}
+    if opts.activations:
+        variants["w8a8"] = {"fp8": True, "activations": True}
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {name: measure(argv, Path(tmp) / f"{name}.json", fp8=name == "fp8") for name in ("as_is", "fp8")}
+        runs = {name: measure(argv, Path(tmp) / f"{name}.json", **kw) for name, kw in variants.items()}
     opts.output.write_text(json.dumps({**run_metadata(), "acceptance_args": argv, **runs}, indent=1))
     for name, run in runs.items():
         p = run["protocol"]

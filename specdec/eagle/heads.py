@@ -22,10 +22,6 @@ class DraftHeadAdapter:
     # the draft's top-k kernel reads it, so the mapping costs no kernel of its own
     target_ids: torch.Tensor | None = None
 
-    def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab ids -> target-vocab ids, any shape."""
-        return ids if self.target_ids is None else self.target_ids[ids]
-
 
 def resolve_head(
     config: SpecConfig,

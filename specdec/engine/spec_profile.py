@@ -113,12 +113,12 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = STEPS_PER
     choices = [(PLAIN, None)] + [(s.name, s) for s in worker.shapes]
     per_step = worker.config.num_steps + 1
     steps = timed_steps_that_fit(engine.context_length, per_step, steps=steps, warmup=warmup, prompt=base_ctx)
-    new_tokens = (warmup + BLOCKS * steps + 2) * per_step  # a choice's requests never finish
-    room = engine.context_length - new_tokens
     if steps < 1:
         raise ValueError(f"adaptive speculation: context length {engine.context_length} leaves no room to profile "
                          f"step costs ({(warmup + BLOCKS + 2) * per_step} tokens of decoding at least); "
                          "raise --context-length")
+    new_tokens = (warmup + BLOCKS * steps + 2) * per_step  # a choice's requests never finish
+    room = engine.context_length - new_tokens
     table: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     slope: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     slope_far: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
@@ -159,7 +159,8 @@ def timed_steps_that_fit(context_length: int, per_step: int, *, steps: int, warm
     def fit(prompt_tokens: int) -> int:
         return ((context_length - prompt_tokens) // per_step - warmup - 2) // BLOCKS
 
-    return max(0, min(steps, fit(prompt) if fit(prompt) >= 1 else fit(8)))
+    beside_prompt = fit(prompt)
+    return max(0, min(steps, beside_prompt if beside_prompt >= 1 else fit(8)))
 
 
 def median_filter(by_bs: dict[int, float]) -> dict[int, float]:

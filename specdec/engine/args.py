@@ -102,8 +102,9 @@ class EngineArgs:
         "reduced draft vocabulary file (EAGLE-2 style)", group=SPEC))
     speculative_draft_model_quantization: str | None = dataclasses.field(default=None, metadata=flag(
         "fp8: give the draft head's linear weights FP8 copies (e4m3, a scale per output row) that its GEMMs "
-        "read for up to 16 tokens on a GPU, half the bytes (more tokens read the 16-bit weights); "
-        "speculation stays lossless, acceptance may change slightly", group=SPEC, choices=["fp8"]))
+        "read on a GPU: up to 16 tokens with 16-bit activations, past that (where it pays) with FP8 activations "
+        "on FP8 tensor cores; speculation stays lossless, acceptance may change slightly", group=SPEC,
+        choices=["fp8"]))
     speculative_batch_size_threshold: int | None = dataclasses.field(default=None, metadata=flag(
         "decode without speculation while more than this many requests run (the draft cache stays in step); "
         "default: always speculate", group=SPEC))

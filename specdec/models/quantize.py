@@ -1,11 +1,12 @@
 """``--speculative-draft-model-quantization fp8``: FP8 copies of a draft head's linear weights.
 
 The draft loop reads the head's weights once per draft forward (0.75 GB for an 8B EAGLE-3 head, the
-same again for the draft extend); with FP8 copies its GEMMs read half those bytes for up to 16 tokens
-on a GPU (``specdec.models.ops.gemv``; more tokens read the 16-bit weights). Speculation stays
-lossless whatever the head proposes; what FP8 costs is acceptance, measured before this was
-written: 3.905 -> 3.888 tokens a step for the SmolLM2 EAGLE-3 head on MT-bench at 6x8x32
-(benchmarks/results/2026-11-26-cpu-draft-fp8-acceptance).
+same again for the draft extend); with FP8 copies its GEMMs read half those bytes on a GPU: up to 16
+tokens with 16-bit activations (W8A16), past that where it pays with FP8 activations on FP8 tensor
+cores (W8A8; ``specdec.models.ops.gemv``). Speculation stays lossless whatever the head proposes;
+what FP8 costs is acceptance, measured before this was written: 3.905 -> 3.888 tokens a step for
+the SmolLM2 EAGLE-3 head on MT-bench at 6x8x32 with W8A16 throughout, 3.872 with W8A8 throughout
+(benchmarks/results/2026-11-26-cpu-draft-fp8-acceptance, 2026-11-26-cpu-draft-w8a8-acceptance).
 
 Which weights: every weight a GEMM of the head reads, the fused q/k/v and gate/up weights
 (``StackedLinear``), o_proj, down_proj, the fc and the head's own lm_head. Weights the head shares

@@ -77,9 +77,11 @@ def test_quantize_draft_copies_the_heads_gemm_weights(algorithm):
 def test_engine_with_fp8_draft_is_lossless(algorithm, monkeypatch):
     from specdec.models.ops import gemv
 
-    calls = []
-    ref = gemv.linear_fp8_ref
+    calls, w8a8 = [], []
+    ref, ref_w8a8 = gemv.linear_fp8_ref, gemv.linear_w8a8_ref
     monkeypatch.setattr(gemv, "linear_fp8_ref", lambda *a: calls.append(a[1].shape) or ref(*a))
+    monkeypatch.setattr(gemv, "linear_w8a8_ref", lambda *a: w8a8.append(a[0].shape[0]) or ref_w8a8(*a))
+    monkeypatch.setattr(gemv, "W8A8_NARROW_MIN_TOKENS", gemv.FP8_MAX_TOKENS + 1)  # the tiny head's weights: W8A8 too
     target, draft = make_pair(algorithm, "mixed")
     prompts = prompts_of([7, 13, 3], target.config.vocab_size)
     params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
@@ -90,6 +92,7 @@ def test_engine_with_fp8_draft_is_lossless(algorithm, monkeypatch):
     assert [r["output_ids"] for r in results] == expected
     assert sum(k for r in results for k in r["meta_info"]["spec_accept_lengths"]) > 0  # the head still drafts
     assert len(calls) > 0 and (draft.fc.weight.shape in calls)  # the head's GEMMs read the FP8 copies
+    assert w8a8 and min(w8a8) > gemv.FP8_MAX_TOKENS  # past 16 tokens W8A8 (the draft extend: 3 requests x 6)
 
 
 def test_engine_rejects_an_unknown_quantization():
@@ -107,13 +110,16 @@ def test_engine_rejects_an_unknown_quantization():
 @pytest.mark.parametrize("shape", [(3, 1, 4), (5, 4, 8)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_fp8_draft_is_lossless(algorithm, shape, monkeypatch):
     """bf16, triton, CUDA graphs: the head's GEMMs read their FP8 copies inside the captured draft
-    loop; speculative output equals plain output up to the bf16 near-ties of test_gpu_lossless."""
+    loop (W8A16) and draft extend (W8A8: 7 requests x 4+ tokens); speculative output equals plain
+    output up to the bf16 near-ties of test_gpu_lossless."""
     from specdec.models.ops import gemv
 
-    kernels, launches = gemv._kernels(), []
-    launch = kernels.gemv
-    monkeypatch.setattr(kernels, "gemv", lambda *a, scale=None: launches.append(scale is not None) or
-                        launch(*a, scale=scale))
+    kernels, launches, w8a8 = gemv._kernels(), [], []
+    launch, quantize = kernels.gemv, kernels.quantize_rows_fp8
+    monkeypatch.setattr(kernels, "gemv", lambda *a, scale=None, **kw: launches.append(scale is not None) or
+                        launch(*a, scale=scale, **kw))
+    monkeypatch.setattr(kernels, "quantize_rows_fp8", lambda x: w8a8.append(x.shape[0]) or quantize(x))
+    monkeypatch.setattr(gemv, "W8A8_NARROW_MIN_TOKENS", gemv.FP8_MAX_TOKENS + 1)  # the tiny head's weights: W8A8 too
     target, draft = make_pair(algorithm, "mixed", dtype=torch.bfloat16)
     target, draft = target.to("cuda"), draft.to("cuda")
     prompts = prompts_of([1, 9, 4, 23, 2, 15, 6], target.config.vocab_size)
@@ -123,6 +129,7 @@ def test_gpu_fp8_draft_is_lossless(algorithm, shape, monkeypatch):
     spec = engine(target, draft, algorithm=algorithm, shape=shape, speculative_draft_model_quantization="fp8", **kw)
     got = [g["output_ids"] for g in spec.generate(input_ids=prompts, sampling_params=params)]
     assert any(launches), "no GEMM read an FP8 copy"
+    assert w8a8 and min(w8a8) > gemv.FP8_MAX_TOKENS, "no GEMM of more than 16 tokens ran W8A8"  # the draft extend
     assert_equal_or_near_tie(target, prompts, got, expected, max_diverged=len(prompts) // 2, top_two=True)
     assert_no_leak(spec)
 

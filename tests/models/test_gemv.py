@@ -97,6 +97,46 @@ def test_fp8_weight_matches_ref_interpreted(config, m, n, k):
     check_gemm(gk.gemv(x, q, bias, config, scale=scale), x, q.double() * scale.double()[:, None], bias)
 
 
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_quantize_rows_fp8_matches_ref_interpreted(dtype):
+    """Per-token FP8 activations (W8A8): the kernel's scales and e4m3 values bit for bit the
+    reference's, on rows of very different scales, a zero row, an outlier and a strided view."""
+    wide = rand(19, 300, dtype=dtype, seed=7, scale=3.0)
+    wide[1] *= 1e-3
+    wide[2] = 0.0
+    wide[3, 5] = 2e3  # one outlier sets its row's scale
+    x = wide[:, 20:276]  # rows of a wider tensor
+    q, scale = gk.quantize_rows_fp8(x)
+    q_ref, scale_ref = gemv.quantize_rows_fp8_ref(x)
+    assert q.dtype == gemv.FP8 and q.shape == x.shape and scale.shape == (19,)
+    assert torch.equal(scale, scale_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(q.float()[[0, 1, 3]].abs().amax(dim=1), torch.full((3,), gemv.FP8_MAX))  # each row's max at 448
+    assert not q.float()[2].any()
+
+
+def test_w8a8_ref_is_the_product_of_the_quantized_operands():
+    """``linear_w8a8_ref``: x and W each rounded to e4m3 with one scale per row, multiplied exactly
+    (within check_gemm's bound), and near the unquantized product (each rounding moves a value by
+    at most 1/16 of itself)."""
+    x = rand(24, 64, dtype=torch.bfloat16, seed=1, scale=2.0)
+    x[0] *= 50.0
+    weight = gemv.attach_fp8_copy_(rand(40, 64, dtype=torch.bfloat16, seed=2, scale=0.125))
+    q, scale = weight.fp8_copy
+    bias = rand(40, dtype=torch.bfloat16, seed=3)
+    out = gemv.linear_w8a8_ref(x, q, scale, bias)
+    xq, x_scale = gemv.quantize_rows_fp8_ref(x)
+    x_rounded = xq.double() * x_scale.double()[:, None]
+    assert ((x_rounded - x.double()).abs() <= x.double().abs() / 16).all()
+    w_rounded = q.double() * scale.double()[:, None]
+    ref = F.linear(x_rounded, w_rounded, bias.double())
+    mag = F.linear(x_rounded.abs(), w_rounded.abs()) + bias.double().abs()
+    bound = torch.finfo(torch.bfloat16).eps * ref.abs() + (64 + 3) * 2.0**-24 * mag  # fp32 sums and the two scalings
+    assert out.dtype == torch.bfloat16 and ((out.double() - ref).abs() <= bound).all()
+    exact = F.linear(x.double(), weight.double(), bias.double())
+    assert (out.double() - exact).norm() <= 0.05 * exact.norm()
+
+
 # ============================================================================= dispatch
 @pytest.fixture
 def kernel_on_cpu(monkeypatch):
@@ -164,13 +204,22 @@ def test_dispatch_falls_back_to_f_linear(kernel_on_cpu):
 
 
 def test_dispatch_reads_the_fp8_copy(monkeypatch):
-    """A weight with an FP8 copy: the kernel gets the copy and its scales where the table applies;
-    on CPU the reference; autograd and the GPU beyond MAX_TOKENS read the 16-bit weight."""
+    """A weight with an FP8 copy: up to FP8_MAX_TOKENS tokens the kernel gets the copy and its
+    scales where the table applies (on CPU the W8A16 reference); past it W8A8 where it pays (on
+    CPU its reference; fp32 logits are its result widened), elsewhere the 16-bit weight; autograd
+    differentiates the 16-bit weight."""
     dt = torch.bfloat16
     w = gemv.attach_fp8_copy_(rand(48, 64, dtype=dt, seed=1, scale=0.125))
     q, scale = w.fp8_copy
     x = rand(5, 64, dtype=dt, seed=2)
+    many = rand(gemv.FP8_MAX_TOKENS + 1, 64, dtype=dt, seed=3)
     assert torch.equal(gemv.linear(x, w), gemv.linear_fp8_ref(x, q, scale))  # CPU
+    assert torch.equal(gemv.linear(many, w), F.linear(many, w))  # a narrow weight: 16-bit up to 127 tokens
+    most = rand(gemv.W8A8_NARROW_MIN_TOKENS, 64, dtype=dt, seed=4)
+    assert torch.equal(gemv.linear(most, w), gemv.linear_w8a8_ref(most, q, scale))
+    wide = gemv.attach_fp8_copy_(rand(gemv.WIDE_N, 64, dtype=dt, seed=5, scale=0.125))
+    assert torch.equal(gemv.linear(many, wide), gemv.linear_w8a8_ref(many, *wide.fp8_copy))
+    assert torch.equal(gemv.linear(many, wide, out_dtype=torch.float32), gemv.linear(many, wide).float())
     if not _INTERPRETED:
         return
     monkeypatch.setattr(gemv, "_applies", lambda device: True)
@@ -180,12 +229,12 @@ def test_dispatch_reads_the_fp8_copy(monkeypatch):
     gemv.linear(x, w)
     assert len(launches) == 1 and launches[0][0] is q and launches[0][1] is scale
     assert launches[0][2] == gemv._fp8_config(8, 48, 64)  # the FP8 table: 5 tokens -> bucket 8
-    gemv.linear(rand(gemv.FP8_MAX_TOKENS + 1, 64, dtype=dt, seed=3), w)  # past FP8_MAX_TOKENS: the weight itself
-    assert launches[1][0] is w and launches[1][1] is None
+    assert torch.equal(gemv.linear(many, wide), gemv.linear_w8a8_ref(many, *wide.fp8_copy))  # W8A8 (CPU: its reference)
+    assert len(launches) == 1
     trained = w.clone().requires_grad_()
     trained.fp8_copy = w.fp8_copy
-    gemv.linear(x, trained)  # autograd: F.linear on the weight itself
-    assert len(launches) == 2
+    assert torch.equal(gemv.linear(x, trained), F.linear(x, trained))  # autograd: F.linear on the weight itself
+    assert len(launches) == 1
 
 
 def test_cpu_keeps_reference_numerics():
@@ -209,6 +258,7 @@ def test_pdl_only_on_hopper_and_switchable():
 # ============================================================================= GPU, real shapes
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096)}
+DRAFT_SHAPES = {**SHAPES, "draft_fc": (4096, 12288)}  # an EAGLE-3 head's GEMMs (FP8 copies)
 
 
 @pytest.mark.gpu
@@ -241,18 +291,57 @@ def test_gpu_fp32_logits_equal_the_widened_result(m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "draft_qkv", "draft_lm_head", "draft_fc"])
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 32])
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 17, 32, 64, 256])
 def test_gpu_fp8_weight_matches_ref(shape, m):
-    n, k = {**SHAPES, "draft_fc": (4096, 12288)}[shape]
+    """Up to FP8_MAX_TOKENS: W8A16 within check_gemm's bound. Past it, where it pays, W8A8
+    (``torch._scaled_mm``): the product of the reference's quantized operands within bf16 rounding
+    and fp32 sums (each token's output within 1e-2 of it, relative; a wrong index or scale is off
+    by O(1)), fp32 logits that result widened; elsewhere the 16-bit weight."""
+    n, k = DRAFT_SHAPES[shape]
     dt = torch.bfloat16
     x = rand(m, k, dtype=dt, device="cuda", seed=m)
+    x[0] *= 30.0  # rows of very different scales
     weight = torch.randn(n, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m)).mul_(k**-0.5).to(dt)
     gemv.attach_fp8_copy_(weight)
     q, scale = weight.fp8_copy
+    w_rounded = q.double() * scale.double()[:, None]
     out = torch.full((m, n), float("nan"), dtype=dt, device="cuda")
     out.copy_(gemv.linear(x, weight))
-    # past FP8_MAX_TOKENS the 16-bit weight itself is read
-    check_gemm(out, x, q.double() * scale.double()[:, None] if m <= gemv.FP8_MAX_TOKENS else weight, None)
+    if m <= gemv.FP8_MAX_TOKENS:
+        check_gemm(out, x, w_rounded, None)
+        return
+    if not gemv._w8a8_pays(m, n):
+        check_gemm(out, x, weight, None)  # the 16-bit weight
+        return
+    xq, x_scale = gemv.quantize_rows_fp8_ref(x)
+    ref = F.linear(xq.double() * x_scale.double()[:, None], w_rounded)
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)  # per token
+    assert err.max() < 1e-2, f"relative error {err.max().item():.3g}"
+    assert torch.equal(gemv.linear(x, weight, out_dtype=torch.float32), out.float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [4096, 8192, 12288, 14336])
+@pytest.mark.parametrize("m", [17, 64, 256])
+@pytest.mark.parametrize("rows", ["normal", "outliers"])
+def test_gpu_quantize_rows_fp8_is_exact(m, k, rows):
+    """The W8A8 activations: the compiled kernel's e4m3 values and scales bit for bit the
+    reference's; "outliers": a zero row, a row scaled by 1e3 and one whose outlier leaves the
+    others in e4m3's subnormal range."""
+    x = rand(m, k, dtype=torch.bfloat16, device="cuda", seed=m + k, scale=2.0)
+    if rows == "outliers":
+        x[0] *= 1e3
+        x[1] = 0.0
+        x[2, 7] = -5e4
+    q, scale = gk.quantize_rows_fp8(x)
+    q_ref, scale_ref = gemv.quantize_rows_fp8_ref(x)
+    assert torch.equal(scale, scale_ref), f"scales differ in rows {(scale != scale_ref).nonzero().flatten().tolist()}"
+    differ = (q.view(torch.uint8) != q_ref.view(torch.uint8)).nonzero()
+    assert len(differ) == 0, (f"{len(differ)} values differ, e.g. x / scale = "
+                              f"{[(x[i, j].float() / scale[i]).item() for i, j in differ[:4].tolist()]}: kernel "
+                              f"{[q[i, j].float().item() for i, j in differ[:4].tolist()]}, reference "
+                              f"{[q_ref[i, j].float().item() for i, j in differ[:4].tolist()]}")
 
 
 @pytest.mark.gpu

@@ -15,15 +15,24 @@ the eager warm-up and the CUDA-graph capture always take the same kernel):
            N >= WIDE_N rows), no autograd, contiguous weight, 16-byte rows
   F.linear otherwise (cuBLAS on CUDA; on CPU the model keeps its reference numerics)
 
-``cublas_only()`` switches the Triton path off (the baseline of tests and benchmarks).
+``cublas_only()`` switches the Triton path off (the baseline of tests and benchmarks), and with it
+the W8A8 path below (its quantization is a Triton kernel).
 
 FP8 copies (``attach_fp8_copy_``, for ``--speculative-draft-model-quantization fp8``): a weight may
-carry an FP8 copy of itself (e4m3, one fp32 scale per row). ``linear`` then computes
-``(x @ W_fp8^T) * scale`` instead: the Triton kernel on a GPU for up to FP8_MAX_TOKENS tokens
-(half the weight bytes; its own tiling, ``_fp8_config``), ``linear_fp8_ref`` on CPU; on a GPU
-beyond FP8_MAX_TOKENS it reads the original weight (the 16-bit table, then cuBLAS, which has no
-FP8-weight, 16-bit-activation GEMM). At 17-32 tokens widening the FP8 chunks cost more than their
-bytes saved (H100: the 6x8x32 step at bs 4 11.73 ms against 11.61 with the 16-bit weights).
+carry an FP8 copy of itself (e4m3, one fp32 scale per row). ``linear`` then reads the copy:
+
+  <= FP8_MAX_TOKENS  W8A16: ``(x @ W_fp8^T) * scale``, the Triton kernel widening each FP8 chunk
+                     (half the weight bytes; its own tiling, ``_fp8_config``); ``linear_fp8_ref``
+                     on CPU. Past 16 tokens the widening cost more than the bytes saved (H100: the
+                     6x8x32 step at bs 4 11.73 ms against 11.61 with the 16-bit weights)
+  more tokens        W8A8 where it pays (``_w8a8_pays``): x quantized per token too (the Triton
+                     ``quantize_rows_fp8``: e4m3 and one scale a row), then the FP8 tensor-core GEMM
+                     with both scales in its epilogue (``torch._scaled_mm``, row-wise scales, fp32
+                     accumulation: Hopper's fast FP8 accumulation saved at most 8 µs a head forward
+                     and its errors were 1.3-1.6x the bf16 rounding's, growing with K);
+                     ``linear_w8a8_ref`` on CPU. Elsewhere, on a GPU
+                     without FP8 tensor cores (before sm89) and for fp16 models (the row-wise GEMM
+                     writes bf16 only), the 16-bit weight (on CPU too, so both compute alike)
 
 Measured and rejected (see the results README): fusing the RMSNorm or SiLU-and-mul into the GEMM
 as a prologue. Every program must recompute the prologue from the whole input row, so the input is
@@ -42,8 +51,8 @@ import torch.nn.functional as F
 
 from specdec.models.ops import _HAS_TRITON
 
-__all__ = ["linear", "linear_ref", "linear_fp8_ref", "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS",
-           "WIDE_MAX_TOKENS", "WIDE_N"]
+__all__ = ["linear", "linear_ref", "linear_fp8_ref", "linear_w8a8_ref", "quantize_rows_fp8_ref",
+           "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS", "WIDE_MAX_TOKENS", "WIDE_N"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
@@ -51,7 +60,8 @@ MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's
 # ... except against wide weights (qkv, gate_up, lm_head): swap-AB tiles up to this many tokens
 WIDE_MAX_TOKENS = 64
 WIDE_N = 6144
-FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save (see the docstring)
+FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save: W8A8 (see the docstring)
+W8A8_NARROW_MIN_TOKENS = 128  # W8A8 for weights of N < WIDE_N rows from this many tokens (``_w8a8_pays``)
 _enabled = True
 
 
@@ -182,12 +192,15 @@ def linear(
     to x's dtype and then widened; the Triton kernel does both in its store, which saves the
     separate cast (the verify's [64, 128256] logits: 24.5 us of a bs-1 step on an H100).
     """
-    config = plan(x, weight, bias)
     fp8 = getattr(weight, "fp8_copy", None)  # (W_fp8 [N, K], scale [N] fp32) or None
     if fp8 is not None and torch.is_grad_enabled() and weight.requires_grad:
         fp8 = None  # NOTE: autograd differentiates the 16-bit weight, not its copy
-    if fp8 is not None and config is not None and x.shape[0] > FP8_MAX_TOKENS:
-        fp8 = None
+    if fp8 is not None and x.dim() == 2 and x.shape[0] > FP8_MAX_TOKENS:
+        out = _linear_w8a8(x, *fp8, bias) if _w8a8_pays(x.shape[0], weight.shape[0]) else None
+        if out is not None:
+            return out if out_dtype is None else out.to(out_dtype)
+        fp8 = None  # NOTE: the 16-bit weight
+    config = plan(x, weight, bias)
     if config is None:
         if fp8 is None or x.device.type == "cuda":
             out = F.linear(x, weight, bias)
@@ -216,6 +229,84 @@ def linear_fp8_ref(
     what the kernel's fp32 accumulation computes)."""
     dequantized = (weight_fp8.float() * scale[:, None]).to(x.dtype)
     return F.linear(x, dequantized, bias)
+
+
+def _w8a8_pays(m: int, n: int) -> bool:
+    """Whether W8A8 beats the 16-bit weight for ``m`` > FP8_MAX_TOKENS tokens against an [n, K]
+    weight. H100, µs a call, 16-bit (the Triton table or cuBLAS) -> W8A8 with its quantization, an
+    8B EAGLE-3 head (benchmarks/results/2026-11-26-h100-draft-w8a8, call 1, ``w8a8_exact``):
+      N >= WIDE_N   17-32 tokens: gate_up 28672x4096 80-82 -> 52-55, lm_head 32000x4096 89-90 ->
+                    55-56, qkv 6144x8192 38.5-38.7 -> 36.8-38.8; 256 tokens: 101 -> 69, 110 -> 71,
+                    43 -> 33
+      N < WIDE_N    o 4096x4096, down 4096x14336, fc 4096x12288: 17-32 tokens 14, 43, 38.5 -> 18, 48-51,
+                    42-45 (the quantization and the FP8 GEMM's fixed cost); 64: 14.9, 47.2, 42.1 ->
+                    17.2, 45.7, 40.1; 128: 15.3, 53.0, 39.9 -> 17.0, 43.9, 38.9; 256: 19.6, 57.1, 52.4
+                    -> 17.3, 47.0, 42.9
+    """
+    return n >= WIDE_N or m >= W8A8_NARROW_MIN_TOKENS
+
+
+def _linear_w8a8(
+    x: torch.Tensor,  # [T, K]
+    weight_fp8: torch.Tensor,  # [N, K] float8_e4m3fn
+    scale: torch.Tensor,  # [N] fp32
+    bias: torch.Tensor | None,  # [N]
+) -> torch.Tensor | None:  # [T, N], x's dtype; None where no FP8 GEMM applies
+    """W8A8 (module docstring): ``linear_w8a8_ref`` on CPU, the Triton quantization and
+    ``torch._scaled_mm`` on a GPU with FP8 tensor cores."""
+    if x.device.type == "cpu":
+        return linear_w8a8_ref(x, weight_fp8, scale, bias)
+    if not _w8a8_applies(x, weight_fp8, bias):
+        return None
+    xq, x_scale = _kernels().quantize_rows_fp8(x if x.stride(1) == 1 else x.contiguous())
+    # NOTE: _scaled_mm wants the second operand column-major: the [N, K] copy transposed is
+    return torch._scaled_mm(xq, weight_fp8.t(), scale_a=x_scale[:, None], scale_b=scale[None, :], bias=bias,
+                            out_dtype=torch.bfloat16)
+
+
+def _w8a8_applies(x: torch.Tensor, weight_fp8: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    n, k = weight_fp8.shape
+    return (_enabled and x.device.type == "cuda" and _HAS_TRITON and _has_fp8_mma(x.device)
+            and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[1] == k and k % 16 == 0 and n % 16 == 0
+            and weight_fp8.device == x.device and (bias is None or bias.dtype == torch.bfloat16))
+
+
+@functools.lru_cache(maxsize=None)
+def _has_fp8_mma(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def quantize_rows_fp8_ref(
+    x: torch.Tensor,  # [M, K]
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] float8_e4m3fn, [M] fp32)
+    """Specification of the per-token FP8 quantization: per row ``scale = max|x| * fp32(1/448)``
+    (at least the smallest normal fp32: a zero row's) and ``e4m3(x / scale)``, rounded to nearest
+    even, saturating at +-448.
+
+    NOTE: a product with the rounded reciprocal, not ``max|x| / 448``: torch divides by a Python
+    number as a multiplication by its reciprocal on a GPU and as a division on CPU, which differ in
+    the last bit for about half of all rows."""
+    xf = x.float()
+    inv = torch.tensor(1 / FP8_MAX, dtype=torch.float32, device=x.device)
+    scale = (xf.abs().amax(dim=1) * inv).clamp_min(torch.finfo(torch.float32).tiny)  # [M]
+    return (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def linear_w8a8_ref(
+    x: torch.Tensor,  # [T, K]
+    weight_fp8: torch.Tensor,  # [N, K] float8_e4m3fn
+    scale: torch.Tensor,  # [N] fp32
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [T, N], x's dtype
+    """Specification of ``linear`` with an FP8 copy past FP8_MAX_TOKENS tokens: x quantized per
+    token (``quantize_rows_fp8_ref``), the FP8 product summed in fp32, both scales (and the bias)
+    applied to the sum, one rounding to x's dtype: what ``torch._scaled_mm`` computes up to its
+    summation order."""
+    xq, x_scale = quantize_rows_fp8_ref(x)
+    acc = F.linear(xq.float(), weight_fp8.float()) * x_scale[:, None] * scale[None, :]
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc.to(x.dtype)
 
 
 def attach_fp8_copy_(weight: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,14 @@ FP8 weights (``HAS_SCALE``): W in float8 e4m3 with one fp32 scale per row. Each 
 to x's dtype (exactly: every e4m3 value is a bf16 / fp16 value) before the inner product, and the
 row's scale multiplies the fp32 result: ``out = (x @ W_fp8^T) * scale (+ bias)``.
 
+FP8 activations (``quantize_rows_fp8``, for the FP8 tensor-core GEMM ``torch._scaled_mm`` that
+``specdec.models.ops.gemv`` runs past FP8_MAX_TOKENS): one program per row of x takes the row's
+largest magnitude, ``scale = max|x| * fp32(1/448)`` (at least the smallest normal fp32), and
+stores ``e4m3(x / scale)`` and the scale, exactly as ``gemv.quantize_rows_fp8_ref`` computes them
+(an IEEE division, rounding to nearest even, saturating). NOTE: Triton's interpreter converts
+fp32 to e4m3 wrongly (a value that rounds up to the next power of two loses that power: 127.9 ->
+64), so there the kernel stores ``x / scale`` in fp32 and the launch converts it with torch.
+
 With ``PDL`` (see ``specdec.models.ops.launch``) a program waits for the previous kernel before it
 reads x, then lets the next kernel launch. ``PREFETCH`` (elementwise path): each iteration issues
 the load of the next W chunk before it uses the current one (two chunks in flight per thread), and
@@ -161,6 +169,43 @@ def gemv(
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_kwargs(x.device))
     return out
+
+
+@triton.jit
+def _quantize_rows_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, FP8_MAX: tl.constexpr, INV_FP8_MAX: tl.constexpr,
+                              TINY: tl.constexpr, COMPILED: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs = tl.arange(0, BLOCK_K)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_FP8_MAX, TINY)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -FP8_MAX), FP8_MAX)
+    if COMPILED:
+        q = q.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # NOTE: the clamp above keeps it finite
+    tl.store(q_ptr + row * K + offs, q, mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+INV_FP8_MAX = float(torch.tensor(1 / 448.0, dtype=torch.float32))  # 1/448 rounded to fp32, as the reference has it
+
+
+def quantize_rows_fp8(
+    x: torch.Tensor,  # [M, K], unit stride along K
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] float8_e4m3fn, [M] fp32 scales)
+    """Launch (no input checks: ``specdec.models.ops.gemv`` checks and dispatches)."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn if not INTERPRETED else torch.float32, device=x.device)
+    scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m > 0:
+        block_k = triton.next_power_of_2(k)
+        _quantize_rows_fp8_kernel[(m,)](x, q, scale, k, x.stride(0), FP8_MAX=448.0, INV_FP8_MAX=INV_FP8_MAX,
+                                        TINY=torch.finfo(torch.float32).tiny,
+                                        COMPILED=not INTERPRETED, BLOCK_K=block_k,
+                                        num_warps=min(16, max(4, block_k // 1024)), **pdl_kwargs(x.device))
+    return q.to(torch.float8_e4m3fn), scale
 
 
 # True when triton was imported with TRITON_INTERPRET=1: the kernels then run on CPU tensors only.

@@ -54,6 +54,24 @@ def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """Fold one tile of KV entries into each query row's running softmax.
+
+    q [M, D] in the cache's dtype; ``slot`` [N] int64 the entries' cache slots, ``n_valid`` [N]
+    which are real, ``visible`` [M, N] which rows see which. NOTE: slot * stride overflows int32
+    past 2^31 / (num_kv_heads * head_dim) slots, hence int64 slots.
+    """
+    k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
+                mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [D, N]
+    qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2  # [M, N]
+    qk = tl.where(visible, qk, float("-inf"))
+    v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+                mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [N, D]
+    return online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+
+
+@triton.jit
 def store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, o_mask, row_mask, DIRECT: tl.constexpr):
     """Write normalised rows: straight to the output (DIRECT), or as a split's partial + lse."""
     l_safe = tl.where(l_i > 0, l_i, 1.0)

@@ -25,14 +25,13 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
+    attend_tile,
     head_dim_block,
     LOG2E,
     check_device,
     dot_precision,
     is_streaming_grid,
     launch_config,
-    mma,
-    online_softmax_step,
     plan_num_splits,
     split_chunk,
     store_rows,
@@ -76,19 +75,10 @@ def _decode_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
-        # NOTE: slot * stride overflows int32 past 2^31 / (num_kv_heads * head_dim) slots.
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
-        k = tl.load(
-            K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
-            mask=n_valid[None, :] & d_valid[:, None], other=0.0,
-        )  # [BLOCK_D, BLOCK_N]
-        qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2  # [BLOCK_H, BLOCK_N]
-        qk = tl.where(n_valid[None, :], qk, float("-inf"))
-        v = tl.load(
-            V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-            mask=n_valid[:, None] & d_valid[None, :], other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
+                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                    DOT_PRECISION)
 
     o_ptrs = O + seq.to(tl.int64) * stride_os + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + seq.to(tl.int64) * stride_ls + head * stride_lh + split

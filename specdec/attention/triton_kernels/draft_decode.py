@@ -25,13 +25,12 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
+    attend_tile,
     LOG2E,
     dot_precision,
     extend_block_m,
     head_dim_block,
     launch_config,
-    mma,
-    online_softmax_step,
     plan_num_splits,
     split_chunk,
     store_rows,
@@ -84,13 +83,9 @@ def _draft_decode_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
         slot = tl.load(table + offs_n, mask=n_valid, other=0).to(tl.int64)
-        k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
-                    mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2
-        qk = tl.where(n_valid[None, :], qk, float("-inf"))
-        v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
+                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                    DOT_PRECISION)
 
     # each row's own ancestors, one entry at a time, in the split holding the prefix's end
     if split == tl.maximum(prefix_len - 1, 0) // chunk_len:

@@ -31,13 +31,12 @@ import triton
 import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
+    attend_tile,
     head_dim_block,
     LOG2E,
     dot_precision,
     extend_block_m,
     launch_config,
-    mma,
-    online_softmax_step,
     plan_extend_splits,
     split_chunk,
     store_rows,
@@ -109,13 +108,9 @@ def _extend_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
-        k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
-                    mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2
-        qk = tl.where(n_valid[None, :], qk, float("-inf"))
-        v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+        m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
+                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                    DOT_PRECISION)
 
     # new tokens: causal or masked. A prefix of one chunk: the split holding it runs them right after
     # it (one pass). A longer prefix: with NEW_SPLIT the last split runs them alone (its chunk lies
@@ -135,20 +130,15 @@ def _extend_kernel(
             offs_n = start + tl.arange(0, BLOCK_NEW)
             n_valid = offs_n < hi
             slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
-            k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
-                        mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-            qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2
             if HAS_MASK:
                 bits = tl.load(MASK + mask_start + row[:, None].to(tl.int64) * q_len + (offs_n[None, :] - prefix_len),
                                mask=row_valid[:, None] & n_valid[None, :], other=0)
                 visible = bits != 0
             else:
                 visible = (offs_n[None, :] - prefix_len) <= row[:, None]
-            visible = visible & n_valid[None, :]
-            qk = tl.where(visible, qk, float("-inf"))
-            v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                        mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+            m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, visible & n_valid[None, :], kv_head, stride_ks,
+                                        stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i,
+                                        acc, DOT_PRECISION)
 
     o_ptrs = O + token[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + token * stride_lt + head * stride_lh + split

@@ -10,7 +10,8 @@ For each GEMM of an 8B-shaped EAGLE-3 head and each token count, microseconds a 
     w8a8_gemm   ``torch._scaled_mm`` alone, on activations quantized beforehand
 
 and the floor: the FP8 copy's bytes at the measured copy bandwidth. Each timing is a CUDA graph of
-20 calls over 4 rotating weight copies (more bytes than L2), the median of 10 replays. Every W8A8
+20 calls over 4 rotating weight copies (more bytes than L2), the median of 10 replays
+(``bench_kernels.graph_us``). Every W8A8
 result is checked against ``gemv.linear_w8a8_ref`` first (``*_row_err``: the largest relative error
 of a token's output row).
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench_kernels import graph_us
 from common import run_metadata
 from specdec.bench.synthetic import copy_bandwidth
 from specdec.models.ops import gemv
@@ -37,33 +39,7 @@ SHAPES = {"qkv": (6144, 8192), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
           "lm_head": (32000, 4096), "fc": (4096, 12288)}
 TOKENS = [8, 16, 17, 24, 32, 48, 64, 128, 256]
 COPIES = 4
-CALLS = 20
-
-
-def time_us(fn) -> float:
-    """Median µs a call of ``fn`` over 10 replays of a CUDA graph of CALLS calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
+CALLS = 20  # a graph replays this many calls back to back (its launch latency divided among them)
 
 
 def scaled_mm(xq, x_scale, q, scale, *, fast: bool) -> torch.Tensor:
@@ -127,7 +103,7 @@ def main() -> None:
             if not row["w8a8_row_err"] < 1e-2:
                 raise AssertionError(f"W8A8 off its reference: {row}")
             for variant, fn in variants(m, x, weights).items():
-                row[variant] = round(time_us(fn), 2)
+                row[variant] = round(graph_us(fn, reps=10, calls=CALLS), 2)
             rows.append(row)
             print("  ".join(f"{key}={value}" for key, value in row.items()), flush=True)
     opts.output_dir.mkdir(parents=True, exist_ok=True)

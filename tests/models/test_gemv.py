@@ -295,8 +295,9 @@ def test_gpu_fp32_logits_equal_the_widened_result(m):
 def test_gpu_fp8_weight_matches_ref(shape, m):
     """Up to FP8_MAX_TOKENS: W8A16 within check_gemm's bound. Past it, where it pays, W8A8
     (``torch._scaled_mm``): the product of the reference's quantized operands within bf16 rounding
-    and fp32 sums (each token's output within 1e-2 of it, relative; a wrong index or scale is off
-    by O(1)), fp32 logits that result widened; elsewhere the 16-bit weight."""
+    and fp32 sums (each token's output within 4e-3 of it, relative: bf16 rounding alone gives up to
+    1.7e-3, a one-ulp scale mismatch gave 1.5e-2, a wrong index or scale O(1)), fp32 logits that
+    result widened; elsewhere the 16-bit weight."""
     n, k = DRAFT_SHAPES[shape]
     dt = torch.bfloat16
     x = rand(m, k, dtype=dt, device="cuda", seed=m)
@@ -317,7 +318,7 @@ def test_gpu_fp8_weight_matches_ref(shape, m):
     ref = F.linear(xq.double() * x_scale.double()[:, None], w_rounded)
     assert torch.isfinite(out).all()
     err = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)  # per token
-    assert err.max() < 1e-2, f"relative error {err.max().item():.3g}"
+    assert err.max() < 4e-3, f"relative error {err.max().item():.3g}"
     assert torch.equal(gemv.linear(x, weight, out_dtype=torch.float32), out.float())
 
 

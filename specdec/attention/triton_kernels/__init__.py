@@ -5,7 +5,8 @@
   (read from the request-to-token table), then each branch's own ancestors.
 * ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
   causal or under an explicit mask (TARGET_VERIFY trees), optionally split over the prefix.
-* ``merge.py`` — combines split-KV partial outputs by their log-sum-exp; shared by both.
+* ``merge.py`` — combines split-KV partial outputs by their log-sum-exp (and allocates them); shared
+  by the three.
 * ``store_kv.py`` — writes a layer's new K and V rows into their cache slots in one kernel.
 
 The decode and extend kernels read KV through an explicit per-sequence slot list (``kv_indptr`` /

@@ -36,7 +36,7 @@ from specdec.attention.triton_kernels.common import (
     split_chunk,
     store_rows,
 )
-from specdec.attention.triton_kernels.merge import merge_partials
+from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
 
@@ -137,11 +137,7 @@ def decode_attention(
     if is_streaming_grid(q.device, num_seqs * hkv, splits):
         cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size(), streaming=True)
     direct = splits == 1
-    if direct:
-        partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT
-    else:
-        partial = torch.empty(num_seqs, hq, splits, d, dtype=torch.float32, device=q.device)
-        lse = torch.empty(num_seqs, hq, splits, dtype=torch.float32, device=q.device)
+    partial, lse = split_buffers(out, splits)
     group = hq // hkv
     _decode_kernel[(num_seqs, hkv, splits)](
         q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, sm_scale * LOG2E,

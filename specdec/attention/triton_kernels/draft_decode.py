@@ -36,7 +36,7 @@ from specdec.attention.triton_kernels.common import (
     store_rows,
 )
 from specdec.attention.triton_kernels.decode import check_qkv
-from specdec.attention.triton_kernels.merge import merge_partials
+from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
 
@@ -152,11 +152,7 @@ def draft_decode_attention(
     splits, _ = plan_num_splits(bs * hkv * m_blocks, max_prefix_len, device=q.device, tile=cfg.block_n,
                                 num_splits=num_splits)
     direct = splits == 1
-    if direct:
-        partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT
-    else:
-        partial = torch.empty(num_rows, hq, splits, d, dtype=torch.float32, device=q.device)
-        lse = torch.empty(num_rows, hq, splits, dtype=torch.float32, device=q.device)
+    partial, lse = split_buffers(out, splits)
     _draft_decode_kernel[(bs, hkv, m_blocks * splits)](
         q, k_buffer, v_buffer, partial, lse, req_to_token, req_pool_indices, prefix_lens, ancestors,
         sm_scale * LOG2E, ancestors.shape[1], splits,

@@ -42,7 +42,7 @@ from specdec.attention.triton_kernels.common import (
     store_rows,
 )
 from specdec.attention.triton_kernels.decode import _check_inputs
-from specdec.attention.triton_kernels.merge import merge_partials
+from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
 
@@ -192,11 +192,7 @@ def extend_attention(
                                               num_splits=num_splits, new_split=new_split)
     splits += int(new_split)
     direct = splits == 1
-    if direct:
-        partial, lse = out.unsqueeze(2), out  # lse is not written when DIRECT
-    else:
-        partial = torch.empty(num_tokens, hq, splits, d, dtype=torch.float32, device=q.device)
-        lse = torch.empty(num_tokens, hq, splits, dtype=torch.float32, device=q.device)
+    partial, lse = split_buffers(out, splits)
     has_mask = mask is not None
     _extend_kernel[(num_seqs, hkv, m_blocks * splits)](
         q, k_buffer, v_buffer, partial, lse, qo_indptr, kv_indptr, kv_indices,

@@ -14,7 +14,7 @@ import triton.language as tl
 from specdec.attention.triton_kernels.common import head_dim_block, check_device, plan_num_splits, triton_can_run_on
 from specdec.kernels.common import check_tensor
 
-__all__ = ["merge_partials", "merge_partials_ref", "plan_num_splits", "triton_can_run_on"]
+__all__ = ["merge_partials", "merge_partials_ref", "plan_num_splits", "split_buffers", "triton_can_run_on"]
 
 
 _MERGE_TILE = 4096  # fp32 values a program holds: 32 a thread at 4 warps
@@ -49,6 +49,20 @@ def _merge_kernel(
     out = tl.sum(w[:, :, None] * p, 1) / tl.where(total > 0, total, 1.0)[:, None]  # [HEADS, BLOCK_D]
     tl.store(O + row * stride_or + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=h_valid[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+def split_buffers(
+    out: torch.Tensor,  # [rows, heads, head_dim]
+    splits: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (partial [rows, heads, splits, head_dim], lse [rows, heads, splits])
+    """Where a kernel of ``splits`` KV splits writes: unsplit, ``out`` itself as its one split (the
+    lse is then not written: ``out`` stands in for it); split, fp32 partials and their log-sum-exps
+    for ``merge_partials``."""
+    if splits == 1:
+        return out.unsqueeze(2), out
+    rows, heads, d = out.shape
+    return (torch.empty(rows, heads, splits, d, dtype=torch.float32, device=out.device),
+            torch.empty(rows, heads, splits, dtype=torch.float32, device=out.device))
 
 
 def merge_partials(

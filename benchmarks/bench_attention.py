@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 
 from common import metadata_line, run_metadata
 from specdec.attention import AttentionLayer, KVCache, available_backends, create_attention_backend
+from specdec.bench.device_timing import copy_bandwidth, event_us, graph_us
 from specdec.forward import ForwardBatch, ForwardMode
 
 HQ, HKV, D = 32, 8, 128
@@ -42,44 +42,6 @@ CONTEXTS = (512, 4096)
 TREE_SIZES = (4, 8, 64)
 # torch_native materialises fp32 gathers and scores; skip it where they would pass this many bytes
 TORCH_NATIVE_MAX_BYTES = 12 * 2**30
-
-
-def copy_bandwidth(num_bytes: int = 2 * 2**30, iters: int = 10) -> float:
-    """Bytes moved per second (read + write) by a large device-to-device copy."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), warmup=3, iters=iters)
-    del src, dst
-    return 2 * num_bytes / (ms * 1e-3)
-
-
-def time_ms(fn, *, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def graph_ms(fn, *, warmup: int, iters: int) -> float:
-    """Median time of ``fn`` replayed from a CUDA graph: the GPU time without launch overhead."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_ms(graph.replay, warmup=warmup, iters=iters)
 
 
 def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -163,10 +125,10 @@ def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str]
         backend.init_forward_metadata(b)
         iters = args.iters if name != "torch_native" else max(3, args.iters // 5)
         call = lambda: backend.forward(q, k, v, layer, b)  # noqa: E731
-        row["us"][name] = 1e3 * time_ms(call, warmup=args.warmup, iters=iters)
+        row["us"][name] = event_us(call, reps=iters, warmup=args.warmup)
         if name != "torch_native":  # after its first call forward plans nothing on the host: capturable
             try:
-                row["us"][f"{name}_graph"] = 1e3 * graph_ms(call, warmup=args.warmup, iters=iters)
+                row["us"][f"{name}_graph"] = graph_us(call, reps=iters, warmup=args.warmup)
             except RuntimeError as e:  # a library whose run cannot be captured: say so, keep the eager time
                 row["us"][f"{name}_graph"] = None
                 row.setdefault("graph_errors", {})[name] = str(e).splitlines()[0][:200]

@@ -14,11 +14,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-import torch
-
-from bench_attention import D, DTYPE, HKV, copy_bandwidth, graph_ms, make_batch
+from bench_attention import D, DTYPE, HKV, make_batch
 from common import metadata_line, run_metadata
 from specdec.attention.triton_backend import TritonBackend
+from specdec.bench.device_timing import copy_bandwidth, graph_us
 from specdec.forward import ForwardMode
 
 SPLITS = (None, 1, 2, 4, 8, 16, 32)
@@ -35,8 +34,8 @@ def sweep(mode: ForwardMode, bs: int, ctx: int, n: int, args) -> dict:
         backend = TritonBackend(num_splits=splits)
         b = dataclasses.replace(batch, attn_backend=backend, attn_metadata=None)
         backend.init_forward_metadata(b)
-        row["us"]["auto" if splits is None else str(splits)] = 1e3 * graph_ms(
-            lambda: backend.forward(q, k, v, layer, b), warmup=args.warmup, iters=args.iters)
+        row["us"]["auto" if splits is None else str(splits)] = graph_us(
+            lambda: backend.forward(q, k, v, layer, b), reps=args.iters, warmup=args.warmup)
     best = min((t, s) for s, t in row["us"].items())
     row["best"] = best[1]
     return row
@@ -58,7 +57,7 @@ def main() -> None:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     meta = run_metadata()
     (args.output_dir / "bench_attention_splits.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Triton attention: GPU time (µs) per layer call against the split count\n", metadata_line(meta), "",
+    lines = ["# Triton attention: GPU time (µs) per layer call against the split count\n", metadata_line(meta), "",
              "| mode | bs | context | tokens | floor | " + " | ".join(("auto",) + tuple(map(str, SPLITS[1:]))) + " |",
              "|---" * (5 + len(SPLITS)) + "|"]
     for r in rows:

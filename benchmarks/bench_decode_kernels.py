@@ -34,7 +34,6 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -63,65 +62,35 @@ def sweep_configs(m: int) -> list:
 
 # ----------------------------------------------------------------------------- timing
 class Timer:
-    """Median time of one launch: a CUDA graph of ``fns`` (each one launch) replayed ``reps`` times."""
+    """Median time of one launch: a CUDA graph of ``fns`` (each one launch) replayed ``reps`` times
+    (``specdec.bench.device_timing.graph_us``); on the CPU (``--dry-run``) one eager pass."""
 
     def __init__(self, device: str, reps: int) -> None:
         self.device, self.reps = device, reps
 
     def __call__(self, fns: list) -> float:  # seconds per launch
-        import torch
-
-        for fn in fns[:2]:
-            fn()  # compile / pick workspaces outside the capture
         if self.device == "cpu":
+            fns[0]()  # compile outside the timing
             t0 = time.perf_counter()
             for fn in fns:
                 fn()
             return (time.perf_counter() - t0) / len(fns)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()
-        graph.replay()
-        times = []
-        for _ in range(self.reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        del graph
-        return statistics.median(times) / len(fns)
+        from specdec.bench.device_timing import graph_us
+
+        return graph_us(lambda: [fn() for fn in fns], reps=self.reps, warmup=1) * 1e-6 / len(fns)
 
 
 def bandwidths(device: str) -> dict:
-    """Copy (bytes read + written) and read-only bandwidth, GB/s, medians of 10 event-timed runs."""
+    """Copy (bytes read + written) and read-only (a large sum) bandwidth, GB/s, event-timed medians."""
     import torch
+
+    from specdec.bench.device_timing import copy_bandwidth, event_us
 
     if device == "cpu":
         return {"copy_GBps": float("nan"), "read_GBps": float("nan")}
     x = torch.randn(1 << 29, device=device, dtype=torch.bfloat16)  # 1 GiB
-    y = torch.empty_like(x)
-
-    def median_s(fn) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(10):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) * 1e-3)
-        return statistics.median(times)
-
-    nbytes = x.numel() * 2
-    copy = 2 * nbytes / median_s(lambda: y.copy_(x)) / 1e9
-    read = nbytes / median_s(lambda: x.sum(dtype=torch.float32)) / 1e9
-    return {"copy_GBps": copy, "read_GBps": read}
+    read_us = event_us(lambda: x.sum(dtype=torch.float32), reps=10)
+    return {"copy_GBps": copy_bandwidth(device) / 1e9, "read_GBps": x.numel() * 2 / (read_us * 1e-6) / 1e9}
 
 
 # ----------------------------------------------------------------------------- GEMMs

@@ -11,7 +11,7 @@ For each GEMM of an 8B-shaped EAGLE-3 head and each token count, microseconds a 
 
 and the floor: the FP8 copy's bytes at the measured copy bandwidth. Each timing is a CUDA graph of
 20 calls over 4 rotating weight copies (more bytes than L2), the median of 10 replays
-(``bench_kernels.graph_us``). Every W8A8
+(``specdec.bench.device_timing.graph_us``). Every W8A8
 result is checked against ``gemv.linear_w8a8_ref`` first (``*_row_err``: the largest relative error
 of a token's output row).
 
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 
-from bench_kernels import graph_us
 from common import run_metadata
-from specdec.bench.synthetic import copy_bandwidth
+from specdec.bench.device_timing import copy_bandwidth, graph_us
 from specdec.models.ops import gemv
 from specdec.models.ops.gemv_kernels import gemv as gemv_launch
 from specdec.models.ops.gemv_kernels import quantize_rows_fp8
@@ -85,7 +84,7 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=Path("."))
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     opts = parser.parse_args()
-    bandwidth = copy_bandwidth("cuda")  # bytes/s
+    bandwidth = copy_bandwidth()  # bytes/s
     rows = []
     for name, (n, k) in SHAPES.items():
         weights = []

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import torch
 
-from bench_attention import D, DTYPE, HKV, HQ, copy_bandwidth, graph_ms, make_batch, time_ms
+from bench_attention import D, DTYPE, HKV, HQ, make_batch
 from common import metadata_line, run_metadata
 from specdec.attention import available_backends, create_attention_backend
+from specdec.bench.device_timing import copy_bandwidth, event_us, graph_us
 from specdec.forward import ForwardMode
 
 BATCH_SIZES = (1, 8, 32, 64, 128)
@@ -67,9 +68,9 @@ def bench_case(mode: str, bs: int, ctx: int, variants: list[str], args) -> dict:
         b = dataclasses.replace(batch, attn_backend=backend, attn_metadata=None)
         backend.init_forward_metadata(b)
         call = lambda: backend.forward(q, k, v, layer, b)  # noqa: E731
-        row["us"][name] = 1e3 * time_ms(call, warmup=args.warmup, iters=args.iters)
+        row["us"][name] = event_us(call, reps=args.iters, warmup=args.warmup)
         try:
-            row["graph_us"][name] = 1e3 * graph_ms(call, warmup=args.warmup, iters=args.iters)
+            row["graph_us"][name] = graph_us(call, reps=args.iters, warmup=args.warmup)
         except RuntimeError as e:  # not capturable: keep the eager time, say why
             row.setdefault("graph_errors", {})[name] = str(e).splitlines()[0][:200]
         del b, backend

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 from common import metadata_line, run_metadata
 from specdec import kernels as K
+from specdec.bench.device_timing import copy_bandwidth, event_us, graph_us
 
 BATCHES = (1, 16, 64, 256)
 NODES = (8, 64)
@@ -32,48 +32,15 @@ VOCABS = (32000, 128256)
 TREE = {8: (4, 3), 64: (8, 6)}
 
 
-def time_us(fn, *, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 AMORTIZED = 8  # calls per graph for the device-time column
 
 
-def graph_us(fn, *, reps: int, calls: int = 1) -> float | None:
-    """Time per call of ``calls`` back-to-back calls replayed from one CUDA graph (no host launch
-    overhead; the graph launch's latency is divided by ``calls``), or None if capture fails."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up (and Triton compilation) outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
+def replay_us(fn, *, reps: int, calls: int = 1) -> float | None:
+    """``graph_us``, or None where ``fn`` cannot be captured."""
     try:
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
+        return graph_us(fn, reps=reps, calls=calls, warmup=1)
     except RuntimeError:
         return None
-    return time_us(graph.replay, reps=reps) / calls
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
-    src = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = time_us(lambda: dst.copy_(src), reps=20)
-    return 2 * src.numel() / (us * 1e-6)
 
 
 def nbytes(*tensors) -> int:
@@ -200,14 +167,14 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     rows, t0 = [], time.time()
     for i, (op, shape, ours, ref, floor_bytes) in enumerate(cases()):
-        triton_us = time_us(ours, reps=args.reps)
-        replay_us = graph_us(ours, reps=args.reps)
-        device_us = graph_us(ours, reps=args.reps, calls=AMORTIZED) if replay_us else None
-        ref_us = time_us(ref, reps=3, warmup=1) if ref is not None else None
+        triton_us = event_us(ours, reps=args.reps)
+        one_us = replay_us(ours, reps=args.reps)
+        device_us = replay_us(ours, reps=args.reps, calls=AMORTIZED) if one_us else None
+        ref_us = event_us(ref, reps=3, warmup=1) if ref is not None else None
         floor_us = floor_bytes / bandwidth * 1e6
-        rows.append(dict(op=op, shape=shape, triton_us=triton_us, graph_us=replay_us, device_us=device_us,
+        rows.append(dict(op=op, shape=shape, triton_us=triton_us, graph_us=one_us, device_us=device_us,
                          ref_us=ref_us, floor_us=floor_us, speedup_vs_ref=ref_us / triton_us if ref_us else None,
-                         graph_x_floor=replay_us / floor_us if replay_us else None,
+                         graph_x_floor=one_us / floor_us if one_us else None,
                          device_x_floor=device_us / floor_us if device_us else None))
         print(f"\r[{i + 1} cases, {time.time() - t0:5.1f} s] {op} {shape}" + " " * 20, end="", file=sys.stderr)
     print(file=sys.stderr)

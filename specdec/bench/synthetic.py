@@ -153,25 +153,6 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def copy_bandwidth(device: str) -> float:
-    """Bytes per second of a large device-to-device copy (read + write)."""
-    import torch
-
-    if not device.startswith("cuda"):
-        return float("nan")
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    reps = 20
-    for _ in range(reps):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return 2 * x.numel() * reps / (time.perf_counter() - t0)
-
-
 # ----------------------------------------------------------------------------- one point
 def _sync(device: str) -> None:
     import torch
@@ -319,6 +300,7 @@ def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, b
 
 
 def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
+    from specdec.bench.device_timing import copy_bandwidth
     from specdec.engine.admission import decode_steps_during_prefill
 
     configs = parse_configs(settings.configs)

@@ -42,6 +42,12 @@ def goal_checks(row: dict, *, expected: bool = False) -> dict:
             "meets": adaptive >= GOAL_OF_BEST * best and adaptive >= 1.0}
 
 
+def _conditioning(acceptance: dict) -> str:
+    """'parent rank and ' where the model's hazards have a parent-rank axis ([depth][parent rank][rank])."""
+    hazards = acceptance.get("hazards") or [[]]
+    return "parent rank and " if hazards[0] and isinstance(hazards[0][0], list) else ""
+
+
 def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
     setup = setups[0]
     shapes = list(rows[0]["fixed"])
@@ -53,8 +59,8 @@ def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
         f"{setup['date']} · {setup['device']} · commit {commit} · {setup['attention_backend']} attention, "
         f"CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, overlap {'on' if setup['overlap_schedule'] else 'off'}",
         "",
-        "Acceptance: " + (f"measured per-depth, per-rank hazards of the {protocol.get('draft')} head on "
-                          f"{protocol.get('dataset')} (acceptance length {protocol.get('acceptance_length', 0):.2f} at "
+        "Acceptance: " + (f"measured hazards by depth, {_conditioning(acceptance)}rank of the "
+                          f"{protocol.get('draft')} head on {protocol.get('dataset')} (acceptance length {protocol.get('acceptance_length', 0):.2f} at "
                           f"{protocol.get('shape')})" if acceptance else
                           f"constant accept length {setup.get('simulated_accept_length')}"),
         "",

@@ -54,9 +54,10 @@ class SpecConfig:
     # benchmark only: verify in full, then commit a drawn number of tokens per request (mean TAU)
     # along the tree's first path, so full-size cost is measurable without a trained head
     simulate_accept_length: float | None = None
-    # benchmark only: verify in full, then accept each tree node's child of rank r at depth d with
-    # hazard simulate_hazards[d - 1][r] (specdec.eagle.acceptance), along the real tree
-    simulate_hazards: tuple[tuple[float, ...], ...] | None = None
+    # benchmark only: verify in full, then accept each tree node's child of rank r at depth d, under a
+    # parent of rank p, with hazard simulate_hazards[d - 1][p][r] (specdec.eagle.acceptance; a
+    # [depth][rank] table is read as one parent row), along the real tree
+    simulate_hazards: tuple[tuple[tuple[float, ...], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, SpecAlgorithm):
@@ -86,10 +87,7 @@ class SpecConfig:
                     f"= {self.num_steps + 1}] (committed tokens per step), got {tau!r}"
                 )
         if self.simulate_hazards is not None:
-            rows = self.simulate_hazards
-            if (not rows or any(len(r) != len(rows[0]) for r in rows)
-                    or not all(isinstance(h, (int, float)) and 0.0 <= h <= 1.0 for r in rows for h in r)):
-                raise ConfigError("the simulated acceptance model must be a [depth][rank] table of hazards in [0, 1]")
+            object.__setattr__(self, "simulate_hazards", _hazard_table(self.simulate_hazards))
             if self.simulate_accept_length is not None:
                 raise ConfigError("simulate either a mean accept length or an acceptance model, not both")
         for flag, value in (
@@ -149,17 +147,34 @@ class SpecConfig:
         )
 
 
-def _read_hazards(path: str | None) -> tuple[tuple[float, ...], ...] | None:
+def _read_hazards(path: str | None) -> tuple[tuple[tuple[float, ...], ...], ...] | None:
     """The ``hazards`` table of an acceptance-model JSON file (``specdec.eagle.acceptance``)."""
     if path is None:
         return None
     import json
 
     try:
-        rows = json.loads(open(path).read())["hazards"]
-        return tuple(tuple(float(h) for h in row) for row in rows)
+        return _hazard_table(json.loads(open(path).read())["hazards"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--speculative-simulate-acceptance-model {path}: {e}") from None
+
+
+def _hazard_table(table) -> tuple[tuple[tuple[float, ...], ...], ...]:
+    """A [depth][parent rank][rank] table of hazards in [0, 1] (a [depth][rank] one gains a parent axis)."""
+    def is_row(x) -> bool:
+        return isinstance(x, (list, tuple)) and all(isinstance(h, (int, float)) and not isinstance(h, bool) for h in x)
+
+    if isinstance(table, (list, tuple)) and table and all(is_row(r) for r in table):
+        table = [[r] for r in table]
+    ok = isinstance(table, (list, tuple)) and bool(table) and all(
+        isinstance(d, (list, tuple)) and d and all(is_row(r) and r for r in d) for d in table)
+    if ok:
+        shape = {(len(d), len(r)) for d in table for r in d}
+        ok = len(shape) == 1 and all(0.0 <= h <= 1.0 for d in table for r in d for h in r)
+    if not ok:
+        raise ConfigError("the simulated acceptance model must be a [depth][rank] or [depth][parent rank][rank] "
+                          "table of hazards in [0, 1]")
+    return tuple(tuple(tuple(float(h) for h in r) for r in d) for d in table)
 
 
 def _check_int(flag: str, value: object, *, low: int) -> None:

@@ -51,3 +51,25 @@ def test_max_tree_size_is_allowed():
     cfg = SpecConfig.from_flags("EAGLE", speculative_num_steps=2, speculative_eagle_topk=2,
                                 speculative_num_draft_tokens=1 + 2 + 4)
     assert cfg.num_draft_tokens == 7
+
+
+def test_simulated_acceptance_tables_gain_a_parent_axis_and_bad_ones_are_named(tmp_path):
+    """A [depth][rank] table reads as one parent row; a [depth][parent rank][rank] one as it is; a
+    ragged table, or a hazard outside [0, 1], is refused naming the file's flag."""
+    import json
+
+    def config(hazards):
+        return SpecConfig(SpecAlgorithm.EAGLE3, None, 2, 2, 4, simulate_hazards=hazards)
+
+    assert config([[0.8, 0.5], [0.6, 0.5]]).simulate_hazards == (((0.8, 0.5),), ((0.6, 0.5),))
+    rows = [[[0.8, 0.5]], [[0.6, 0.5], [0.3, 0.4]]]  # depth 1 has one parent row, depth 2 two: ragged
+    with pytest.raises(ConfigError, match="simulated acceptance model"):
+        config(rows)
+    rows[0].append([0.8, 0.5])
+    assert config(rows).simulate_hazards[1][1] == (0.3, 0.4)
+    with pytest.raises(ConfigError, match="simulated acceptance model"):
+        config([[0.8, 1.5]])
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"hazards": [[0.8, -0.1]]}))
+    with pytest.raises(ConfigError, match="--speculative-simulate-acceptance-model"):
+        SpecConfig.from_flags("EAGLE3", speculative_simulate_acceptance_model=str(path))

@@ -4,9 +4,12 @@
 
 Runs the target greedily with speculation at one wide tree shape (default (6, 8, 32): deep and
 wide enough to observe ranks 0-7 at depths 1-6), every verify step recording which draft ranks
-its accepted path tried and accepted at each depth (``specdec.eagle.acceptance``), and writes the
-hazards with their counts as JSON: the acceptance model that ``specdec bench --synthetic`` draws
-from (``--acceptance-model``) and that adaptive speculation starts from.
+its accepted path tried and accepted at each depth, under a parent of which rank
+(``specdec.eagle.acceptance``), and writes the hazards with their counts as JSON: the acceptance
+model that ``specdec bench --synthetic`` draws from (``--acceptance-model``) and that adaptive
+speculation starts from. Each parent rank's row is shrunk toward the row pooled over parents by
+``PSEUDO_COUNTS`` (the online statistics' prior weight): the deep ranks of low-ranked parents are
+reached a few times a run, and ``pooled_hazards`` keeps the pool.
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ import json
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from specdec.engine.args import EngineArgs, flag
 
 ACC = "acceptance model"
+PSEUDO_COUNTS = 16.0  # a parent row's pull toward the pooled row (AcceptanceStats' prior_weight)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,7 +37,7 @@ class AcceptanceSettings:
 def measure_acceptance(settings: AcceptanceSettings, engine_args: EngineArgs) -> dict:
     """The hazards of ``engine_args``' head at its configured shape, over the prompt set."""
     from specdec.config import SpecConfig
-    from specdec.eagle.acceptance import AcceptanceStats
+    from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats
     from specdec.eagle.policy import PLAIN, SpecShape, StepCosts, candidate_shapes
     from specdec.engine.chat import has_chat_template, render_user_prompt
     from specdec.engine.embedded import load_prompts
@@ -59,11 +61,15 @@ def measure_acceptance(settings: AcceptanceSettings, engine_args: EngineArgs) ->
     if has_chat_template(engine.tokenizer):
         prompts = [render_user_prompt(engine.tokenizer, p) for p in prompts]
     results = engine.generate(prompts, {"temperature": 0, "max_new_tokens": settings.max_new_tokens})
-    stats = worker.policy.stats
-    hazards = np.where(stats.tried > 0, stats.accepted / np.maximum(stats.tried, 1), 0.0)
+    stats = worker.policy.stats  # [depth, parent rank, rank] counts
+    model = AcceptanceModel.from_counts(stats.tried, stats.accepted, pseudo_counts=PSEUDO_COUNTS)
+    pooled = AcceptanceModel.from_counts(stats.tried.sum(1, keepdims=True), stats.accepted.sum(1, keepdims=True),
+                                         pseudo_counts=0.0)
     committed = [k + 1 for r in results for k in r["meta_info"]["spec_accept_lengths"]]
     return {
-        "hazards": [[round(float(h), 4) for h in row] for row in hazards],
+        "hazards": model.to_json()["hazards"],
+        "pooled_hazards": pooled.to_json()["hazards"],
+        "pseudo_counts": PSEUDO_COUNTS,
         "tried": stats.tried.round(1).tolist(),
         "accepted": stats.accepted.round(1).tolist(),
         "protocol": {"model_path": engine_args.model_path, "draft": engine_args.speculative_draft_model_path,

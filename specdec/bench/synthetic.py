@@ -4,8 +4,8 @@ A target of a real model's shape with random bf16 weights (``--load-format dummy
 ``config.json``; with ``--tp-size N`` each rank draws its own shard), an EAGLE-3-shaped head (one
 layer, 32000-token draft vocabulary), and a simulated acceptance: every decode step drafts, builds the
 tree and verifies it in full, then commits the path an acceptance model picks. By default that
-model is measured with a real head (``--acceptance-model``: per-depth, per-rank hazards of the
-SmolLM2 EAGLE-3 head on MT-bench, shipped in ``specdec/data/acceptance``), so that chains and
+model is measured with a real head (``--acceptance-model``: hazards by depth, parent rank and rank
+of the SmolLM2 EAGLE-3 head on MT-bench, shipped in ``specdec/data/acceptance``), so that chains and
 trees compare as they would with real weights, and its draws are common random numbers: every
 policy sees the same draw at the same request row and token position (``specdec.eagle.simulate``).
 ``--acceptance-model none`` commits 1 + Binomial(S, (TAU - 1) / S) tokens along the first path
@@ -389,7 +389,7 @@ def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_
 def _policy_record(policy) -> dict:
     """What the adaptive engine decided from: its step costs and its acceptance estimate at the end."""
     model = policy.stats.model()
-    return {"step_costs": policy.costs.to_json(), "hazards": model.hazards.round(4).tolist(),
+    return {"step_costs": policy.costs.to_json(), "hazards": model.to_json()["hazards"],
             "expected_committed": {s.name: round(model.expected_committed(s.num_steps, s.topk, s.num_draft_tokens), 3)
                                    for s in policy.shapes}}
 

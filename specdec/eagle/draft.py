@@ -53,8 +53,9 @@ class DraftRunner:
         self.req_to_token = req_to_token
         self.scratch_base = scratch_base
         self.root_topk = root_topk or topk
-        # benchmark only ([S, K], simulated acceptance): each depth's child probabilities by rank replace
-        # the head's, so the tree is the best-first tree of the acceptance model the verify draws from
+        # benchmark only ([S, P, K], simulated acceptance): each depth's child probabilities by parent rank
+        # and rank replace the head's, so the tree is the best-first tree of the acceptance model the
+        # verify draws from
         self.rank_probs = rank_probs
 
     def _forward(self, batch: ForwardBatch) -> LogitsOutput:
@@ -128,7 +129,7 @@ class DraftRunner:
         bs, k = root_topk_p.shape
         device = root_topk_p.device
         if self.rank_probs is not None:
-            root_topk_p = self.rank_probs[0, :k].expand(bs, k)
+            root_topk_p = self.rank_probs[0, 0, :k].expand(bs, k)
         score_list, token_list, parents_list = [], [], []
         sel = select_top_k_tokens(0, root_topk_p, root_topk_index, root_hidden, None, k)
         # [bs*K, S-1] each frontier node's ancestor scratch slots, itself last; two buffers
@@ -170,9 +171,23 @@ class DraftRunner:
             out = self._forward(batch)
             topk_p, topk_index = self._root_topk(out.next_token_logits, k)  # [bs*K, K]
             if self.rank_probs is not None:
-                topk_p = self.rank_probs[step + 1, :k].expand_as(topk_p)
+                topk_p = model_child_probs(self.rank_probs[step + 1], sel.tree_info[2], k)
             sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
         return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)
+
+
+
+def model_child_probs(probs: torch.Tensor, frontier_parents: torch.Tensor, k: int) -> torch.Tensor:
+    """[bs*K, K] an acceptance model's child probabilities under each frontier node, by its rank among
+    its siblings (benchmark only).
+
+    ``probs``: [P, >= K] the model's row per parent rank at the children's depth (ranks past P - 1 take
+    the last). ``frontier_parents``: a draft step's ``tree_info[2]``, whose last K columns name the
+    frontier by score index: step 0's are 0..K-1, a later step's K*K*(i-1) + K + branch*K + rank, so a
+    node's rank among its siblings (its place in its parent's top-k) is the index mod K.
+    """
+    rank = (frontier_parents[:, -k:] % k).clamp(max=probs.shape[0] - 1)  # [bs, K]
+    return probs[rank][..., :k].reshape(-1, k)
 
 
 def _device_lens(lens: list[int], device: torch.device) -> torch.Tensor:

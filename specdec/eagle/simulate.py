@@ -2,9 +2,10 @@
 
 For full-size targets with random weights (``specdec bench --synthetic``) the target would accept
 nothing, so verification runs in full and then the accepted path is drawn instead: every node p
-draws which of its children the target "agrees" with — rank r with probability q[depth(p), r] from
-the hazards of ``specdec.eagle.acceptance``, or none — and greedy verification walks the tree with
-that child's token as the target's prediction at p. A drawn rank whose child the tree did not keep
+draws which of its children the target "agrees" with — rank r with probability
+q[depth(p), rank(p), r] from the hazards of ``specdec.eagle.acceptance`` (rank(p): p's own place
+among its siblings, the root's 0), or none — and greedy verification walks the tree with that
+child's token as the target's prediction at p. A drawn rank whose child the tree did not keep
 rejects (as a real target would: the token it wanted was pruned). Where no child is drawn, the
 target's argmax at p is the bonus token. No host sync: the argmax, one draw kernel
 (``specdec.kernels.simulate_target_predict``) and the greedy walk.
@@ -26,12 +27,14 @@ from specdec.kernels import simulate_target_predict, verify_tree_greedy
 from specdec.models.ops.topk import argmax
 
 
-def child_cdf(hazards: tuple[tuple[float, ...], ...], device) -> torch.Tensor:
-    """[S + 1, K] cumulative P(accepted child rank <= r) per parent depth; the last row (leaves) 0."""
+def child_cdf(hazards, device) -> torch.Tensor:
+    """[S + 1, P, K] cumulative P(accepted child rank <= r) per parent depth and parent rank, from a
+    [S, P, K] (or [S, K]: P = 1) hazard table; the last depth (leaves) 0."""
     h = torch.tensor(hazards, dtype=torch.float64)
-    survive = torch.cumprod(torch.cat([torch.ones(h.shape[0], 1, dtype=h.dtype), 1 - h[:, :-1]], 1), 1)
-    cdf = (h * survive).cumsum(1)
-    return torch.cat([cdf, torch.zeros(1, h.shape[1], dtype=h.dtype)]).to(device=device, dtype=torch.float32)
+    h = h[:, None] if h.dim() == 2 else h  # [S, P, K]
+    survive = torch.cumprod(torch.cat([torch.ones_like(h[..., :1]), 1 - h[..., :-1]], -1), -1)
+    cdf = (h * survive).cumsum(-1)
+    return torch.cat([cdf, torch.zeros_like(cdf[:1])]).to(device=device, dtype=torch.float32)
 
 
 def simulate_tree_acceptance(
@@ -42,7 +45,7 @@ def simulate_tree_acceptance(
     retrive_index: torch.Tensor,  # [bs, N]
     retrive_next_token: torch.Tensor,  # [bs, N]
     retrive_next_sibling: torch.Tensor,  # [bs, N]
-    cdf: torch.Tensor,  # [S + 1, K] from child_cdf
+    cdf: torch.Tensor,  # [S + 1, P, K] from child_cdf
     *,
     num_steps: int,
     seed: int = 0,

@@ -354,7 +354,8 @@ class EAGLEWorker:
                                        mean_committed=cfg.simulate_accept_length, generator=self.generator)
         if cfg.simulate_hazards is not None:
             if self._simulate_cdf is None:
-                self._simulate_cdf = child_cdf(cfg.simulate_hazards, logits.device)[:, : cfg.topk].contiguous()
+                cdf = child_cdf(cfg.simulate_hazards, logits.device)  # [S + 1, P, K] of the model
+                self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()
             return simulate_tree_acceptance(
                 candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
                 tree.retrive_next_sibling, self._simulate_cdf, num_steps=cfg.num_steps,
@@ -457,12 +458,14 @@ def _unpack(rows: list[list[int]]) -> tuple[list[int], list[int], list[int], lis
 
 
 def _rank_probs(config: SpecConfig, device: torch.device) -> torch.Tensor | None:
-    """[S, K] P(the accepted child at depth d has rank r) of the simulated acceptance model (benchmark only)."""
+    """[S, P, K] P(the accepted child at depth d has rank r | its parent, of rank p, reached) of the
+    simulated acceptance model (benchmark only)."""
     if config.simulate_hazards is None:
         return None
-    cdf = child_cdf(config.simulate_hazards, device)[:-1]  # [model depth, model K]
-    probs = torch.diff(cdf, dim=1, prepend=torch.zeros_like(cdf[:, :1]))
-    out = torch.zeros(config.num_steps, config.topk, device=device)  # past the model: never accepted
-    rows, cols = min(config.num_steps, probs.shape[0]), min(config.topk, probs.shape[1])
-    out[:rows, :cols] = probs[:rows, :cols]
+    cdf = child_cdf(config.simulate_hazards, device)[:-1]  # [model depth, model P, model K]
+    probs = torch.diff(cdf, dim=-1, prepend=torch.zeros_like(cdf[..., :1]))
+    parents = min(config.topk, probs.shape[1])
+    out = torch.zeros(config.num_steps, parents, config.topk, device=device)  # past the model: never accepted
+    rows, cols = min(config.num_steps, probs.shape[0]), min(config.topk, probs.shape[2])
+    out[:rows, :, :cols] = probs[:rows, :parents, :cols]
     return out

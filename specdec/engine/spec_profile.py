@@ -96,11 +96,12 @@ def _prior() -> AcceptanceModel:
 
 
 def _fit(model: AcceptanceModel, depth: int, topk: int) -> AcceptanceModel:
-    """The model cut or extended (repeating its last depth / rank) to [depth, topk]."""
-    h = model.hazards
-    rows = np.minimum(np.arange(depth), h.shape[0] - 1)
-    cols = np.minimum(np.arange(topk), h.shape[1] - 1)
-    return AcceptanceModel(h[np.ix_(rows, cols)])
+    """The model cut or extended (repeating its last depth / rank) to [depth, parent ranks, topk]
+    (a pooled model stays pooled)."""
+    rows = np.minimum(np.arange(depth), model.max_depth - 1)
+    parents = np.arange(min(topk, model.parent_ranks))
+    cols = np.minimum(np.arange(topk), model.max_topk - 1)
+    return AcceptanceModel(model.hazards[np.ix_(rows, parents, cols)])
 
 
 def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = STEPS_PER_BLOCK, warmup: int = 2,

@@ -30,7 +30,7 @@ class Cycle:
         return self.choices[self.i % len(self.choices)]
 
     def record(self, shape, committed, paths):
-        assert paths is not None and paths.tried.shape == (shape.num_steps, shape.topk)
+        assert paths is not None and paths.tried.shape == (shape.num_steps, shape.topk, shape.topk)
         self.recorded += 1
 
 

@@ -11,7 +11,7 @@ from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, ca
 def test_expected_committed_worked_example():
     """The module doc's example: K = 2, h = [[.8, .5], [.6, .5]]."""
     model = AcceptanceModel(np.array([[0.8, 0.5], [0.6, 0.5]]))
-    np.testing.assert_allclose(model.child_probs(), [[0.8, 0.1], [0.6, 0.2]])
+    np.testing.assert_allclose(model.child_probs()[:, 0], [[0.8, 0.1], [0.6, 0.2]])
     assert model.expected_committed(2, 2, 4) == pytest.approx(1 + 0.8 + 0.48 + 0.16)
     assert model.expected_committed(2, 1, 3) == pytest.approx(1 + 0.8 + 0.48)
     assert model.expected_committed(1, 1, 2) == pytest.approx(1.8)
@@ -19,6 +19,42 @@ def test_expected_committed_worked_example():
     assert model.expected_committed(2, 2, 5) == pytest.approx(1 + 0.8 + 0.48 + 0.16 + 0.1)
     assert model.expected_committed(2, 2, 8) == pytest.approx(1 + 0.8 + 0.1 + 0.48 + 0.16 + 0.06 + 0.02)
     assert model.expected_committed(2, 2, 8) == model.expected_committed(2, 2, 7)  # nothing more to keep
+
+
+def test_parent_rows_score_each_child_by_its_parents_rank():
+    """The module doc's second example: depth 2 under a rank-1 parent takes the second row."""
+    model = AcceptanceModel(np.array([[[0.8, 0.5], [0.8, 0.5]], [[0.6, 0.5], [0.3, 0.5]]]))
+    assert model.parent_ranks == 2
+    assert model.expected_committed(2, 2, 4) == pytest.approx(1 + 0.8 + 0.48 + 0.16)  # the same three best
+    assert model.expected_committed(2, 2, 8) == pytest.approx(1 + 0.8 + 0.1 + 0.48 + 0.16 + 0.03 + 0.035)
+    # equal parent rows are the pooled model; a rank past the last row reads the last row
+    pooled = AcceptanceModel(np.array([[0.8, 0.5], [0.6, 0.5]]))
+    same = AcceptanceModel(np.repeat(pooled.hazards, 2, axis=1))
+    assert same.expected_committed(2, 2, 8) == pytest.approx(pooled.expected_committed(2, 2, 8))
+    np.testing.assert_array_equal(model.by_parent(3)[:, 2], model.hazards[:, 1])
+    assert AcceptanceModel.from_json(model.to_json()).expected_committed(2, 2, 8) == \
+        pytest.approx(model.expected_committed(2, 2, 8))
+    assert np.asarray(pooled.to_json()["hazards"]).shape == (2, 2)  # a pooled model keeps its 2-D file
+
+
+def test_from_counts_shrinks_sparse_parent_rows_toward_the_pool():
+    tried = np.array([[[90.0, 0.0], [10.0, 0.0]]])  # depth 1, parents 0 / 1, ranks 0 / 1
+    accepted = np.array([[[72.0, 0.0], [2.0, 0.0]]])
+    model = AcceptanceModel.from_counts(tried, accepted, pseudo_counts=10)
+    pooled = 74 / 100
+    np.testing.assert_allclose(model.hazards[0, :, 0], [(72 + 10 * pooled) / 100, (2 + 10 * pooled) / 20])
+    np.testing.assert_array_equal(model.hazards[0, :, 1], 0)  # nothing tried at rank 1: 0
+
+
+def test_from_counts_keeps_a_child_below_its_higher_ranked_sibling():
+    """Rank 1 accepted 60 of 100 after rank 0 took 20 of 100: q = [.2, .48] would model the draft's
+    second choice as accepted more often than its first; q[1] is cut to .2 (hazard .2 / .8 = .25)."""
+    tried, accepted = np.array([[[100.0, 80.0]]]), np.array([[[20.0, 48.0]]])
+    model = AcceptanceModel.from_counts(tried, accepted, pseudo_counts=0)
+    np.testing.assert_allclose(model.child_probs()[0, 0], [0.2, 0.2])
+    np.testing.assert_allclose(model.hazards[0, 0], [0.2, 0.25])
+    kept = AcceptanceModel.from_counts(np.array([[[100.0, 80.0]]]), np.array([[[50.0, 24.0]]]), pseudo_counts=0)
+    np.testing.assert_allclose(kept.hazards[0, 0], [0.5, 0.3])  # already non-increasing: unchanged
 
 
 def test_a_uniform_chain_is_geometric():
@@ -38,20 +74,34 @@ def test_observe_paths_from_tree_links():
     next_sibling = np.array([[-1, 2, 3, -1, -1], [-1, 2, -1, -1, -1]])
     accept_index = np.array([[0, 2, 4], [0, -1, -1]])
     obs = observe_paths(accept_index, next_token, next_sibling, max_depth=2, max_topk=3)
-    np.testing.assert_array_equal(obs.tried, [[1 + 1, 1 + 1, 0], [1, 0, 0]])
-    np.testing.assert_array_equal(obs.accepted, [[0, 1, 0], [1, 0, 0]])
+    # depth 1: under the root (rank 0); depth 2: under node 2, of rank 1
+    np.testing.assert_array_equal(obs.tried[0], [[1 + 1, 1 + 1, 0], [0, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(obs.accepted[0], [[0, 1, 0], [0, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(obs.tried[1], [[0, 0, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(obs.accepted[1], [[0, 0, 0], [1, 0, 0], [0, 0, 0]])
+
+
+def test_observe_paths_rejected_under_a_ranked_parent():
+    """root -> {1, 2}, 2 -> {3, 4}: the path root, 2 stops at depth 2; both of 2's children were tried
+    under a rank-1 parent."""
+    next_token = np.array([[1, -1, 3, -1, -1]])
+    next_sibling = np.array([[-1, 2, -1, 4, -1]])
+    obs = observe_paths(np.array([[0, 2, -1]]), next_token, next_sibling, max_depth=2, max_topk=2)
+    np.testing.assert_array_equal(obs.tried[1], [[0, 0], [1, 1]])
+    np.testing.assert_array_equal(obs.accepted[1], 0)
 
 
 def test_stats_converge_to_the_observed_rates_and_forget():
     prior = AcceptanceModel.uniform(0.5, max_depth=1, max_topk=1)
     stats = AcceptanceStats(prior, prior_weight=4, horizon=100)
-    one = lambda tried, accepted: type("O", (), {"tried": np.array([[tried]]), "accepted": np.array([[accepted]])})()
+    one = lambda tried, accepted: type("O", (), {"tried": np.array([[[tried]]]),
+                                                 "accepted": np.array([[[accepted]]])})()
     for _ in range(200):
         stats.update(one(10.0, 9.0))
-    assert stats.model().hazards[0, 0] == pytest.approx(0.9, abs=0.02)  # the prior keeps 4 of ~109 counts
+    assert stats.model().hazards[0, 0, 0] == pytest.approx(0.9, abs=0.02)  # the prior keeps 4 of ~109 counts
     for _ in range(200):
         stats.update(one(10.0, 2.0))
-    assert stats.model().hazards[0, 0] == pytest.approx(0.2, abs=0.03)
+    assert stats.model().hazards[0, 0, 0] == pytest.approx(0.2, abs=0.03)
 
 
 def _policy(spec_ms: float, plain_ms: float = 1.0) -> AdaptivePolicy:

@@ -299,14 +299,15 @@ def test_select_draft_nodes_random(device):
 
 def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int):
     """Arguments of simulate_target_predict: random trees, positions seq_len + tree depth (some past
-    the cdf's rows, some huge so the hash's products wrap int64), a random cdf per depth."""
+    the cdf's rows, some huge so the hash's products wrap int64), a random cdf per depth and parent
+    rank (1 to K parent rows; nodes of more children than K or of a rank past the last row)."""
     parents, _, next_token, next_sibling = random_links(rng, bs, n)
     seq_lens = torch.tensor([rng.randrange(position_scale) for _ in range(bs)])
     depth = torch.zeros(bs, n, dtype=torch.int64)
     for b, par in enumerate(parents):
         for t in range(1, n):
             depth[b, t] = depth[b, par[t]] + 1
-    cdf = torch.rand(depths, k).cumsum(1) / (k + 1)  # increasing rows below 1
+    cdf = torch.rand(depths, rng.randint(1, k), k).cumsum(-1) / (k + 1)  # increasing rows below 1
     cdf[-1] = 0.0  # leaves draw no child
     return [torch.randint(0, 1000, (bs, n)), torch.randint(1000, 2000, (bs, n)), seq_lens[:, None] + depth, seq_lens,
             next_token, next_sibling, cdf, torch.full((bs, n), POISON, dtype=torch.int64)]

@@ -86,7 +86,7 @@ def bench_serving_main(argv: list[str] | None = None) -> None:
 
 # ----------------------------------------------------------------------------- acceptance model
 def acceptance_main(argv: list[str] | None = None) -> None:
-    """``python -m specdec.cli.bench acceptance``: a head's per-depth, per-rank acceptance model."""
+    """``python -m specdec.cli.bench acceptance``: a head's acceptance hazards by depth, parent rank and rank."""
     import json
     from pathlib import Path
 

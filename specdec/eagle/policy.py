@@ -6,7 +6,7 @@ by expected committed tokens per millisecond::
     plain           1 / step_ms("plain", bs, ctx)
     (S, K, N)       E[committed | (S, K, N), acceptance statistics] / step_ms("SxKxN", bs, ctx)
 
-E[committed] comes from the online per-depth, per-rank acceptance hazards
+E[committed] comes from the online acceptance hazards by depth, parent rank and rank
 (``specdec.eagle.acceptance``), scaled per shape by how the shape's observed acceptance compared
 with that static estimate (the dynamic tree ranks by the draft's confidence and commits more).
 Step times come from ``StepCosts``: a table measured at start-up (``specdec.engine.spec_profile``)

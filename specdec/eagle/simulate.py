@@ -1,4 +1,4 @@
-"""Benchmark only: an acceptance drawn from a per-depth, per-rank model, along the real draft tree.
+"""Benchmark only: an acceptance drawn from a model by depth, parent rank and rank, along the real draft tree.
 
 For full-size targets with random weights (``specdec bench --synthetic``) the target would accept
 nothing, so verification runs in full and then the accepted path is drawn instead: every node p

@@ -123,7 +123,7 @@ class EngineArgs:
     # benchmark-only: commit a drawn number of tokens per verify step (bench --synthetic)
     speculative_simulate_accept_length: float | None = dataclasses.field(default=None, metadata=flag(
         "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))
-    # benchmark-only: draw each step's accepted path from a per-depth, per-rank acceptance model (JSON)
+    # benchmark-only: draw each step's accepted path from an acceptance model by depth, parent rank and rank (JSON)
     speculative_simulate_acceptance_model: str | None = dataclasses.field(default=None, metadata=flag(
         "acceptance model JSON for simulated acceptance (benchmarks only)", group=SPEC, cli=False))
 

@@ -12,10 +12,10 @@ its last accepted node: every child present tried and rejected (censored: the ac
 any, was not in the tree).
 
 Why the parent's rank: the children of the draft's first choice are accepted more often than
-those of a lower-ranked parent (the SmolLM2 head on MT-bench: a chain's own hazards 0.658, 0.666,
-0.675 at depths 1-3 against 0.648, 0.630, 0.658 pooled over every parent), so a model that pools
-parents underestimates chains. A table of P < K parent rows serves ranks >= P - 1 with its last
-row; P = 1 (a ``[depth, rank]`` table) ignores the parent.
+those of a lower-ranked parent (the SmolLM2 head on MT-bench: the first child at depth 2 0.656 of
+the time under the first choice, 0.576 under the second), so a model that pools parents
+underestimates chains, whose every node is a first choice. A table of P < K parent rows serves
+ranks >= P - 1 with its last row; P = 1 (a ``[depth, rank]`` table) ignores the parent.
 
 From hazards, the probability that a node is on the accepted path is the product over its path of
 ``q[d, p, r] = h[d, p, r] * prod_{j<r} (1 - h[d, p, j])``, and a tree's expected committed tokens

@@ -2,6 +2,8 @@
 # The whole GPU run in one call: environment report, benchmarks, GPU tests; results under $OUT.
 # Usage on the device machine (repo root): bash scripts/gpu_suite.sh [bench|synthetic|tests|graphs|all]
 #   bench      kernel and attention benchmarks, the main job on the GPU
+#   smoke      every benchmark script once on small cases (they share specdec.bench.device_timing's timers),
+#              with the GPU tests of those timers: a check after changing them, not a measurement
 #   synthetic  the Llama-3.1-8B-shaped sweep with simulated acceptance (CUDA graphs on), and its plot
 #   tests      every GPU test;  graphs  only the CUDA-graph and lossless GPU tests
 #   adaptive   adaptive speculation: its GPU tests, then the 8B sweep (plain, each fixed shape, adaptive)
@@ -42,6 +44,20 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 benchmarks/bench_attention.py --output-dir "$OUT" 2>&1 | tail -5
   # the main job end to end on the GPU (stories260K is tiny: this shows correctness and overheads)
   python3 -m specdec.cli bench --device cuda --attention-backend triton --output "$OUT/bench_throughput_gpu.json" 2>&1 | tail -16
+fi
+if [ "$what" = smoke ]; then
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_device_timing.py 2>&1 | tail -3 | tee "$OUT/gpu_tests.log"
+  status=${PIPESTATUS[0]}
+  run() { local name=$1; shift; "$@" > "$OUT/smoke_$name.log" 2>&1 || { status=1; echo "smoke: $name failed"; }; tail -2 "$OUT/smoke_$name.log"; }
+  run kernels python3 benchmarks/bench_kernels.py --output-dir "$OUT/kernels" --reps 5
+  run attention python3 benchmarks/bench_attention.py --output-dir "$OUT/attention" --backends triton \
+    --batch-sizes 1 64 --contexts 1024 --tree-sizes 4 --iters 5
+  run attention_splits python3 benchmarks/bench_attention_splits.py --output-dir "$OUT/splits" --iters 5
+  run draft_gemm python3 benchmarks/bench_draft_gemm.py --output-dir "$OUT/draft_gemm" --tokens 17,64
+  run decode_kernels python3 benchmarks/bench_decode_kernels.py --parts bandwidth,gemm --shapes qkv --tokens 1,32 \
+    --output-dir "$OUT/decode"
+  run synthetic python3 -m specdec.cli bench --synthetic llama-3.1-8b --batch-sizes 1,64 --configs "3,1,4;6,8,32" \
+    --skip-adaptive --decode-steps 8 --warmup-steps 2 --context-len 512 --output "$OUT/synthetic_smoke.json"
 fi
 if [ "$what" = synthetic ] || [ "$what" = all ]; then
   python3 -m specdec.cli bench --synthetic llama-3.1-8b ${SYNTHETIC_ARGS:-} \

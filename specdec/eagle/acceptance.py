@@ -168,23 +168,23 @@ def observe_paths(
         cur[b, p] = next_sibling[b, child]
     shape = (max_depth, max_topk, max_topk)
     tried, accepted = np.zeros(shape), np.zeros(shape)
+    ranks = np.arange(max_topk)
+    one_hot = np.eye(max_topk)
     depths = accept_index.shape[1] - 1
     alive = np.ones(bs, dtype=bool)
     for d in range(1, min(depths, max_depth) + 1):
         parent = accept_index[:, d - 1]
         child = accept_index[:, d]
-        parent_rank = np.minimum(rank[rows, np.maximum(parent, 0)], max_topk - 1)
+        under = one_hot[np.minimum(rank[rows, np.maximum(parent, 0)], max_topk - 1)]  # [bs, K] parent's rank
         took = alive & (child >= 0)
-        r = np.where(took, rank[rows, np.maximum(child, 0)], 0)
-        # accepted at rank r: ranks < r tried and rejected, r tried and accepted
-        for j in range(max_topk):
-            np.add.at(tried[d - 1, :, j], parent_rank[took & (j <= r)], 1)
-        np.add.at(accepted[d - 1], (parent_rank[took], r[took]), 1)
-        # rejected at this depth: every child present was tried (censored beyond them)
+        r = np.where(took, rank[rows, np.maximum(child, 0)], -1)
+        # accepted at rank r: ranks < r tried and rejected, r tried and accepted; rejected at this
+        # depth: every child present was tried (censored beyond them)
         stopped = alive & (child < 0) & (parent >= 0)
-        present = np.minimum(children[rows, np.maximum(parent, 0)], max_topk)
-        for j in range(max_topk):
-            np.add.at(tried[d - 1, :, j], parent_rank[stopped & (j < present)], 1)
+        present = np.where(stopped, children[rows, np.maximum(parent, 0)], 0)
+        tried_here = (ranks[None] <= r[:, None]) | (ranks[None] < present[:, None])  # [bs, K]
+        tried[d - 1] += under.T @ tried_here
+        accepted[d - 1] += under.T @ (ranks[None] == r[:, None])
         alive = took
     return PathObservations(tried, accepted)
 

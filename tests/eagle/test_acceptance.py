@@ -91,6 +91,55 @@ def test_observe_paths_rejected_under_a_ranked_parent():
     np.testing.assert_array_equal(obs.accepted[1], 0)
 
 
+def _random_tree(rng, n: int, depth: int, k: int):
+    """Links of a random tree of n nodes (at most k children a node, depth at most ``depth``), and an
+    accepted path that walks a random child at each depth or stops."""
+    kids, level = [[] for _ in range(n)], [0] * n
+    for i in range(1, n):
+        parent = rng.choice([p for p in range(i) if len(kids[p]) < k and level[p] < depth])
+        kids[parent].append(i)
+        level[i] = level[parent] + 1
+    next_token, next_sibling = np.full(n, -1), np.full(n, -1)
+    for p, c in enumerate(kids):
+        if c:
+            next_token[p] = c[0]
+            next_sibling[c[:-1]] = c[1:]
+    path, node = [0], 0
+    while kids[node] and len(path) <= depth and rng.random() < 0.7:
+        node = rng.choice(kids[node])
+        path.append(node)
+    return kids, next_token, next_sibling, path + [-1] * (depth + 1 - len(path))
+
+
+def test_observe_paths_counts_every_try_under_its_parents_rank():
+    """Random trees against a per-request walk: at each depth on the path, under the parent's rank,
+    ranks up to the accepted one tried and it accepted; where the path stops, every child tried."""
+    rng = np.random.default_rng(0)
+    depth, k = 4, 3
+    trees = [_random_tree(rng, int(rng.integers(2, 20)), depth, k) for _ in range(200)]
+    n = 20
+    pad = lambda a: np.concatenate([a, np.full(n - len(a), -1)])  # noqa: E731
+    obs = observe_paths(np.array([t[3] for t in trees]), np.stack([pad(t[1]) for t in trees]),
+                        np.stack([pad(t[2]) for t in trees]), max_depth=depth, max_topk=k)
+    tried, accepted = np.zeros((depth, k, k)), np.zeros((depth, k, k))
+    for kids, _, _, path in trees:
+        rank_of = {c: r for c_list in kids for r, c in enumerate(c_list)}
+        for d in range(1, depth + 1):
+            parent, child = path[d - 1], path[d]
+            if parent < 0:
+                break
+            under = rank_of.get(parent, 0)
+            if child >= 0:
+                tried[d - 1, under, : rank_of[child] + 1] += 1
+                accepted[d - 1, under, rank_of[child]] += 1
+            else:
+                tried[d - 1, under, : len(kids[parent])] += 1
+                break
+    np.testing.assert_array_equal(obs.tried, tried)
+    np.testing.assert_array_equal(obs.accepted, accepted)
+    assert accepted[1:, 1:].sum() > 0  # paths do pass lower-ranked parents
+
+
 def test_stats_converge_to_the_observed_rates_and_forget():
     prior = AcceptanceModel.uniform(0.5, max_depth=1, max_topk=1)
     stats = AcceptanceStats(prior, prior_weight=4, horizon=100)

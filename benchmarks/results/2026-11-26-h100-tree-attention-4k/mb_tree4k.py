@@ -1,0 +1,106 @@
+"""Microbench: triton extend_attention for a tree verify at small batch over long prefixes (bs 1-2, 32-64
+nodes, ctx 1-4 k): KV tile, warps, stages, query tile and prefix splits, per call (merge included), CUDA
+graph of 32 calls over rotating KV buffers (> L2). Every variant's output is checked against the
+planner's. Writes JSON to argv[1]."""
+import json, math, sys
+import torch
+from specdec.attention.triton_kernels import extend as E
+from specdec.attention.triton_kernels.common import LaunchConfig
+
+HQ, HKV, D = 32, 8, 128
+CASES = [(1, 1024, 64), (1, 4096, 64), (1, 4096, 32), (2, 4096, 64), (1, 2048, 64)]
+orig_cfg, orig_bm = E.launch_config, E.extend_block_m
+
+
+def tree_mask(n, gen):
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parents[j]
+    return m
+
+
+def setup(bs, ctx, n, copies):
+    gen = torch.Generator().manual_seed(0)
+    slots = bs * (ctx + n)
+    kvs = [(torch.randn(slots, HKV, D, device="cuda", dtype=torch.bfloat16),
+            torch.randn(slots, HKV, D, device="cuda", dtype=torch.bfloat16)) for _ in range(copies)]
+    table = torch.randperm(slots, generator=gen).to(torch.int32).cuda()
+    kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device="cuda") * (ctx + n)
+    qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device="cuda") * n
+    mask = torch.cat([tree_mask(n, gen).flatten() for _ in range(bs)]).to(torch.uint8).cuda()
+    mask_indptr = torch.arange(0, bs + 1, dtype=torch.int64, device="cuda") * n * n
+    q = torch.randn(bs * n, HQ, D, device="cuda", dtype=torch.bfloat16)
+    return kvs, table, kv_indptr, qo_indptr, mask, mask_indptr, q, torch.empty_like(q)
+
+
+def run(ctx, n, variant, data, reps=32):
+    kvs, table, kv_indptr, qo_indptr, mask, mask_indptr, q, out = data
+    if variant.get("cfg"):
+        E.launch_config = lambda *a, **k: variant["cfg"]
+    if variant.get("bm"):
+        E.extend_block_m = lambda *a, **k: variant["bm"]
+    kw = dict(sm_scale=D ** -0.5, max_q_len=n, max_prefix_len=ctx + 64, num_splits=variant.get("splits"),
+              new_split=variant.get("new"))
+
+    def fn(i):
+        k, v = kvs[i % len(kvs)]
+        E.extend_attention(q, k, v, qo_indptr, kv_indptr, table, mask, mask_indptr, out, **kw)
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for i in range(2):
+                fn(i)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(reps):
+                fn(i)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(15):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); g.replay(); b.record(); b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3 / reps)
+        ts.sort()
+        fn(0); torch.cuda.synchronize()
+        return ts[len(ts) // 2], out.clone()
+    finally:
+        E.launch_config, E.extend_block_m = orig_cfg, orig_bm
+
+
+VARIANTS = {"main": {}}
+for bn, w, st in [(64, 8, 2), (64, 8, 3), (64, 4, 3), (128, 4, 2), (32, 4, 3), (32, 8, 4)]:
+    VARIANTS[f"n{bn}w{w}s{st}"] = {"cfg": LaunchConfig(bn, w, st), "bm": 128}
+for sp in (3, 5, 7, 11, 15):
+    VARIANTS[f"sp{sp}_new"] = {"splits": sp, "new": True, "bm": 128}
+for sp in (3, 7):
+    VARIANTS[f"bm64_sp{sp}_new"] = {"splits": sp, "new": True, "bm": 64}
+VARIANTS["sp11_new_n64w8s3"] = {"splits": 11, "new": True, "bm": 128, "cfg": LaunchConfig(64, 8, 3)}
+VARIANTS["sp15_new_n64w8s3"] = {"splits": 15, "new": True, "bm": 128, "cfg": LaunchConfig(64, 8, 3)}
+
+rows = []
+for bs, ctx, n in CASES:
+    kv_bytes = bs * (ctx + n) * HKV * D * 2 * 2
+    data = setup(bs, ctx, n, max(2, min(16, math.ceil(120e6 / kv_bytes))))
+    row = {"bs": bs, "ctx": ctx, "n": n, "floor_us": kv_bytes / 3.0e6, "us": {}}
+    ref = None
+    for name, v in VARIANTS.items():
+        try:
+            us, o = run(ctx, n, v, data)
+        except Exception as e:  # a config that does not compile or fit
+            row["us"][name] = f"ERR {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+            continue
+        if ref is None:
+            ref = o
+        err = (o.float() - ref.float()).abs().max().item()
+        row["us"][name] = round(us, 2) if err < 2e-2 else f"WRONG {err:.3g}"
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+json.dump(rows, open(sys.argv[1], "w"), indent=1)

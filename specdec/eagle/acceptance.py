@@ -210,8 +210,15 @@ class AcceptanceStats:
         self.accepted[:depth, :parents, :topk] += obs.accepted
 
     def model(self) -> AcceptanceModel:
+        """Each cell's counts over ``prior_weight`` pseudo-counts of a base that moves with the data:
+        the prior's cell, shifted by how far the rate pooled over parents has moved from the prior's
+        first-parent row (most tries hang under first choices). Rows under lower-ranked parents,
+        rarely reached, so follow a head unlike the prior instead of waiting for their own counts."""
         w = self.prior_weight
-        return AcceptanceModel((self.accepted + w * self.prior_hazards) / (self.tried + w))
+        first = self.prior_hazards[:, 0]  # [D, K] the prior under a first-choice parent
+        pooled = (self.accepted.sum(1) + w * first) / (self.tried.sum(1) + w)  # [D, K]
+        base = np.clip(self.prior_hazards + (pooled - first)[:, None, :], 0.0, 1.0)  # [D, K, K]
+        return AcceptanceModel((self.accepted + w * base) / (self.tried + w))
 
     @property
     def observations(self) -> float:

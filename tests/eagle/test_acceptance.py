@@ -153,6 +153,22 @@ def test_stats_converge_to_the_observed_rates_and_forget():
     assert stats.model().hazards[0, 0, 0] == pytest.approx(0.2, abs=0.03)
 
 
+def test_rows_of_rarely_reached_parents_follow_the_pooled_rate():
+    """A prior whose depth-2 rank-0 hazard is .6 under a first choice and .4 under a second; the head
+    accepts .9 under first choices. The second choice's row, never observed, moves with the pool
+    (.4 + .3) instead of staying at the prior's .4; with no observations the model is the prior."""
+    prior = AcceptanceModel(np.array([[[0.7, 0.5], [0.7, 0.5]], [[0.6, 0.5], [0.4, 0.5]]]))
+    stats = AcceptanceStats(prior, prior_weight=16, horizon=float("inf"))
+    np.testing.assert_allclose(stats.model().hazards, prior.hazards)
+    tried, accepted = np.zeros((2, 2, 2)), np.zeros((2, 2, 2))
+    tried[1, 0, 0], accepted[1, 0, 0] = 10000, 9000
+    stats.update(type("O", (), {"tried": tried, "accepted": accepted})())
+    model = stats.model()
+    assert model.hazards[1, 0, 0] == pytest.approx(0.9, abs=2e-3)
+    assert model.hazards[1, 1, 0] == pytest.approx(0.4 + 0.3, abs=2e-3)
+    np.testing.assert_allclose(model.hazards[:, :, 1], 0.5)  # nothing observed at rank 1: the prior
+
+
 def _policy(spec_ms: float, plain_ms: float = 1.0) -> AdaptivePolicy:
     shapes = [SpecShape(3, 1, 4), SpecShape(5, 4, 8)]
     table = {PLAIN: {1: plain_ms, 64: plain_ms * 4}}

@@ -20,8 +20,10 @@ moved a point's mean committed length by 25 %).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from specdec.eagle.acceptance import AcceptanceModel
 from specdec.eagle.verify import VerifyResult
 from specdec.kernels import simulate_target_predict, verify_tree_greedy
 from specdec.models.ops.topk import argmax
@@ -30,10 +32,7 @@ from specdec.models.ops.topk import argmax
 def child_cdf(hazards, device) -> torch.Tensor:
     """[S + 1, P, K] cumulative P(accepted child rank <= r) per parent depth and parent rank, from a
     [S, P, K] (or [S, K]: P = 1) hazard table; the last depth (leaves) 0."""
-    h = torch.tensor(hazards, dtype=torch.float64)
-    h = h[:, None] if h.dim() == 2 else h  # [S, P, K]
-    survive = torch.cumprod(torch.cat([torch.ones_like(h[..., :1]), 1 - h[..., :-1]], -1), -1)
-    cdf = (h * survive).cumsum(-1)
+    cdf = torch.from_numpy(AcceptanceModel(np.asarray(hazards)).child_probs().cumsum(-1))  # [S, P, K]
     return torch.cat([cdf, torch.zeros_like(cdf[:1])]).to(device=device, dtype=torch.float32)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from specdec.attention import create_attention_backend
 from specdec.config import SpecConfig
-from specdec.eagle.acceptance import observe_paths
+from specdec.eagle.acceptance import AcceptanceModel, observe_paths
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.heads import resolve_head
@@ -97,7 +97,7 @@ class EAGLEWorker:
             rank_probs=_rank_probs(config, memory.req_to_token.device),
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
-        self._simulate_cdf: torch.Tensor | None = None  # [S + 1, K] benchmark only
+        self._simulate_cdf: torch.Tensor | None = None  # [S + 1, P, K] benchmark only
         self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
         self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None
         # set by a benchmark to time the phases of each decode step
@@ -462,10 +462,9 @@ def _rank_probs(config: SpecConfig, device: torch.device) -> torch.Tensor | None
     simulated acceptance model (benchmark only)."""
     if config.simulate_hazards is None:
         return None
-    cdf = child_cdf(config.simulate_hazards, device)[:-1]  # [model depth, model P, model K]
-    probs = torch.diff(cdf, dim=-1, prepend=torch.zeros_like(cdf[..., :1]))
+    probs = torch.from_numpy(AcceptanceModel(np.asarray(config.simulate_hazards)).child_probs())  # [D, P, K]
     parents = min(config.topk, probs.shape[1])
     out = torch.zeros(config.num_steps, parents, config.topk, device=device)  # past the model: never accepted
     rows, cols = min(config.num_steps, probs.shape[0]), min(config.topk, probs.shape[2])
-    out[:rows, :, :cols] = probs[:rows, :parents, :cols]
+    out[:rows, :, :cols] = probs[:rows, :parents, :cols].to(device=device, dtype=out.dtype)
     return out

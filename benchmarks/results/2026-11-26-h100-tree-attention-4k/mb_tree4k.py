@@ -3,24 +3,18 @@ nodes, ctx 1-4 k): KV tile, warps, stages, query tile and prefix splits, per cal
 graph of 32 calls over rotating KV buffers (> L2). Every variant's output is checked against the
 planner's. Writes JSON to argv[1]."""
 import json, math, sys
+from pathlib import Path
+
 import torch
-from specdec.attention.triton_kernels import extend as E
-from specdec.attention.triton_kernels.common import LaunchConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+from bench_attention import random_tree_mask  # noqa: E402
+from specdec.attention.triton_kernels import extend as E  # noqa: E402
+from specdec.attention.triton_kernels.common import LaunchConfig  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 CASES = [(1, 1024, 64), (1, 4096, 64), (1, 4096, 32), (2, 4096, 64), (1, 2048, 64)]
 orig_cfg, orig_bm = E.launch_config, E.extend_block_m
-
-
-def tree_mask(n, gen):
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            m[i, j] = True
-            j = parents[j]
-    return m
 
 
 def setup(bs, ctx, n, copies):
@@ -31,7 +25,7 @@ def setup(bs, ctx, n, copies):
     table = torch.randperm(slots, generator=gen).to(torch.int32).cuda()
     kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device="cuda") * (ctx + n)
     qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device="cuda") * n
-    mask = torch.cat([tree_mask(n, gen).flatten() for _ in range(bs)]).to(torch.uint8).cuda()
+    mask = torch.cat([random_tree_mask(n, gen).flatten() for _ in range(bs)]).to(torch.uint8).cuda()
     mask_indptr = torch.arange(0, bs + 1, dtype=torch.int64, device="cuda") * n * n
     q = torch.randn(bs * n, HQ, D, device="cuda", dtype=torch.bfloat16)
     return kvs, table, kv_indptr, qo_indptr, mask, mask_indptr, q, torch.empty_like(q)

@@ -58,6 +58,9 @@ class SpecConfig:
     # parent of rank p, with hazard simulate_hazards[d - 1][p][r] (specdec.eagle.acceptance; a
     # [depth][rank] table is read as one parent row), along the real tree
     simulate_hazards: tuple[tuple[tuple[float, ...], ...], ...] | None = None
+    # benchmark only: verify in full, then replay a real draft head's recorded trees and its target's path
+    # through them (an .npz trace of specdec.eagle.replay; the draft's tree follows the recorded scores)
+    simulate_trace: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, SpecAlgorithm):
@@ -88,8 +91,8 @@ class SpecConfig:
                 )
         if self.simulate_hazards is not None:
             object.__setattr__(self, "simulate_hazards", _hazard_table(self.simulate_hazards))
-            if self.simulate_accept_length is not None:
-                raise ConfigError("simulate either a mean accept length or an acceptance model, not both")
+        if sum(x is not None for x in (self.simulate_accept_length, self.simulate_hazards, self.simulate_trace)) > 1:
+            raise ConfigError("simulate one of a mean accept length, an acceptance model or a draft trace")
         for flag, value in (
             ("--speculative-accept-threshold-single", self.accept_threshold_single),
             ("--speculative-accept-threshold-acc", self.accept_threshold_acc),
@@ -143,8 +146,19 @@ class SpecConfig:
             token_map=speculative_token_map,
             batch_size_threshold=speculative_batch_size_threshold,
             simulate_accept_length=speculative_simulate_accept_length,
-            simulate_hazards=_read_hazards(speculative_simulate_acceptance_model),
+            **_read_acceptance_model(speculative_simulate_acceptance_model),
         )
+
+
+def _read_acceptance_model(path: str | None) -> dict:
+    """``simulate_trace`` for a draft trace (.npz), else ``simulate_hazards`` from a JSON acceptance model."""
+    if path is not None and path.endswith(".npz"):
+        from pathlib import Path
+
+        if not Path(path).is_file():
+            raise ConfigError(f"--speculative-simulate-acceptance-model {path}: no such file")
+        return {"simulate_trace": path}
+    return {"simulate_hazards": _read_hazards(path)}
 
 
 def _read_hazards(path: str | None) -> tuple[tuple[tuple[float, ...], ...], ...] | None:

@@ -10,6 +10,8 @@ from specdec.bench import synthetic as bench_synthetic
 from specdec.bench import synthetic_report
 from specdec.cli.bench import synthetic_main
 from specdec.eagle.acceptance import AcceptanceModel
+from specdec.eagle.replay import DraftTrace
+from specdec.engine.spec_profile import PRIOR, TRACE
 
 
 def test_tiny_sweep_reports_every_point(tmp_path):
@@ -32,15 +34,18 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     allowed = set(res["adaptive_policy"]["expected_committed"]) | {"plain"}
     for p in adaptive:
         assert p["speedup"] > 0 and sum(p["shapes"].values()) == 4 and set(p["shapes"]) <= allowed
-    # the measured acceptance model is recorded, and the issue's sweep rows are there
-    assert res["setup"]["acceptance_model"]["protocol"]["dataset"] == "mt_bench"
+    # the measured acceptance model (by default the replayed trace) is recorded, and the issue's sweep rows
+    acceptance = res["setup"]["acceptance_model"]
+    assert acceptance["kind"] == "replay" and acceptance["protocol"]["dataset"] == "mt_bench"
+    assert set(acceptance["expected_committed"]) == set(synthetic_report.shapes_run(res)) >= {"3x1x4", "2x2x4"}
     assert [r["bs"] for r in res["sweep"]] == [1, 3] and set(res["sweep"][0]["fixed"]) == {"3x1x4", "2x2x4"}
     assert res["sweep"][0]["ctx"] == 12 and res["sweep"][0]["adaptive_speedup"] == adaptive[0]["speedup"]
     # and each speedup at the acceptance model's expectation: drawn tokens swapped for expected ones
-    model = AcceptanceModel.from_json(res["setup"]["acceptance_model"])
+    trace = DraftTrace.load(TRACE)
+    assert acceptance["expected_committed"]["2x2x4"] == pytest.approx(trace.expected_committed(2, 2, 4))
     point = res["speculative"]["2x2x4"][1]
     assert res["sweep"][1]["fixed_expected"]["2x2x4"] == pytest.approx(
-        point["speedup"] * model.expected_committed(2, 2, 4) / point["committed_per_request_step"])
+        point["speedup"] * trace.expected_committed(2, 2, 4) / point["committed_per_request_step"])
     assert res["sweep"][0]["adaptive_speedup_expected"] > 0
 
 
@@ -49,8 +54,20 @@ def test_expected_committed_weighs_the_shapes_a_point_ran():
     specdec.eagle.acceptance gives E[2x2x4] = 2.44."""
     model = AcceptanceModel(np.array([[0.8, 0.5], [0.6, 0.5]]))
     point = {"shapes": {"2x2x4": 3, "plain": 1}, "speedup": 2.0, "committed_per_request_step": 2.0}
-    assert synthetic_report.expected_committed(point, model) == pytest.approx((3 * 2.44 + 1) / 4)
-    assert synthetic_report.speedup_at_expectation(point, model) == pytest.approx(2.0 * 2.08 / 2.0)
+    expected = {"2x2x4": model.expected_committed(2, 2, 4)}
+    assert synthetic_report.expected_committed(point, expected) == pytest.approx((3 * 2.44 + 1) / 4)
+    assert synthetic_report.speedup_at_expectation(point, expected) == pytest.approx(2.0 * 2.08 / 2.0)
+
+
+def test_hazards_model_is_recorded_with_its_expectations(tmp_path):
+    """--acceptance-model hazards: the static model's JSON as it is, and its expectation per shape run."""
+    record = synthetic_report.acceptance_record(str(PRIOR), ["3x1x4", "5x4x8"])
+    model = AcceptanceModel.load(PRIOR)
+    assert record["kind"] == "hazards" and record["hazards"] == model.to_json()["hazards"]
+    assert record["expected_committed"] == pytest.approx({"3x1x4": model.expected_committed(3, 1, 4),
+                                                          "5x4x8": model.expected_committed(5, 4, 8)})
+    settings = bench_synthetic.SyntheticSettings(synthetic="tiny", acceptance_model="hazards")
+    assert settings.acceptance_path() == str(PRIOR)
 
 
 def test_constant_accept_length_without_an_acceptance_model(tmp_path):

@@ -73,3 +73,17 @@ def test_simulated_acceptance_tables_gain_a_parent_axis_and_bad_ones_are_named(t
     path.write_text(json.dumps({"hazards": [[0.8, -0.1]]}))
     with pytest.raises(ConfigError, match="--speculative-simulate-acceptance-model"):
         SpecConfig.from_flags("EAGLE3", speculative_simulate_acceptance_model=str(path))
+
+
+def test_a_draft_trace_file_is_replayed_alone(tmp_path):
+    """An .npz acceptance model is a draft trace (specdec.eagle.replay): the config keeps its path; a
+    missing one is named by its flag; a trace and a constant accept length do not mix."""
+    from specdec.engine.spec_profile import TRACE
+
+    config = SpecConfig.from_flags("EAGLE3", speculative_simulate_acceptance_model=str(TRACE))
+    assert config.simulate_trace == str(TRACE) and config.simulate_hazards is None
+    with pytest.raises(ConfigError, match="--speculative-simulate-acceptance-model .*no such file"):
+        SpecConfig.from_flags("EAGLE3", speculative_simulate_acceptance_model=str(tmp_path / "none.npz"))
+    with pytest.raises(ConfigError, match="simulate one of"):
+        SpecConfig.from_flags("EAGLE3", speculative_simulate_acceptance_model=str(TRACE),
+                              speculative_simulate_accept_length=2.0)

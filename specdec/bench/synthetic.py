@@ -4,10 +4,14 @@ A target of a real model's shape with random bf16 weights (``--load-format dummy
 ``config.json``; with ``--tp-size N`` each rank draws its own shard), an EAGLE-3-shaped head (one
 layer, 32000-token draft vocabulary), and a simulated acceptance: every decode step drafts, builds the
 tree and verifies it in full, then commits the path an acceptance model picks. By default that
-model is measured with a real head (``--acceptance-model``: hazards by depth, parent rank and rank
-of the SmolLM2 EAGLE-3 head on MT-bench, shipped in ``specdec/data/acceptance``), so that chains and
-trees compare as they would with real weights, and its draws are common random numbers: every
-policy sees the same draw at the same request row and token position (``specdec.eagle.simulate``).
+model is a real head's recorded behaviour (``--acceptance-model replay``: the SmolLM2 EAGLE-3 head's
+draft trees and its target's path through them at every verify step on MT-bench, shipped in
+``specdec/data/acceptance``; ``specdec.eagle.replay``): each step's tree follows a recorded row's
+draft probabilities, deep where the draft was sure and wide where it was not, and accepts along
+that row's path, so that chains and trees compare as they would with real weights. ``hazards``
+draws from that head's static hazards by depth, parent rank and rank instead
+(``specdec.eagle.simulate``). Either way the draws are common random numbers: every policy sees
+the same draw at the same request row and token position.
 ``--acceptance-model none`` commits 1 + Binomial(S, (TAU - 1) / S) tokens along the first path
 instead (``--speculative-simulate-accept-length``).
 
@@ -35,9 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from specdec.bench.synthetic_report import ADAPTIVE, add_ratios, sweep_rows
+from specdec.bench.synthetic_report import ADAPTIVE, acceptance_record, add_ratios, shapes_run, sweep_rows
 from specdec.engine.args import EngineArgs, flag
 
+ACCEPTANCE_MODELS = ("replay", "hazards", "none")
 SHAPES = {
     # Llama-3.1-8B (hidden 4096, 32 layers, GQA 32/8, vocab 128256)
     "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -62,9 +67,11 @@ class SyntheticSettings:
 
     synthetic: str = dataclasses.field(metadata=flag("target shape (random weights)", group=SYNTH,
                                                      choices=sorted(SHAPES)))
-    acceptance_model: str = dataclasses.field(default="shipped", metadata=flag(
-        "the simulated verify's per-depth, per-rank acceptance (JSON from 'specdec bench-acceptance'): "
-        "'shipped' (the SmolLM2 EAGLE-3 head on MT-bench), a path, or 'none' (a constant mean, TAU)",
+    acceptance_model: str = dataclasses.field(default="replay", metadata=flag(
+        "the simulated verify's acceptance: 'replay' (the SmolLM2 EAGLE-3 head's recorded trees and target "
+        "paths on MT-bench: each step replays one, the draft's tree following its scores), 'hazards' (that "
+        "head's acceptance hazards by depth, parent rank and rank: one static ranking), a path (a hazards "
+        "JSON or a trace .npz of 'specdec bench acceptance'), or 'none' (a constant mean, TAU)",
         group=SYNTH, metavar="PATH"))
     speculative_simulate_accept_length: float = dataclasses.field(default=3.5, metadata=flag(
         "with --acceptance-model none: mean committed tokens per verify step", group=SYNTH, metavar="TAU"))
@@ -99,20 +106,18 @@ class SyntheticSettings:
 
     def __post_init__(self) -> None:
         parse_configs(self.configs)
-        if self.acceptance_model not in ("shipped", "none") and not Path(self.acceptance_model).is_file():
-            raise ValueError(f"--acceptance-model {self.acceptance_model!r}: not 'shipped', 'none' or a JSON file")
+        if self.acceptance_model not in ACCEPTANCE_MODELS and not Path(self.acceptance_model).is_file():
+            raise ValueError(f"--acceptance-model {self.acceptance_model!r}: not one of "
+                             f"{', '.join(ACCEPTANCE_MODELS)} or a file")
         if self.profile_trace and not self.profile_device:
             raise ValueError("--profile-trace: needs --profile-device (the trace is of the profiled steps)")
 
     def acceptance_path(self) -> str | None:
-        """The acceptance model's JSON file (None: the constant accept length)."""
-        if self.acceptance_model == "none":
-            return None
-        if self.acceptance_model == "shipped":
-            from specdec.engine.spec_profile import PRIOR
+        """The acceptance model's file, hazards JSON or trace .npz (None: the constant accept length)."""
+        from specdec.engine.spec_profile import PRIOR, TRACE
 
-            return str(PRIOR)
-        return self.acceptance_model
+        return {"none": None, "hazards": str(PRIOR), "replay": str(TRACE)}.get(self.acceptance_model,
+                                                                              self.acceptance_model)
 
 
 # the engine flags the sweep takes, and their defaults here
@@ -330,7 +335,7 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
         "target_weight_bytes_per_rank": weights["target"], "head_weight_bytes": weights.get("head"),
         "copy_bandwidth_GBps": bandwidth / 1e9, "context_len": settings.context_len,
         "engine_context_length": settings.server_context_length or context, "decode_steps": settings.decode_steps,
-        "acceptance_model": json.loads(Path(acceptance).read_text()) if acceptance else None,
+        "acceptance_model": acceptance_record(acceptance, shapes_run(results)),
         "simulated_accept_length": None if acceptance else settings.speculative_simulate_accept_length,
         "configs": configs, "batch_sizes": batch_sizes,
         "cuda_graphs": not engine_args.disable_cuda_graph and engine_args.device.startswith("cuda"),
@@ -390,8 +395,11 @@ def _policy_record(policy) -> dict:
     """What the adaptive engine decided from: its step costs and its acceptance estimate at the end."""
     model = policy.stats.model()
     return {"step_costs": policy.costs.to_json(), "hazards": model.to_json()["hazards"],
-            "expected_committed": {s.name: round(model.expected_committed(s.num_steps, s.topk, s.num_draft_tokens), 3)
-                                   for s in policy.shapes}}
+            "expected_committed": {s.name: round(policy.expected_committed(s), 3) for s in policy.shapes},
+            "static_expected_committed": {s.name: round(model.expected_committed(s.num_steps, s.topk,
+                                                                                 s.num_draft_tokens), 3)
+                                          for s in policy.shapes},
+            "prior_calibration": {name: round(r, 4) for name, r in policy.prior_calibration.items()}}
 
 
 def _device_name(device: str) -> str:

@@ -17,31 +17,59 @@ from specdec.eagle.policy import PLAIN, SpecShape
 ADAPTIVE = "adaptive"
 
 
-def expected_committed(point: dict, model: AcceptanceModel) -> float:
-    """Tokens a request commits per step that ``model`` expects for the shapes ``point`` ran
-    (``point["shapes"]``: steps by shape name, "plain" committing one)."""
+def acceptance_record(path: str | None, shapes: list[str]) -> dict | None:
+    """The acceptance model a sweep drew from, for its results: a hazards JSON as it is, or a draft
+    trace's protocol and size; either with ``expected_committed``, the tokens a step of each of
+    ``shapes`` ("SxKxN") commits on average under it (a trace: replayed over all its rows)."""
+    if path is None:
+        return None
+    if path.endswith(".npz"):
+        from specdec.eagle.replay import DraftTrace
+
+        trace = DraftTrace.load(path)
+        record = {"kind": "replay", "file": Path(path).name, "rows": len(trace), "protocol": trace.protocol}
+        expect = trace.expected_committed
+    else:
+        record = {"kind": "hazards", **json.loads(Path(path).read_text())}
+        expect = AcceptanceModel.from_json(record).expected_committed
+    record["expected_committed"] = {name: expect(*_steps_topk_tokens(name)) for name in sorted(shapes)}
+    return record
+
+
+def _steps_topk_tokens(name: str) -> tuple[int, int, int]:
+    shape = SpecShape.parse(name)
+    return shape.num_steps, shape.topk, shape.num_draft_tokens
+
+
+def shapes_run(results: dict) -> list[str]:
+    """Every shape name any speculative point of ``results`` ran a step of."""
+    points = [p for ps in results["speculative"].values() for p in ps] + results.get(ADAPTIVE, [])
+    return sorted({name for p in points for name in p["shapes"] if name != PLAIN})
+
+
+def expected_committed(point: dict, expected: dict[str, float]) -> float:
+    """Tokens a request commits per step that the acceptance model expects for the shapes ``point``
+    ran (``point["shapes"]``: steps by shape name, "plain" committing one; ``expected``: by name)."""
     steps = point["shapes"]
     total = sum(steps.values())
-    return sum(n * (1.0 if name == PLAIN else _expected(model, SpecShape.parse(name)))
-               for name, n in steps.items()) / total
+    return sum(n * (1.0 if name == PLAIN else expected[name]) for name, n in steps.items()) / total
 
 
-def _expected(model: AcceptanceModel, shape: SpecShape) -> float:
-    return model.expected_committed(shape.num_steps, shape.topk, shape.num_draft_tokens)
-
-
-def speedup_at_expectation(point: dict, model: AcceptanceModel) -> float:
-    """The point's speedup with the tokens ``model`` expects instead of those its steps drew: the
+def speedup_at_expectation(point: dict, expected: dict[str, float]) -> float:
+    """The point's speedup with the tokens the model expects instead of those its steps drew: the
     measured step times stand, the draw's luck (a few percent over 64 steps) goes."""
-    return point["speedup"] * expected_committed(point, model) / point["committed_per_request_step"]
+    return point["speedup"] * expected_committed(point, expected) / point["committed_per_request_step"]
 
 
 def sweep_rows(results: dict) -> list[dict]:
     """One row per batch size: plain ms per step, and each policy's speedup over plain decoding;
     with an acceptance model, also each speedup at the model's expectation (``*_expected``)."""
     ctx = results["setup"]["context_len"]
-    hazards = results["setup"].get("acceptance_model")
-    model = AcceptanceModel.from_json(hazards) if hazards else None
+    acceptance = results["setup"].get("acceptance_model")
+    expected = acceptance and acceptance.get("expected_committed")
+    if acceptance and expected is None:  # results written before the record kept it: a hazards model
+        model = AcceptanceModel.from_json(acceptance)
+        expected = {name: model.expected_committed(*_steps_topk_tokens(name)) for name in shapes_run(results)}
     adaptive = {p["batch_size"]: p for p in results.get(ADAPTIVE, [])}
     rows = []
     for p in results["plain"]:
@@ -51,9 +79,9 @@ def sweep_rows(results: dict) -> list[dict]:
         point = adaptive.get(bs)
         row = {"bs": bs, "ctx": ctx, "plain_ms": p["step_ms"], "adaptive_speedup": point and point["speedup"],
                "fixed": {name: q["speedup"] for name, q in fixed.items()}}
-        if model is not None:
-            row["adaptive_speedup_expected"] = point and speedup_at_expectation(point, model)
-            row["fixed_expected"] = {name: speedup_at_expectation(q, model) for name, q in fixed.items()}
+        if expected is not None:
+            row["adaptive_speedup_expected"] = point and speedup_at_expectation(point, expected)
+            row["fixed_expected"] = {name: speedup_at_expectation(q, expected) for name, q in fixed.items()}
         rows.append(row)
     return rows
 
@@ -90,7 +118,7 @@ def plot(results: dict, path: str) -> None:
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup over plain decoding")
     setup = results["setup"]
-    acceptance = ("measured acceptance model" if setup["acceptance_model"]
+    acceptance = (f"measured acceptance ({setup['acceptance_model']['kind']})" if setup["acceptance_model"]
                   else f"simulated accept length {setup['simulated_accept_length']}")
     ax.set_title(f"{setup['shape']}, ctx {setup['context_len']}, {acceptance}\n{setup['device']}", fontsize=9)
     ax.legend(title="steps x topk x draft tokens")

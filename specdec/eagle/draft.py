@@ -40,6 +40,8 @@ class DraftRunner:
         scratch_base: int,
         root_topk: int | None = None,
         rank_probs: torch.Tensor | None = None,
+        replay=None,
+        replay_seed: int = 0,
     ) -> None:
         """``root_topk``: children of the root an extend keeps (default ``topk``; more when
         several tree shapes share the draft state)."""
@@ -57,6 +59,12 @@ class DraftRunner:
         # and rank replace the head's, so the tree is the best-first tree of the acceptance model the
         # verify draws from
         self.rank_probs = rank_probs
+        # benchmark only (a specdec.eagle.replay.DraftReplay): each request's tree follows the recorded
+        # probabilities of the trace row its (seed, row, position) picks, as the verify's path does
+        self.replay = replay
+        self.replay_seed = replay_seed
+        # measurement only (eager): called with each expansion's lists (specdec.eagle.replay.TraceRecorder)
+        self.observer = None
 
     def _forward(self, batch: ForwardBatch) -> LogitsOutput:
         self.attn_backend.init_forward_metadata(batch)
@@ -130,6 +138,9 @@ class DraftRunner:
         device = root_topk_p.device
         if self.rank_probs is not None:
             root_topk_p = self.rank_probs[0, 0, :k].expand(bs, k)
+        if self.replay is not None:
+            rows = self.replay.rows(seq_lens, self.replay_seed)  # [bs] trace rows
+            root_topk_p, trace_slots = self.replay.root(rows, k)  # [bs, K] each: the frontier's recorded slots
         score_list, token_list, parents_list = [], [], []
         sel = select_top_k_tokens(0, root_topk_p, root_topk_index, root_hidden, None, k)
         # [bs*K, S-1] each frontier node's ancestor scratch slots, itself last; two buffers
@@ -172,7 +183,13 @@ class DraftRunner:
             topk_p, topk_index = self._root_topk(out.next_token_logits, k)  # [bs*K, K]
             if self.rank_probs is not None:
                 topk_p = model_child_probs(self.rank_probs[step + 1], sel.tree_info[2], k)
+            if self.replay is not None:
+                topk_p = self.replay.children(rows, trace_slots, step + 1, k)
             sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
+            if self.replay is not None:
+                trace_slots = self.replay.follow(rows, trace_slots, sel.parent_branch, sel.tree_info[2], step + 1, k)
+        if self.observer is not None:
+            self.observer(score_list, token_list, parents_list, req_pool_indices, seq_lens)
         return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)
 
 

@@ -8,7 +8,8 @@ by expected committed tokens per millisecond::
 
 E[committed] comes from the online acceptance hazards by depth, parent rank and rank
 (``specdec.eagle.acceptance``), scaled per shape by how the shape's observed acceptance compared
-with that static estimate (the dynamic tree ranks by the draft's confidence and commits more).
+with that static estimate (the dynamic tree ranks by the draft's confidence and commits more),
+starting from the ratio a reference head's recorded trees give (``prior_calibration``).
 Step times come from ``StepCosts``: a table measured at start-up (``specdec.engine.spec_profile``)
 of milliseconds per decode step by batch size at a short context, plus a per-shape slope for
 every token of context each request attends to.
@@ -48,12 +49,16 @@ class SpecShape:
 
 def candidate_shapes(config: SpecConfig) -> list[SpecShape]:
     """The shapes adaptive speculation chooses among, bounded by the configured (S, K, N): chains
-    of depth 1, 2, 3, 5 and S that fit (depth <= S, depth + 1 <= N); for a configured tree wider
-    than (5, 4, 8), the middle tree (5, 4, 8) too; for a tree of more than 32 nodes, its 32-node
-    cut (S, K, 32) (a verify of 32 rows costs much less than one of 48-64 from bs 2 on); and the
-    configured shape."""
+    of depth 1, 2, 3, 5 and S that fit (depth <= S, depth + 1 <= N); where K >= 2, trees of as many
+    nodes as the chains of depth 2 and 3 over the draft's top 2 (d, 2, d + 1): the same verify, and
+    the draft's own ranking puts a node where it is surest, commits more (3x2x4 2.48 tokens a step
+    against the chain's 2.42, SmolLM2's head on MT-bench); for a configured tree wider than (5, 4,
+    8), the middle tree (5, 4, 8) too; for a tree of more than 32 nodes, its 32-node cut (S, K, 32)
+    (a verify of 32 rows costs much less than one of 48-64 from bs 2 on); and the configured shape."""
     s, k, n = config.num_steps, config.topk, config.num_draft_tokens
     shapes = {SpecShape(d, 1, d + 1) for d in (1, 2, 3, 5, s) if d <= s and d + 1 <= n}
+    if k >= 2:
+        shapes |= {SpecShape(d, 2, d + 1) for d in (2, 3) if d <= s and d + 1 <= n}
     middle = SpecShape(min(s, 5), min(k, 4), min(n, 8))
     if middle.topk > 1 and middle.num_draft_tokens > middle.num_steps + 1:
         shapes.add(middle)
@@ -156,10 +161,13 @@ class AdaptivePolicy:
 
     def __init__(self, shapes: list[SpecShape], costs: StepCosts, prior: AcceptanceModel, *,
                  max_batch: dict[str, int] | None = None, calibration_weight: float = 256.0,
-                 refresh_every: int = 16) -> None:
+                 refresh_every: int = 16, prior_calibration: dict[str, float] | None = None) -> None:
         """``max_batch``: the largest batch size at which a shape (by name) may be chosen (absent:
         any): where its CUDA graphs end (``graph_batch_sizes``). Read at every choice, not copied:
-        the adaptive worker passes its own dict and updates it when graphs are captured or released."""
+        the adaptive worker passes its own dict and updates it when graphs are captured or released.
+        ``prior_calibration``: each shape's committed tokens over its static estimate before any
+        step of it is read (absent: 1): a real draft's ranking commits more than the static one,
+        most for small trees, which would otherwise never be tried."""
         missing = [n for n in [PLAIN] + [s.name for s in shapes] if n not in costs.table]
         if missing:
             raise ValueError(f"adaptive speculation: no step costs for {', '.join(missing)}")
@@ -170,6 +178,7 @@ class AdaptivePolicy:
         # a shape's observed / estimated committed tokens starts at 1 with this many tokens' weight
         self.calibration_weight = calibration_weight
         self.refresh_every = refresh_every
+        self.prior_calibration = {s.name: (prior_calibration or {}).get(s.name, 1.0) for s in shapes}
         self.observed = {s.name: 0.0 for s in shapes}  # summed mean committed tokens of its steps
         self.predicted = {s.name: 0.0 for s in shapes}  # summed static estimates of those steps
         self.chosen: dict[str, int] = {}  # steps by choice, plain included
@@ -181,8 +190,8 @@ class AdaptivePolicy:
         self._static = {s.name: model.expected_committed(s.num_steps, s.topk, s.num_draft_tokens)
                         for s in self.shapes}
         w = self.calibration_weight
-        self._expected = {name: est * (self.observed[name] + w) / (self.predicted[name] + w)
-                          for name, est in self._static.items()}
+        self._expected = {name: est * (self.observed[name] + w * self.prior_calibration[name])
+                          / (self.predicted[name] + w) for name, est in self._static.items()}
 
     def expected_committed(self, shape: SpecShape) -> float:
         return self._expected[shape.name]

@@ -44,7 +44,7 @@ def simulate_tree_acceptance(
     retrive_index: torch.Tensor,  # [bs, N]
     retrive_next_token: torch.Tensor,  # [bs, N]
     retrive_next_sibling: torch.Tensor,  # [bs, N]
-    cdf: torch.Tensor,  # [S + 1, P, K] from child_cdf
+    cdf: torch.Tensor,  # [S + 1, P, K] from child_cdf, or [bs, S + 1, P, K] (DraftReplay.accept_cdf)
     *,
     num_steps: int,
     seed: int = 0,

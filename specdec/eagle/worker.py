@@ -31,6 +31,7 @@ from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
+from specdec.eagle.replay import load_replay
 from specdec.eagle.simulate import child_cdf, simulate_tree_acceptance
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer, maybe_phase
@@ -74,6 +75,11 @@ class EAGLEWorker:
             config, draft_model, hidden_size=target.hidden_size, target_aux_layers=target.aux_hidden_layers
         )
         self.device = next(draft_model.parameters()).device
+        self.simulate_seed = self.generator.initial_seed() if self.generator is not None else 0
+        # benchmark only: the recorded draft trees and target paths a simulated step replays
+        self.replay = load_replay(config.simulate_trace, self.device) if config.simulate_trace else None
+        if self.replay is not None:
+            self.replay.check_shape(config.num_steps, config.topk)
         if resources is None:
             resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
                                              num_steps=config.num_steps, topk=config.topk)
@@ -95,6 +101,8 @@ class EAGLEWorker:
             scratch_base=memory.capacity,
             root_topk=resources.root_topk,
             rank_probs=_rank_probs(config, memory.req_to_token.device),
+            replay=self.replay,
+            replay_seed=self.simulate_seed,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
         self._simulate_cdf: torch.Tensor | None = None  # [S + 1, P, K] benchmark only
@@ -352,14 +360,17 @@ class EAGLEWorker:
         if cfg.simulate_accept_length is not None:
             return simulate_acceptance(candidates, logits, tree.retrive_next_token, num_steps=cfg.num_steps,
                                        mean_committed=cfg.simulate_accept_length, generator=self.generator)
-        if cfg.simulate_hazards is not None:
-            if self._simulate_cdf is None:
-                cdf = child_cdf(cfg.simulate_hazards, logits.device)  # [S + 1, P, K] of the model
-                self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()
+        if cfg.simulate_hazards is not None or self.replay is not None:
+            if self.replay is not None:  # [bs, S + 1, 1, K]: each request's recorded path
+                cdf = self.replay.accept_cdf(self.replay.rows(seq_lens, self.simulate_seed), cfg.num_steps, cfg.topk)
+            else:
+                if self._simulate_cdf is None:
+                    cdf = child_cdf(cfg.simulate_hazards, logits.device)  # [S + 1, P, K] of the model
+                    self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()
+                cdf = self._simulate_cdf
             return simulate_tree_acceptance(
                 candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
-                tree.retrive_next_sibling, self._simulate_cdf, num_steps=cfg.num_steps,
-                seed=self.generator.initial_seed() if self.generator is not None else 0)
+                tree.retrive_next_sibling, cdf, num_steps=cfg.num_steps, seed=self.simulate_seed)
         retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
         if sampling.is_all_greedy:
             return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)

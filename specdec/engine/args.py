@@ -125,7 +125,8 @@ class EngineArgs:
         "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))
     # benchmark-only: draw each step's accepted path from an acceptance model by depth, parent rank and rank (JSON)
     speculative_simulate_acceptance_model: str | None = dataclasses.field(default=None, metadata=flag(
-        "acceptance model JSON for simulated acceptance (benchmarks only)", group=SPEC, cli=False))
+        "acceptance model JSON, or draft trace .npz, for simulated acceptance (benchmarks only)", group=SPEC,
+        cli=False))
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_running_requests", "tp_size"):

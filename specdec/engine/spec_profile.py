@@ -37,7 +37,7 @@ import torch
 
 from specdec.eagle.acceptance import AcceptanceModel
 from specdec.eagle.adaptive import AUTO
-from specdec.eagle.policy import PLAIN, AdaptivePolicy, StepCosts
+from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts
 from specdec.engine.admission import decode_steps_during_prefill
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ STEPS_PER_BLOCK = 8
 # the acceptance prior before a head's own statistics: the SmolLM2-135M-Instruct EAGLE-3 head on
 # MT-bench, measured on CPU (benchmarks/results/2026-11-24-h100-adaptive/acceptance_model.json)
 PRIOR = Path(__file__).resolve().parents[1] / "data" / "acceptance" / "smollm2_eagle3_mt_bench.json"
+# the same head's recorded trees and target paths (specdec.eagle.replay): the synthetic benchmark's replay
+TRACE = PRIOR.with_name("smollm2_eagle3_mt_bench_trace.npz")
 
 
 def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str | None = None) -> AdaptivePolicy:
@@ -82,9 +84,39 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(costs.to_json(), indent=1))
             logger.info("adaptive speculation: step costs measured, written to %s", path)
-    worker.policy = AdaptivePolicy(worker.shapes, costs, _fit(_prior(), worker.config.num_steps, worker.config.topk),
-                                   max_batch=worker.max_batch)
+    prior = _fit(_prior(), worker.config.num_steps, worker.config.topk)
+    worker.policy = AdaptivePolicy(worker.shapes, costs, prior, max_batch=worker.max_batch,
+                                   prior_calibration=prior_calibration(worker.shapes, prior))
     return worker.policy
+
+
+def prior_calibration(shapes: list[SpecShape], prior: AcceptanceModel) -> dict[str, float]:
+    """Each shape's committed tokens replayed from the shipped trace of the prior's head
+    (``specdec.eagle.replay``) over the prior's static estimate: how much more the draft's own
+    ranking commits (none for shapes past the trace's depth or width, or without the trace)."""
+    out = {}
+    for shape in shapes:
+        replayed = _replayed_committed(shape)
+        if replayed is not None:
+            out[shape.name] = replayed / prior.expected_committed(shape.num_steps, shape.topk, shape.num_draft_tokens)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _replayed_committed(shape: SpecShape) -> float | None:
+    if not TRACE.is_file():
+        return None
+    trace = _shipped_trace()
+    if shape.num_steps > trace.num_steps or shape.topk > trace.topk:
+        return None
+    return trace.expected_committed(shape.num_steps, shape.topk, shape.num_draft_tokens)
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_trace():
+    from specdec.eagle.replay import DraftTrace
+
+    return DraftTrace.load(TRACE)
 
 
 def _prior() -> AcceptanceModel:

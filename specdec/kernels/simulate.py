@@ -26,18 +26,25 @@ def _check_inputs(candidates, argmax, positions, seq_lens, retrive_next_token, r
         device, shape = candidates.device, tuple(candidates.shape)
         if (all(matches(t, torch.int64, shape, device) for t in nodes.values())
                 and matches(seq_lens, torch.int64, shape[:1], device)
-                and matches(cdf, torch.float32, None, device) and cdf.dim() == 3 and cdf.shape[0] >= 1
-                and cdf.shape[1] >= 1):
+                and matches(cdf, torch.float32, None, device) and _cdf_ok(cdf, shape[0])):
             return device
     check_tensor("candidates", candidates, dtype=torch.int64, dim=2)
     device, shape = candidates.device, tuple(candidates.shape)
     for name, t in nodes.items():
         check_tensor(name, t, dtype=torch.int64, shape=shape, device=device)
     check_tensor("seq_lens", seq_lens, dtype=torch.int64, shape=shape[:1], device=device)
-    check_tensor("cdf", cdf, dtype=torch.float32, dim=3, device=device)
-    if cdf.shape[0] < 1 or cdf.shape[1] < 1:
-        raise ValueError(f"cdf: expected [depths >= 1, parent ranks >= 1, K], got {tuple(cdf.shape)}")
+    check_tensor("cdf", cdf, dtype=torch.float32, device=device)
+    if not _cdf_ok(cdf, shape[0]):
+        raise ValueError(f"cdf: expected a contiguous [depths >= 1, parent ranks >= 1, K] or [bs = {shape[0]}, "
+                         f"depths, parent ranks, K], got {tuple(cdf.shape)}")
     return device
+
+
+def _cdf_ok(cdf: torch.Tensor, bs: int) -> bool:
+    """One cdf for the batch [S + 1, P, K], or one per request [bs, S + 1, P, K]; contiguous."""
+    if cdf.dim() == 4 and cdf.shape[0] != bs:
+        return False
+    return cdf.dim() in (3, 4) and cdf.shape[-3] >= 1 and cdf.shape[-2] >= 1 and cdf.is_contiguous()
 
 
 def simulate_target_predict(
@@ -47,7 +54,8 @@ def simulate_target_predict(
     seq_lens: torch.Tensor,  # [bs] int64
     retrive_next_token: torch.Tensor,  # [bs, N] int64 first child, -1 none
     retrive_next_sibling: torch.Tensor,  # [bs, N] int64 next sibling, -1 none
-    cdf: torch.Tensor,  # [S + 1, P, K] fp32 P(drawn child rank <= r) per parent depth and parent rank
+    cdf: torch.Tensor,  # [S + 1, P, K] or [bs, S + 1, P, K] fp32 P(drawn child rank <= r) per parent depth
+    #                     and parent rank (per request: a replayed trace, specdec.eagle.replay)
     target_predict: torch.Tensor,  # [bs, N] int64, written
     *,
     seed: int,
@@ -80,18 +88,22 @@ def simulate_target_predict_ref(
     (r = K: no child). Its r-th child in link order (first child, then siblings), if the tree kept
     one, is the drawn child and ``target_predict`` is its token; otherwise the node's argmax.
     Example, K = 2, cdf[d, p] = [.5, .8], a node whose children are [c0] only: u = .3 -> c0's token;
-    u = .6 -> rank 1, not kept -> argmax; u = .9 -> argmax.
+    u = .6 -> rank 1, not kept -> argmax; u = .9 -> argmax. A [bs, S + 1, P, K] cdf gives each
+    request its own (request b reads cdf[b, d, p]); a 0/1 row draws the same rank whatever u.
     """
     bs, n = candidates.shape
-    parent_ranks, k = cdf.shape[1:]
+    if cdf.dim() == 3:
+        cdf = cdf.expand(bs, *cdf.shape)  # [bs, S + 1, P, K]
+    parent_ranks, k = cdf.shape[2:]
     own_rank = torch.zeros(bs, n + 1, dtype=torch.int64, device=candidates.device)  # column n: no node
     child = retrive_next_token  # [bs, N] each node's r-th child in round r
     for r in range(k):
         own_rank.scatter_(1, torch.where(child >= 0, child, n), r)
         child = torch.where(child >= 0, retrive_next_sibling.gather(1, child.clamp(min=0)), -1)
-    depth = (positions - seq_lens[:, None]).clamp(0, cdf.shape[0] - 1)  # [bs, N]
+    depth = (positions - seq_lens[:, None]).clamp(0, cdf.shape[1] - 1)  # [bs, N]
     u = position_uniforms(positions, seed)[..., None]  # [bs, N, 1]
-    rank = (cdf[depth, own_rank[:, :n].clamp(max=parent_ranks - 1)] <= u).sum(-1)  # [bs, N] drawn; K = none
+    b = torch.arange(bs, device=candidates.device)[:, None]
+    rank = (cdf[b, depth, own_rank[:, :n].clamp(max=parent_ranks - 1)] <= u).sum(-1)  # [bs, N] drawn; K = none
     child = retrive_next_token.clone()  # [bs, N] walk each node's children to its drawn rank
     for r in range(k - 1):
         sibling = retrive_next_sibling.gather(1, child.clamp(min=0))

@@ -212,11 +212,31 @@ def test_policy_learns_that_a_shape_commits_less_than_estimated():
     assert policy.choose(1, 0) != first
 
 
+def test_prior_calibration_scales_a_shape_until_its_own_steps_are_read():
+    """A 4-node tree ranked statically commits what the chain does (every third node is the chain's);
+    the reference head's recorded trees say it commits 5 % more, so it is tried, and kept until its
+    own steps say otherwise."""
+    chain, tree = SpecShape(3, 1, 4), SpecShape(3, 2, 4)
+    table = {name: {1: 1.0} for name in (PLAIN, chain.name, tree.name)}
+    model = AcceptanceModel.uniform(0.7, max_depth=5, max_topk=4)
+    policy = AdaptivePolicy([chain, tree], StepCosts(table, slope={}), model, prior_calibration={tree.name: 1.05})
+    static = model.expected_committed(3, 2, 4)
+    assert static == pytest.approx(model.expected_committed(3, 1, 4))
+    assert policy.expected_committed(tree) == pytest.approx(1.05 * static)
+    assert policy.expected_committed(chain) == pytest.approx(static)
+    assert policy.choose(1, 0) == tree
+    for _ in range(64):  # its steps commit just the bonus token
+        policy.record(tree, [1, 1], None)
+    assert policy.expected_committed(tree) == pytest.approx(static * (64 + 256 * 1.05) / (64 * static + 256))
+    assert policy.choose(1, 0) == chain
+
+
 @pytest.mark.parametrize("flags, expected", [
     ((3, 1, 4), ["1x1x2", "2x1x3", "3x1x4"]),
-    ((6, 8, 32), ["1x1x2", "2x1x3", "3x1x4", "5x1x6", "5x4x8", "6x1x7", "6x8x32"]),
-    ((6, 8, 48), ["1x1x2", "2x1x3", "3x1x4", "5x1x6", "5x4x8", "6x1x7", "6x8x32", "6x8x48"]),
-    ((4, 2, 6), ["1x1x2", "2x1x3", "3x1x4", "4x1x5", "4x2x6"]),
+    ((6, 8, 32), ["1x1x2", "2x1x3", "2x2x3", "3x1x4", "3x2x4", "5x1x6", "5x4x8", "6x1x7", "6x8x32"]),
+    ((6, 8, 48), ["1x1x2", "2x1x3", "2x2x3", "3x1x4", "3x2x4", "5x1x6", "5x4x8", "6x1x7", "6x8x32", "6x8x48"]),
+    ((4, 2, 6), ["1x1x2", "2x1x3", "2x2x3", "3x1x4", "3x2x4", "4x1x5", "4x2x6"]),
+    ((2, 4, 3), ["1x1x2", "2x1x3", "2x2x3", "2x4x3"]),
 ])
 def test_candidate_shapes_are_bounded_by_the_flags(flags, expected):
     from specdec.config import SpecConfig

@@ -297,10 +297,12 @@ def test_select_draft_nodes_random(device):
     assert outs[0].tolist() == [[0, 1, 4]] and outs[1].tolist() == [[10, 11, 14]]
 
 
-def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int):
+def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, position_scale: int,
+                  per_request: bool = False):
     """Arguments of simulate_target_predict: random trees, positions seq_len + tree depth (some past
     the cdf's rows, some huge so the hash's products wrap int64), a random cdf per depth and parent
-    rank (1 to K parent rows; nodes of more children than K or of a rank past the last row)."""
+    rank (1 to K parent rows; nodes of more children than K or of a rank past the last row);
+    ``per_request``: one per request, half of them 0/1 steps (a replayed trace's fixed ranks)."""
     parents, _, next_token, next_sibling = random_links(rng, bs, n)
     seq_lens = torch.tensor([rng.randrange(position_scale) for _ in range(bs)])
     depth = torch.zeros(bs, n, dtype=torch.int64)
@@ -308,19 +310,25 @@ def simulate_case(rng: random.Random, bs: int, n: int, k: int, depths: int, posi
         for t in range(1, n):
             depth[b, t] = depth[b, par[t]] + 1
     cdf = torch.rand(depths, rng.randint(1, k), k).cumsum(-1) / (k + 1)  # increasing rows below 1
-    cdf[-1] = 0.0  # leaves draw no child
+    if per_request:
+        cdf = torch.rand(bs, *cdf.shape).cumsum(-1) / (k + 1)
+        ranks = torch.randint(0, k + 1, (bs, depths, 1, 1))  # k: no child
+        steps = (torch.arange(k) >= ranks).float().expand_as(cdf)
+        cdf = torch.where(torch.rand(bs, 1, 1, 1) < 0.5, steps, cdf).contiguous()
+    cdf[..., -1, :, :] = 0.0  # leaves draw no child
     return [torch.randint(0, 1000, (bs, n)), torch.randint(1000, 2000, (bs, n)), seq_lens[:, None] + depth, seq_lens,
             next_token, next_sibling, cdf, torch.full((bs, n), POISON, dtype=torch.int64)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_simulate_target_predict_random(device):
-    """Bit-exact against the reference: hash, drawn rank, sibling walk, argmax fallback; the cases
-    reach both outcomes (a drawn child's token, below 1000, and the argmax, 1000 and up)."""
+    """Bit-exact against the reference: hash, drawn rank (from one cdf, or each request's own), sibling
+    walk, argmax fallback; the cases reach both outcomes (a drawn child's token, below 1000, and the
+    argmax, 1000 and up)."""
     rng, outcomes = random.Random(11), set()
     for case in cases(device, 6, 60):
         bs, n, k = rng.choice([1, 3, 8] if device == "cpu" else [1, 7, 64]), rng.randint(1, 24), rng.randint(1, 8)
-        args = simulate_case(rng, bs, n, k, rng.randint(1, 7), [10**4, 2**40][case % 2])
+        args = simulate_case(rng, bs, n, k, rng.randint(1, 7), [10**4, 2**40][case % 2], per_request=case % 3 == 2)
         seed = rng.choice([0, 7, 2**63 - 1])
         run_both(K.simulate_target_predict, K.simulate_target_predict_ref, args, device, seed=seed)
         K.simulate_target_predict_ref(*args, seed=seed)

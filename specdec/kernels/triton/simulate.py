@@ -5,7 +5,8 @@ and hopping to the next sibling. Those stores scatter, so they go to the request
 (written again at the end), and barriers order them before the loads, the loads before the final
 stores. Then per node: the position
 hash (int64 arithmetic masked to 32 bits, so it equals the reference bit for bit), the drawn rank
-(K compares against the cdf row of its depth and own rank), then at most K - 1 sibling hops, each
+(K compares against the cdf row of its depth and own rank, the request's own where the cdf
+has a batch axis), then at most K - 1 sibling hops, each
 a gather from the request's link row; the result is the drawn child's token or the argmax.
 """
 
@@ -23,7 +24,7 @@ from specdec.kernels.triton._common import custom_op, next_pow2
 
 @triton.jit
 def _simulate_kernel(cand_ptr, argmax_ptr, pos_ptr, seq_lens_ptr, next_token_ptr, next_sibling_ptr, cdf_ptr,
-                     out_ptr, n, depths, parent_ranks, k, seed_key,
+                     out_ptr, n, cdf_batch_stride, depths, parent_ranks, k, seed_key,
                      HASH_POSITION: tl.constexpr, HASH_ROW: tl.constexpr, SHIFT1: tl.constexpr,
                      MULT1: tl.constexpr, SHIFT2: tl.constexpr, MULT2: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -42,7 +43,7 @@ def _simulate_kernel(cand_ptr, argmax_ptr, pos_ptr, seq_lens_ptr, next_token_ptr
         child = tl.load(next_sibling_ptr + row + tl.maximum(child, 0), mask=has, other=-1)
     tl.debug_barrier()
     own_rank = tl.minimum(tl.load(out_ptr + row + t, mask=node, other=0), parent_ranks - 1)
-    cdf_row = cdf_ptr + (depth * parent_ranks + own_rank) * k
+    cdf_row = cdf_ptr + b * cdf_batch_stride + (depth * parent_ranks + own_rank) * k
     x = (pos * HASH_POSITION + b * HASH_ROW + seed_key) & 0xFFFFFFFF
     x = ((x ^ (x >> SHIFT1)) * MULT1) & 0xFFFFFFFF
     x = ((x ^ (x >> SHIFT2)) * MULT2) & 0xFFFFFFFF
@@ -70,8 +71,9 @@ def _simulate_op(candidates: torch.Tensor, argmax: torch.Tensor, positions: torc
     if bs and n:
         _simulate_kernel[(bs,)](
             candidates, argmax, positions, seq_lens, retrive_next_token, retrive_next_sibling, cdf, target_predict,
-            n, *cdf.shape, seed_term(seed), HASH_POSITION=HASH_POSITION, HASH_ROW=HASH_ROW, SHIFT1=_SHIFT1,
-            MULT1=_MULT1, SHIFT2=_SHIFT2, MULT2=_MULT2, BLOCK_N=next_pow2(n))
+            n, cdf.stride(0) if cdf.dim() == 4 else 0, *cdf.shape[-3:], seed_term(seed),  # batch stride 0: shared
+            HASH_POSITION=HASH_POSITION, HASH_ROW=HASH_ROW, SHIFT1=_SHIFT1, MULT1=_MULT1, SHIFT2=_SHIFT2, MULT2=_MULT2,
+            BLOCK_N=next_pow2(n))
 
 
 def simulate_target_predict(candidates, argmax, positions, seq_lens, retrive_next_token, retrive_next_sibling, cdf,

@@ -48,6 +48,20 @@ def _conditioning(acceptance: dict) -> str:
     return "parent rank and " if hazards[0] and isinstance(hazards[0][0], list) else ""
 
 
+def _acceptance_line(acceptance: dict, setup: dict) -> str:
+    """What the sweep's simulated verify accepted by: a replayed trace, measured hazards, or a constant."""
+    if not acceptance:
+        return f"constant accept length {setup.get('simulated_accept_length')}"
+    protocol = acceptance.get("protocol", {})
+    head = (f"the {protocol.get('draft')} head on {protocol.get('dataset')} (acceptance length "
+            f"{protocol.get('acceptance_length', 0):.2f} at {protocol.get('shape')})")
+    expected = ", ".join(f"{name} {e:.3f}" for name, e in acceptance.get("expected_committed", {}).items())
+    if acceptance.get("kind") == "replay":
+        return (f"replayed draft trees and target paths of {head}, {acceptance['rows']} recorded steps; tokens a step "
+                f"each shape commits on them: {expected}")
+    return f"measured hazards by depth, {_conditioning(acceptance)}rank of {head}"
+
+
 def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
     setup = setups[0]
     shapes = list(rows[0]["fixed"])
@@ -59,10 +73,7 @@ def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
         f"{setup['date']} · {setup['device']} · commit {commit} · {setup['attention_backend']} attention, "
         f"CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, overlap {'on' if setup['overlap_schedule'] else 'off'}",
         "",
-        "Acceptance: " + (f"measured hazards by depth, {_conditioning(acceptance)}rank of the "
-                          f"{protocol.get('draft')} head on {protocol.get('dataset')} (acceptance length {protocol.get('acceptance_length', 0):.2f} at "
-                          f"{protocol.get('shape')})" if acceptance else
-                          f"constant accept length {setup.get('simulated_accept_length')}"),
+        "Acceptance: " + _acceptance_line(acceptance, setup),
         "",
         "Speedup in tokens/s over plain decoding at the same batch size and context. "
         f"Goal: adaptive >= {GOAL_OF_BEST} x the best of plain and every fixed shape, and >= 1.0 x plain.",

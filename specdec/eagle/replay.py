@@ -96,12 +96,24 @@ def load_replay(path: str, device: torch.device) -> "DraftReplay":
 
 
 class DraftReplay:
-    """A trace on a device, and the steps a synthetic draft and verify take to replay it."""
+    """A trace on a device, and the steps a synthetic draft and verify take to replay it.
+
+    A node the recording never expanded sits in slot K, a sentinel whose children have probability 0
+    and lead to slot K again, so each draft step costs a few gathers (they run inside its CUDA graph).
+    """
 
     def __init__(self, trace: DraftTrace, device: torch.device) -> None:
         self.trace = trace
-        self.probs = torch.from_numpy(trace.probs.astype(np.float32)).to(device)  # [T, S, K, K]
-        self.keys = torch.from_numpy(trace.keys.astype(np.int64)).to(device)  # [T, S, K]
+        t, s, k, _ = trace.probs.shape
+        probs = np.zeros((t, s, k + 1, k), dtype=np.float32)  # [T, S, K + 1, K]
+        probs[:, :, :k] = trace.probs
+        # next_slot[t, d, slot, c]: the slot at depth d + 1 of child c of ``slot`` at depth d (K: none)
+        next_slot = np.full((t, s, k + 1, k), k, dtype=np.int64)
+        rows, depths, slots = np.nonzero(trace.keys >= 0)
+        key = trace.keys[rows, depths, slots].astype(np.int64)
+        next_slot[rows, depths, key // k, key % k] = slots
+        self.probs = torch.from_numpy(probs).to(device)
+        self.next_slot = torch.from_numpy(next_slot).to(device)
         self.path_ranks = torch.from_numpy(trace.path_ranks.astype(np.int64)).to(device)  # [T, S]
 
     def check_shape(self, num_steps: int, topk: int) -> None:
@@ -116,23 +128,17 @@ class DraftReplay:
 
     def root(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The root's top-k children's probabilities [bs, k] and their recorded slots [bs, k]."""
-        slots = torch.arange(k, device=rows.device).expand(rows.shape[0], k)
-        return self.probs[rows, 0, 0, :k], slots
+        return self.probs[rows, 0, 0, :k], self.next_slot[rows, 0, 0, :k]
 
     def children(self, rows: torch.Tensor, slots: torch.Tensor, depth: int, k: int) -> torch.Tensor:
-        """[bs*k, k] the top-k children's probabilities of each frontier node at ``depth`` (slots [bs, k];
-        a node the recording never expanded, slot -1, has children of probability 0)."""
-        probs = self.probs[rows[:, None], depth, slots.clamp(min=0), :k]  # [bs, k, k]
-        return torch.where(slots[..., None] >= 0, probs, 0.0).reshape(-1, k)
+        """[bs*k, k] the top-k children's probabilities of each frontier node at ``depth`` (slots [bs, k])."""
+        return self.probs[rows[:, None], depth, slots, :k].reshape(-1, k)
 
     def follow(self, rows: torch.Tensor, slots: torch.Tensor, parent_branch: torch.Tensor,
                frontier_parents: torch.Tensor, depth: int, k: int) -> torch.Tensor:
         """[bs, k] the recorded slots of the new frontier at ``depth + 1``: its nodes are child
         ``frontier_parents % k`` of branch ``parent_branch`` (``select_top_k_tokens``' outputs)."""
-        parent = slots.gather(1, parent_branch)  # [bs, k]
-        key = torch.where(parent >= 0, parent * self.trace.topk + frontier_parents[:, -k:] % k, -1)
-        match = self.keys[rows, depth][:, None, :] == key[:, :, None]  # [bs, k, K]
-        return torch.where(match.any(-1), match.int().argmax(-1), -1)
+        return self.next_slot[rows[:, None], depth, slots.gather(1, parent_branch), frontier_parents[:, -k:] % k]
 
     def accept_cdf(self, rows: torch.Tensor, num_steps: int, k: int) -> torch.Tensor:
         """[bs, S' + 1, 1, k] fp32 the 0/1 cdf of the child rank each depth's node accepts (step at

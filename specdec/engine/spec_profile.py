@@ -104,19 +104,23 @@ def prior_calibration(shapes: list[SpecShape], prior: AcceptanceModel) -> dict[s
 
 @functools.lru_cache(maxsize=64)
 def _replayed_committed(shape: SpecShape) -> float | None:
-    if not TRACE.is_file():
-        return None
     trace = _shipped_trace()
-    if shape.num_steps > trace.num_steps or shape.topk > trace.topk:
+    if trace is None or shape.num_steps > trace.num_steps or shape.topk > trace.topk:
         return None
     return trace.expected_committed(shape.num_steps, shape.topk, shape.num_draft_tokens)
 
 
 @functools.lru_cache(maxsize=1)
 def _shipped_trace():
+    """The shipped draft trace, or None (logged) where it is missing or unreadable: the policy then
+    starts every shape at its static estimate."""
     from specdec.eagle.replay import DraftTrace
 
-    return DraftTrace.load(TRACE)
+    try:
+        return DraftTrace.load(TRACE)
+    except (OSError, ValueError, KeyError) as e:
+        logger.warning("adaptive speculation: no draft trace for the prior's calibration (%s): %s", TRACE, e)
+        return None
 
 
 def _prior() -> AcceptanceModel:

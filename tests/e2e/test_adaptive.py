@@ -99,7 +99,8 @@ def test_policy_turns_speculation_off_when_it_loses_and_on_when_it_pays(tmp_path
 
 def test_large_trees_get_graphs_and_are_chosen_only_up_to_the_verify_row_cap(tmp_path):
     """--speculative-adaptive-max-verify-rows 8 over sizes 1, 2, 4: the (3, 2, 5) tree is captured
-    (verify and draft loop) at bs 1 only, the 2- and 3-step chains to bs 2, the 1-step chain at
+    (verify and draft loop) at bs 1 only, the 2- and 3-step chains and the trees of as many nodes
+    to bs 2, the 1-step chain at
     every size, the draft extend at every size; a policy that prefers the tree takes it at bs 1
     and never past its graphs, and the output is plain greedy decoding's."""
     from specdec.forward import CaptureHiddenMode, ForwardMode
@@ -115,7 +116,7 @@ def test_large_trees_get_graphs_and_are_chosen_only_up_to_the_verify_row_cap(tmp
                   speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=1.01))
     spec.capture_cuda_graphs([1, 2, 4], use_graphs=False)
     worker = spec.worker
-    assert worker.max_batch == {"2x1x3": 2, "3x1x4": 2, "3x2x5": 1}
+    assert worker.max_batch == {"2x1x3": 2, "2x2x3": 2, "3x1x4": 2, "3x2x4": 2, "3x2x5": 1}
     assert worker.policy.max_batch is worker.max_batch  # read live, not copied
     verify = {n: spec.runner.graphs[(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n)].batch_sizes
               for n in (2, 3, 4, 5)}

@@ -44,16 +44,18 @@ def test_the_replayed_tree_is_deep_where_the_draft_is_sure_and_wide_where_it_is_
 
 
 def test_an_unexpanded_node_has_children_of_probability_zero():
+    """Slot K (2) stands for a node the recording never expanded: children of probability 0, which
+    lead to slot K again."""
     replay = DraftReplay(ROWS, torch.device("cpu"))
     rows = torch.tensor([0, 1])
-    slots = torch.tensor([[0, -1], [1, 0]])
-    children = replay.children(rows, slots, 1, 2).view(2, 2, 2)
+    children = replay.children(rows, torch.tensor([[0, 2], [1, 0]]), 1, 2).view(2, 2, 2)
     np.testing.assert_allclose(children[0], [[0.9, 0.05], [0.0, 0.0]], atol=1e-3)
     np.testing.assert_allclose(children[1], [[0.25, 0.2], [0.3, 0.2]], atol=1e-3)
-    # the frontier at depth 2 of row 1 is (a's child 0, a's child 1): b's children are not in it
+    # depth 1 -> 2: each row's recorded frontier is slot 0's children 0 and 1; slot 1's are not in it
     parent_branch, frontier = torch.tensor([[0, 0], [0, 1]]), torch.tensor([[2, 3], [2, 3]])
     follow = replay.follow(rows, torch.tensor([[0, 1], [1, 0]]), parent_branch, frontier, 1, 2)
-    assert follow.tolist() == [[0, 1], [-1, 1]]
+    assert follow.tolist() == [[0, 1], [2, 1]]
+    assert replay.follow(rows, torch.tensor([[2, 2], [2, 2]]), parent_branch, frontier, 1, 2).tolist() == [[2, 2]] * 2
 
 
 def test_path_ranks_follow_the_recorded_frontier():

@@ -37,7 +37,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from specdec.kernels.position_hash import position_uniforms
+from specdec.kernels.position_hash import HASH_POSITION, HASH_ROW, seed_term
+
+ROW_HASH_SIZE = 1 << 16
+ROW_HASH_MASK = ROW_HASH_SIZE - 1
 
 TRACE_FORMAT = 1
 
@@ -115,6 +118,10 @@ class DraftReplay:
         self.probs = torch.from_numpy(probs).to(device)
         self.next_slot = torch.from_numpy(next_slot).to(device)
         self.path_ranks = torch.from_numpy(trace.path_ranks.astype(np.int64)).to(device)  # [T, S]
+        # the trace row of each 16-bit hash of (seed, batch row, position): a fixed random table
+        gen = torch.Generator().manual_seed(0x5EED)
+        self.row_table = torch.randint(len(trace), (ROW_HASH_SIZE,), generator=gen).to(device)
+        self._cdfs: dict[tuple[int, int], torch.Tensor] = {}  # (S', k) -> [T, S' + 1, 1, k] accept cdfs
 
     def check_shape(self, num_steps: int, topk: int) -> None:
         if num_steps > self.trace.num_steps or topk > self.trace.topk:
@@ -122,9 +129,12 @@ class DraftReplay:
                              f"replay {num_steps} steps of top-{topk}")
 
     def rows(self, seq_lens: torch.Tensor, seed: int) -> torch.Tensor:  # [bs] -> [bs] int64
-        """The trace row each request replays: a hash of (seed, batch row, the root's position)."""
-        u = position_uniforms(seq_lens[:, None], seed)[:, 0]  # [bs]
-        return (u * len(self.trace)).long().clamp(max=len(self.trace) - 1)
+        """The trace row each request replays: a fixed random table at a 16-bit hash of (seed, batch
+        row, the root's position) (odd multipliers: a row's positions hash apart; five small kernels,
+        for the verify's eager step as much as for the draft's graph)."""
+        start = seed_term(seed)
+        terms = torch.arange(start, start + seq_lens.shape[0] * HASH_ROW, HASH_ROW, device=seq_lens.device)  # [bs]
+        return self.row_table[(seq_lens * HASH_POSITION + terms) & ROW_HASH_MASK]
 
     def root(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The root's top-k children's probabilities [bs, k] and their recorded slots [bs, k]."""
@@ -142,12 +152,16 @@ class DraftReplay:
 
     def accept_cdf(self, rows: torch.Tensor, num_steps: int, k: int) -> torch.Tensor:
         """[bs, S' + 1, 1, k] fp32 the 0/1 cdf of the child rank each depth's node accepts (step at
-        the recorded path rank; all 0, no child, where it is -1 or past k and at the leaves)."""
-        ranks = self.path_ranks[rows, :num_steps]  # [bs, S']
-        ranks = torch.cat([ranks, torch.full_like(ranks[:, :1], -1)], 1)  # [bs, S' + 1]
-        r = torch.arange(k, device=rows.device)
-        cdf = (ranks[..., None] >= 0) & (r >= ranks[..., None])  # [bs, S' + 1, k]
-        return cdf.float().unsqueeze(2).contiguous()
+        the recorded path rank; all 0, no child, where it is -1 or past k and at the leaves): one
+        gather from a table made once per (S', k)."""
+        table = self._cdfs.get((num_steps, k))
+        if table is None:
+            ranks = self.path_ranks[:, :num_steps]  # [T, S']
+            ranks = torch.cat([ranks, torch.full_like(ranks[:, :1], -1)], 1)  # [T, S' + 1]
+            r = torch.arange(k, device=ranks.device)
+            table = ((ranks[..., None] >= 0) & (r >= ranks[..., None])).float().unsqueeze(2).contiguous()
+            self._cdfs[(num_steps, k)] = table
+        return table[rows]
 
 
 def replay_accept_lengths(replay: DraftReplay, rows: torch.Tensor, num_steps: int, topk: int,

@@ -7,10 +7,11 @@ wide enough to observe ranks 0-7 at depths 1-6), every verify step recording whi
 its accepted path tried and accepted at each depth, under a parent of which rank
 (``specdec.eagle.acceptance``), and writes the hazards with their counts as JSON: the acceptance
 model that ``specdec bench --synthetic --acceptance-model hazards`` draws from and that adaptive
-speculation starts from. ``--trace-output`` also records the draft's trees and the target's path
-through them (``specdec.eagle.replay``): what ``--acceptance-model replay`` replays. Each parent rank's row is shrunk toward the row pooled over parents by
+speculation starts from. Each parent rank's row is shrunk toward the row pooled over parents by
 ``PSEUDO_COUNTS`` (the online statistics' prior weight): the deep ranks of low-ranked parents are
-reached a few times a run, and ``pooled_hazards`` keeps the pool.
+reached a few times a run, and ``pooled_hazards`` keeps the pool. ``--trace-output`` also records
+the draft's trees and the target's path through them (``specdec.eagle.replay``): what
+``--acceptance-model replay`` replays.
 """
 
 from __future__ import annotations

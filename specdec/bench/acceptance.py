@@ -68,6 +68,7 @@ def measure_acceptance(settings: AcceptanceSettings, engine_args: EngineArgs) ->
     if settings.trace_output:
         if not engine.args.disable_cuda_graph and engine.args.device != "cpu":
             raise ValueError("--trace-output: the trace is read from eager draft steps; add --disable-cuda-graph")
+
         def owners(rows: list[int]) -> list[object]:  # request-pool row -> the request holding it now
             running = {r.row: r for r in engine.scheduler.running if r.row >= 0}
             return [running[row] for row in rows]
@@ -77,14 +78,7 @@ def measure_acceptance(settings: AcceptanceSettings, engine_args: EngineArgs) ->
     prompts = load_prompts(settings.dataset, settings.num_prompts)
     if has_chat_template(engine.tokenizer):
         prompts = [render_user_prompt(engine.tokenizer, p) for p in prompts]
-    reqs = [engine.make_request(p, None, {"temperature": 0, "max_new_tokens": settings.max_new_tokens})
-            for p in prompts]
-    for req in reqs:
-        engine.add_request(req)
-    while any(not r.finished for r in reqs):
-        engine.step()
-    engine.scheduler.drain()
-    results = [r.result(engine.tokenizer) for r in reqs]
+    results = engine.generate(prompts, {"temperature": 0, "max_new_tokens": settings.max_new_tokens})
     stats = worker.policy.stats  # [depth, parent rank, rank] counts
     model = AcceptanceModel.from_counts(stats.tried, stats.accepted, pseudo_counts=PSEUDO_COUNTS)
     pooled = AcceptanceModel.from_counts(stats.tried.sum(1, keepdims=True), stats.accepted.sum(1, keepdims=True),

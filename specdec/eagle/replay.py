@@ -86,10 +86,13 @@ class DraftTrace:
 
     def expected_committed(self, num_steps: int, topk: int, num_draft_tokens: int) -> float:
         """Mean tokens a verify step commits (accepted + 1) at this shape, over every recorded row."""
-        replay = DraftReplay(self, torch.device("cpu"))
-        rows = torch.arange(len(self))
-        accepted = replay_accept_lengths(replay, rows, num_steps, topk, num_draft_tokens)
+        accepted = replay_accept_lengths(self._host_replay, torch.arange(len(self)), num_steps, topk,
+                                         num_draft_tokens)
         return float(accepted.double().mean()) + 1.0
+
+    @functools.cached_property
+    def _host_replay(self) -> "DraftReplay":
+        return DraftReplay(self, torch.device("cpu"))
 
 
 @functools.lru_cache(maxsize=4)

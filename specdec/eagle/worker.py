@@ -360,14 +360,8 @@ class EAGLEWorker:
         if cfg.simulate_accept_length is not None:
             return simulate_acceptance(candidates, logits, tree.retrive_next_token, num_steps=cfg.num_steps,
                                        mean_committed=cfg.simulate_accept_length, generator=self.generator)
-        if cfg.simulate_hazards is not None or self.replay is not None:
-            if self.replay is not None:  # [bs, S + 1, 1, K]: each request's recorded path
-                cdf = self.replay.accept_cdf(self.replay.rows(seq_lens, self.simulate_seed), cfg.num_steps, cfg.topk)
-            else:
-                if self._simulate_cdf is None:
-                    cdf = child_cdf(cfg.simulate_hazards, logits.device)  # [S + 1, P, K] of the model
-                    self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()
-                cdf = self._simulate_cdf
+        cdf = self._simulated_cdf(seq_lens, logits.device)
+        if cdf is not None:
             return simulate_tree_acceptance(
                 candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
                 tree.retrive_next_sibling, cdf, num_steps=cfg.num_steps, seed=self.simulate_seed)
@@ -382,6 +376,18 @@ class EAGLEWorker:
             threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
             coins=uniforms(bs, n, logits.device) if uniforms is not None else None,
         )
+
+    def _simulated_cdf(self, seq_lens: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+        """Benchmark only: the simulated verify's cdf of the child rank each node accepts, each
+        request's replayed path [bs, S + 1, 1, K] or the hazards model's [S + 1, P, K]; None when the
+        target's own predictions decide."""
+        cfg = self.config
+        if self.replay is not None:
+            return self.replay.accept_cdf(self.replay.rows(seq_lens, self.simulate_seed), cfg.num_steps, cfg.topk)
+        if cfg.simulate_hazards is not None and self._simulate_cdf is None:
+            cdf = child_cdf(cfg.simulate_hazards, device)  # [S + 1, P, K] of the model
+            self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()
+        return self._simulate_cdf
 
     def _commit_kv(
         self,

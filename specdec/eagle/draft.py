@@ -140,7 +140,8 @@ class DraftRunner:
             root_topk_p = self.rank_probs[0, 0, :k].expand(bs, k)
         if self.replay is not None:
             rows = self.replay.rows(seq_lens, self.replay_seed)  # [bs] trace rows
-            root_topk_p, trace_slots = self.replay.root(rows, k)  # [bs, K] each: the frontier's recorded slots
+            # [bs, K] each; the depth-1 frontier's recorded slots and its children's probabilities [bs*K, K]
+            root_topk_p, trace_slots, replay_child_p = self.replay.root(rows, k, children=self.num_steps > 1)
         score_list, token_list, parents_list = [], [], []
         sel = select_top_k_tokens(0, root_topk_p, root_topk_index, root_hidden, None, k)
         # [bs*K, S-1] each frontier node's ancestor scratch slots, itself last; two buffers
@@ -184,10 +185,10 @@ class DraftRunner:
             if self.rank_probs is not None:
                 topk_p = model_child_probs(self.rank_probs[step + 1], sel.tree_info[2], k)
             if self.replay is not None:
-                topk_p = self.replay.children(rows, trace_slots, step + 1, k)
+                topk_p = replay_child_p
             sel = select_top_k_tokens(step + 1, topk_p, topk_index, out.hidden_states, sel.scores, k)
-            if self.replay is not None:
-                trace_slots = self.replay.follow(rows, trace_slots, sel.parent_branch, sel.tree_info[2], step + 1, k)
+            if self.replay is not None and step + 2 < self.num_steps:
+                trace_slots, replay_child_p = self.replay.advance(rows, trace_slots, sel.tree_info[2], step + 1, k)
         if self.observer is not None:
             self.observer(score_list, token_list, parents_list, req_pool_indices, seq_lens)
         return organize_draft_results(score_list, token_list, parents_list, self.num_draft_tokens)

@@ -37,10 +37,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from specdec.kernels.position_hash import HASH_POSITION, HASH_ROW, seed_term
+from specdec.kernels.replay import replay_accept_cdf, replay_advance, replay_root, replay_rows
 
 ROW_HASH_SIZE = 1 << 16
-ROW_HASH_MASK = ROW_HASH_SIZE - 1
 
 TRACE_FORMAT = 1
 
@@ -105,7 +104,8 @@ class DraftReplay:
     """A trace on a device, and the steps a synthetic draft and verify take to replay it.
 
     A node the recording never expanded sits in slot K, a sentinel whose children have probability 0
-    and lead to slot K again, so each draft step costs a few gathers (they run inside its CUDA graph).
+    and lead to slot K again. The tables are ``specdec.kernels.replay``'s, so each draft step costs
+    one launch (inside the draft loop's CUDA graph) and the verify's accept cdf two.
     """
 
     def __init__(self, trace: DraftTrace, device: torch.device) -> None:
@@ -124,7 +124,6 @@ class DraftReplay:
         # the trace row of each 16-bit hash of (seed, batch row, position): a fixed random table
         gen = torch.Generator().manual_seed(0x5EED)
         self.row_table = torch.randint(len(trace), (ROW_HASH_SIZE,), generator=gen).to(device)
-        self._cdfs: dict[tuple[int, int], torch.Tensor] = {}  # (S', k) -> [T, S' + 1, 1, k] accept cdfs
 
     def check_shape(self, num_steps: int, topk: int) -> None:
         if num_steps > self.trace.num_steps or topk > self.trace.topk:
@@ -133,38 +132,41 @@ class DraftReplay:
 
     def rows(self, seq_lens: torch.Tensor, seed: int) -> torch.Tensor:  # [bs] -> [bs] int64
         """The trace row each request replays: a fixed random table at a 16-bit hash of (seed, batch
-        row, the root's position) (odd multipliers: a row's positions hash apart; five small kernels,
-        for the verify's eager step as much as for the draft's graph)."""
-        start = seed_term(seed)
-        terms = torch.arange(start, start + seq_lens.shape[0] * HASH_ROW, HASH_ROW, device=seq_lens.device)  # [bs]
-        return self.row_table[(seq_lens * HASH_POSITION + terms) & ROW_HASH_MASK]
+        row, the root's position) (``specdec.kernels.replay_rows``; one launch, in the verify's eager
+        step as in the draft's graph)."""
+        rows = torch.empty_like(seq_lens)
+        replay_rows(seq_lens, self.row_table, rows, seed=seed)
+        return rows
 
-    def root(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The root's top-k children's probabilities [bs, k] and their recorded slots [bs, k]."""
-        return self.probs[rows, 0, 0, :k], self.next_slot[rows, 0, 0, :k]
+    def root(self, rows: torch.Tensor, k: int, *, children: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The root's top-k children's probabilities [bs, k], the depth-1 frontier's recorded slots
+        [bs, k] and (``children``) that frontier's children's probabilities [bs*k, k]."""
+        bs, device = rows.shape[0], rows.device
+        root_p = torch.empty(bs, k, dtype=torch.float32, device=device)
+        slots = torch.empty(bs, k, dtype=torch.int64, device=device)
+        child_p = torch.empty(bs * k, k, dtype=torch.float32, device=device) if children else None
+        replay_root(rows, self.probs, self.next_slot, root_p, slots, child_p)
+        return root_p, slots, child_p
 
-    def children(self, rows: torch.Tensor, slots: torch.Tensor, depth: int, k: int) -> torch.Tensor:
-        """[bs*k, k] the top-k children's probabilities of each frontier node at ``depth`` (slots [bs, k])."""
-        return self.probs[rows[:, None], depth, slots, :k].reshape(-1, k)
-
-    def follow(self, rows: torch.Tensor, slots: torch.Tensor, parent_branch: torch.Tensor,
-               frontier_parents: torch.Tensor, depth: int, k: int) -> torch.Tensor:
-        """[bs, k] the recorded slots of the new frontier at ``depth + 1``: its nodes are child
-        ``frontier_parents % k`` of branch ``parent_branch`` (``select_top_k_tokens``' outputs)."""
-        return self.next_slot[rows[:, None], depth, slots.gather(1, parent_branch), frontier_parents[:, -k:] % k]
+    def advance(self, rows: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor, depth: int, k: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The depth + 1 frontier's recorded slots [bs, k] and its children's probabilities [bs*k, k]:
+        its nodes are ``parents`` [bs, k], the frontier ``select_top_k_tokens(depth, ...)`` chose
+        (``tree_info[2]``: score indices from k + (depth - 1) * k * k) among the children of the
+        depth-``depth`` frontier at ``slots``."""
+        new_slots = torch.empty_like(slots)
+        child_p = torch.empty(slots.shape[0] * k, k, dtype=torch.float32, device=slots.device)
+        replay_advance(rows, slots, parents, self.probs, self.next_slot, new_slots, child_p, depth=depth,
+                       parent_offset=k + (depth - 1) * k * k)
+        return new_slots, child_p
 
     def accept_cdf(self, rows: torch.Tensor, num_steps: int, k: int) -> torch.Tensor:
         """[bs, S' + 1, 1, k] fp32 the 0/1 cdf of the child rank each depth's node accepts (step at
-        the recorded path rank; all 0, no child, where it is -1 or past k and at the leaves): one
-        gather from a table made once per (S', k)."""
-        table = self._cdfs.get((num_steps, k))
-        if table is None:
-            ranks = self.path_ranks[:, :num_steps]  # [T, S']
-            ranks = torch.cat([ranks, torch.full_like(ranks[:, :1], -1)], 1)  # [T, S' + 1]
-            r = torch.arange(k, device=ranks.device)
-            table = ((ranks[..., None] >= 0) & (r >= ranks[..., None])).float().unsqueeze(2).contiguous()
-            self._cdfs[(num_steps, k)] = table
-        return table[rows]
+        the recorded path rank; all 0, no child, where it is -1 or past k and at the leaves)."""
+        cdf = torch.empty(rows.shape[0], num_steps + 1, 1, k, dtype=torch.float32, device=rows.device)
+        replay_accept_cdf(rows, self.path_ranks, cdf)
+        return cdf
 
 
 def replay_accept_lengths(replay: DraftReplay, rows: torch.Tensor, num_steps: int, topk: int,
@@ -178,19 +180,19 @@ def replay_accept_lengths(replay: DraftReplay, rows: torch.Tensor, num_steps: in
     replay.check_shape(num_steps, topk)
     bs, k = rows.shape[0], topk
     hidden = torch.zeros(bs, 1)
-    probs, slots = replay.root(rows, k)
+    probs, slots, child_p = replay.root(rows, k, children=num_steps > 1)
     rank = torch.arange(k)
     tokens = rank.expand(bs, k).contiguous()  # the proposals' tokens: unused, any ids
     sel = select_top_k_tokens(0, probs, tokens, hidden, None, k)
     on_path = rank == replay.path_ranks[rows, :1]  # [bs, K] the frontier node on the target's path
     scores, toks, parents, paths = [sel.tree_info[0]], [sel.tree_info[1]], [sel.tree_info[2]], [on_path]
     for step in range(1, num_steps):
-        children = replay.children(rows, slots, step, k)  # [bs*K, K]
         tokens = torch.zeros(bs * k, k, dtype=torch.int64)
-        sel = select_top_k_tokens(step, children, tokens, sel.hidden_states, sel.scores, k)
+        sel = select_top_k_tokens(step, child_p, tokens, sel.hidden_states, sel.scores, k)  # child_p [bs*K, K]
         child_on_path = on_path[:, :, None] & (rank == replay.path_ranks[rows, step, None, None])  # [bs, K, K]
         on_path = child_on_path.flatten(1).gather(1, sel.parent_branch * k + sel.tree_info[2] % k)  # [bs, K]
-        slots = replay.follow(rows, slots, sel.parent_branch, sel.tree_info[2], step, k)
+        if step + 1 < num_steps:
+            slots, child_p = replay.advance(rows, slots, sel.tree_info[2], step, k)
         for out, item in zip((scores, toks, parents, paths), (*sel.tree_info, child_on_path.flatten(1))):
             out.append(item)
     _, kept, _ = organize_draft_results(scores, toks, parents, num_draft_tokens)  # [bs, N-1] score indices

@@ -3,8 +3,9 @@
 Each op validates its inputs and runs its Triton kernel (``specdec.kernels.triton``) on CUDA
 tensors, and on CPU tensors when TRITON_INTERPRET=1; else its torch reference ``<op>_ref`` (the
 specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker,
-``frontier`` the draft's selections (a step's next frontier, the tree's nodes) and ``simulate``
-the synthetic benchmark's drawn target predictions (all ours, not sgl_kernel's).
+``frontier`` the draft's selections (a step's next frontier, the tree's nodes), ``simulate``
+the synthetic benchmark's drawn target predictions and ``replay`` its replay of recorded draft
+trees (all ours, not sgl_kernel's).
 """
 
 from specdec.kernels.cache_ops import (
@@ -27,6 +28,16 @@ from specdec.kernels.common import TreeMaskMode
 from specdec.kernels.dispatch import TRITON_IMPLS
 from specdec.kernels.frontier import select_draft_nodes, select_draft_nodes_ref, select_frontier, select_frontier_ref
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
+from specdec.kernels.replay import (
+    replay_accept_cdf,
+    replay_accept_cdf_ref,
+    replay_advance,
+    replay_advance_ref,
+    replay_root,
+    replay_root_ref,
+    replay_rows,
+    replay_rows_ref,
+)
 from specdec.kernels.simulate import simulate_target_predict, simulate_target_predict_ref
 from specdec.kernels.tree_build import (
     build_tree_kernel_efficient,
@@ -62,6 +73,14 @@ __all__ = [
     "build_tree_kernel_efficient_ref",
     "reconstruct_indices_from_tree_mask",
     "reconstruct_indices_from_tree_mask_ref",
+    "replay_accept_cdf",
+    "replay_accept_cdf_ref",
+    "replay_advance",
+    "replay_advance_ref",
+    "replay_root",
+    "replay_root_ref",
+    "replay_rows",
+    "replay_rows_ref",
     "segment_packbits",
     "segment_packbits_ref",
     "select_draft_nodes",

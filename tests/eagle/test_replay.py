@@ -48,14 +48,24 @@ def test_an_unexpanded_node_has_children_of_probability_zero():
     lead to slot K again."""
     replay = DraftReplay(ROWS, torch.device("cpu"))
     rows = torch.tensor([0, 1])
-    children = replay.children(rows, torch.tensor([[0, 2], [1, 0]]), 1, 2).view(2, 2, 2)
-    np.testing.assert_allclose(children[0], [[0.9, 0.05], [0.0, 0.0]], atol=1e-3)
-    np.testing.assert_allclose(children[1], [[0.25, 0.2], [0.3, 0.2]], atol=1e-3)
-    # depth 1 -> 2: each row's recorded frontier is slot 0's children 0 and 1; slot 1's are not in it
-    parent_branch, frontier = torch.tensor([[0, 0], [0, 1]]), torch.tensor([[2, 3], [2, 3]])
-    follow = replay.follow(rows, torch.tensor([[0, 1], [1, 0]]), parent_branch, frontier, 1, 2)
-    assert follow.tolist() == [[0, 1], [2, 1]]
-    assert replay.follow(rows, torch.tensor([[2, 2], [2, 2]]), parent_branch, frontier, 1, 2).tolist() == [[2, 2]] * 2
+    root_p, slots, children = replay.root(rows, 2, children=True)
+    np.testing.assert_allclose(root_p, [[0.9, 0.05], [0.5, 0.45]], atol=1e-3)
+    assert slots.tolist() == [[0, 1], [0, 1]]
+    np.testing.assert_allclose(children.view(2, 2, 2), [[[0.9, 0.05], [0.5, 0.4]], [[0.3, 0.2], [0.25, 0.2]]],
+                               atol=1e-3)
+    # depth 1 -> 2 (S = 2: a depth-2 frontier has no recorded children; a third depth stands in):
+    # each row's recorded depth-2 frontier is slot 0's children 0 and 1; slot 1's are not in it.
+    # parents: score indices from k = 2: row 0 takes slot 0's children (2, 3), row 1 slot 1's child 0 (4)
+    deeper = dataclasses.replace(ROWS, probs=np.concatenate([ROWS.probs, ROWS.probs[:, 1:]], 1),
+                                 keys=np.concatenate([ROWS.keys, ROWS.keys[:, 1:]], 1),
+                                 path_ranks=np.concatenate([ROWS.path_ranks, ROWS.path_ranks[:, 1:]], 1))
+    replay = DraftReplay(deeper, torch.device("cpu"))
+    new_slots, children = replay.advance(rows, slots, torch.tensor([[2, 3], [4, 2]]), 1, 2)
+    assert new_slots.tolist() == [[0, 1], [2, 0]]
+    np.testing.assert_allclose(children.view(2, 2, 2), [[[0.9, 0.05], [0.5, 0.4]], [[0.0, 0.0], [0.3, 0.2]]],
+                               atol=1e-3)
+    sentinel = torch.full((2, 2), 2)
+    assert replay.advance(rows, sentinel, torch.tensor([[2, 3], [4, 5]]), 1, 2)[0].tolist() == [[2, 2]] * 2
 
 
 def test_path_ranks_follow_the_recorded_frontier():

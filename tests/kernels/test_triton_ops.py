@@ -23,6 +23,7 @@ triton_verify = import_kernels("specdec.kernels.triton.verify")
 triton_tree_build = import_kernels("specdec.kernels.triton.tree_build")
 import_kernels("specdec.kernels.triton.simulate")
 import_kernels("specdec.kernels.triton.frontier")
+import_kernels("specdec.kernels.triton.replay")
 
 from specdec import kernels as K  # noqa: E402
 from specdec.kernels.dispatch import TRITON_IMPLS, select_impl  # noqa: E402
@@ -50,7 +51,8 @@ def test_dispatch(monkeypatch):
                                  "verify_tree_greedy", "tree_speculative_sampling_target_only", "segment_packbits",
                                  "assign_req_to_token", "compact_accepted_kv_locs", "draft_scratch_slots",
                                  "create_kv_indices", "create_kv_page_indices", "create_kv_layout", "move_kv_slots",
-                                 "simulate_target_predict", "select_frontier"}
+                                 "simulate_target_predict", "select_frontier", "replay_rows", "replay_root",
+                                 "replay_advance", "replay_accept_cdf"}
     monkeypatch.delenv("TRITON_INTERPRET")
     assert select_impl("verify_tree_greedy", K.verify_tree_greedy_ref, cpu) is K.verify_tree_greedy_ref
 
@@ -336,6 +338,66 @@ def test_simulate_target_predict_random(device):
     assert outcomes == {"drawn", "argmax"}
 
 
+def replay_tables(rng: random.Random, t: int, s: int, big_k: int):
+    """A random trace's tables (probs, next_slot [T, S, K + 1, K], path_ranks [T, S]): sentinel slot K
+    all 0 and pointing to itself, other slots' children recorded or not at random."""
+    probs = torch.rand(t, s, big_k + 1, big_k)
+    probs[:, :, big_k] = 0.0
+    next_slot = torch.randint(0, big_k + 1, (t, s, big_k + 1, big_k))
+    next_slot[:, :, big_k] = big_k
+    path_ranks = torch.randint(-1, big_k, (t, s))
+    return probs, next_slot, path_ranks
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replay_ops_random(device):
+    """The trace replay's four ops equal their references exactly: the row hash (positions up to 2**40,
+    so products wrap int64), the root and depth-1 children, a later frontier followed into the trace
+    (its parents named by score index from an offset), the per-request 0/1 accept cdf at every S' <= S."""
+    rng = random.Random(17)
+    for case in cases(device, 6, 40):
+        t, s, big_k = rng.randint(1, 40), rng.randint(2, 7), rng.randint(1, 8)
+        bs, k = rng.choice([1, 3, 9] if device == "cpu" else [1, 7, 64, 300]), rng.randint(1, big_k)
+        probs, next_slot, path_ranks = replay_tables(rng, t, s, big_k)
+        seq_lens = torch.tensor([rng.randrange([10**4, 2**40][case % 2]) for _ in range(bs)])
+        row_table = torch.randint(0, t, (1 << rng.randint(0, 10),))
+        seed = rng.choice([0, 7, 2**63 - 1])
+        rows = torch.full((bs,), POISON)
+        run_both(K.replay_rows, K.replay_rows_ref, [seq_lens, row_table, rows], device, seed=seed)
+        K.replay_rows_ref(seq_lens, row_table, rows, seed=seed)
+        assert ((rows >= 0) & (rows < t)).all()
+        outs = [torch.full((bs, k), -1.0), torch.full((bs, k), POISON), torch.full((bs * k, k), -1.0)]
+        run_both(K.replay_root, K.replay_root_ref, [rows, probs, next_slot, *outs[:2], None], device)
+        run_both(K.replay_root, K.replay_root_ref, [rows, probs, next_slot, *outs], device)
+        K.replay_root_ref(rows, probs, next_slot, *outs)
+        depth, offset = rng.randint(1, s - 2) if s > 2 else None, rng.randint(0, 99)
+        if depth is not None:
+            parents = torch.randint(0, k * k, (bs, k)) + offset  # branch * k + child rank, from the offset
+            run_both(K.replay_advance, K.replay_advance_ref,
+                     [rows, outs[1], parents, probs, next_slot, torch.full((bs, k), POISON),
+                      torch.full((bs * k, k), -1.0)], device, depth=depth, parent_offset=offset)
+        cdf = torch.full((bs, rng.randint(1, s + 1), 1, k), -1.0)
+        run_both(K.replay_accept_cdf, K.replay_accept_cdf_ref, [rows, path_ranks, cdf], device)
+
+
+def test_replay_ops_reject_bad_arguments():
+    probs, next_slot, path_ranks = replay_tables(random.Random(1), 4, 3, 2)
+    rows, slots = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="row_table: expected a power-of-two length"):
+        K.replay_rows(torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), rows, seed=0)
+    with pytest.raises(ValueError, match="seq_lens"):
+        K.replay_rows([1, 2], torch.zeros(4, dtype=torch.int64), rows, seed=0)
+    with pytest.raises(ValueError, match="k: expected 1 <= k <= the trace's top-2"):
+        K.replay_root(rows, probs, next_slot, torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int64), None)
+    with pytest.raises(ValueError, match="new_slots: must not alias slots"):
+        K.replay_advance(rows, slots, slots, probs, next_slot, slots, torch.zeros(4, 2), depth=1, parent_offset=0)
+    with pytest.raises(ValueError, match="depth: expected 1 <= depth < 2"):
+        K.replay_advance(rows, slots, slots.clone(), probs, next_slot, slots.clone(), torch.zeros(4, 2), depth=2,
+                         parent_offset=0)
+    with pytest.raises(ValueError, match="cdf: expected"):
+        K.replay_accept_cdf(rows, path_ranks, torch.zeros(2, 5, 1, 2))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_sampling_random(device):
     rng, nrng = random.Random(3), np.random.default_rng(3)
@@ -500,6 +562,18 @@ def test_custom_ops_pass_opcheck(device):
     torch.library.opcheck(torch.ops.specdec.select_frontier.default, [*fargs, 3])
     margs = [a.to(device) for a in simulate_case(random.Random(10), 2, 5, 3, 4, 100)]
     torch.library.opcheck(torch.ops.specdec.simulate_target_predict.default, [*margs, 3])
+    probs, next_slot, path_ranks = (a.to(device) for a in replay_tables(random.Random(12), 5, 4, 3))
+    rows = torch.tensor([4, 0], device=device)
+    slots, parents = (torch.randint(0, 3, (2, 3), device=device) for _ in range(2))
+    torch.library.opcheck(torch.ops.specdec.replay_rows.default,
+                          [torch.tensor([5, 2**40], device=device), torch.arange(8, device=device) % 5, rows.clone(), 3])
+    torch.library.opcheck(torch.ops.specdec.replay_root.default,
+                          [rows, probs, next_slot, torch.zeros(2, 3, device=device), slots.clone(),
+                           torch.zeros(6, 3, device=device)])
+    torch.library.opcheck(torch.ops.specdec.replay_advance.default,
+                          [rows, slots, parents, probs, next_slot, slots.clone(), torch.zeros(6, 3, device=device), 1, 0])
+    torch.library.opcheck(torch.ops.specdec.replay_accept_cdf.default,
+                          [rows, path_ranks, torch.zeros(2, 5, 1, 3, device=device)])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,8 +6,8 @@
 #              with the GPU tests of those timers: a check after changing them, not a measurement
 #   synthetic  the Llama-3.1-8B-shaped sweep with simulated acceptance (CUDA graphs on), and its plot
 #   tests      every GPU test;  graphs  only the CUDA-graph and lossless GPU tests
-#   adaptive   adaptive speculation: its and the replayed acceptance's GPU tests, then the 8B sweep (plain,
-#              each fixed shape, adaptive)
+#   adaptive   adaptive speculation: its and the replayed acceptance's GPU tests (the replay's kernels
+#              too), then the 8B sweep (plain, each fixed shape, adaptive)
 #              at ctx 1024 (bs 1-128) and 4096 (bs 1-64: bs 128 x 4k tokens of KV does not fit in 80 GB),
 #              combined by benchmarks/adaptive_sweep.py into sweep.json / sweep.png / sweep.md; 96 timed
 #              steps a point (DECODE_STEPS): with 24, bs 8 draws 192 request-steps and run-to-run noise
@@ -67,7 +67,7 @@ fi
 if [ "$what" = adaptive ]; then
   if [ "${ADAPTIVE_TESTS:-1}" != 0 ]; then
     python3 -m pytest -m gpu -x -p no:cacheprovider tests/e2e/test_adaptive.py tests/eagle/test_replay.py \
-      2>&1 | tee "$OUT/gpu_adaptive_tests.log" | tail -5
+      tests/kernels/test_triton_ops.py -k "adaptive or replay or opcheck" 2>&1 | tee "$OUT/gpu_adaptive_tests.log" | tail -5
     status=${PIPESTATUS[0]}
   fi
   jsons=()

@@ -12,9 +12,10 @@ S recorded depths, top-K children:
                                        children at each depth (-1: none of the K)
     row_table  [H] int64               the trace row of each H-bit hash (H a power of two)
 
-A draft step replaying rows ``rows`` costs one launch on CUDA: ``replay_root`` (the root's children,
-the depth-1 frontier's slots and children), then ``replay_advance`` per later frontier; the verify's
-accept cdf is one launch (``replay_accept_cdf``). Each reference is a few torch gathers.
+On CUDA each step is one launch: ``replay_rows`` picks each request's row, ``replay_root`` reads the
+root's children and the depth-1 frontier's slots and children, ``replay_advance`` follows each later
+frontier into the trace, and ``replay_accept_cdf`` gives the verify each row's recorded path. Each
+reference is a few torch gathers.
 """
 
 from __future__ import annotations

@@ -544,6 +544,10 @@ GPU_SCENARIOS = {
     "verify_n8": Scenario(V, (512, 4096, 1000, 2222), (8,) * 4, trees=tuple(random_tree(8, s) for s in range(4))),
     "verify_n64": Scenario(V, (4096, 700), (64, 64), trees=(random_tree(64, 1), random_tree(64, 2))),
     "verify_chain_bs1": Scenario(V, (3000,), (5,), trees=(CHAIN,)),
+    # 64 x 8 KV heads: a grid of 3+ programs an SM, which streams its KV through the decode tiles
+    "verify_chain_bs64": Scenario(V, tuple(300 + 23 * i for i in range(64)), (4,) * 64, trees=(CHAIN[:4],) * 64),
+    "verify_n8_bs64": Scenario(V, tuple(1100 - 9 * i for i in range(64)), (8,) * 64,
+                               trees=tuple(random_tree(8, s) for s in range(64))),
     "draft_decode_k8": Scenario(D, (2048, 512, 4000), (8, 8, 8), depth=5),
 }
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path.cwd() / ".stash"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path.cwd() / "benchmarks"))
 from ncu_attn import setup, HKV, D  # noqa: E402
 from specdec.attention.triton_kernels import extend as E  # noqa: E402

@@ -435,24 +435,6 @@ def test_plan_extend_splits(ctas, prefix_len, rows, forced, expected, monkeypatc
 
 
 @pytest.mark.parametrize("ctas, prefix_len, expected", [
-    (16, 4160, (13, 320, True)),  # bs 1, 32 nodes in 64-row tiles at 4 k: 15 splits asked, 14 x 16 = 224 programs
-    (32, 4160, (7, 640, True)),  # 64 nodes (or bs 2): 8 x 32 = 256 programs
-    (16, 2112, (11, 192, True)),  # 32 nodes at 2 k
-    (16, 1088, (6, 192, True)),  # at 1 k: chunks of 128+ entries cap it
-])
-def test_plan_extend_splits_small_tiles_two_programs_an_sm(ctas, prefix_len, expected, monkeypatch):
-    """A small tree grid in 64-entry KV tiles (``extend_attention`` picks them) is cut into about two
-    programs an SM, where 128-entry tiles keep one wave."""
-    from specdec.attention.triton_kernels import common
-
-    monkeypatch.setattr(common, "_sm_count", lambda device: 132)
-    cuda = torch.device("cuda")
-    assert common.plan_extend_splits(ctas, prefix_len, 128, device=cuda, tile=64, block_m=64) == expected
-    one_wave = common.plan_extend_splits(ctas, prefix_len, 128, device=cuda, tile=128, block_m=64)
-    assert (one_wave[0] + 1) * ctas <= 132 and one_wave[0] < expected[0]
-
-
-@pytest.mark.parametrize("ctas, prefix_len, expected", [
     (128, 512, (1, 512)),  # bs 8, 64 nodes: two 128-row tiles a KV head fill the SMs; one split
     (128, 4160, (1, 4224)),  # likewise at 4 k (two splits took 236 µs a layer against 165)
     (64, 1088, (2, 640)),  # bs 8, 32 nodes: two splits fit one wave (plan_num_splits: three, two waves)
@@ -476,7 +458,7 @@ def test_plan_extend_splits_full_tiles_fit_one_wave(ctas, prefix_len, expected, 
     (1, 256, 1088, 64),  # 64 nodes: 32 programs
     (2, 128, 1600, 64),  # bs 2: 32 programs
     (4, 128, 1088, 128),  # bs 4: 64 programs of 64 rows fill more than a third of the SMs
-    (1, 256, 4160, 64),  # a 4 k prefix: likewise (with small KV tiles, two programs an SM)
+    (1, 256, 4160, 128),  # a 4 k prefix
     (1, 64, 1088, 64),  # 64 rows or fewer: as many as the rows
     (16, 16, 1088, 16),  # a chain of 4 nodes
 ])

@@ -165,11 +165,9 @@ def max_block_m(device: torch.device) -> int:
     return 128 if device.type == "cuda" else 32
 
 
-# tree verify at bs 1-2: 64-row tiles (see extend_block_m), 64-entry KV tiles of 4 warps, and
-# about two programs an SM (see plan_extend_splits)
+# tree verify at bs 1-2 over a short prefix: 64-row tiles (see extend_block_m)
 SMALL_GRID_BLOCK_M = 64
-SMALL_GRID_BLOCK_N = 64
-SMALL_GRID_PROGRAMS_PER_SM = 2
+SMALL_GRID_MAX_PREFIX = 2048
 
 
 def extend_block_m(device: torch.device, *, rows: int, num_seqs: int, num_kv_heads: int, max_prefix_len: int) -> int:
@@ -177,19 +175,16 @@ def extend_block_m(device: torch.device, *, rows: int, num_seqs: int, num_kv_hea
 
     As many as fit (up to ``max_block_m``), except for a grid so small that even at
     SMALL_GRID_BLOCK_M rows a tile it fills at most a third of the SMs (``plan_extend_splits``
-    then gives the new tokens a split of their own): there two 64-row tiles a program beat one
-    128-row tile. Measured on an H100 (Llama-3-8B heads, bf16, one layer, CUDA-graph replay, µs;
-    tree nodes x 4 heads = rows): 32 nodes at bs 1, ctx 1 k, 19.1 -> 16.4; 48 nodes 21.5 -> 19.4;
-    64 nodes 23.7 -> 21.5; 32 nodes at bs 2 22.9 -> 21.1 (benchmarks/results/2026-11-26-h100-wide-verify).
-    Not taken where it lost or tied: bs 4 (34.0 -> 43.9: the grid no longer small). Over 2 k+
-    prefixes it lost with 128-entry KV tiles and one wave of programs (64 nodes at bs 1, ctx 4 k,
-    36.8 -> 43.5) and wins with SMALL_GRID_BLOCK_N-entry tiles at two programs an SM (32 nodes at
-    ctx 4 k 23.9 -> 21.2, 64 nodes 32.4 -> 29.1, 32 nodes at ctx 2 k 18.4 -> 15.5;
-    benchmarks/results/2026-11-26-h100-adaptive/0272f8e/verify-streaming/mb_tree_grid.json).
-    ``max_prefix_len`` is kept for callers' symmetry with the split plan; the choice no longer reads it.
+    then gives the new tokens a split of their own) over prefixes of at most
+    SMALL_GRID_MAX_PREFIX entries: there two 64-row tiles a program beat one 128-row tile.
+    Measured on an H100 (Llama-3-8B heads, bf16, one layer, CUDA-graph replay, µs; tree nodes x
+    4 heads = rows): 32 nodes at bs 1, ctx 1 k, 19.1 -> 16.4; 48 nodes 21.5 -> 19.4; 64 nodes
+    23.7 -> 21.5; 32 nodes at bs 2 22.9 -> 21.1. Not taken where it lost or tied: bs 4 (34.0 ->
+    43.9: the grid no longer small), ctx 4 k (64 nodes at bs 1 36.8 -> 43.5: fewer, longer prefix
+    splits) (benchmarks/results/2026-11-26-h100-wide-verify).
     """
     block_m = max(16, min(max_block_m(device), triton.next_power_of_2(max(1, rows))))
-    if device.type != "cuda" or block_m <= SMALL_GRID_BLOCK_M:
+    if device.type != "cuda" or block_m <= SMALL_GRID_BLOCK_M or max_prefix_len > SMALL_GRID_MAX_PREFIX:
         return block_m
     small_ctas = num_seqs * num_kv_heads * triton.cdiv(rows, SMALL_GRID_BLOCK_M)
     return SMALL_GRID_BLOCK_M if 3 * small_ctas <= _sm_count(device) else block_m
@@ -243,13 +238,6 @@ def plan_num_splits(
 NEW_SPLIT_MIN_ROWS = 64
 
 
-def is_small_tree_grid(device: torch.device, num_ctas: int, prefix_len: int, new_rows: int) -> bool:
-    """A grid of at most a third of the SMs with a new block of NEW_SPLIT_MIN_ROWS+ rows over a prefix
-    of two splits or more (tree verify at small batch): its new block runs in a split of its own."""
-    return (3 * num_ctas <= _sm_count(device) and new_rows >= NEW_SPLIT_MIN_ROWS
-            and prefix_len >= 2 * MIN_SPLIT_LEN)
-
-
 def plan_extend_splits(
     num_ctas: int, prefix_len: int, new_rows: int, *, device: torch.device, tile: int, block_m: int = 0,
     num_splits: int | None = None, new_split: bool | None = None,
@@ -259,9 +247,8 @@ def plan_extend_splits(
     blocks up to ``new_rows`` (query row, head) rows.
 
     ``new_split`` None decides: a grid of at most a third of the SMs with a block of at least
-    NEW_SPLIT_MIN_ROWS rows (tree verify at small batch, ``is_small_tree_grid``) runs the new block
-    in a split of its own and cuts the prefix so that all its programs fit one wave, or, in KV tiles
-    of at most SMALL_GRID_BLOCK_N entries, about SMALL_GRID_PROGRAMS_PER_SM programs an SM; otherwise (or False) the new block
+    NEW_SPLIT_MIN_ROWS rows (tree verify at small batch) runs the new block in a split of its own
+    and cuts the prefix so that all its programs fit one wave; otherwise (or False) the new block
     runs after the prefix's last chunk, and the prefix is cut by ``plan_num_splits``, except for
     full tiles (``max_block_m`` rows), whose prefix is cut only as far as all the programs fit one
     wave: bs 8, 64 tree nodes (two 128-row tiles a KV head, 128 programs) took 76 µs a layer in
@@ -273,12 +260,11 @@ def plan_extend_splits(
     """
     sms = _sm_count(device)
     if new_split is None:
-        new_split = num_splits is None and is_small_tree_grid(device, num_ctas, prefix_len, new_rows)
+        new_split = (num_splits is None and 3 * num_ctas <= sms and new_rows >= NEW_SPLIT_MIN_ROWS
+                     and prefix_len >= 2 * MIN_SPLIT_LEN)
     if num_splits is None and (new_split or block_m >= max_block_m(device)):
-        # small KV tiles (a small tree grid's, ``extend_attention``): about two programs an SM
-        per_sm = SMALL_GRID_PROGRAMS_PER_SM if new_split and tile <= SMALL_GRID_BLOCK_N else 1
-        programs = per_sm * sms // max(num_ctas, 1) - int(bool(new_split))
-        num_splits = max(1, min(programs, prefix_len // MIN_SPLIT_LEN))
+        one_wave = sms // max(num_ctas, 1) - int(bool(new_split))
+        num_splits = max(1, min(one_wave, prefix_len // MIN_SPLIT_LEN))
     splits, chunk = plan_num_splits(num_ctas, prefix_len, device=device, tile=tile, num_splits=num_splits)
     return splits, chunk, new_split and splits > 1
 

@@ -33,15 +33,12 @@ import triton.language as tl
 from specdec.attention.triton_kernels.common import (
     attend_tile,
     head_dim_block,
-    is_small_tree_grid,
     is_streaming_grid,
     LOG2E,
     dot_precision,
     extend_block_m,
     launch_config,
     plan_extend_splits,
-    SMALL_GRID_BLOCK_M,
-    SMALL_GRID_BLOCK_N,
     split_chunk,
     store_rows,
 )
@@ -199,9 +196,6 @@ def extend_attention(
                              max_prefix_len=max_prefix_len)
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
     m_blocks = triton.cdiv(max_q_len * group, block_m)
-    if (block_m <= SMALL_GRID_BLOCK_M and num_splits is None and new_split is None
-            and is_small_tree_grid(q.device, num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group)):
-        cfg = cfg._replace(block_n=min(cfg.block_n, SMALL_GRID_BLOCK_N))  # and two programs an SM
     splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
                                               device=q.device, tile=cfg.block_n, block_m=block_m,
                                               num_splits=num_splits, new_split=new_split)

@@ -10,7 +10,8 @@ S recorded depths, top-K children:
     next_slot  [T, S, K + 1, K] int64  the slot at depth d + 1 of child c of slot s (K: not recorded)
     path_ranks [T, S] int64            the rank of the target's next token among its path node's
                                        children at each depth (-1: none of the K)
-    row_table  [H] int64               the trace row of each H-bit hash (H a power of two)
+    row_table  [H] int64               the trace row of each hash value (H a power of two: the
+                                       hash's low bits index it)
 
 On CUDA each step is one launch: ``replay_rows`` picks each request's row, ``replay_root`` reads the
 root's children and the depth-1 frontier's slots and children, ``replay_advance`` follows each later

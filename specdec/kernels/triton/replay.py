@@ -2,8 +2,8 @@
 (``replay_rows``: per block of requests), each a few gathers from the trace's tables.
 
 Indices read from the inputs are clamped into their tables (a trace row into [0, T), a frontier
-branch and child rank into [0, k)), so malformed input cannot read out of bounds; valid input is
-unchanged by it.
+branch and child rank into [0, k), a slot into [0, K]), so malformed input cannot read out of
+bounds; valid input is unchanged by it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def _store_children(probs_ptr, child_ptr, base, slot, b, k, TOPK: tl.constexpr, 
     j = tl.arange(0, BLOCK_K)
     c = tl.arange(0, BLOCK_K)
     mask = (j < k)[:, None] & (c < k)[None, :]
+    slot = tl.minimum(tl.maximum(slot, 0), TOPK)  # slot K: the sentinel
     p = tl.load(probs_ptr + base + slot[:, None] * TOPK + c[None, :], mask=mask, other=0.0)
     tl.store(child_ptr + (b * k + j)[:, None] * k + c[None, :], p, mask=mask)
 
@@ -67,7 +68,7 @@ def _advance_kernel(rows_ptr, slots_ptr, parents_ptr, probs_ptr, next_slot_ptr, 
     live = j < k
     key = tl.maximum(tl.load(parents_ptr + b * k + j, mask=live, other=parent_offset) - parent_offset, 0)
     branch = tl.minimum(key // k, k - 1)
-    parent_slot = tl.load(slots_ptr + b * k + branch, mask=live, other=0)
+    parent_slot = tl.minimum(tl.maximum(tl.load(slots_ptr + b * k + branch, mask=live, other=0), 0), TOPK)
     slot = tl.load(next_slot_ptr + base + parent_slot * TOPK + key % k, mask=live, other=0)
     tl.store(new_slots_ptr + b * k + j, slot, mask=live)
     _store_children(probs_ptr, child_ptr, base + depth_stride, slot, b, k, TOPK, BLOCK_K)

@@ -19,12 +19,19 @@ def seed_term(seed: int) -> int:
     return (seed & _MASK32) * HASH_SEED & _MASK32
 
 
+def hash_key(positions: torch.Tensor, seed: int) -> torch.Tensor:  # [bs, ...] int64 -> same shape int64
+    """Every (seed, batch row, absolute position)'s key, before masking: odd multipliers, so one
+    row's positions key apart. NOTE: products may wrap past int64; the low bits, all any user
+    keeps, are still exact."""
+    rows = torch.arange(positions.shape[0], device=positions.device).view(-1, *[1] * (positions.dim() - 1))
+    return positions.long() * HASH_POSITION + rows * HASH_ROW + seed_term(seed)
+
+
 def position_uniforms(positions: torch.Tensor, seed: int) -> torch.Tensor:  # [bs, N] int64 -> [bs, N] fp32
     """A uniform in [0, 1) per (seed, batch row, absolute position): a fixed integer hash (two
-    multiply-xorshift rounds on 32 bits), so a row's draw at a position never depends on the shape."""
-    rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
-    # NOTE: products may wrap past int64; the low 32 bits, all that is kept, are still exact
-    x = (positions.long() * HASH_POSITION + rows * HASH_ROW + seed_term(seed)) & _MASK32
+    multiply-xorshift rounds on 32 bits of ``hash_key``), so a row's draw at a position never
+    depends on the shape."""
+    x = hash_key(positions, seed) & _MASK32
     for shift, mult in HASH_ROUNDS:
         x = ((x ^ (x >> shift)) * mult) & _MASK32
     x = x ^ (x >> 16)

@@ -25,7 +25,7 @@ import torch
 
 from specdec.kernels.common import check_tensor, matches
 from specdec.kernels.dispatch import select_impl
-from specdec.kernels.position_hash import HASH_POSITION, HASH_ROW, seed_term
+from specdec.kernels.position_hash import hash_key
 
 
 def _check_tables(probs: torch.Tensor, next_slot: torch.Tensor, device: torch.device) -> None:
@@ -57,11 +57,9 @@ def replay_rows(
 
 
 def replay_rows_ref(seq_lens: torch.Tensor, row_table: torch.Tensor, rows: torch.Tensor, *, seed: int) -> None:
-    """Specification of ``replay_rows``: request b replays ``row_table[h]``, h the low bits of
-    seq_lens[b] * HASH_POSITION + b * HASH_ROW + seed_term(seed) (odd multipliers: one request's
-    positions hash apart; the same (seed, row, position) always replays the same row)."""
-    b = torch.arange(seq_lens.shape[0], device=seq_lens.device)
-    rows.copy_(row_table[(seq_lens * HASH_POSITION + b * HASH_ROW + seed_term(seed)) & (row_table.shape[0] - 1)])
+    """Specification of ``replay_rows``: request b replays ``row_table[h]``, h the low bits of the
+    ``hash_key`` of (seed, b, seq_lens[b]): the same (seed, row, position) always replays the same row."""
+    rows.copy_(row_table[hash_key(seq_lens, seed) & (row_table.shape[0] - 1)])
 
 
 def replay_root(

@@ -71,7 +71,7 @@ class SyntheticSettings:
         "the simulated verify's acceptance: 'replay' (the SmolLM2 EAGLE-3 head's recorded trees and target "
         "paths on MT-bench: each step replays one, the draft's tree following its scores), 'hazards' (that "
         "head's acceptance hazards by depth, parent rank and rank: one static ranking), a path (a hazards "
-        "JSON or a trace .npz of 'specdec bench acceptance'), or 'none' (a constant mean, TAU)",
+        "JSON or a trace .npz of 'python -m specdec.cli.bench acceptance'), or 'none' (a constant mean, TAU)",
         group=SYNTH, metavar="PATH"))
     speculative_simulate_accept_length: float = dataclasses.field(default=3.5, metadata=flag(
         "with --acceptance-model none: mean committed tokens per verify step", group=SYNTH, metavar="TAU"))

@@ -67,6 +67,10 @@ class ForwardBatch:
     kv_cache: Any
     attn_backend: Any
     logits_mode: LogitsMode = LogitsMode.LAST
+    # the logits' dtype: float32, or None for the lm_head's own (the model dtype). The values are
+    # the same either way (rounded to the model dtype, widened exactly), so a consumer that needs
+    # fp32 widens; None saves writing and reading the wider copy (a verify's [bs * N, vocab])
+    logits_dtype: torch.dtype | None = torch.float32
     capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL
     # TARGET_VERIFY only: [bs * N * N] bool, row-major [N, N] per request, True = may attend
     tree_mask: torch.Tensor | None = None

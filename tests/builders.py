@@ -256,6 +256,7 @@ class StandaloneRunner:
         *,
         spec_hidden_states: torch.Tensor | None = None,
         logits_mode: LogitsMode = LogitsMode.ALL,
+        logits_dtype: torch.dtype | None = torch.float32,
         capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
     ) -> LogitsOutput:
         device = self.req_to_token.device
@@ -271,7 +272,7 @@ class StandaloneRunner:
             prefix_lens=torch.tensor([self.seq_len], device=device),
             extend_lens=torch.tensor([n], device=device),
             req_to_token=self.req_to_token, kv_cache=self.cache, attn_backend=self.backend,
-            logits_mode=logits_mode, capture_hidden_mode=capture_hidden_mode,
+            logits_mode=logits_mode, logits_dtype=logits_dtype, capture_hidden_mode=capture_hidden_mode,
             spec_hidden_states=spec_hidden_states, prefix_lens_cpu=[self.seq_len], extend_lens_cpu=[n],
         )
         self.backend.init_forward_metadata(batch)

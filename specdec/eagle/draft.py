@@ -107,6 +107,7 @@ class DraftRunner:
             kv_cache=self.kv_cache,
             attn_backend=self.attn_backend,
             logits_mode=LogitsMode.LAST,
+            logits_dtype=None,  # read only by softmax_topk, which widens them
             capture_hidden_mode=CaptureHiddenMode.LAST,
             spec_hidden_states=features,
             prefix_lens_cpu=prefix_lens_cpu,
@@ -173,6 +174,7 @@ class DraftRunner:
                 kv_cache=self.kv_cache,
                 attn_backend=self.attn_backend,
                 logits_mode=LogitsMode.ALL,
+                logits_dtype=None,  # read only by softmax_topk, which widens them
                 capture_hidden_mode=CaptureHiddenMode.FULL,
                 draft_ancestors=ancestors,
                 spec_hidden_states=sel.hidden_states,

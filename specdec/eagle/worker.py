@@ -218,7 +218,7 @@ class EAGLEWorker:
         with maybe_phase(self.timer, "verify"):
             logits, features = self._target_verify(req_pool_indices, seq_lens, seq_lens_cpu, tree, tree_slots)
             if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
-                logits = sampling.process(logits, tree)
+                logits = sampling.process(logits.float(), tree)
             result = self._verify(tree, logits, sampling, seq_lens)
         with maybe_phase(self.timer, "commit"):
             slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
@@ -343,6 +343,7 @@ class EAGLEWorker:
             kv_cache=self.target.kv_cache,
             attn_backend=self.target.attn_backend,
             logits_mode=LogitsMode.ALL,
+            logits_dtype=None,  # the verify's [bs * N, vocab] unwidened: argmax reads them as they are
             capture_hidden_mode=CaptureHiddenMode.FULL,
             tree_mask=tree.tree_mask,
             prefix_lens_cpu=seq_lens_cpu,
@@ -371,7 +372,7 @@ class EAGLEWorker:
         row_to_request = torch.arange(bs, device=logits.device).repeat_interleave(n)
         uniforms = getattr(sampling, "uniforms", None)  # a host's per-request (seeded) draws
         return verify_sampling(
-            candidates, sampling.probs(logits, row_to_request), *retrive,
+            candidates, sampling.probs(logits.float(), row_to_request), *retrive,
             num_steps=cfg.num_steps, threshold_single=cfg.accept_threshold_single,
             threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
             coins=uniforms(bs, n, logits.device) if uniforms is not None else None,

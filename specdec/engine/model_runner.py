@@ -1,7 +1,8 @@
 """ModelRunner: runs the target model over one ForwardBatch (the host side of specdec.host).
 
 With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
-TARGET_VERIFY batches replay a graph per padded batch size; anything else (prefill, batches
+TARGET_VERIFY batches (logits in the model dtype: ``ForwardBatch.logits_dtype`` None) replay a
+graph per padded batch size; anything else (prefill, batches
 larger than the largest captured size) runs eagerly. Padding requests read nothing (prefix 0) and
 write their K/V into ``pad_slot``, a KV slot the allocator never hands out. A backend that plans
 on the host (FlashInfer) is planned from the batch's host lengths before each replay; a batch
@@ -85,7 +86,7 @@ class ModelRunner:
         self.graphs.clear()
 
     def _static_forward(self, mode, hidden, tokens, req_to_token, max_seq_len):
-        logits_mode = LogitsMode.ALL if mode == ForwardMode.TARGET_VERIFY else LogitsMode.LAST
+        logits_mode, logits_dtype = _graph_logits(mode)
 
         def forward(input_ids, positions, out_cache_loc, req_pool_indices, seq_lens, tree_mask=None):
             bs = req_pool_indices.shape[0]
@@ -94,8 +95,8 @@ class ModelRunner:
                 req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
                 extend_lens=torch.full((bs,), tokens, dtype=torch.int64, device=seq_lens.device),
                 req_to_token=req_to_token, kv_cache=self.kv_cache, attn_backend=self.attn_backend,
-                logits_mode=logits_mode, capture_hidden_mode=hidden, tree_mask=tree_mask,
-                static_max_seq_len=max_seq_len,
+                logits_mode=logits_mode, logits_dtype=logits_dtype, capture_hidden_mode=hidden,
+                tree_mask=tree_mask, static_max_seq_len=max_seq_len,
             )
             self.attn_backend.init_forward_metadata(batch)
             out = self.model(batch)
@@ -120,8 +121,8 @@ class ModelRunner:
         if bs == 0 or batch.num_tokens % bs:
             return None
         graph = self.graphs.get((batch.forward_mode, batch.capture_hidden_mode, batch.num_tokens // bs))
-        expected_logits = LogitsMode.ALL if batch.forward_mode == ForwardMode.TARGET_VERIFY else LogitsMode.LAST
-        if graph is None or batch.logits_mode != expected_logits or not graph.can_run(bs):
+        if (graph is None or (batch.logits_mode, batch.logits_dtype) != _graph_logits(batch.forward_mode)
+                or not graph.can_run(bs)):
             return None
         return graph
 
@@ -132,6 +133,14 @@ class ModelRunner:
             inputs["tree_mask"] = batch.tree_mask
         outputs = graph(batch.batch_size, host=batch.prefix_lens_cpu, **inputs)
         return LogitsOutput(next_token_logits=outputs[0], hidden_states=outputs[1] if len(outputs) > 1 else None)
+
+
+def _graph_logits(mode: ForwardMode) -> tuple[LogitsMode, torch.dtype | None]:
+    """The logits a captured graph of ``mode`` returns: a verify's, every node's in the model dtype
+    (the worker widens where it needs fp32); a decode's, each request's last in fp32."""
+    if mode == ForwardMode.TARGET_VERIFY:
+        return LogitsMode.ALL, None
+    return LogitsMode.LAST, torch.float32
 
 
 def _target_inputs(tokens: int, pad_slot: int, *, with_tree: bool) -> list[StaticInput]:

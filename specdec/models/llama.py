@@ -304,12 +304,12 @@ def logits_and_hidden(
     tp: TPGroup = SINGLE,
     vocab_size: int | None = None,
 ) -> LogitsOutput:
-    """Apply logits_mode / capture_hidden_mode; logits are returned in fp32 (all-gathered over
-    tensor-parallel ranks and cut to ``vocab_size``)."""
+    """Apply logits_mode / capture_hidden_mode; logits are returned in ``batch.logits_dtype`` (fp32
+    by default; None: the lm_head's), all-gathered over tensor-parallel ranks and cut to ``vocab_size``."""
     needs_last = batch.logits_mode == LogitsMode.LAST or batch.capture_hidden_mode == CaptureHiddenMode.LAST
     rows = last_token_rows(batch, logits_input.device) if needs_last else None
     x = select_output(logits_input, batch, last=batch.logits_mode == LogitsMode.LAST, rows=rows)
-    logits = linear(x, lm_head_weight, out_dtype=torch.float32)  # [rows, vocab chunk] fp32
+    logits = linear(x, lm_head_weight, out_dtype=batch.logits_dtype)  # [rows, vocab chunk]
     logits = tp.gather_vocab(logits, vocab_size or lm_head_weight.shape[0])
     captured = None
     if batch.capture_hidden_mode != CaptureHiddenMode.NULL and hidden is not None:

@@ -183,6 +183,19 @@ def test_low_precision_close_to_fp32(dtype):
     assert (out.double() - ref.double()).abs().max() < 4 * weight_err + 0.05
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [5, 80])  # on CUDA: the skinny GEMM (widening in its store), then F.linear
+def test_logits_in_the_model_dtype_widen_to_the_fp32_ones(dtype, rows):
+    """``logits_dtype=None`` (a verify's and the draft's) gives the lm_head's own dtype, the default's
+    fp32 logits exactly once widened."""
+    model = make_random_target(tiny_llama_config(), seed=10, dtype=dtype)
+    ids = _ids(rows, 97, 7)
+    wide = StandaloneRunner(model, 96).forward(ids).next_token_logits
+    own = StandaloneRunner(model, 96).forward(ids, logits_dtype=None).next_token_logits
+    assert wide.dtype == torch.float32 and own.dtype == dtype
+    assert torch.equal(own.float(), wide)
+
+
 def test_default_eagle3_layers():
     assert default_eagle3_layers(32) == (2, 16, 29)
     assert default_eagle3_layers(4) == (2, 2, 1)

@@ -3,10 +3,10 @@
 With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
 TARGET_VERIFY batches (logits in the model dtype: ``ForwardBatch.logits_dtype`` None) replay a
 graph per padded batch size; anything else (prefill, batches larger than the largest captured
-size) runs eagerly. Padding requests read nothing (prefix 0) and
-write their K/V into ``pad_slot``, a KV slot the allocator never hands out. A backend that plans
-on the host (FlashInfer) is planned from the batch's host lengths before each replay; a batch
-without them runs eagerly.
+size) runs eagerly. Padding requests read nothing (prefix 0) and write their K/V into
+``pad_slot``, a KV slot the allocator never hands out. A backend that plans on the host
+(FlashInfer) is planned from the batch's host lengths before each replay; a batch without them
+runs eagerly.
 """
 
 from __future__ import annotations

@@ -22,18 +22,22 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     res = json.loads(out.read_text())
     assert [p["batch_size"] for p in res["plain"]] == [1, 3]
     assert all(abs(p["committed_per_request_step"] - 1.0) < 1e-9 for p in res["plain"])
+    assert all(p["decode_steps"] == 4 for p in res["plain"])
     assert set(res["speculative"]) == {"3x1x4", "2x2x4"}
     for name, points in res["speculative"].items():
         for p in points:
             assert p["speedup"] > 0 and set(p["phases_ms"]) == {"draft", "verify", "commit", "draft_extend", "other"}
             assert 1.0 <= p["committed_per_request_step"] <= 4.0
-            assert p["shapes"] == {name: 4}  # a fixed shape speculates every step
+            assert p["shapes"] == {name: p["decode_steps"]}  # a fixed shape speculates every step
+            # timed over the tokens plain decoding commits in its 4 steps, in no more steps than it
+            assert p["decode_steps"] <= 4 and p["committed_per_request_step"] * p["decode_steps"] >= 4
+    assert any(p["decode_steps"] < 4 for points in res["speculative"].values() for p in points)
     # adaptive speculation, bounded by (3, 2, 4): every timed step is one of its shapes, or plain
     adaptive = res["adaptive"]
     assert [p["batch_size"] for p in adaptive] == [1, 3]
     allowed = set(res["adaptive_policy"]["expected_committed"]) | {"plain"}
     for p in adaptive:
-        assert p["speedup"] > 0 and sum(p["shapes"].values()) == 4 and set(p["shapes"]) <= allowed
+        assert p["speedup"] > 0 and sum(p["shapes"].values()) == p["decode_steps"] and set(p["shapes"]) <= allowed
     # the measured acceptance model (by default the replayed trace) is recorded, and the sweep rows
     acceptance = res["setup"]["acceptance_model"]
     assert acceptance["kind"] == "replay" and acceptance["protocol"]["dataset"] == "mt_bench"

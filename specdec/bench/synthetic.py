@@ -17,8 +17,11 @@ instead (``--speculative-simulate-accept-length``).
 
 For each batch size, for plain decoding, each fixed (steps, topk, draft tokens) and adaptive
 speculation (a shape per step, bounded by the largest configured one): admit ``bs`` requests of
-``--context-len`` random tokens (one prefill), warm up, then time ``--decode-steps`` decode steps
-(per-phase GPU times from CUDA events, no syncs in between). The report gives tok/s, ms per step
+``--context-len`` random tokens (one prefill), warm up, then time the decode steps that commit
+``--decode-steps`` tokens per request: plain decoding's ``--decode-steps`` steps, a speculative
+policy's fewer, so that every policy is timed over the same contexts (timed over the same number
+of steps, a speculative policy would attend over longer ones: 3x2x4 at bs 64 grows each context
+2.4 tokens a step). Per-phase GPU times come from CUDA events, no syncs in between. The report gives tok/s, ms per step
 and per phase (draft, verify, commit, draft extend, other = host time and gaps), the speedup over
 plain decoding at the same batch size, the shapes adaptive speculation chose, and the plain
 step's share of the weight-bandwidth floor (one rank's weight bytes / measured device copy bandwidth).
@@ -86,7 +89,9 @@ class SyntheticSettings:
         "the engines' --context-length, which bounds the lengths their CUDA graphs plan attention for, as a "
         "server's does (its default: the model's, up to 8192); default: just what the run needs", group=SYNTH,
         metavar="L"))
-    decode_steps: int = dataclasses.field(default=24, metadata=flag("timed decode steps per point", group=SYNTH))
+    decode_steps: int = dataclasses.field(default=24, metadata=flag(
+        "timed tokens per request and point: plain decoding's timed steps; a speculative policy runs the "
+        "steps that commit as many", group=SYNTH))
     warmup_steps: int = dataclasses.field(default=3, metadata=flag("untimed decode steps first", group=SYNTH))
     seed: int = dataclasses.field(default=0, metadata=flag("weights, prompts and the engine's sampler", group=SYNTH))
     output: str = dataclasses.field(default="bench_synthetic.json", metadata=flag("JSON results file", group=SYNTH))
@@ -166,6 +171,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def window_tokens(settings: SyntheticSettings, per_step: int) -> int:
+    """A bound on the tokens one request commits in a point's timed steps: they stop once the batch
+    has committed ``decode_steps`` tokens a request, and a request commits twice that only far in
+    the tail of its acceptance (it would then finish, and the batch shrink, before the end)."""
+    return 2 * settings.decode_steps + per_step
+
+
 def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_timed=contextlib.nullcontext) -> dict:
     """Prefill ``bs`` requests, then time decode steps; returns the point's figures.
     ``around_timed()``: a context manager entered around the timed steps only (a profiler)."""
@@ -182,7 +194,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     # the first groups decode while the later ones prefill: a step per later group more, and
     # NOTE: requests prefilled first also decode between the chunks of the others' prompts
     interleaved = decode_steps_during_prefill(bs * settings.context_len, engine.args.prefill_chunk_tokens)
-    max_new = (settings.warmup_steps + settings.decode_steps + 2 + math.ceil(bs / group) + interleaved) * per_step
+    max_new = (settings.warmup_steps + 2 + math.ceil(bs / group) + interleaved) * per_step + window_tokens(settings, per_step)
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
     reqs = []
     for i in range(bs):
@@ -199,28 +211,32 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     timer = PhaseTimer(device)
     if spec:
         engine.worker.timer = timer
-    produced = sum(len(r.output_ids) for r in reqs)
+    before = sum(len(r.output_ids) for r in reqs)
+    target = bs * settings.decode_steps  # tokens the timed steps commit, whatever the policy
     shapes_before = collections.Counter(engine.scheduler.spec_shape_steps) if spec else None
+    steps = 0
     with around_timed():
         _sync(device)
         t0 = time.perf_counter()
-        for _ in range(settings.decode_steps):
+        # NOTE: each engine.step() reads one step; even speculation commits a token a step
+        while steps < settings.decode_steps and sum(len(r.output_ids) for r in reqs) - before < target:
             engine.step()
+            steps += 1
         _sync(device)
         elapsed = time.perf_counter() - t0
-    produced = sum(len(r.output_ids) for r in reqs) - produced
-    phases = {k: v / settings.decode_steps for k, v in timer.summary().items()}
+    produced = sum(len(r.output_ids) for r in reqs) - before
+    phases = {k: v / steps for k, v in timer.summary().items()}
     shapes = dict(engine.scheduler.spec_shape_steps - shapes_before) if spec else None
     if spec:
         engine.worker.timer = None
     for r in reqs:
         engine.abort(r.rid)
     engine.scheduler.drain()  # the step launched past the aborts still holds their KV
-    step_ms = elapsed * 1e3 / settings.decode_steps
+    step_ms = elapsed * 1e3 / steps
     if phases:
         phases["other"] = step_ms - sum(phases.values())
-    point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms,
-             "committed_per_request_step": produced / (bs * settings.decode_steps), "phases_ms": phases}
+    point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms, "decode_steps": steps,
+             "committed_per_request_step": produced / (bs * steps), "phases_ms": phases}
     if shapes is not None:
         point["shapes"] = shapes
     return point
@@ -263,7 +279,7 @@ def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, tit
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     point = measure(engine, bs, settings, vocab, around_timed=lambda: prof)
     events = prof.key_averages()
-    steps = settings.decode_steps
+    steps = point["decode_steps"]
     table = events.table(sort_by="self_device_time_total", row_limit=40)
     with open(settings.profile_device, "a") as f:
         f.write(f"==== {title}: {steps} timed decode steps (profiled: {point['step_ms']:.2f} ms/step), totals\n"
@@ -315,7 +331,8 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     most_steps = max([c[0] + 1 for c in configs] + [1])
     groups = math.ceil(max(batch_sizes) / max(1, PREFILL_TOKENS // settings.context_len))
     groups += decode_steps_during_prefill(max(batch_sizes) * settings.context_len, engine_args.prefill_chunk_tokens)
-    context = settings.context_len + (settings.warmup_steps + settings.decode_steps + 3 + groups) * most_steps + 64
+    context = (settings.context_len + (settings.warmup_steps + 3 + groups) * most_steps
+               + window_tokens(settings, most_steps) + 64)
     if settings.server_context_length is not None and settings.server_context_length < context:
         raise ValueError(f"--server-context-length {settings.server_context_length}: this run needs at least "
                          f"{context} (--context-len and the decode steps)")

@@ -9,9 +9,11 @@
 #   adaptive   adaptive speculation: its and the replayed acceptance's GPU tests (the replay's kernels
 #              too), then the 8B sweep (plain, each fixed shape, adaptive)
 #              at ctx 1024 (bs 1-128) and 4096 (bs 1-64: bs 128 x 4k tokens of KV does not fit in 80 GB),
-#              combined by benchmarks/adaptive_sweep.py into sweep.json / sweep.png / sweep.md; 96 timed
-#              steps a point (DECODE_STEPS): with 24, bs 8 draws 192 request-steps and run-to-run noise
-#              (~3 %) is as large as the goal's margin
+#              combined by benchmarks/adaptive_sweep.py into sweep.json / sweep.png / sweep.md; 360 timed
+#              tokens a request (DECODE_STEPS: plain decoding's steps; a shape runs the 90-170 steps that
+#              commit as many): with 24 steps, bs 8 drew 192 request-steps and run-to-run noise (~3 %)
+#              was as large as the goal's margin; with 240 tokens, one host stall in a 59-step point
+#              failed a cell (benchmarks/results/2026-11-27-h100-adaptive/)
 #              (ADAPTIVE_CTX="1024 4096" picks the contexts; ADAPTIVE_TESTS=0 skips the tests)
 #   prefix     the prefix cache on the 8B synthetic target: MT-bench-like multi-turn conversations, cache off
 #              and on (prefill tokens saved, TTFT, throughput, KV bytes per token); its GPU tests run in
@@ -74,7 +76,7 @@ if [ "$what" = adaptive ]; then
   for ctx in ${ADAPTIVE_CTX:-1024 4096}; do
     bs="1,2,4,8,16,32,64,128"; [ "$ctx" -gt 2048 ] && bs="1,2,4,8,16,32,64"
     python3 -m specdec.cli bench --synthetic llama-3.1-8b --context-len "$ctx" --batch-sizes "$bs" \
-      --decode-steps "${DECODE_STEPS:-96}" --warmup-steps 2 ${SYNTHETIC_ARGS:-} \
+      --decode-steps "${DECODE_STEPS:-360}" --warmup-steps 2 ${SYNTHETIC_ARGS:-} \
       --output "$OUT/synthetic_ctx$ctx.json" 2>&1 | tee "$OUT/synthetic_ctx$ctx.log" | grep -E "^(plain|[0-9]|adaptive|Speedup)"
     [ -f "$OUT/synthetic_ctx$ctx.json" ] && jsons+=("$OUT/synthetic_ctx$ctx.json")
   done

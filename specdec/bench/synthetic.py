@@ -21,10 +21,11 @@ speculation (a shape per step, bounded by the largest configured one): admit ``b
 ``--decode-steps`` tokens per request: plain decoding's ``--decode-steps`` steps, a speculative
 policy's fewer, so that every policy is timed over the same contexts (timed over the same number
 of steps, a speculative policy would attend over longer ones: 3x2x4 at bs 64 grows each context
-2.4 tokens a step). Per-phase GPU times come from CUDA events, no syncs in between. The report gives tok/s, ms per step
-and per phase (draft, verify, commit, draft extend, other = host time and gaps), the speedup over
-plain decoding at the same batch size, the shapes adaptive speculation chose, and the plain
-step's share of the weight-bandwidth floor (one rank's weight bytes / measured device copy bandwidth).
+2.4 tokens a step). Per-phase GPU times come from CUDA events, no syncs in between. The report
+gives tok/s, ms per step and per phase (draft, verify, commit, draft extend, other = host time and
+gaps), the speedup over plain decoding at the same batch size, the shapes adaptive speculation
+chose, and the plain step's share of the weight-bandwidth floor (one rank's weight bytes /
+measured device copy bandwidth).
 ``--profile-device`` adds, at the smallest and largest batch size, the kernels by GPU time and the
 share of a step spent in NCCL collectives.
 """
@@ -194,7 +195,8 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     # the first groups decode while the later ones prefill: a step per later group more, and
     # NOTE: requests prefilled first also decode between the chunks of the others' prompts
     interleaved = decode_steps_during_prefill(bs * settings.context_len, engine.args.prefill_chunk_tokens)
-    max_new = (settings.warmup_steps + 2 + math.ceil(bs / group) + interleaved) * per_step + window_tokens(settings, per_step)
+    before_window = (settings.warmup_steps + 2 + math.ceil(bs / group) + interleaved) * per_step
+    max_new = before_window + window_tokens(settings, per_step)
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True})
     reqs = []
     for i in range(bs):

@@ -48,12 +48,19 @@ def _conditioning(acceptance: dict) -> str:
     return "parent rank and " if hazards[0] and isinstance(hazards[0][0], list) else ""
 
 
+def _shown_path(path: str | None) -> str | None:
+    """A path recorded with the trace, as the repository names it (the recording machine's checkout
+    dropped): ``/work/main/specdec/data/smollm2/eagle3_head`` -> ``specdec/data/smollm2/eagle3_head``."""
+    marker = "specdec/data/"
+    return path[path.index(marker):] if path and marker in path else path
+
+
 def _acceptance_line(acceptance: dict, setup: dict) -> str:
     """What the sweep's simulated verify accepted by: a replayed trace, measured hazards, or a constant."""
     if not acceptance:
         return f"constant accept length {setup.get('simulated_accept_length')}"
     protocol = acceptance.get("protocol", {})
-    head = (f"the {protocol.get('draft')} head on {protocol.get('dataset')} (acceptance length "
+    head = (f"the {_shown_path(protocol.get('draft'))} head on {protocol.get('dataset')} (acceptance length "
             f"{protocol.get('acceptance_length', 0):.2f} at {protocol.get('shape')})")
     expected = ", ".join(f"{name} {e:.3f}" for name, e in acceptance.get("expected_committed", {}).items())
     if acceptance.get("kind") == "replay":
@@ -66,7 +73,6 @@ def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
     setup = setups[0]
     shapes = list(rows[0]["fixed"])
     acceptance = setup.get("acceptance_model") or {}
-    protocol = acceptance.get("protocol", {})
     lines = [
         f"# Adaptive speculation: {setup['shape']} (random weights), {setup['device']}",
         "",

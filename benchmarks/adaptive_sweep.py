@@ -69,6 +69,16 @@ def _acceptance_line(acceptance: dict, setup: dict) -> str:
     return f"measured hazards by depth, {_conditioning(acceptance)}rank of {head}"
 
 
+def _draft_line(setup: dict) -> str:
+    """The draft head's weights and KV cache, where not the model's dtype (older results lack the keys)."""
+    parts = []
+    if setup.get("draft_quantization"):
+        parts.append(f"{setup['draft_quantization'].upper()} draft weights")
+    if setup.get("draft_kv_cache_dtype", "auto") != "auto":
+        parts.append(f"{setup['draft_kv_cache_dtype']} draft KV cache")
+    return "".join(", " + p for p in parts)
+
+
 def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
     setup = setups[0]
     shapes = list(rows[0]["fixed"])
@@ -77,7 +87,8 @@ def markdown(rows: list[dict], setups: list[dict], commit: str) -> str:
         f"# Adaptive speculation: {setup['shape']} (random weights), {setup['device']}",
         "",
         f"{setup['date']} · {setup['device']} · commit {commit} · {setup['attention_backend']} attention, "
-        f"CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, overlap {'on' if setup['overlap_schedule'] else 'off'}",
+        f"CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, overlap {'on' if setup['overlap_schedule'] else 'off'}"
+        + _draft_line(setup),
         "",
         "Acceptance: " + _acceptance_line(acceptance, setup),
         "",

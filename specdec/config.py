@@ -51,6 +51,8 @@ class SpecConfig:
     token_map: str | None = None
     # decode batches with more requests than this run without speculation (None: always speculate)
     batch_size_threshold: int | None = None
+    # the draft head's KV cache: "auto" (the head's dtype) or "fp8_e4m3" (specdec.attention.kv_dtype)
+    draft_kv_cache_dtype: str = "auto"
     # benchmark only: verify in full, then commit a drawn number of tokens per request (mean TAU)
     # along the tree's first path, so full-size cost is measurable without a trained head
     simulate_accept_length: float | None = None
@@ -82,6 +84,11 @@ class SpecConfig:
             )
         if self.batch_size_threshold is not None:
             _check_int("--speculative-batch-size-threshold", self.batch_size_threshold, low=0)
+        from specdec.attention.kv_dtype import KV_CACHE_DTYPES
+
+        if self.draft_kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--speculative-draft-kv-cache-dtype={self.draft_kv_cache_dtype!r}: choose one of "
+                              f"{list(KV_CACHE_DTYPES)}")
         if self.simulate_accept_length is not None:
             tau = self.simulate_accept_length
             if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 1.0 <= tau <= self.num_steps + 1:
@@ -121,6 +128,7 @@ class SpecConfig:
         speculative_accept_threshold_acc: float = 1.0,
         speculative_token_map: str | None = None,
         speculative_batch_size_threshold: int | None = None,
+        speculative_draft_kv_cache_dtype: str = "auto",
         speculative_simulate_accept_length: float | None = None,
         speculative_simulate_acceptance_model: str | None = None,
     ) -> "SpecConfig":
@@ -145,6 +153,7 @@ class SpecConfig:
             accept_threshold_acc=speculative_accept_threshold_acc,
             token_map=speculative_token_map,
             batch_size_threshold=speculative_batch_size_threshold,
+            draft_kv_cache_dtype=speculative_draft_kv_cache_dtype,
             simulate_accept_length=speculative_simulate_accept_length,
             **_read_acceptance_model(speculative_simulate_acceptance_model),
         )

@@ -76,6 +76,8 @@ class AttentionBackend(abc.ABC):
     plans_on_host: bool = False
     # whether ``AttentionLayer.sliding_window`` is honoured (Mistral, Gemma 3 local layers)
     supports_sliding_window: bool = False
+    # whether the KV cache may hold FP8 values (``specdec.attention.kv_dtype``)
+    supports_fp8_kv_cache: bool = False
 
     def plan_static(self, plan: StaticPlan) -> None:
         """Plan a static forward before its graph is captured or replayed (host-planned backends)."""

@@ -34,6 +34,7 @@ class HybridAttentionBackend(AttentionBackend):
         self.supports_cuda_graph = decode.supports_cuda_graph
         self.plans_on_host = decode.plans_on_host
         self.supports_sliding_window = prefill.supports_sliding_window and decode.supports_sliding_window
+        self.supports_fp8_kv_cache = prefill.supports_fp8_kv_cache and decode.supports_fp8_kv_cache
 
     def backend_for(self, mode: ForwardMode) -> AttentionBackend:
         return self.prefill if mode == ForwardMode.EXTEND else self.decode

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.attention.kv_dtype import cast_kv
 from specdec.kernels import move_kv_slots
 
 
@@ -60,8 +61,8 @@ class KVCache:
     ) -> None:
         # NOTE: the cache stores values, never autograd history (training has its own backend)
         with torch.no_grad():
-            self.k_buffers[layer_id][loc] = k.to(self.dtype)
-            self.v_buffers[layer_id][loc] = v.to(self.dtype)
+            self.k_buffers[layer_id][loc] = cast_kv(k, self.dtype)
+            self.v_buffers[layer_id][loc] = cast_kv(v, self.dtype)
 
     def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:
         """Copy every layer's K/V from ``src_locs`` to ``dst_locs`` ([groups, width] int64 each).

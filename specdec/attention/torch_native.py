@@ -117,6 +117,7 @@ def _tree_block(batch: ForwardBatch, extend: torch.Tensor, prefix: torch.Tensor,
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
     supports_sliding_window = True
+    supports_fp8_kv_cache = True
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         batch.attn_metadata = _padded_metadata(batch)

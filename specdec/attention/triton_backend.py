@@ -68,6 +68,7 @@ class DraftStepMetadata:
 class TritonBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
+    supports_fp8_kv_cache = True
 
     def __init__(self, *, num_splits: int | None = None) -> None:
         """``num_splits`` forces the split-KV count (default: planned from the grid and lengths)."""

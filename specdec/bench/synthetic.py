@@ -129,7 +129,8 @@ class SyntheticSettings:
 # the engine flags the sweep takes, and their defaults here
 ENGINE_FLAGS = {"device": "cuda", "attention_backend": "triton", "prefill_attention_backend": None,
                 "decode_attention_backend": None, "disable_cuda_graph": False,
-                "overlap_schedule": None, "tp_size": 1, "speculative_draft_model_quantization": None}
+                "overlap_schedule": None, "tp_size": 1, "speculative_draft_model_quantization": None,
+                "speculative_draft_kv_cache_dtype": "auto"}
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:
@@ -361,6 +362,7 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
         "overlap_schedule": engine_args.overlap_schedule is not False,
         "attention_backend": engine_args.attention, "device": _device_name(engine_args.device),
         "draft_quantization": engine_args.speculative_draft_model_quantization,
+        "draft_kv_cache_dtype": engine_args.speculative_draft_kv_cache_dtype,
         "date": datetime.date.today().isoformat(),
     }
     results["sweep"] = sweep_rows(results)

@@ -68,7 +68,8 @@ class AdaptiveEAGLEWorker:
             raise ValueError(f"adaptive shapes {[s.name for s in self.shapes]} exceed the configured "
                              f"({config.num_steps}, {config.topk}, {config.num_draft_tokens})")
         resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
-                                         num_steps=config.num_steps, topk=config.topk)
+                                         num_steps=config.num_steps, topk=config.topk,
+                                         kv_cache_dtype=config.draft_kv_cache_dtype)
         self.resources = resources  # the draft memory every shape shares
         self.workers = {
             shape: EAGLEWorker(

@@ -14,6 +14,7 @@ import dataclasses
 import torch
 
 from specdec.attention import KVCache
+from specdec.attention.kv_dtype import resolve_kv_dtype
 from specdec.host import KVMemory
 
 
@@ -54,13 +55,15 @@ class DraftResources:
 
     @classmethod
     def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
-              num_steps: int, topk: int) -> "DraftResources":
+              num_steps: int, topk: int, kv_cache_dtype: str = "auto") -> "DraftResources":
+        """``kv_cache_dtype``: ``SpecConfig.draft_kv_cache_dtype`` ("auto": the head's dtype)."""
         dcfg, layout = draft_model.config, draft_model.kv_layout  # NOTE: this rank's KV heads
         weight = next(draft_model.parameters())
         scratch = max_running_requests * max(num_steps - 1, 0) * topk
         pad_slot = memory.capacity + scratch
         kv = KVCache(num_layers=layout.num_layers, num_slots=pad_slot + 1, num_kv_heads=layout.num_kv_heads,
-                     head_dim=layout.head_dim, dtype=weight.dtype, device=weight.device)
+                     head_dim=layout.head_dim, device=weight.device,
+                     dtype=resolve_kv_dtype(kv_cache_dtype, weight.dtype, flag="--speculative-draft-kv-cache-dtype"))
         state = DraftState(max_reqs=memory.req_to_token.shape[0], topk=topk, hidden_size=dcfg.hidden_size,
                            dtype=weight.dtype, device=weight.device)
         return cls(kv, state, pad_slot, topk)

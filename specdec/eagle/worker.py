@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from specdec.attention import create_attention_backend
-from specdec.config import SpecConfig
+from specdec.attention.kv_dtype import is_fp8
+from specdec.config import ConfigError, SpecConfig
 from specdec.eagle.acceptance import AcceptanceModel, observe_paths
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
@@ -82,13 +83,19 @@ class EAGLEWorker:
             self.replay.check_shape(config.num_steps, config.topk)
         if resources is None:
             resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
-                                             num_steps=config.num_steps, topk=config.topk)
+                                             num_steps=config.num_steps, topk=config.topk,
+                                             kv_cache_dtype=config.draft_kv_cache_dtype)
         if resources.root_topk < config.topk:
             raise ValueError(f"draft resources keep {resources.root_topk} root children, the shape needs {config.topk}")
         self.resources = resources
         self.pad_slot = resources.pad_slot
         self.draft_kv = resources.kv
         self.state = resources.state
+        draft_attention = create_attention_backend(attention_backend)
+        if is_fp8(self.draft_kv.dtype) and not draft_attention.supports_fp8_kv_cache:
+            raise ConfigError(f"--speculative-draft-kv-cache-dtype={config.draft_kv_cache_dtype}: the "
+                              f"{draft_attention.name} attention backend reads no FP8 KV cache; use triton or "
+                              "torch_native")
         self.draft = DraftRunner(
             draft_model,
             self.adapter,
@@ -96,7 +103,7 @@ class EAGLEWorker:
             topk=config.topk,
             num_draft_tokens=config.num_draft_tokens,
             kv_cache=self.draft_kv,
-            attn_backend=create_attention_backend(attention_backend),
+            attn_backend=draft_attention,
             req_to_token=memory.req_to_token,
             scratch_base=memory.capacity,
             root_topk=resources.root_topk,

@@ -105,6 +105,11 @@ class EngineArgs:
         "read on a GPU: up to 16 tokens with 16-bit activations, past that (where it pays) with FP8 activations "
         "on FP8 tensor cores; speculation stays lossless, acceptance may change slightly", group=SPEC,
         choices=["fp8"]))
+    speculative_draft_kv_cache_dtype: str = dataclasses.field(default="auto", metadata=flag(
+        "the draft head's KV cache: auto (the head's dtype) or fp8_e4m3 (e4m3 values at scale 1, saturating; "
+        "the attention widens them to the queries' dtype): half the bytes its attention reads; speculation "
+        "stays lossless, acceptance may change slightly (triton and torch_native attention)", group=SPEC,
+        choices=["auto", "fp8_e4m3"]))
     speculative_batch_size_threshold: int | None = dataclasses.field(default=None, metadata=flag(
         "decode without speculation while more than this many requests run (the draft cache stays in step); "
         "default: always speculate", group=SPEC))

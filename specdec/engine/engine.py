@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from specdec.attention import KVCache, create_attention_backend
+from specdec.attention.kv_dtype import resolve_kv_dtype
 from specdec.config import SpecConfig
 from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import EngineArgs
@@ -31,8 +32,8 @@ from specdec.models.parallel import TPGroup
 SPEC_CONFIG_FLAGS = (
     "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
     "speculative_num_draft_tokens", "speculative_accept_threshold_single", "speculative_accept_threshold_acc",
-    "speculative_token_map", "speculative_batch_size_threshold", "speculative_simulate_accept_length",
-    "speculative_simulate_acceptance_model",
+    "speculative_token_map", "speculative_batch_size_threshold", "speculative_draft_kv_cache_dtype",
+    "speculative_simulate_accept_length", "speculative_simulate_acceptance_model",
 )
 DEFAULT_CPU_KV_TOKENS = 32768
 DEFAULT_CUDA_GRAPH_MAX_BS = 64
@@ -182,8 +183,9 @@ class Engine:
             overlap = bool(overlap_schedule)
         graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,
                                               disable_cuda_graph, max_running_requests)
+        draft_kv = self.spec_config.draft_kv_cache_dtype if self.spec_config else "auto"
         num_slots = int(max_total_tokens or self._default_kv_tokens(
-            device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len))
+            device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len, draft_kv))
         num_slots = -(-num_slots // page_size) * page_size
         self.memory = PagedKVMemory(
             num_slots=num_slots, page_size=page_size, max_reqs=max_running_requests + 1,
@@ -266,15 +268,17 @@ class Engine:
         return total + runner_graphs
 
     @staticmethod
-    def _default_kv_tokens(device, target_model, draft_model, graph_sizes, tree, most_needed) -> int:
+    def _default_kv_tokens(device, target_model, draft_model, graph_sizes, tree, most_needed, draft_kv) -> int:
         """KV slots: a fixed default on CPU; on a GPU what fits in 85% of the free memory after
-        the weights and an estimate of the CUDA graphs' memory, at most what the requests can use."""
+        the weights and an estimate of the CUDA graphs' memory, at most what the requests can use.
+        ``draft_kv``: the draft's KV cache dtype flag (``--speculative-draft-kv-cache-dtype``)."""
         if not str(device).startswith("cuda"):
             return DEFAULT_CPU_KV_TOKENS
         per_token = 0
-        for model in (target_model, draft_model):
+        for model, kv_dtype in ((target_model, "auto"), (draft_model, draft_kv)):
             if model is not None:  # NOTE: kv_layout counts this rank's KV heads (tensor parallelism)
-                kv, elem = model.kv_layout, next(model.parameters()).element_size()
+                kv, weight = model.kv_layout, next(model.parameters())
+                elem = resolve_kv_dtype(kv_dtype, weight.dtype, flag="--speculative-draft-kv-cache-dtype").itemsize
                 per_token += 2 * kv.num_layers * kv.num_kv_heads * kv.head_dim * elem
         c = target_model.config
         rows = max(graph_sizes, default=1) * tree

@@ -30,6 +30,7 @@ from ..triton_env import import_kernels
 import_kernels("specdec.attention.triton_backend")
 
 from specdec.attention import AttentionLayer, KVCache, create_attention_backend  # noqa: E402
+from specdec.attention.kv_dtype import cast_kv  # noqa: E402
 from specdec.attention.torch_native import TorchNativeBackend  # noqa: E402
 from specdec.forward import ForwardBatch, ForwardMode  # noqa: E402
 
@@ -302,6 +303,71 @@ def test_cpu_without_interpreter_names_the_requirement():
     assert "needs a CUDA device (or TRITON_INTERPRET=1)" in res.stdout, res.stdout + res.stderr
 
 
+# ----------------------------------------------------------------------------- FP8 KV cache
+def fp8_valued(pb: Problem, *, wide_range: bool = True) -> Problem:
+    """The problem with its cache and new K/V rounded to e4m3 values (kept in the problem's dtype,
+    which holds them exactly); ``wide_range``: scaled per channel first, so that some saturate
+    (|x| > 448) and some are subnormal.
+    NOTE: fp32 problems stay at unit scale: scores of hundreds make fp32's summation order alone
+    differ by more than FLOOR, while bf16's tolerance (from its rounding) scales with them."""
+    def fp8(x, scale):
+        return cast_kv(x.float() * scale, torch.float8_e4m3fn).to(x.dtype)
+
+    gen = torch.Generator().manual_seed(11)
+    k_scale, v_scale = (10 ** (4 * torch.rand(pb.cache.head_dim, generator=gen) - 2.5) for _ in range(2))  # [d]
+    k_scale[0], v_scale[-1] = 1e4, 1e-4  # channels that saturate / go subnormal
+    if not wide_range:
+        k_scale, v_scale = torch.ones_like(k_scale), torch.ones_like(v_scale)
+    kb, vb = pb.cache.get_kv(0)
+    kb.copy_(fp8(kb, k_scale.to(kb.device)))
+    vb.copy_(fp8(vb, v_scale.to(vb.device)))
+    hkv, d = pb.layer.num_kv_heads, pb.layer.head_dim
+    k = fp8(pb.k.view(-1, hkv, d), k_scale.to(kb.device)).view_as(pb.k)
+    v = fp8(pb.v.view(-1, hkv, d), v_scale.to(kb.device)).view_as(pb.v)
+    return dataclasses.replace(pb, k=k, v=v)
+
+
+def check_fp8_cache_against_torch(pb: Problem, backend: str = "triton") -> None:
+    """A bf16 or fp32 problem of e4m3 values: the backend over an FP8 copy of its cache (queries in the
+    problem's dtype, the new K/V stored through the FP8 cast) computes what it computes over the
+    problem's own cache, within that dtype's tolerance (triton), or bit for bit (torch_native, which
+    computes in fp32 either way)."""
+    pb = fp8_valued(pb, wide_range=pb.q.dtype != torch.float32)
+    cache = _copy_cache(pb.cache, torch.float8_e4m3fn)
+    batch = dataclasses.replace(pb.batch, kv_cache=cache, attn_backend=create_attention_backend(backend))
+    batch.attn_backend.init_forward_metadata(batch)
+    ours = batch.attn_backend.forward(pb.q, pb.k, pb.v, pb.layer, batch)
+    loc = pb.batch.out_cache_loc
+    shape = (-1, pb.layer.num_kv_heads, pb.layer.head_dim)
+    assert torch.equal(cache.k_buffers[0][loc].to(pb.k.dtype), pb.k.view(shape))
+    assert torch.equal(cache.v_buffers[0][loc].to(pb.v.dtype), pb.v.view(shape))
+    if backend == "torch_native":
+        same, _ = run_backend(TorchNativeBackend(), pb)
+        assert torch.equal(ours, same)
+        return
+    ref, _ = run_backend(TorchNativeBackend(), pb, torch.float32)
+    tol = FACTOR * (torch_lowp(pb) - ref).abs().max().item() + FLOOR
+    assert ours.dtype == pb.q.dtype and torch.isfinite(ours).all()
+    err = (ours.float() - ref).abs().max().item()
+    assert err <= tol, f"max |triton over fp8 - torch_fp32| = {err:.3g} > tol {tol:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("backend", ["triton", "torch_native"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_fp8_kv_cache_matches_its_values_in_16_or_32_bits(name, page_size, backend, dtype):
+    check_fp8_cache_against_torch(make_problem(SCENARIOS[name], page_size=page_size, dtype=dtype, seed=len(name)),
+                                  backend)
+
+
+@pytest.mark.parametrize("name", ["decode_bs5", "verify_topk2", "draft_decode_k3", "draft_extend_uniform"])
+def test_fp8_kv_cache_static_plan(name):
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=16, dtype=torch.bfloat16, seed=3)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=600)
+    check_fp8_cache_against_torch(dataclasses.replace(pb, batch=static))
+
+
 # ----------------------------------------------------------------------------- kernels vs refs
 from specdec.attention import triton_kernels as tk  # noqa: E402
 
@@ -561,6 +627,14 @@ def test_gpu_matches_torch_native(name, heads, dtype):
     pb = make_problem(GPU_SCENARIOS[name], page_size=16 if "verify" in name else 1, dtype=dtype,
                       hq=hq, hkv=hkv, d=d, seed=len(name))
     check_against_torch(pb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_SCENARIOS))
+def test_gpu_fp8_kv_cache_matches_its_values_in_bf16(name):
+    pb = make_problem(GPU_SCENARIOS[name], page_size=16 if "verify" in name else 1, dtype=torch.bfloat16,
+                      hq=32, hkv=8, d=128, seed=len(name))
+    check_fp8_cache_against_torch(pb)
 
 
 @pytest.mark.gpu

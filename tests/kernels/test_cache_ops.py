@@ -154,12 +154,12 @@ def random_compaction(rng: random.Random, bs: int, num_slots: int, n: int, num_s
 @pytest.mark.parametrize("device", DEVICES)
 def test_move_kv_random(device):
     """Overlapping compaction inside each group (a node moves onto a slot another entry reads),
-    bf16 and fp32 caches, head rows wider and narrower than one column tile."""
+    fp32, bf16 and FP8 caches, head rows wider and narrower than one column tile."""
     rng = random.Random(5)
-    for case in range(4 if device == "cpu" else 30):
+    for case in range(6 if device == "cpu" else 30):
         bs, n, num_spec = rng.choice([1, 3, 8]), rng.randint(1, 12), rng.randint(1, 7)
         layers, heads, dim = rng.choice([1, 3]), rng.choice([1, 2, 8]), rng.choice([16, 64, 128])
-        dtype = [torch.float32, torch.bfloat16][case % 2]
+        dtype = [torch.float32, torch.bfloat16, torch.float8_e4m3fn][case % 3]
         num_slots = n * (bs + 2)
         k = torch.randn(layers, num_slots, heads, dim).to(dtype)
         v = torch.randn(layers, num_slots, heads, dim).to(dtype)

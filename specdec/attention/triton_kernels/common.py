@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.attention.kv_dtype import is_fp8
+
 LOG2E = 1.4426950408889634
 
 # a split of the KV list is at least this many entries on a GPU (one 128-entry tile): measured on
@@ -54,20 +56,31 @@ def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def query_tile(q, K):
+    """The query tile ``q`` in the dtype tiles multiply in: the cache's, except over an FP8 cache,
+    whose K/V tiles widen to the query's own dtype on load (``attend_tile``)."""
+    if K.dtype.element_ty.is_fp8():
+        return q
+    else:
+        return q.to(K.dtype.element_ty)
+
+
+@triton.jit
 def attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                 d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     """Fold one tile of KV entries into each query row's running softmax.
 
-    q [M, D] in the cache's dtype; ``slot`` [N] int64 the entries' cache slots, ``n_valid`` [N]
-    which are real, ``visible`` [M, N] which rows see which. NOTE: slot * stride overflows int32
-    past 2^31 / (num_kv_heads * head_dim) slots, hence int64 slots.
+    q [M, D] as ``query_tile`` gives it (K and V tiles are cast to its dtype: a no-op but over an
+    FP8 cache); ``slot`` [N] int64 the entries' cache slots, ``n_valid`` [N] which are real,
+    ``visible`` [M, N] which rows see which. NOTE: slot * stride overflows int32 past
+    2^31 / (num_kv_heads * head_dim) slots, hence int64 slots.
     """
     k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
-                mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # [D, N]
+                mask=n_valid[None, :] & d_valid[:, None], other=0.0).to(q.dtype)  # [D, N]
     qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2  # [M, N]
     qk = tl.where(visible, qk, float("-inf"))
     v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # [N, D]
+                mask=n_valid[:, None] & d_valid[None, :], other=0.0).to(q.dtype)  # [N, D]
     return online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
 
@@ -190,8 +203,15 @@ def extend_block_m(device: torch.device, *, rows: int, num_seqs: int, num_kv_hea
     return SMALL_GRID_BLOCK_M if 3 * small_ctas <= _sm_count(device) else block_m
 
 
+def tile_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention tiles multiply in (``query_tile``): the cache's, or over an FP8 cache the
+    query's."""
+    return q_dtype if is_fp8(kv_dtype) else kv_dtype
+
+
 def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
-    """How ``mma`` multiplies tiles of ``dtype``; products are accumulated in fp32 either way.
+    """How ``mma`` multiplies tiles of ``dtype`` (``tile_dtype``); products are accumulated in fp32
+    either way.
 
     NOTE: fp32 inputs would otherwise use TF32 on the GPU (~1e-3 relative error), and the
     interpreter (CPU) computes bf16 ``tl.dot`` wrongly (triton 3.9), so there bf16 tiles are upcast

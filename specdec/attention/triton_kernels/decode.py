@@ -30,6 +30,8 @@ from specdec.attention.triton_kernels.common import (
     LOG2E,
     check_device,
     dot_precision,
+    query_tile,
+    tile_dtype,
     is_streaming_grid,
     launch_config,
     plan_num_splits,
@@ -67,7 +69,7 @@ def _decode_kernel(
     head = kv_head * GROUP + offs_h  # [BLOCK_H] query heads of this KV head
     q_mask = h_valid[:, None] & d_valid[None, :]
     q = tl.load(Q + seq.to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
-    q = q.to(K.dtype.element_ty)
+    q = query_tile(q, K)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -131,11 +133,12 @@ def decode_attention(
     if num_seqs == 0:
         return
     block_h = max(16, triton.next_power_of_2(hq // hkv))
-    cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size())
+    tiles = tile_dtype(q.dtype, k_buffer.dtype)
+    cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
     splits, _ = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
                                 num_splits=num_splits)
     if is_streaming_grid(q.device, num_seqs * hkv, splits):
-        cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=k_buffer.element_size(), streaming=True)
+        cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)
     group = hq // hkv
@@ -147,7 +150,7 @@ def decode_attention(
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
         BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-        DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
+        DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:

@@ -28,6 +28,8 @@ from specdec.attention.triton_kernels.common import (
     attend_tile,
     LOG2E,
     dot_precision,
+    query_tile,
+    tile_dtype,
     extend_block_m,
     head_dim_block,
     launch_config,
@@ -69,7 +71,7 @@ def _draft_decode_kernel(
     q_mask = row_valid[:, None] & d_valid[None, :]
     token = (req * TOPK + branch).to(tl.int64)  # [BLOCK_M] packed query row (one per branch)
     q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
-    q = q.to(K.dtype.element_ty)
+    q = query_tile(q, K)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -146,8 +148,9 @@ def draft_decode_attention(
     topk, hkv = num_rows // bs, k_buffer.shape[1]
     group = hq // hkv
     rows = topk * group  # (branch, query head) rows per KV head of a request
+    tiles = tile_dtype(q.dtype, k_buffer.dtype)
     block_m = extend_block_m(q.device, rows=rows, num_seqs=bs, num_kv_heads=hkv, max_prefix_len=max_prefix_len)
-    cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
+    cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize)
     m_blocks = triton.cdiv(rows, block_m)
     splits, _ = plan_num_splits(bs * hkv * m_blocks, max_prefix_len, device=q.device, tile=cfg.block_n,
                                 num_splits=num_splits)
@@ -162,7 +165,7 @@ def draft_decode_attention(
         lse.stride(0), lse.stride(1),
         req_to_token.stride(0), ancestors.stride(0),
         TOPK=topk, GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device),
+        DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:

@@ -36,6 +36,8 @@ from specdec.attention.triton_kernels.common import (
     is_streaming_grid,
     LOG2E,
     dot_precision,
+    query_tile,
+    tile_dtype,
     extend_block_m,
     launch_config,
     plan_extend_splits,
@@ -104,7 +106,7 @@ def _extend_kernel(
     q_mask = row_valid[:, None] & d_valid[None, :]
     token = (q_start + row).to(tl.int64)  # [BLOCK_M] packed query row
     q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
-    q = q.to(K.dtype.element_ty)
+    q = query_tile(q, K)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -191,17 +193,18 @@ def extend_attention(
     if num_seqs == 0 or num_tokens == 0:
         return
     group = hq // hkv
+    tiles = tile_dtype(q.dtype, k_buffer.dtype)
     # NOTE: tl.dot needs >= 16 rows; a verify tile (N nodes x group heads) is often smaller than the cap
     block_m = extend_block_m(q.device, rows=max_q_len * group, num_seqs=num_seqs, num_kv_heads=hkv,
                              max_prefix_len=max_prefix_len)
-    cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size())
+    cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize)
     m_blocks = triton.cdiv(max_q_len * group, block_m)
     splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
                                               device=q.device, tile=cfg.block_n, block_m=block_m,
                                               num_splits=num_splits, new_split=new_split)
     splits += int(new_split)
     if block_m <= STREAMING_MAX_ROWS and is_streaming_grid(q.device, num_seqs * hkv * m_blocks, splits):
-        cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=k_buffer.element_size(), streaming=True)
+        cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)
     has_mask = mask is not None
@@ -215,7 +218,7 @@ def extend_attention(
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_NEW=new_block_n(max_q_len, cfg.block_n),
-        HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(k_buffer.dtype, q.device), NEW_SPLIT=new_split,
+        HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device), NEW_SPLIT=new_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:

@@ -3,6 +3,8 @@
 Two ``index_put`` kernels a layer become one: program ``i`` copies token ``i``'s K row and V row
 (``num_kv_heads * head_dim`` values each, contiguous within the row) to slot ``loc[i]``. The
 sources may be strided views (K and V are column ranges of the fused q/k/v projection's output).
+Into an FP8 cache (``specdec.attention.kv_dtype``) on a GPU the kernel itself saturates and rounds
+the rows as ``cast_kv`` does, so the cast costs no kernel of its own.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.attention.kv_dtype import cast_kv, is_fp8
 from specdec.attention.triton_kernels.common import check_device
 from specdec.kernels.common import check_tensor
 
@@ -19,7 +22,7 @@ from specdec.kernels.common import check_tensor
 def _store_kv_kernel(
     K_cache, V_cache, loc, K, V,
     stride_cache, stride_k, stride_v,
-    ROW: tl.constexpr, BLOCK: tl.constexpr,
+    ROW: tl.constexpr, BLOCK: tl.constexpr, SATURATE: tl.constexpr,
 ):
     i = tl.program_id(0).to(tl.int64)
     slot = tl.load(loc + i).to(tl.int64)
@@ -27,6 +30,9 @@ def _store_kv_kernel(
     valid = offs < ROW
     k = tl.load(K + i * stride_k + offs, mask=valid)
     v = tl.load(V + i * stride_v + offs, mask=valid)
+    if K_cache.dtype.element_ty.is_fp8() and not K.dtype.element_ty.is_fp8():
+        k = tl.clamp(k.to(tl.float32), -SATURATE, SATURATE).to(K_cache.dtype.element_ty, fp_downcast_rounding="rtne")
+        v = tl.clamp(v.to(tl.float32), -SATURATE, SATURATE).to(V_cache.dtype.element_ty, fp_downcast_rounding="rtne")
     tl.store(K_cache + slot * stride_cache + offs, k, mask=valid)
     tl.store(V_cache + slot * stride_cache + offs, v, mask=valid)
 
@@ -46,7 +52,7 @@ def store_kv(
     k: torch.Tensor,  # [n, num_kv_heads, head_dim] or [n, num_kv_heads * head_dim]
     v: torch.Tensor,  # like k
 ) -> None:
-    """k_cache[loc] = k and v_cache[loc] = v (cast to the cache dtype)."""
+    """k_cache[loc] = k and v_cache[loc] = v (cast to the cache dtype: ``cast_kv``)."""
     device = k_cache.device
     check_device(device)
     check_tensor("k_cache", k_cache, dim=3, device=device)
@@ -57,17 +63,21 @@ def store_kv(
     n, row = loc.shape[0], k_cache.shape[1] * k_cache.shape[2]
     if n == 0:
         return
-    # NOTE: a cast, when needed, is torch's (round to nearest even; the interpreter's truncates)
-    k2, v2 = (_rows(name, x.to(k_cache.dtype), n, row) for name, x in (("k", k), ("v", v)))
+    # NOTE: a cast, when needed, is torch's (round to nearest even; the interpreter's truncates, and
+    # flushes FP8 subnormals), except into an FP8 cache on a GPU, where the kernel rounds to nearest even
+    in_kernel = is_fp8(k_cache.dtype) and device.type == "cuda"
+    dtype = k.dtype if in_kernel else k_cache.dtype
+    k2, v2 = (_rows(name, cast_kv(x, dtype), n, row) for name, x in (("k", k), ("v", v)))
     _store_kv_kernel[(n,)](
         k_cache, v_cache, loc, k2, v2,
         k_cache.stride(0), k2.stride(0), v2.stride(0),
         ROW=row, BLOCK=triton.next_power_of_2(row),
+        SATURATE=torch.finfo(k_cache.dtype).max if is_fp8(k_cache.dtype) else 0.0,
     )
 
 
 def store_kv_ref(k_cache, v_cache, loc, k, v) -> None:
     """Specification of ``store_kv``: two indexed writes."""
     n = loc.shape[0]
-    k_cache[loc.long()] = k.reshape(n, *k_cache.shape[1:]).to(k_cache.dtype)
-    v_cache[loc.long()] = v.reshape(n, *v_cache.shape[1:]).to(v_cache.dtype)
+    k_cache[loc.long()] = cast_kv(k.reshape(n, *k_cache.shape[1:]), k_cache.dtype)
+    v_cache[loc.long()] = cast_kv(v.reshape(n, *v_cache.shape[1:]), v_cache.dtype)

@@ -18,6 +18,8 @@ import enum
 DEFAULT_NUM_STEPS = 5
 DEFAULT_TOPK = 4
 DEFAULT_NUM_DRAFT_TOKENS = 8
+# --speculative-draft-kv-cache-dtype values (specdec.attention.kv_dtype.KV_CACHE_DTYPES maps them to dtypes)
+DRAFT_KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
 class SpecAlgorithm(str, enum.Enum):
@@ -84,11 +86,9 @@ class SpecConfig:
             )
         if self.batch_size_threshold is not None:
             _check_int("--speculative-batch-size-threshold", self.batch_size_threshold, low=0)
-        from specdec.attention.kv_dtype import KV_CACHE_DTYPES
-
-        if self.draft_kv_cache_dtype not in KV_CACHE_DTYPES:
+        if self.draft_kv_cache_dtype not in DRAFT_KV_CACHE_DTYPES:
             raise ConfigError(f"--speculative-draft-kv-cache-dtype={self.draft_kv_cache_dtype!r}: choose one of "
-                              f"{list(KV_CACHE_DTYPES)}")
+                              f"{list(DRAFT_KV_CACHE_DTYPES)}")
         if self.simulate_accept_length is not None:
             tau = self.simulate_accept_length
             if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 1.0 <= tau <= self.num_steps + 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-# flag value -> cache dtype (None: the model's own)
+# flag value -> cache dtype (None: the model's own); the flag's values are specdec.config.DRAFT_KV_CACHE_DTYPES
 KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {"auto": None, "fp8_e4m3": torch.float8_e4m3fn}
 
 

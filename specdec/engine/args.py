@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from specdec.config import DRAFT_KV_CACHE_DTYPES
+
 # NOTE: no torch here: the HTTP benchmark client imports this module's ``flag`` without loading torch
 
 
@@ -109,7 +111,7 @@ class EngineArgs:
         "the draft head's KV cache: auto (the head's dtype) or fp8_e4m3 (e4m3 values at scale 1, saturating; "
         "the attention widens them to the queries' dtype): half the bytes its attention reads; speculation "
         "stays lossless, acceptance may change slightly (triton and torch_native attention)", group=SPEC,
-        choices=["auto", "fp8_e4m3"]))
+        choices=list(DRAFT_KV_CACHE_DTYPES)))
     speculative_batch_size_threshold: int | None = dataclasses.field(default=None, metadata=flag(
         "decode without speculation while more than this many requests run (the draft cache stays in step); "
         "default: always speculate", group=SPEC))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.attention.kv_dtype import KV_CACHE_DTYPES
 from specdec.attention.torch_native import TorchNativeBackend
-from specdec.config import ConfigError
+from specdec.config import DRAFT_KV_CACHE_DTYPES, ConfigError
 
 from .helpers import assert_equal_or_near_tie, assert_no_leak, engine, make_pair, prompts_of
 
@@ -50,6 +51,10 @@ def test_fp8_draft_kv_cache_with_fp8_draft_weights():
                   speculative_draft_model_quantization="fp8")
     assert [r["output_ids"] for r in _generate(spec, prompts)] == expected
     assert_no_leak(spec)
+
+
+def test_the_flag_values_are_the_cache_dtypes():
+    assert set(DRAFT_KV_CACHE_DTYPES) == set(KV_CACHE_DTYPES)
 
 
 def test_a_bad_value_names_the_flag():

@@ -48,6 +48,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.args import EngineArgs
+from specdec.engine.gc_heap import frozen_heap
 from specdec.server import openapi
 from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
 from specdec.server.openai_api import (
@@ -428,7 +429,8 @@ def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
                          model_path=engine_args.model_path)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                                 timeout_keep_alive=5, timeout_graceful_shutdown=5)
-        GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout).run()
+        with frozen_heap():  # the built engine and app kept out of the collector's passes
+            GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout).run()
     finally:
         # NOTE: the app's lifespan has stopped the engine thread; this releases the CUDA graphs and
         # stops the tensor-parallel workers (their NCCL teardown needs both)

@@ -6,7 +6,6 @@ The GPU tests replay the same path as real graphs (tests/e2e/test_gpu_cuda_graph
 """
 
 import pytest
-import torch
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 

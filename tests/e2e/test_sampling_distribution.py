@@ -6,8 +6,6 @@ compared with what the speculative engine emits over thousands of requests. Cont
 cross the prefill token, accepted draft tokens and bonus tokens of the first verify steps.
 """
 
-import itertools
-
 import numpy as np
 import pytest
 import torch

@@ -216,7 +216,8 @@ def test_step_cost_cache_is_per_tensor_parallel_size(checkpoint):
             target_model=target, draft_model=target, worker=SimpleNamespace(shapes=[], max_batch={}),
             memory=SimpleNamespace(req_to_token=torch.zeros(1), page_size=1),
             args=SimpleNamespace(attention="torch_native", disable_cuda_graph=True,
-                                 speculative_draft_model_quantization=None),
+                                 speculative_draft_model_quantization=None,
+                                 speculative_draft_kv_cache_dtype="auto"),
             scheduler=SimpleNamespace(overlap=False))
 
     one = _cache_path(engine_of(load_target(path)), [1, 2])

@@ -185,7 +185,8 @@ class Engine:
                                               disable_cuda_graph, max_running_requests)
         draft_kv = self.spec_config.draft_kv_cache_dtype if self.spec_config else "auto"
         num_slots = int(max_total_tokens or self._default_kv_tokens(
-            device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len, draft_kv))
+            device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len,
+            draft_kv=draft_kv))
         num_slots = -(-num_slots // page_size) * page_size
         self.memory = PagedKVMemory(
             num_slots=num_slots, page_size=page_size, max_reqs=max_running_requests + 1,
@@ -268,7 +269,7 @@ class Engine:
         return total + runner_graphs
 
     @staticmethod
-    def _default_kv_tokens(device, target_model, draft_model, graph_sizes, tree, most_needed, draft_kv) -> int:
+    def _default_kv_tokens(device, target_model, draft_model, graph_sizes, tree, most_needed, draft_kv="auto") -> int:
         """KV slots: a fixed default on CPU; on a GPU what fits in 85% of the free memory after
         the weights and an estimate of the CUDA graphs' memory, at most what the requests can use.
         ``draft_kv``: the draft's KV cache dtype flag (``--speculative-draft-kv-cache-dtype``)."""

@@ -88,3 +88,16 @@ def test_gpu_kv_pool_is_sized_by_this_rank_kv_heads(checkpoint, monkeypatch):
     slots = [Engine._default_kv_tokens("cuda", m, None, [1], 1, 10**9) for m in (whole, shard)]
     assert shard.kv_layout.num_kv_heads * 2 == whole.kv_layout.num_kv_heads
     assert abs(slots[1] / slots[0] - 2.0) < 0.01
+
+
+def test_gpu_kv_pool_counts_an_fp8_draft_cache(checkpoint, monkeypatch):
+    """A draft whose KV cache is FP8 (``--speculative-draft-kv-cache-dtype``) takes a byte a value of
+    each slot, not its weights' four (fp32): with a draft as large as the target, a slot costs 1.25
+    of the target's bytes instead of 2 (the target itself stands in for the draft here)."""
+    target_dir, _ = checkpoint
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 34))
+    model = load_target(target_dir, load_format="dummy")
+    auto, fp8 = (Engine._default_kv_tokens("cuda", model, model, [1], 1, 10**9, draft_kv=kv)
+                 for kv in ("auto", "fp8_e4m3"))
+    assert next(model.parameters()).dtype == torch.float32
+    assert abs(fp8 / auto - 2.0 / 1.25) < 0.01

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from specdec.attention import create_attention_backend
-from specdec.attention.kv_dtype import is_fp8
 from specdec.config import ConfigError, SpecConfig
 from specdec.eagle.acceptance import AcceptanceModel, observe_paths
 from specdec.eagle.draft import DraftRunner
@@ -81,6 +80,11 @@ class EAGLEWorker:
         self.replay = load_replay(config.simulate_trace, self.device) if config.simulate_trace else None
         if self.replay is not None:
             self.replay.check_shape(config.num_steps, config.topk)
+        draft_attention = create_attention_backend(attention_backend)
+        if config.draft_kv_cache_dtype.startswith("fp8") and not draft_attention.supports_fp8_kv_cache:
+            raise ConfigError(f"--speculative-draft-kv-cache-dtype={config.draft_kv_cache_dtype}: the "
+                              f"{draft_attention.name} attention backend reads no FP8 KV cache; use triton or "
+                              "torch_native")
         if resources is None:
             resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
                                              num_steps=config.num_steps, topk=config.topk,
@@ -91,11 +95,6 @@ class EAGLEWorker:
         self.pad_slot = resources.pad_slot
         self.draft_kv = resources.kv
         self.state = resources.state
-        draft_attention = create_attention_backend(attention_backend)
-        if is_fp8(self.draft_kv.dtype) and not draft_attention.supports_fp8_kv_cache:
-            raise ConfigError(f"--speculative-draft-kv-cache-dtype={config.draft_kv_cache_dtype}: the "
-                              f"{draft_attention.name} attention backend reads no FP8 KV cache; use triton or "
-                              "torch_native")
         self.draft = DraftRunner(
             draft_model,
             self.adapter,

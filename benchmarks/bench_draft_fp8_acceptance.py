@@ -18,7 +18,9 @@ An FP8 KV cache for the head (``--kv``) would halve what its attention reads: at
 tokens of context, 105 us of each draft forward and 100 us of the draft extend on an H100, the
 same KV floor as a target layer's. Here every K and V the head stores is rounded to e4m3 with a
 scale of 1 (what a cache of ``float8_e4m3fn`` entries without calibration holds; past +-448 it
-saturates), and attention reads the rounded values; the head's weights stay as they are.
+saturates), and attention reads the rounded values; the head's weights stay as they are. The
+engine now has the cache itself (``--speculative-draft-kv-cache-dtype fp8_e4m3``, rounding by the
+same ``cast_kv``); this run also counts the values that saturate or fall below e4m3's normal range.
 
     python benchmarks/bench_draft_fp8_acceptance.py --num-prompts 40 --max-new-tokens 192 [--activations] [--kv]
 
@@ -39,6 +41,7 @@ from pathlib import Path
 import torch
 
 from common import run_metadata
+from specdec.attention.kv_dtype import cast_kv
 from specdec.cli.bench import acceptance_main
 from specdec.engine import engine as engine_module
 from specdec.models.ops.gemv import quantize_rows_fp8_ref
@@ -78,7 +81,7 @@ def round_kv_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     its values saturated and how many fell below e4m3's normal range (2**-6, where it keeps fewer bits)."""
     saturated = int((x.abs() > FP8_MAX).sum())
     subnormal = int(((x != 0) & (x.abs() < 2.0**-6)).sum())
-    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype), saturated, subnormal
+    return cast_kv(x, torch.float8_e4m3fn).to(x.dtype), saturated, subnormal
 
 
 def measure(argv: list[str], output: Path, *, fp8: bool, activations: bool = False, kv: bool = False) -> dict:

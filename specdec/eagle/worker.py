@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from specdec.attention import create_attention_backend
+from specdec.attention.kv_dtype import KV_CACHE_DTYPES, is_fp8
 from specdec.config import ConfigError, SpecConfig
 from specdec.eagle.acceptance import AcceptanceModel, observe_paths
 from specdec.eagle.draft import DraftRunner
@@ -81,7 +82,8 @@ class EAGLEWorker:
         if self.replay is not None:
             self.replay.check_shape(config.num_steps, config.topk)
         draft_attention = create_attention_backend(attention_backend)
-        if config.draft_kv_cache_dtype.startswith("fp8") and not draft_attention.supports_fp8_kv_cache:
+        kv_dtype = KV_CACHE_DTYPES[config.draft_kv_cache_dtype]  # None: the head's own
+        if kv_dtype is not None and is_fp8(kv_dtype) and not draft_attention.supports_fp8_kv_cache:
             raise ConfigError(f"--speculative-draft-kv-cache-dtype={config.draft_kv_cache_dtype}: the "
                               f"{draft_attention.name} attention backend reads no FP8 KV cache; use triton or "
                               "torch_native")

@@ -23,6 +23,9 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     assert [p["batch_size"] for p in res["plain"]] == [1, 3]
     assert all(abs(p["committed_per_request_step"] - 1.0) < 1e-9 for p in res["plain"])
     assert all(p["decode_steps"] == 4 for p in res["plain"])
+    for p in res["plain"]:  # the host's view of the timed steps: their quantiles sum to no more than the window
+        spread = p["step_ms_spread"]
+        assert 0 < spread["p50"] <= spread["p90"] <= spread["max"] <= p["step_ms"] * p["decode_steps"]
     assert set(res["speculative"]) == {"3x1x4", "2x2x4"}
     for name, points in res["speculative"].items():
         for p in points:
@@ -121,6 +124,33 @@ def test_profile_trace_writes_each_profiled_points_timeline(tmp_path):
     for name in ("plain_bs1", "2x1x3_bs1"):
         events = json.loads(gzip.decompress((traces / f"{name}.json.gz").read_bytes()))["traceEvents"]
         assert any(e.get("ph") == "X" for e in events)
+
+
+def test_profile_batch_sizes_pick_the_profiled_points(tmp_path):
+    """--profile-batch-sizes profiles only the points named (the default: the sweep's two ends)."""
+    synthetic_main(["--synthetic", "tiny", "--device", "cpu", "--attention-backend", "torch_native",
+                    "--batch-sizes", "1,2,3", "--configs", "2,1,3", "--context-len", "8", "--decode-steps", "2",
+                    "--warmup-steps", "1", "--skip-adaptive", "--output", str(tmp_path / "s.json"),
+                    "--profile-host", str(tmp_path / "host.txt"), "--profile-batch-sizes", "2"])
+    titles = [line for line in (tmp_path / "host.txt").read_text().splitlines() if line.startswith("====")]
+    assert [t.split(" (")[0] for t in titles] == ["==== plain bs=2", "==== 2x1x3 bs=2"]
+    settings = bench_synthetic.SyntheticSettings(synthetic="tiny", batch_sizes="4,1,2")
+    assert settings.profiled_batch_sizes() == [1, 4]
+
+
+@pytest.mark.parametrize("sizes", ["5", "1,x", ""])
+def test_profile_batch_sizes_outside_the_sweep_name_the_flag(sizes):
+    with pytest.raises(ValueError, match="--profile-batch-sizes"):
+        bench_synthetic.SyntheticSettings(synthetic="tiny", batch_sizes="1,2", profile_batch_sizes=sizes)
+
+
+def test_step_spread_tells_one_pause_from_a_steady_pace():
+    """Ten steps of 10 ms and one of 60: the mean is 14.5 ms either way, only the spread says why."""
+    spread = bench_synthetic.step_spread(np.array([10.0] * 10 + [60.0]))
+    assert spread["p50"] == 10.0 and spread["max"] == 60.0
+    assert spread["slow_steps"] == 1 and spread["slow_excess_ms"] == pytest.approx(50.0)
+    steady = bench_synthetic.step_spread(np.full(11, 14.5))
+    assert steady["slow_steps"] == 0 and steady["slow_excess_ms"] == 0.0 and steady["p90"] == 14.5
 
 
 def test_profile_trace_needs_profile_device():

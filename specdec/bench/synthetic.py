@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from specdec.bench.synthetic_report import ADAPTIVE, acceptance_record, add_ratios, shapes_run, sweep_rows
 from specdec.engine.args import EngineArgs, flag
 
@@ -99,12 +101,15 @@ class SyntheticSettings:
     plot: str | None = dataclasses.field(default=None, metadata=flag(
         "speedup vs batch size as a PNG (matplotlib)", group=SYNTH, metavar="PATH"))
     profile_host: str | None = dataclasses.field(default=None, metadata=flag(
-        "after each engine's sweep, profile the host (cProfile) over the timed steps at the smallest and "
-        "largest batch size, and write the top functions to PATH", group=SYNTH, metavar="PATH"))
+        "after each engine's sweep, profile the host (cProfile) over the timed steps at the profiled batch "
+        "sizes, and write the top functions to PATH", group=SYNTH, metavar="PATH"))
     profile_device: str | None = dataclasses.field(default=None, metadata=flag(
         "after each engine's sweep, profile the device (torch.profiler, kernels inside CUDA graphs included) "
-        "over the timed steps at the smallest batch size, and write the kernels by total GPU time to PATH",
+        "over the timed steps at the profiled batch sizes, and write the kernels by total GPU time to PATH",
         group=SYNTH, metavar="PATH"))
+    profile_batch_sizes: str | None = dataclasses.field(default=None, metadata=flag(
+        "comma-separated batch sizes --profile-host and --profile-device profile, each one of --batch-sizes "
+        "(default: the smallest and the largest)", group=SYNTH, metavar="BS"))
     profile_trace: str | None = dataclasses.field(default=None, metadata=flag(
         "with --profile-device, also write each profiled point's timeline (Chrome trace, gzipped) to "
         "DIR/<engine>_bs<N>.json.gz: every kernel in order, for the gaps and the phases a table hides",
@@ -117,6 +122,30 @@ class SyntheticSettings:
                              f"{', '.join(ACCEPTANCE_MODELS)} or a file")
         if self.profile_trace and not self.profile_device:
             raise ValueError("--profile-trace: needs --profile-device (the trace is of the profiled steps)")
+        self.profiled_batch_sizes()  # NOTE: validates --profile-batch-sizes
+
+    def swept_batch_sizes(self) -> list[int]:
+        try:
+            sizes = sorted({int(b) for b in self.batch_sizes.split(",")})
+        except ValueError:
+            sizes = []
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"--batch-sizes {self.batch_sizes!r}: expected comma-separated integers >= 1")
+        return sizes
+
+    def profiled_batch_sizes(self) -> list[int]:
+        """The batch sizes the profilers run at: --profile-batch-sizes, else the sweep's ends."""
+        swept = self.swept_batch_sizes()
+        if self.profile_batch_sizes is None:
+            return sorted({swept[0], swept[-1]})
+        try:
+            sizes = sorted({int(b) for b in self.profile_batch_sizes.split(",")})
+        except ValueError:
+            sizes = []
+        if not sizes or not set(sizes) <= set(swept):
+            raise ValueError(f"--profile-batch-sizes {self.profile_batch_sizes!r}: expected comma-separated "
+                             f"batch sizes among --batch-sizes {self.batch_sizes}")
+        return sizes
 
     def acceptance_path(self) -> str | None:
         """The acceptance model's file, hazards JSON or trace .npz (None: the constant accept length)."""
@@ -219,12 +248,14 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     target = bs * settings.decode_steps  # tokens the timed steps commit, whatever the policy
     shapes_before = collections.Counter(engine.scheduler.spec_shape_steps) if spec else None
     steps = 0
+    ends = []  # host clock as each timed step returns
     with around_timed(), GCPauses() as gc_pauses:
         _sync(device)
         t0 = time.perf_counter()
         # NOTE: each engine.step() reads one step; even speculation commits a token a step
         while steps < settings.decode_steps and sum(len(r.output_ids) for r in reqs) - before < target:
             engine.step()
+            ends.append(time.perf_counter())
             steps += 1
         _sync(device)
         elapsed = time.perf_counter() - t0
@@ -240,10 +271,21 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     if phases:
         phases["other"] = step_ms - sum(phases.values())
     point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms, "decode_steps": steps,
-             "committed_per_request_step": produced / (bs * steps), "phases_ms": phases, "gc": gc_pauses.to_json()}
+             "committed_per_request_step": produced / (bs * steps), "phases_ms": phases,
+             "step_ms_spread": step_spread(np.diff([t0] + ends) * 1e3), "gc": gc_pauses.to_json()}
     if shapes is not None:
         point["shapes"] = shapes
     return point
+
+
+def step_spread(step_ms: np.ndarray) -> dict:
+    """How the host saw a point's steps ([steps] ms between consecutive step returns): quantiles, and
+    the time steps took beyond twice the median (a stall spread over every step and one long pause
+    look alike in the mean)."""
+    median = float(np.median(step_ms))
+    over = step_ms[step_ms > 2 * median] - median
+    return {"p50": median, "p90": float(np.quantile(step_ms, 0.9)), "max": float(step_ms.max()),
+            "slow_steps": int(over.size), "slow_excess_ms": float(over.sum())}
 
 
 def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
@@ -329,7 +371,7 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
     from specdec.engine.admission import decode_steps_during_prefill
 
     configs = parse_configs(settings.configs)
-    batch_sizes = sorted({int(b) for b in settings.batch_sizes.split(",")})
+    batch_sizes = settings.swept_batch_sizes()
     vocab = SHAPES[settings.synthetic]["vocab_size"]
     bandwidth = copy_bandwidth(engine_args.device)
     most_steps = max([c[0] + 1 for c in configs] + [1])
@@ -385,21 +427,23 @@ def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_
         weights.setdefault("target", weight_bytes(engine.target_model))  # this rank's shard
         if engine.draft_model is not None:
             weights.setdefault("head", weight_bytes(engine.draft_model))
-        ends = sorted({batch_sizes[0], batch_sizes[-1]})
+        profiled = settings.profiled_batch_sizes()
         with frozen_heap():  # as a server runs: the built engine kept out of the collector's passes
             points = [measure(engine, bs, settings, vocab) for bs in batch_sizes]
             if settings.profile_host:
-                for bs in ends:
+                for bs in profiled:
                     profile_host(engine, bs, settings, vocab, f"{name} bs={bs}")
             if settings.profile_device:
                 results.setdefault("device_profile", {})[name] = [
-                    profile_device(engine, bs, settings, vocab, f"{name} bs={bs}") for bs in ends]
+                    profile_device(engine, bs, settings, vocab, f"{name} bs={bs}") for bs in profiled]
         print(f"{name}: engine built in {build_s:.1f} s (CUDA graphs: {engine.cuda_graph_bytes / 2**20:.0f} MiB)",
               flush=True)
         for p in points:
             shapes = f"  shapes {p['shapes']}" if "shapes" in p else ""
+            spread = p["step_ms_spread"]
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
-                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}  gc {p['gc']['collections']}",
+                  f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}  gc {p['gc']['collections']}  "
+                  f"steps p50 {spread['p50']:.2f} max {spread['max']:.2f} slow {spread['slow_steps']}",
                   flush=True)
         if name == "plain":
             results["plain"] = points

@@ -2,8 +2,9 @@
 
 An FP8 cache stores e4m3 values at scale 1 (no per-tensor scale): a value past the format's largest
 finite one (448) saturates to it, the rest round to nearest even (subnormals kept). Every writer casts
-through ``cast_kv`` (or, on a GPU, the store kernel's same in-register cast); readers widen a tile to
-the query's dtype and multiply there, so only the stored values are rounded.
+through ``cast_kv`` (or, on a GPU, the store kernel's same in-register cast); readers widen a tile
+without rounding (triton: to fp16 under a 16-bit query, to fp32 under an fp32 one; torch_native: to
+fp32) and multiply there, so only the stored values are rounded.
 Measured cost of an FP8 draft KV cache for the SmolLM2 EAGLE-3 head on MT-bench: -0.3 % acceptance
 length (benchmarks/results/2026-11-27-cpu-draft-kv-fp8-acceptance).
 """

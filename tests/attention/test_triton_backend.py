@@ -372,6 +372,39 @@ def test_fp8_kv_cache_static_plan(name):
 from specdec.attention import triton_kernels as tk  # noqa: E402
 
 
+def test_fp8_cache_tiles_multiply_in_fp16_under_a_16_bit_query():
+    from specdec.attention.triton_kernels.common import tile_dtype
+
+    assert tile_dtype(torch.bfloat16, torch.float8_e4m3fn) == torch.float16
+    assert tile_dtype(torch.float32, torch.float8_e4m3fn) == torch.float32
+    assert tile_dtype(torch.bfloat16, torch.bfloat16) == torch.bfloat16
+
+
+def test_bf16_query_past_fp16_range_over_fp8_cache_is_clamped():
+    """Over an FP8 cache a bf16 query narrows to fp16: a channel of 1e5 is clamped to fp16's largest
+    value (65504) rather than becoming inf (inf x 0 = nan): the output is the reference's over the
+    clamped query, which differs from the unclamped one's."""
+    gen = torch.Generator().manual_seed(5)
+    num_slots, kv_len = 64, 40
+    k = cast_kv(_rand((num_slots, 2, 16), gen, torch.float32, DEVICE) * 100, torch.float8_e4m3fn)
+    v = cast_kv(_rand((num_slots, 2, 16), gen, torch.float32, DEVICE), torch.float8_e4m3fn)
+    k[:, :, 1] = 0  # channel 1 of every key is 0: an inf query channel there would give nan scores
+    q = _rand((1, 4, 16), gen, torch.float32, DEVICE)
+    q[..., :2] = 1e5
+    q = q.to(torch.bfloat16)
+    slots = torch.randperm(num_slots, generator=gen)[:kv_len].to(torch.int32).to(DEVICE)
+    args = (k, v, torch.tensor([0, kv_len], dtype=torch.int32, device=DEVICE), slots)
+    kw = dict(sm_scale=1e-6, max_kv_len=kv_len)
+    out = torch.full_like(q, float("nan"))
+    tk.decode_attention(q, *args, out, **kw)
+    clamped, unclamped = torch.empty_like(q, dtype=torch.float32), torch.empty_like(q, dtype=torch.float32)
+    tk.decode_attention_ref(q.float().clamp(-65504, 65504), *args, clamped, **kw)
+    tk.decode_attention_ref(q.float(), *args, unclamped, **kw)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), clamped, atol=2e-2, rtol=2e-2)
+    assert not torch.allclose(out.float(), unclamped, atol=2e-2, rtol=2e-2)
+
+
 def _indptr(lens):
     return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
 

@@ -648,6 +648,8 @@ GPU_SCENARIOS = {
     "verify_n8_bs64": Scenario(V, tuple(1100 - 9 * i for i in range(64)), (8,) * 64,
                                trees=tuple(random_tree(8, s) for s in range(64))),
     "draft_decode_k8": Scenario(D, (2048, 512, 4000), (8, 8, 8), depth=5),
+    # 64 requests x 8 KV heads, 2 branches: the draft step's grid that streams its KV through small tiles
+    "draft_decode_bs64_k2": Scenario(D, tuple(700 + 31 * i for i in range(64)), (2,) * 64, depth=2),
 }
 
 

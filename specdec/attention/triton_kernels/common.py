@@ -56,7 +56,7 @@ def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
 
 
 # the largest finite fp16: a 16-bit query over an FP8 cache is clamped to it before it narrows to fp16
-FP16_MAX = 65504.0
+FP16_MAX = tl.constexpr(65504.0)
 
 
 @triton.jit

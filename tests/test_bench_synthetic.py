@@ -26,6 +26,7 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     for p in res["plain"]:  # the host's view of the timed steps: their quantiles sum to no more than the window
         spread = p["step_ms_spread"]
         assert 0 < spread["p50"] <= spread["p90"] <= spread["max"] <= p["step_ms"] * p["decode_steps"]
+        assert p["steady_tokens_per_s"] >= p["tokens_per_s"]  # the window less its pauses, if any
     assert set(res["speculative"]) == {"3x1x4", "2x2x4"}
     for name, points in res["speculative"].items():
         for p in points:
@@ -54,6 +55,10 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     assert res["sweep"][1]["fixed_expected"]["2x2x4"] == pytest.approx(
         point["speedup"] * trace.expected_committed(2, 2, 4) / point["committed_per_request_step"])
     assert res["sweep"][0]["adaptive_speedup_expected"] > 0
+    # and without the host's pauses: every policy's speedup over plain from their steady rates
+    assert res["sweep"][1]["fixed_expected_steady"]["2x2x4"] == pytest.approx(
+        point["steady_tokens_per_s"] / res["plain"][1]["steady_tokens_per_s"]
+        * trace.expected_committed(2, 2, 4) / point["committed_per_request_step"])
 
 
 def test_expected_committed_weighs_the_shapes_a_point_ran():
@@ -142,6 +147,22 @@ def test_profile_batch_sizes_pick_the_profiled_points(tmp_path):
 def test_profile_batch_sizes_outside_the_sweep_name_the_flag(sizes):
     with pytest.raises(ValueError, match="--profile-batch-sizes"):
         bench_synthetic.SyntheticSettings(synthetic="tiny", batch_sizes="1,2", profile_batch_sizes=sizes)
+
+
+def test_add_steady_takes_the_pauses_out_of_recorded_points():
+    """Points that recorded their step spread only (results before steady rates): plain's 10 steps of
+    10 ms and one of 60 (50 ms past the median) commit 11 tokens: 11 / 0.11 s over the window,
+    11 / 0.06 s without the pause; a speculative point with no pause keeps its rate."""
+    def point(tps, committed, excess):
+        return {"batch_size": 1, "tokens_per_s": tps, "committed_per_request_step": committed, "decode_steps": 11,
+                "step_ms_spread": {"slow_excess_ms": excess}}
+
+    plain, spec = point(100.0, 1.0, 50.0), point(250.0, 2.5, 0.0)
+    results = {"plain": [plain], "speculative": {"3x1x4": [spec]}}
+    synthetic_report.add_steady(results)
+    assert plain["steady_tokens_per_s"] == pytest.approx(11 / 0.06)
+    assert spec["steady_tokens_per_s"] == pytest.approx(250.0)
+    assert spec["speedup_steady"] == pytest.approx(250.0 / (11 / 0.06))
 
 
 def test_step_spread_tells_one_pause_from_a_steady_pace():

@@ -270,9 +270,12 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     step_ms = elapsed * 1e3 / steps
     if phases:
         phases["other"] = step_ms - sum(phases.values())
+    spread = step_spread(np.diff([t0] + ends) * 1e3)
     point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms, "decode_steps": steps,
              "committed_per_request_step": produced / (bs * steps), "phases_ms": phases,
-             "step_ms_spread": step_spread(np.diff([t0] + ends) * 1e3), "gc": gc_pauses.to_json()}
+             "step_ms_spread": spread, "gc": gc_pauses.to_json(),
+             # the same tokens over the window without its host pauses (steps past twice the median at the median)
+             "steady_tokens_per_s": produced / (elapsed - spread["slow_excess_ms"] / 1e3)}
     if shapes is not None:
         point["shapes"] = shapes
     return point
@@ -281,7 +284,9 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
 def step_spread(step_ms: np.ndarray) -> dict:
     """How the host saw a point's steps ([steps] ms between consecutive step returns): quantiles, and
     the time steps took beyond twice the median (a stall spread over every step and one long pause
-    look alike in the mean)."""
+    look alike in the mean). On the H100's shared host, steps of 10-40 ms came at random in every
+    engine, plain included, 0-5 a point (2026-11-27): one such step adds 0.1-0.4 ms to the mean of a
+    point's ~100 steps."""
     median = float(np.median(step_ms))
     over = step_ms[step_ms > 2 * median] - median
     return {"p50": median, "p90": float(np.quantile(step_ms, 0.9)), "max": float(step_ms.max()),

@@ -55,15 +55,18 @@ def expected_committed(point: dict, expected: dict[str, float]) -> float:
     return sum(n * (1.0 if name == PLAIN else expected[name]) for name, n in steps.items()) / total
 
 
-def speedup_at_expectation(point: dict, expected: dict[str, float]) -> float:
-    """The point's speedup with the tokens the model expects instead of those its steps drew: the
-    measured step times stand, the draw's luck (a few percent over 64 steps) goes."""
-    return point["speedup"] * expected_committed(point, expected) / point["committed_per_request_step"]
+def speedup_at_expectation(point: dict, expected: dict[str, float], speedup: str = "speedup") -> float:
+    """The point's speedup (``point[speedup]``: over the whole window, or "speedup_steady": without its
+    host pauses) with the tokens the model expects instead of those its steps drew: the measured step
+    times stand, the draw's luck (a few percent over 64 steps) goes."""
+    return point[speedup] * expected_committed(point, expected) / point["committed_per_request_step"]
 
 
 def sweep_rows(results: dict) -> list[dict]:
     """One row per batch size: plain ms per step, and each policy's speedup over plain decoding;
-    with an acceptance model, also each speedup at the model's expectation (``*_expected``)."""
+    with an acceptance model, also each speedup at the model's expectation (``*_expected``), and
+    where the points recorded their host pauses, at the expectation without them
+    (``*_expected_steady``)."""
     ctx = results["setup"]["context_len"]
     acceptance = results["setup"].get("acceptance_model")
     expected = acceptance and acceptance.get("expected_committed")
@@ -82,13 +85,36 @@ def sweep_rows(results: dict) -> list[dict]:
         if expected is not None:
             row["adaptive_speedup_expected"] = point and speedup_at_expectation(point, expected)
             row["fixed_expected"] = {name: speedup_at_expectation(q, expected) for name, q in fixed.items()}
+            if all("speedup_steady" in q for q in [*fixed.values(), *([point] if point else [])]):
+                row["adaptive_speedup_expected_steady"] = point and speedup_at_expectation(
+                    point, expected, "speedup_steady")
+                row["fixed_expected_steady"] = {name: speedup_at_expectation(q, expected, "speedup_steady")
+                                                for name, q in fixed.items()}
         rows.append(row)
     return rows
 
 
+def add_steady(results: dict) -> None:
+    """``steady_tokens_per_s`` and ``speedup_steady`` where a point recorded its step spread but not
+    them (results of f9392dc-da0eeae): its tokens over its window less the pauses, as ``measure`` has
+    it, in place."""
+    plain = {p["batch_size"]: p for p in results["plain"]}
+    for p in [*results["plain"], *(q for ps in results["speculative"].values() for q in ps),
+              *results.get(ADAPTIVE, [])]:
+        if "steady_tokens_per_s" not in p and "step_ms_spread" in p:
+            produced = p["committed_per_request_step"] * p["batch_size"] * p["decode_steps"]
+            elapsed = produced / p["tokens_per_s"]
+            p["steady_tokens_per_s"] = produced / (elapsed - p["step_ms_spread"]["slow_excess_ms"] / 1e3)
+    for p in [*(q for ps in results["speculative"].values() for q in ps), *results.get(ADAPTIVE, [])]:
+        base = plain[p["batch_size"]]
+        if "steady_tokens_per_s" in p and "steady_tokens_per_s" in base:
+            p["speedup_steady"] = p["steady_tokens_per_s"] / base["steady_tokens_per_s"]
+
+
 def add_ratios(results: dict, weight_nbytes: int, bandwidth: float) -> None:
     """Each plain point's share of the weight floor (one rank's weight bytes / copy bandwidth), each
-    speculative point's speedup over plain and its cost beyond verification, in place."""
+    speculative point's speedup over plain (and without host pauses, where recorded) and its cost
+    beyond verification, in place."""
     floor_ms = weight_nbytes / bandwidth * 1e3 if bandwidth == bandwidth else float("nan")
     plain = {p["batch_size"]: p for p in results["plain"]}
     for p in results["plain"]:
@@ -100,6 +126,7 @@ def add_ratios(results: dict, weight_nbytes: int, bandwidth: float) -> None:
             p["speedup"] = p["tokens_per_s"] / base["tokens_per_s"]
             overhead = p["step_ms"] - p["phases_ms"].get("verify", 0.0)
             p["overhead_vs_plain_step"] = overhead / base["step_ms"]
+    add_steady(results)
 
 
 def plot(results: dict, path: str) -> None:

@@ -28,7 +28,7 @@ def load_rows(paths: list[str]) -> tuple[list[dict], list[dict]]:
     rows, setups = [], []
     for path in paths:
         results = json.loads(Path(path).read_text())
-        add_steady(results)  # NOTE: results that recorded step spreads only
+        add_steady(results)  # NOTE: results written before add_ratios ran it
         rows += sweep_rows(results)
         setups.append(results["setup"])
     return sorted(rows, key=lambda r: (r["ctx"], r["bs"])), setups

@@ -270,12 +270,10 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     step_ms = elapsed * 1e3 / steps
     if phases:
         phases["other"] = step_ms - sum(phases.values())
-    spread = step_spread(np.diff([t0] + ends) * 1e3)
+    spread = step_spread(np.diff([t0] + ends) * 1e3)  # its rate without the pauses: report.add_steady
     point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms, "decode_steps": steps,
              "committed_per_request_step": produced / (bs * steps), "phases_ms": phases,
-             "step_ms_spread": spread, "gc": gc_pauses.to_json(),
-             # the same tokens over the window without its host pauses (steps past twice the median at the median)
-             "steady_tokens_per_s": produced / (elapsed - spread["slow_excess_ms"] / 1e3)}
+             "step_ms_spread": spread, "gc": gc_pauses.to_json()}
     if shapes is not None:
         point["shapes"] = shapes
     return point

@@ -95,9 +95,9 @@ def sweep_rows(results: dict) -> list[dict]:
 
 
 def add_steady(results: dict) -> None:
-    """``steady_tokens_per_s`` and ``speedup_steady`` where a point recorded its step spread but not
-    them (results of f9392dc-da0eeae): its tokens over its window less the pauses, as ``measure`` has
-    it, in place."""
+    """Each point's ``steady_tokens_per_s`` (its tokens over its window less the host's pauses: its
+    steps past twice the median counted at the median, ``synthetic.step_spread``) where it recorded
+    its step spread, and each speculative point's ``speedup_steady`` over plain's, in place."""
     plain = {p["batch_size"]: p for p in results["plain"]}
     for p in [*results["plain"], *(q for ps in results["speculative"].values() for q in ps),
               *results.get(ADAPTIVE, [])]:

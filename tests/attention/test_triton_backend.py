@@ -585,6 +585,9 @@ def test_streaming_decode_grid(ctas, splits, expected, monkeypatch):
     cuda = torch.device("cuda")
     assert common.is_streaming_grid(cuda, ctas, splits) == expected
     assert not common.is_streaming_grid(torch.device("cpu"), ctas, splits)
+    # verify and draft-step tiles stream up to STREAMING_MAX_ROWS (query row, head) rows, never past
+    assert common.is_streaming_grid(cuda, ctas, splits, block_m=common.STREAMING_MAX_ROWS) == expected
+    assert not common.is_streaming_grid(cuda, ctas, splits, block_m=2 * common.STREAMING_MAX_ROWS)
 
 
 def test_launch_config_streaming_and_shared_memory_fit():

@@ -181,8 +181,19 @@ def launch_config(device: torch.device, *, block_m: int, head_dim: int, elem_siz
 STREAM_PROGRAMS_PER_SM = 3
 
 
-def is_streaming_grid(device: torch.device, num_ctas: int, num_splits: int) -> bool:
-    return device.type == "cuda" and num_splits == 1 and num_ctas >= STREAM_PROGRAMS_PER_SM * _sm_count(device)
+# a query tile of more (query row, head) rows than this never streams (``is_streaming_grid``). Measured
+# on an H100 (Llama-3-8B heads, bf16, one layer, CUDA-graph replay, µs; 128 x 4 warps -> 64 x 2 warps):
+# the chain's verify (4 nodes, 16 rows) at context 1 k, bs 64 100.3 -> 98.4, bs 128 195.2 -> 192.1; at
+# 4 k, bs 64 368.0 -> 365.4; 5x4x8's (8 nodes, 32 rows) at bs 64 104.8 -> 101.8; bs 32 (two programs an
+# SM) 52.6 -> 57.5, so it keeps the default (benchmarks/results/2026-11-26-h100-adaptive/0272f8e/verify-streaming/)
+STREAMING_MAX_ROWS = 32
+
+
+def is_streaming_grid(device: torch.device, num_ctas: int, num_splits: int, *, block_m: int | None = None) -> bool:
+    """Whether an unsplit grid of ``num_ctas`` programs (of ``block_m``-row query tiles, at most
+    STREAMING_MAX_ROWS; None: a decode grid) runs ``launch_config(streaming=True)``."""
+    return (device.type == "cuda" and num_splits == 1 and (block_m is None or block_m <= STREAMING_MAX_ROWS)
+            and num_ctas >= STREAM_PROGRAMS_PER_SM * _sm_count(device))
 
 
 def max_block_m(device: torch.device) -> int:

@@ -39,7 +39,6 @@ from specdec.attention.triton_kernels.common import (
     store_rows,
 )
 from specdec.attention.triton_kernels.decode import check_qkv
-from specdec.attention.triton_kernels.extend import STREAMING_MAX_ROWS
 from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
@@ -158,7 +157,7 @@ def draft_decode_attention(
                                 num_splits=num_splits)
     # NOTE: as the verify's. Measured on an H100 with a copy of this kernel (8B head, context 1 k, bs 64,
     # 2 branches; 128 x 4 warps -> 64 x 2 warps): 103.4 -> 97.7 µs over a bf16 cache, 66.6 -> 61.5 over FP8
-    if block_m <= STREAMING_MAX_ROWS and is_streaming_grid(q.device, bs * hkv * m_blocks, splits):
+    if is_streaming_grid(q.device, bs * hkv * m_blocks, splits, block_m=block_m):
         cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)

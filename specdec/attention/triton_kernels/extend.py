@@ -51,14 +51,6 @@ from specdec.kernels.common import check_tensor
 
 # new-token blocks of up to this many entries run in tiles of this width (tl.dot's least)
 NARROW_NEW_BLOCK = 16
-# an unsplit grid of STREAM_PROGRAMS_PER_SM programs an SM or more, of tiles of at most this many
-# (query row, head) rows, streams its KV through the decode kernel's small tiles (64 entries, 2 warps,
-# 3 stages). Measured on an H100 (Llama-3-8B heads, bf16, one layer, CUDA-graph replay, µs; 128 x 4
-# warps -> 64 x 2 warps): the chain's verify (4 nodes, 16 rows) at context 1 k, bs 64 100.3 -> 98.4,
-# bs 128 195.2 -> 192.1; at 4 k, bs 64 368.0 -> 365.4; 5x4x8's (8 nodes, 32 rows) at bs 64 104.8 ->
-# 101.8; bs 32 (two programs an SM) 52.6 -> 57.5, so it keeps the default
-# (benchmarks/results/2026-11-26-h100-adaptive/0272f8e/verify-streaming/)
-STREAMING_MAX_ROWS = 32
 
 
 def new_block_n(max_q_len: int, block_n: int) -> int:
@@ -203,7 +195,7 @@ def extend_attention(
                                               device=q.device, tile=cfg.block_n, block_m=block_m,
                                               num_splits=num_splits, new_split=new_split)
     splits += int(new_split)
-    if block_m <= STREAMING_MAX_ROWS and is_streaming_grid(q.device, num_seqs * hkv * m_blocks, splits):
+    if is_streaming_grid(q.device, num_seqs * hkv * m_blocks, splits, block_m=block_m):
         cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)

@@ -2,7 +2,7 @@
 
 The draft loop reads the head's weights once per draft forward (0.75 GB for an 8B EAGLE-3 head, the
 same again for the draft extend); with FP8 copies its GEMMs read half those bytes on a GPU: up to 16
-tokens with 16-bit activations (W8A16), past that where it pays with FP8 activations on FP8 tensor
+tokens with 16-bit activations (W8A16), past that with FP8 activations on FP8 tensor
 cores (W8A8; ``specdec.models.ops.gemv``). Speculation stays lossless whatever the head proposes;
 what FP8 costs is acceptance, measured before this was written: 3.905 -> 3.888 tokens a step for
 the SmolLM2 EAGLE-3 head on MT-bench at 6x8x32 with W8A16 throughout, 3.872 with W8A8 throughout

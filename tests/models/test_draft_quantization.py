@@ -81,7 +81,6 @@ def test_engine_with_fp8_draft_is_lossless(algorithm, monkeypatch):
     ref, ref_w8a8 = gemv.linear_fp8_ref, gemv.linear_w8a8_ref
     monkeypatch.setattr(gemv, "linear_fp8_ref", lambda *a: calls.append(a[1].shape) or ref(*a))
     monkeypatch.setattr(gemv, "linear_w8a8_ref", lambda *a: w8a8.append(a[0].shape[0]) or ref_w8a8(*a))
-    monkeypatch.setattr(gemv, "W8A8_NARROW_MIN_TOKENS", gemv.FP8_MAX_TOKENS + 1)  # the tiny head's weights: W8A8 too
     target, draft = make_pair(algorithm, "mixed")
     prompts = prompts_of([7, 13, 3], target.config.vocab_size)
     params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
@@ -119,7 +118,6 @@ def test_gpu_fp8_draft_is_lossless(algorithm, shape, monkeypatch):
     monkeypatch.setattr(kernels, "gemv", lambda *a, scale=None, **kw: launches.append(scale is not None) or
                         launch(*a, scale=scale, **kw))
     monkeypatch.setattr(kernels, "quantize_rows_fp8", lambda x: w8a8.append(x.shape[0]) or quantize(x))
-    monkeypatch.setattr(gemv, "W8A8_NARROW_MIN_TOKENS", gemv.FP8_MAX_TOKENS + 1)  # the tiny head's weights: W8A8 too
     target, draft = make_pair(algorithm, "mixed", dtype=torch.bfloat16)
     target, draft = target.to("cuda"), draft.to("cuda")
     prompts = prompts_of([1, 9, 4, 23, 2, 15, 6], target.config.vocab_size)

@@ -25,14 +25,14 @@ carry an FP8 copy of itself (e4m3, one fp32 scale per row). ``linear`` then read
                      (half the weight bytes; its own tiling, ``_fp8_config``); ``linear_fp8_ref``
                      on CPU. Past 16 tokens the widening cost more than the bytes saved (H100: the
                      6x8x32 step at bs 4 11.73 ms against 11.61 with the 16-bit weights)
-  more tokens        W8A8 where it pays (``_w8a8_pays``): x quantized per token too (the Triton
-                     ``quantize_rows_fp8``: e4m3 and one scale a row), then the FP8 tensor-core GEMM
-                     with both scales in its epilogue (``torch._scaled_mm``, row-wise scales, fp32
-                     accumulation: Hopper's fast FP8 accumulation saved at most 8 µs a head forward
-                     and its errors were 1.3-1.6x the bf16 rounding's, growing with K);
-                     ``linear_w8a8_ref`` on CPU. Elsewhere, on a GPU
-                     without FP8 tensor cores (before sm89) and for fp16 models (the row-wise GEMM
-                     writes bf16 only), the 16-bit weight (on CPU too, so both compute alike)
+  more tokens        W8A8: x quantized per token too (the Triton ``quantize_rows_fp8``: e4m3 and one
+                     scale a row), then an FP8 tensor-core GEMM with both scales in its epilogue and
+                     fp32 accumulation (Hopper's fast FP8 accumulation saved at most 8 µs a head
+                     forward and its errors were 1.3-1.6x the bf16 rounding's, growing with K): the
+                     split-K Triton GEMM (``w8a8_kernels``) where its table has a tiling
+                     (``_w8a8_config``), else ``torch._scaled_mm`` with row-wise scales;
+                     ``linear_w8a8_ref`` on CPU. On a GPU without FP8 tensor cores (before sm89)
+                     and for fp16 models (the GEMMs write bf16 only), the 16-bit weight
 
 Measured and rejected (see the results README): fusing the RMSNorm or SiLU-and-mul into the GEMM
 as a prologue. Every program must recompute the prologue from the whole input row, so the input is
@@ -61,7 +61,6 @@ MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's
 WIDE_MAX_TOKENS = 64
 WIDE_N = 6144
 FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save: W8A8 (see the docstring)
-W8A8_NARROW_MIN_TOKENS = 128  # W8A8 for weights of N < WIDE_N rows from this many tokens (``_w8a8_pays``)
 _enabled = True
 
 
@@ -196,7 +195,7 @@ def linear(
     if fp8 is not None and torch.is_grad_enabled() and weight.requires_grad:
         fp8 = None  # NOTE: autograd differentiates the 16-bit weight, not its copy
     if fp8 is not None and x.dim() == 2 and x.shape[0] > FP8_MAX_TOKENS:
-        out = _linear_w8a8(x, *fp8, bias) if _w8a8_pays(x.shape[0], weight.shape[0]) else None
+        out = _linear_w8a8(x, *fp8, bias)
         if out is not None:
             return out if out_dtype is None else out.to(out_dtype)
         fp8 = None  # NOTE: the 16-bit weight
@@ -231,37 +230,66 @@ def linear_fp8_ref(
     return F.linear(x, dequantized, bias)
 
 
-def _w8a8_pays(m: int, n: int) -> bool:
-    """Whether W8A8 beats the 16-bit weight for ``m`` > FP8_MAX_TOKENS tokens against an [n, K]
-    weight. H100, µs a call, 16-bit (the Triton table or cuBLAS) -> W8A8 with its quantization, an
-    8B EAGLE-3 head (benchmarks/results/2026-11-26-h100-draft-w8a8, call 1, ``w8a8_exact``):
-      N >= WIDE_N   17-32 tokens: gate_up 28672x4096 80-82 -> 52-55, lm_head 32000x4096 89-90 ->
-                    55-56, qkv 6144x8192 38.5-38.7 -> 36.8-38.8; 256 tokens: 101 -> 69, 110 -> 71,
-                    43 -> 33
-      N < WIDE_N    o 4096x4096, down 4096x14336, fc 4096x12288: 17-32 tokens 14, 43, 38.5 -> 18, 48-51,
-                    42-45 (the quantization and the FP8 GEMM's fixed cost); 64: 14.9, 47.2, 42.1 ->
-                    17.2, 45.7, 40.1; 128: 15.3, 53.0, 39.9 -> 17.0, 43.9, 38.9; 256: 19.6, 57.1, 52.4
-                    -> 17.3, 47.0, 42.9
-    """
-    return n >= WIDE_N or m >= W8A8_NARROW_MIN_TOKENS
-
-
 def _linear_w8a8(
     x: torch.Tensor,  # [T, K]
     weight_fp8: torch.Tensor,  # [N, K] float8_e4m3fn
     scale: torch.Tensor,  # [N] fp32
     bias: torch.Tensor | None,  # [N]
 ) -> torch.Tensor | None:  # [T, N], x's dtype; None where no FP8 GEMM applies
-    """W8A8 (module docstring): ``linear_w8a8_ref`` on CPU, the Triton quantization and
-    ``torch._scaled_mm`` on a GPU with FP8 tensor cores."""
+    """W8A8 (module docstring): ``linear_w8a8_ref`` on CPU, the Triton quantization and an FP8
+    GEMM on a GPU with FP8 tensor cores."""
     if x.device.type == "cpu":
         return linear_w8a8_ref(x, weight_fp8, scale, bias)
     if not _w8a8_applies(x, weight_fp8, bias):
         return None
+    return _w8a8_product(x, weight_fp8, scale, bias)
+
+
+def _w8a8_product(x: torch.Tensor, weight_fp8: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """x quantized per token, then the Triton GEMM where its table has a tiling, else
+    ``torch._scaled_mm`` (GPU only)."""
     xq, x_scale = _kernels().quantize_rows_fp8(x if x.stride(1) == 1 else x.contiguous())
+    config = _w8a8_config(_bucket(x.shape[0]), *weight_fp8.shape)
+    if config is not None:
+        return _w8a8_kernels().w8a8_gemm(xq, x_scale, weight_fp8, scale, bias, config)
     # NOTE: _scaled_mm wants the second operand column-major: the [N, K] copy transposed is
     return torch._scaled_mm(xq, weight_fp8.t(), scale_a=x_scale[:, None], scale_b=scale[None, :], bias=bias,
                             out_dtype=torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _w8a8_config(m: int, n: int, k: int):
+    """The split-K Triton W8A8 GEMM's tiling for ``m`` tokens (a bucket) against an FP8 [n, k]
+    weight, or None for ``torch._scaled_mm``.
+
+    H100, µs a call of the GEMM alone (the quantization, 3-7 µs, is the same for both), an 8B
+    EAGLE-3 head, ``torch._scaled_mm`` -> this table's tiling (2026-11-27-h100-w8a8-gemm,
+    ``w8a8_tune.json``; floors: the FP8 bytes at 2.93 TB/s):
+      <= 64 tokens  64 tokens x 64 rows a tile, K split in 2: qkv 6144x8192 31.8 -> 24.6 (32 tokens),
+                    26.3 -> 25.0 (64); o 4096x4096 14.1 -> 10.8, 15.3 -> 10.9; down 4096x14336 38.8 ->
+                    30.1, 37.6 -> 30.4; fc 4096x12288 33.8 -> 26.2, 32.2 -> 26.5 (floors 16.9, 5.6,
+                    19.7, 16.9). N >= 16384: 64 x 128, unsplit: gate_up 28672x4096 48.8 -> 46.6, 48.2
+                    -> 47.8; lm_head 32000x4096 51.8 -> 50.1, 53.3 -> 51.7 (floors 39.4, 44.0)
+      <= 128        N = 4096 only: o 13.7 -> 12.1 (64 x 64, unsplit); down 37.0 -> 34.0, fc 32.1 ->
+                    30.1 (128 x 64, 8 warps, K split in 2). cuBLAS is as fast or faster on the wide
+                    weights here (qkv 25.8 against 27.8, gate_up 49.4 against 50.8)
+      more          cuBLAS: at 256 tokens it reuses each weight tile across two token tiles better
+                    (down 37.5 against 41.8, gate_up 63.8 against 80.8)
+    """
+    cfg = _w8a8_kernels().W8A8Config
+    if m <= 64:
+        return cfg(64, 128, 128, split_k=1) if n >= 16384 else cfg(64, 64, 128, split_k=2)
+    if m <= 128 and n < WIDE_N:
+        return cfg(64, 64, 128, split_k=1) if k < 8192 else cfg(128, 64, 128, split_k=2, num_warps=8)
+    return None
+
+
+@functools.cache
+def _w8a8_kernels():
+    from specdec.models.ops import w8a8_kernels  # NOTE: imports triton
+
+    return w8a8_kernels
 
 
 def _w8a8_applies(x: torch.Tensor, weight_fp8: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -21,7 +21,7 @@ FP8 weights (``HAS_SCALE``): W in float8 e4m3 with one fp32 scale per row. Each 
 to x's dtype (exactly: every e4m3 value is a bf16 / fp16 value) before the inner product, and the
 row's scale multiplies the fp32 result: ``out = (x @ W_fp8^T) * scale (+ bias)``.
 
-FP8 activations (``quantize_rows_fp8``, for the FP8 tensor-core GEMM ``torch._scaled_mm`` that
+FP8 activations (``quantize_rows_fp8``, for the FP8 tensor-core GEMMs (``w8a8_kernels``, ``torch._scaled_mm``) that
 ``specdec.models.ops.gemv`` runs past FP8_MAX_TOKENS): one program per row of x takes the row's
 largest magnitude, ``scale = max|x| * fp32(1/448)`` (at least the smallest normal fp32), and
 stores ``e4m3(x / scale)`` and the scale, exactly as ``gemv.quantize_rows_fp8_ref`` computes them

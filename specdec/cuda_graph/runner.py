@@ -9,6 +9,10 @@ buffer per input (the largest size's buffer; smaller sizes use its first rows). 
     static buffer rows   [ r0 r1 r2 r3 r4 | p p p ]     real inputs, then each input's pad value
     outputs              [ o0 o1 o2 o3 o4 | x x x ]     the first 5 * rows_per_request are returned
 
+An input is passed as a tensor, copied into its buffer's first rows, or as a writer: a function
+that fills those rows itself (``writer(rows_view)``, e.g. an ``index_select(..., out=rows_view)``),
+which saves the copy of an intermediate tensor.
+
 Pad values must make the padding requests harmless (e.g. a KV slot reserved for padding, a
 prefix length of 0). ``prepare(padded_bs, views, host)``, when given, runs on the host after the
 inputs are in place and before each replay (and before each size's capture, with ``host=None``):
@@ -141,7 +145,9 @@ class CudaGraphRunner:
         self.memory_bytes = 0
 
     # ----------------------------------------------------------------- replay
-    def __call__(self, bs: int, *, host: object = None, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(self, bs: int, *, host: object = None,
+                 **inputs: torch.Tensor | Callable[[torch.Tensor], object]) -> tuple[torch.Tensor, ...]:
+        """Replay for ``bs`` requests; each input a tensor or a writer of its rows (module docstring)."""
         padded = self.padded_size(bs)
         self.num_calls += 1
         if set(inputs) != set(self.buffers):
@@ -149,10 +155,13 @@ class CudaGraphRunner:
         for name, value in inputs.items():
             spec, buf = self.inputs[name], self.buffers[name]
             rows = bs * spec.rows_per_request
-            if value.shape[0] != rows or tuple(value.shape[1:]) != spec.trailing:
+            if callable(value):
+                value(buf[:rows])
+            elif value.shape[0] != rows or tuple(value.shape[1:]) != spec.trailing:
                 raise ValueError(f"{self.name}: input {name} has shape {tuple(value.shape)}, expected "
                                  f"({rows}, {', '.join(map(str, spec.trailing))})")
-            buf[:rows].copy_(value)
+            else:
+                buf[:rows].copy_(value)
             stale = self._filled_rows[name]
             if stale > rows:  # rows a larger batch filled before are padding now
                 buf[rows:stale].fill_(spec.pad_value)

@@ -1,9 +1,14 @@
 """The draft head's two CUDA graphs, on the generic ``specdec.cuda_graph.CudaGraphRunner``.
 
-* ``EAGLEDraftCudaGraphRunner``: the whole multi-step draft of a decode step (S - 1 draft
-  forwards, top-k selection, ancestor-slot bookkeeping, ``organize_draft_results``) as one graph.
+* ``EAGLEDraftCudaGraphRunner``: the whole multi-step draft of a decode step (the requests' root
+  expansions read from the ``DraftState``, S - 1 draft forwards, top-k selection, ancestor-slot
+  bookkeeping, ``organize_draft_results``) as one graph.
 * ``EAGLEDraftExtendCudaGraphRunner``: the draft extend after verification, over S + 1 tokens per
-  request: the committed ones, then padding whose K/V goes to the draft's padding slot.
+  request: the committed ones, then padding whose K/V goes to the draft's padding slot; the new
+  root expansions are stored into the ``DraftState`` inside the graph (padding requests: its pad row).
+
+Reading and writing the state inside the graphs spares the eager gathers, scatters and input copies
+between them (about ten small kernels a decode step).
 
 Padding requests have prefix 0 and write only the padding slot or scratch slots of rows past
 the real batch (the scratch area is sized for the largest captured batch). With a backend that
@@ -18,6 +23,7 @@ import torch
 from specdec.attention.base import StaticPlan
 from specdec.cuda_graph import CudaGraphRunner, StaticInput, padded_lengths
 from specdec.eagle.draft import DraftRunner
+from specdec.eagle.state import DraftState
 from specdec.forward import ForwardMode
 
 
@@ -25,10 +31,9 @@ class EAGLEDraftCudaGraphRunner:
     def __init__(
         self,
         draft: DraftRunner,
+        state: DraftState,
         *,
         batch_sizes: list[int],
-        hidden_size: int,
-        hidden_dtype: torch.dtype,
         max_seq_len: int,
         device: torch.device,
         use_graphs: bool = True,
@@ -45,16 +50,14 @@ class EAGLEDraftCudaGraphRunner:
                 backend.plan_static(StaticPlan(ForwardMode.DECODE, branches, q_len=1, own=step + 1,
                                                max_seq_len=max_seq_len, device=device))
 
-        def expand(root_topk_p, root_topk_index, root_hidden, req_pool_indices, seq_lens):
-            return draft.expand(root_topk_p, root_topk_index, root_hidden, req_pool_indices=req_pool_indices,
+        def expand(req_pool_indices, seq_lens):
+            topk_p, topk_index, hidden = state.load(req_pool_indices)  # padding requests read row 0
+            return draft.expand(topk_p[:, :k], topk_index[:, :k], hidden, req_pool_indices=req_pool_indices,
                                 seq_lens=seq_lens, static_max_seq_len=max_seq_len)
 
         self.runner = CudaGraphRunner(
             expand,
             [
-                StaticInput("root_topk_p", 1, torch.float32, (k,)),
-                StaticInput("root_topk_index", 1, torch.int64, (k,)),
-                StaticInput("root_hidden", 1, hidden_dtype, (hidden_size,)),
                 StaticInput("req_pool_indices", 1, torch.int64),
                 StaticInput("seq_lens", 1, torch.int64),
             ],
@@ -69,17 +72,17 @@ class EAGLEDraftCudaGraphRunner:
     def can_run(self, bs: int, seq_lens_cpu: list[int] | None = None) -> bool:
         return self.runner.can_run(bs) and (seq_lens_cpu is not None or not self.needs_host_lengths)
 
-    def __call__(self, root_topk_p, root_topk_index, root_hidden, *, req_pool_indices, seq_lens,
-                 seq_lens_cpu: list[int] | None = None):
+    def __call__(self, *, req_pool_indices, seq_lens, seq_lens_cpu: list[int] | None = None):
+        """The draft tree of each request from its stored root expansion: ``DraftRunner.expand``'s lists."""
         bs = int(req_pool_indices.shape[0])
-        return self.runner(bs, host=seq_lens_cpu, root_topk_p=root_topk_p, root_topk_index=root_topk_index, root_hidden=root_hidden,
-                           req_pool_indices=req_pool_indices, seq_lens=seq_lens)
+        return self.runner(bs, host=seq_lens_cpu, req_pool_indices=req_pool_indices, seq_lens=seq_lens)
 
 
 class EAGLEDraftExtendCudaGraphRunner:
     def __init__(
         self,
         draft: DraftRunner,
+        state: DraftState,
         *,
         batch_sizes: list[int],
         num_tokens_per_req: int,
@@ -99,12 +102,15 @@ class EAGLEDraftExtendCudaGraphRunner:
             backend.plan_static(StaticPlan(ForwardMode.DRAFT_EXTEND, padded_lengths(seq_lens_cpu, padded), q_len=t, own=t,
                                            max_seq_len=max_seq_len, device=device))
 
-        def extend(input_ids, features, positions, out_cache_loc, req_pool_indices, seq_lens, num_committed):
+        def extend(input_ids, features, positions, out_cache_loc, req_pool_indices, seq_lens, num_committed,
+                   state_rows):
             bs = req_pool_indices.shape[0]
             output_rows = torch.arange(bs, device=seq_lens.device) * t + num_committed - 1
-            return draft.extend(input_ids=input_ids, features=features, positions=positions,
+            root = draft.extend(input_ids=input_ids, features=features, positions=positions,
                                 out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
                                 extend_lens_cpu=[t] * bs, output_rows=output_rows, static_max_seq_len=max_seq_len)
+            state.store(state_rows, *root)
+            return root
 
         self.runner = CudaGraphRunner(
             extend,
@@ -116,6 +122,7 @@ class EAGLEDraftExtendCudaGraphRunner:
                 StaticInput("req_pool_indices", 1, torch.int64),
                 StaticInput("seq_lens", 1, torch.int64),
                 StaticInput("num_committed", 1, torch.int64, pad_value=1),
+                StaticInput("state_rows", 1, torch.int64, pad_value=state.pad_row),
             ],
             batch_sizes, device=device, use_graphs=use_graphs, pool=pool, name="draft extend",
             prepare=plan if self.needs_host_lengths else None,
@@ -129,6 +136,8 @@ class EAGLEDraftExtendCudaGraphRunner:
         return self.runner.can_run(bs) and (seq_lens_cpu is not None or not self.needs_host_lengths)
 
     def __call__(self, *, seq_lens_cpu: list[int] | None = None,
-                 **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 **inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft extend, the root expansions stored (``state_rows``: the requests' state rows);
+        returns them too. Inputs are tensors or writers of their rows (``CudaGraphRunner``)."""
         bs = int(inputs["req_pool_indices"].shape[0])
         return self.runner(bs, host=seq_lens_cpu, **inputs)

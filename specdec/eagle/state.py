@@ -20,11 +20,14 @@ from specdec.host import KVMemory
 
 class DraftState:
     def __init__(self, *, max_reqs: int, topk: int, hidden_size: int, dtype: torch.dtype, device) -> None:
-        # [max_reqs, topk] probabilities and target-vocab ids of the root's children
-        self.topk_p = torch.zeros(max_reqs, topk, dtype=torch.float32, device=device)
-        self.topk_index = torch.zeros(max_reqs, topk, dtype=torch.int64, device=device)
-        # [max_reqs, hidden] draft hidden state of the last committed token
-        self.hidden = torch.zeros(max_reqs, hidden_size, dtype=dtype, device=device)
+        # one row per request-pool row, then ``pad_row``: the padding requests of a captured draft
+        # extend store their (meaningless) root expansion there
+        self.pad_row = max_reqs
+        # [max_reqs + 1, topk] probabilities and target-vocab ids of the root's children
+        self.topk_p = torch.zeros(max_reqs + 1, topk, dtype=torch.float32, device=device)
+        self.topk_index = torch.zeros(max_reqs + 1, topk, dtype=torch.int64, device=device)
+        # [max_reqs + 1, hidden] draft hidden state of the last committed token
+        self.hidden = torch.zeros(max_reqs + 1, hidden_size, dtype=dtype, device=device)
 
     def store(
         self,

@@ -113,6 +113,8 @@ class EAGLEWorker:
             replay_seed=self.simulate_seed,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
+        self.extend_offsets = torch.arange(config.num_steps + 1, device=self.device)  # [S + 1] a draft extend's positions
+        self.pad_slot_value = torch.tensor(self.pad_slot, device=self.device)  # [] (torch.where(out=) takes tensors)
         self._simulate_cdf: torch.Tensor | None = None  # [S + 1, P, K] benchmark only
         self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
         self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None
@@ -139,11 +141,10 @@ class EAGLEWorker:
         if max(batch_sizes) > self.max_batch_size:
             raise ValueError(f"--cuda-graph-max-bs={max(batch_sizes)} exceeds max_running_requests={self.max_batch_size}")
         common = dict(max_seq_len=max_seq_len, device=self.device, use_graphs=use_graphs, pool=pool)
-        self.draft_graph = EAGLEDraftCudaGraphRunner(
-            self.draft, hidden_size=self.state.hidden.shape[1], hidden_dtype=self.state.hidden.dtype,
-            batch_sizes=draft_batch_sizes or batch_sizes, **common)
+        self.draft_graph = EAGLEDraftCudaGraphRunner(self.draft, self.state,
+                                                     batch_sizes=draft_batch_sizes or batch_sizes, **common)
         self.draft_extend_graph = EAGLEDraftExtendCudaGraphRunner(
-            self.draft, num_tokens_per_req=self.config.num_steps + 1, feature_size=target_features,
+            self.draft, self.state, num_tokens_per_req=self.config.num_steps + 1, feature_size=target_features,
             feature_dtype=target_dtype, pad_slot=self.pad_slot, batch_sizes=batch_sizes, **common)
         return self.draft_graph.capture() + self.draft_extend_graph.capture()
 
@@ -327,15 +328,13 @@ class EAGLEWorker:
         return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
 
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        topk_p, topk_index, hidden = self.state.load(req_pool_indices)
-        k = self.config.topk
-        root = (topk_p[:, :k], topk_index[:, :k], hidden)  # the state keeps the widest shape's topk
         bs = int(req_pool_indices.shape[0])
-        if self.draft_graph is not None and self.draft_graph.can_run(bs, seq_lens_cpu):
-            return self.draft_graph(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
-                                    seq_lens_cpu=seq_lens_cpu)
-        return self.draft.expand(*root, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
-                                 seq_lens_cpu=seq_lens_cpu)
+        if self.draft_graph is not None and self.draft_graph.can_run(bs, seq_lens_cpu):  # reads the state itself
+            return self.draft_graph(req_pool_indices=req_pool_indices, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
+        topk_p, topk_index, hidden = self.state.load(req_pool_indices)
+        k = self.config.topk  # the state keeps the widest shape's topk
+        return self.draft.expand(topk_p[:, :k], topk_index[:, :k], hidden, req_pool_indices=req_pool_indices,
+                                 seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
 
     def _target_verify(self, req_pool_indices, seq_lens, seq_lens_cpu, tree: BuiltTree, tree_slots):
         bs, n = int(req_pool_indices.shape[0]), self.config.num_draft_tokens
@@ -426,27 +425,31 @@ class EAGLEWorker:
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
                                 nodes, tokens, features, slots, committed) -> None:
         """Draft extend over S + 1 tokens per request: the committed ones (accept_length + 1, [bs]),
-        then padding; replays the draft-extend graph where one is captured for the batch."""
+        then padding; replays the draft-extend graph where one is captured for the batch, whose
+        inputs are computed straight into its buffers and which stores the new root expansions."""
         bs, width = tokens.shape
         device = tokens.device
-        inputs = dict(
-            input_ids=tokens.flatten(),
-            features=features[nodes.flatten()],
-            positions=(seq_lens[:, None] + torch.arange(width, device=device)).flatten(),
-            out_cache_loc=torch.where(committed, slots, self.pad_slot).flatten(),
-            req_pool_indices=req_pool_indices,
-            seq_lens=seq_lens,
-            num_committed=accept_length + 1,
-        )
+        offsets = self.extend_offsets  # [width]
         if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs, seq_lens_cpu):
-            topk_p, topk_index, hidden = self.draft_extend_graph(seq_lens_cpu=seq_lens_cpu, **inputs)
-        else:
-            topk_p, topk_index, hidden = self.draft.extend(
-                input_ids=inputs["input_ids"], features=inputs["features"], positions=inputs["positions"],
-                out_cache_loc=inputs["out_cache_loc"], req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
-                extend_lens_cpu=[width] * bs, prefix_lens_cpu=seq_lens_cpu,
-                output_rows=torch.arange(bs, device=device) * width + accept_length,
+            self.draft_extend_graph(
+                seq_lens_cpu=seq_lens_cpu,
+                input_ids=tokens.flatten(),
+                features=lambda rows: torch.index_select(features, 0, nodes.flatten(), out=rows),
+                positions=lambda rows: torch.add(seq_lens[:, None], offsets, out=rows.view(bs, width)),
+                out_cache_loc=lambda rows: torch.where(committed, slots, self.pad_slot_value, out=rows.view(bs, width)),
+                req_pool_indices=req_pool_indices,
+                seq_lens=seq_lens,
+                num_committed=lambda rows: torch.add(accept_length, 1, out=rows),
+                state_rows=req_pool_indices,
             )
+            return
+        topk_p, topk_index, hidden = self.draft.extend(
+            input_ids=tokens.flatten(), features=features[nodes.flatten()],
+            positions=(seq_lens[:, None] + offsets).flatten(),
+            out_cache_loc=torch.where(committed, slots, self.pad_slot).flatten(), req_pool_indices=req_pool_indices,
+            prefix_lens=seq_lens, extend_lens_cpu=[width] * bs, prefix_lens_cpu=seq_lens_cpu,
+            output_rows=torch.arange(bs, device=device) * width + accept_length,
+        )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
 
     def _draft_extend(

@@ -47,6 +47,20 @@ def test_a_smaller_batch_refills_padding_left_by_a_larger_one():
     assert torch.equal(seen_rows[5:], torch.full((3,), 7))
 
 
+def test_a_writer_fills_its_rows_and_padding_stays():
+    """An input given as a writer fills the real rows of its buffer itself (here from a gather);
+    the rows past them keep the pad value, also after a larger batch wrote there."""
+    seen = []
+    runner = _runner(seen)
+    source = torch.arange(60, dtype=torch.float32).view(20, 3)
+    picks = torch.tensor([4, 0, 19, 7, 7, 3, 11, 2, 5, 6])
+    runner(7, x=torch.ones(14, 3), rows=torch.arange(7))
+    doubled, _ = runner(5, x=lambda rows: torch.index_select(source, 0, picks, out=rows), rows=torch.arange(5))
+    assert torch.equal(doubled, source[picks] * 2)
+    seen_x, _ = seen[-1]
+    assert torch.equal(seen_x[:10], source[picks]) and torch.equal(seen_x[10:], torch.full((6, 3), -1.0))
+
+
 def test_rejects_wrong_inputs_and_sizes():
     runner = _runner([])
     assert runner.can_run(8) and not runner.can_run(9) and not runner.can_run(0)

@@ -1,5 +1,5 @@
 """Triton W8A8 GEMM behind ``specdec.models.ops.gemv``: ``out = (xq @ Wq^T) * x_scale * w_scale
-(+ bias)`` on the FP8 tensor cores, for the few tokens of a draft forward (17-256).
+(+ bias)`` on the FP8 tensor cores, for the few tokens of a draft forward (17-128: ``gemv._w8a8_config``).
 
 Both operands are e4m3 with one fp32 scale per row (x per token from ``quantize_rows_fp8``, W per
 output row from ``attach_fp8_copy_``), the product is summed in fp32 and both scales (then the bias)
@@ -18,14 +18,19 @@ GPU; the partial sums meet without atomics on the data and without a second kern
                     applies the scales and bias, stores bf16 and resets the tile's counter to 0
 
 so the counters are zero between calls and a CUDA graph replays the kernel as it is. NOTE: the
-counters (one set per device) and the workspace are shared by every launch on a device: launches
-must not run concurrently on several streams of one device (the engine runs its forwards on one).
+counters (one set per device) are shared by every launch on a device: launches must not run
+concurrently on several streams of one device (the engine runs its forwards on one; with PDL a
+launch waits for the previous kernel to finish before it takes a ticket).
 
 The grid runs the token tiles of one weight tile next to each other (program id 0), so a weight
-tile read by two token tiles comes from L2 the second time. ``max_num_imprecise_acc``: Hopper's FP8
-MMA accumulates in reduced precision unless the compiler promotes the sum to fp32 every so many
-products (``PROMOTE_EVERY``, a multiple of the MMA's K of 32; the module's choice is measured in
-``benchmarks/bench_draft_gemm.py``).
+tile read by two token tiles can come from L2 the second time. ``max_num_imprecise_acc``: Hopper's
+FP8 MMA accumulates in reduced precision unless the compiler promotes the sum to fp32 every so many
+products (``promote_every``, 128: once a K chunk). On the H100 the promotion cost 2-45 % of a call
+and kept an output row's error at 0.07 % of the exact product, against 0.24-0.37 % without it
+(benchmarks/results/2026-11-27-h100-w8a8-gemm): the head's acceptance was measured with exact sums.
+
+The loop has constant bounds and advances its pointers a chunk at a time: a first version bounded
+by a runtime split length, with 64-bit token offsets, ran 2-10x slower (same results folder).
 
 On CPU (TRITON_INTERPRET=1, tests) the operands are widened to fp32 for ``tl.dot``; the kernel
 logic, the split and the tickets run as on the GPU.
@@ -42,7 +47,7 @@ import triton.language as tl
 
 from specdec.models.ops.launch import pdl_kwargs
 
-# a tile's ticket counter per (token tile, weight tile): enough for 512 tokens x 64k rows at 128 x 64
+# a ticket counter per (token tile, weight tile): 512 tokens x 64k weight rows in 64 x 64 tiles
 MAX_TILES = 8192
 
 

@@ -12,7 +12,9 @@ both scales and the bias applied (what ``gemv.linear_w8a8_ref`` rounds once to b
     |out - ref| <= eps * |ref|  +  (K + 3) * 2^-24 * (|x_q| @ |W_q|^T, scaled)
 
 eps = bf16's machine epsilon (one rounding; the interpreter truncates, a whole ulp); the second
-term bounds fp32 sums over K in any order and the scalings. A split's partial sum lost or counted
+term bounds fp32 sums over K in any order and the scalings (on the GPU the FP8 MMA sums each
+chunk of 128 products in its own precision before the promotion to fp32; the H100 stays inside
+the bound at every shape tested). A split's partial sum lost or counted
 twice, a wrong scale or an unwritten tile is off by O(|ref|).
 """
 

@@ -61,7 +61,7 @@ class W8A8Config:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    promote_every: int = 128  # K products between promotions of the MMA's sum to fp32 (sm90)
+    promote_every: int = 128  # K products between promotions of the MMA's sum to fp32 (sm90); 0: never
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -93,8 +93,10 @@ def _w8a8_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, ticke
             k_mask = offs_k + k0 < K
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-        if COMPILED:
+        if COMPILED and PROMOTE_EVERY > 0:
             acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=PROMOTE_EVERY)
+        elif COMPILED:  # the MMA's own accumulation (Hopper: reduced precision)
+            acc = tl.dot(x, tl.trans(w), acc)
         else:  # NOTE: the interpreter has no FP8 arithmetic: the same values in fp32
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         x_ptrs += BLOCK_K
@@ -168,8 +170,9 @@ def w8a8_gemm(
         xq, x_scale, weight_fp8, w_scale, bias if bias is not None else out, out, partials, tickets, m, n, k,
         out.stride(0), HAS_BIAS=bias is not None, SPLIT_K=config.split_k, K_PER_SPLIT=k_per_split,
         EVEN_K=k % config.block_k == 0 and k_per_split * config.split_k == k, COMPILED=not INTERPRETED,
-        PROMOTE_EVERY=min(config.promote_every, config.block_k), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_kwargs(xq.device))
+        PROMOTE_EVERY=min(config.promote_every, config.block_k),  # NOTE: at most a chunk (a dot's K)
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        num_stages=config.num_stages, **pdl_kwargs(xq.device))
     return out
 
 

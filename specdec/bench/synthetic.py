@@ -125,10 +125,7 @@ class SyntheticSettings:
         self.profiled_batch_sizes()  # NOTE: validates --profile-batch-sizes
 
     def swept_batch_sizes(self) -> list[int]:
-        try:
-            sizes = sorted({int(b) for b in self.batch_sizes.split(",")})
-        except ValueError:
-            sizes = []
+        sizes = _sizes(self.batch_sizes)
         if not sizes or sizes[0] < 1:
             raise ValueError(f"--batch-sizes {self.batch_sizes!r}: expected comma-separated integers >= 1")
         return sizes
@@ -138,10 +135,7 @@ class SyntheticSettings:
         swept = self.swept_batch_sizes()
         if self.profile_batch_sizes is None:
             return sorted({swept[0], swept[-1]})
-        try:
-            sizes = sorted({int(b) for b in self.profile_batch_sizes.split(",")})
-        except ValueError:
-            sizes = []
+        sizes = _sizes(self.profile_batch_sizes)
         if not sizes or not set(sizes) <= set(swept):
             raise ValueError(f"--profile-batch-sizes {self.profile_batch_sizes!r}: expected comma-separated "
                              f"batch sizes among --batch-sizes {self.batch_sizes}")
@@ -207,6 +201,14 @@ def window_tokens(settings: SyntheticSettings, per_step: int) -> int:
     has committed ``decode_steps`` tokens a request, and a request commits twice that only far in
     the tail of its acceptance (it would then finish, and the batch shrink, before the end)."""
     return 2 * settings.decode_steps + per_step
+
+
+def _sizes(text: str) -> list[int]:
+    """Sorted distinct integers of a comma-separated flag value ([] if one is not an integer)."""
+    try:
+        return sorted({int(b) for b in text.split(",")})
+    except ValueError:
+        return []
 
 
 def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_timed=contextlib.nullcontext) -> dict:

@@ -101,8 +101,8 @@ def _w8a8_kernel(xq_ptr, xs_ptr, wq_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, ticke
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [BLOCK_M, BLOCK_N]
     if SPLIT_K > 1:
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [BLOCK_M, BLOCK_N]
         tile = pid_m * tl.num_programs(1) + pid_n
         tiles = tl.num_programs(0) * tl.num_programs(1)
         # the workspace [SPLIT_K, tiles, BLOCK_M * BLOCK_N] fp32, kept in L2 (.cg: never in an SM's L1)
@@ -146,12 +146,11 @@ def w8a8_gemm(
     w_scale: torch.Tensor,  # [N] fp32
     bias: torch.Tensor | None,  # [N] bf16
     config: W8A8Config,
-    out_dtype: torch.dtype = torch.bfloat16,
-) -> torch.Tensor:  # [M, N]
+) -> torch.Tensor:  # [M, N] bf16
     """Launch (no input checks: ``specdec.models.ops.gemv`` checks and dispatches)."""
     m, k = xq.shape
     n = weight_fp8.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=xq.device)
     if m == 0 or n == 0:
         return out
     grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), config.split_k)

@@ -33,6 +33,7 @@ import torch
 from common import metadata_line, run_metadata
 from specdec.attention import AttentionLayer, KVCache, available_backends, create_attention_backend
 from specdec.bench.device_timing import copy_bandwidth, event_us, graph_us
+from specdec.engine.progress import progress
 from specdec.forward import ForwardBatch, ForwardMode
 
 HQ, HKV, D = 32, 8, 128
@@ -194,13 +195,7 @@ def main() -> None:
     cases = [(ForwardMode.DECODE, bs, ctx, 1) for bs in args.batch_sizes for ctx in args.contexts]
     cases += [(ForwardMode.TARGET_VERIFY, bs, ctx, n)
               for bs in args.batch_sizes for ctx in args.contexts for n in args.tree_sizes if n > 0]
-    try:
-        from tqdm import tqdm
-
-        cases_iter = tqdm(cases, desc="attention")
-    except ImportError:
-        cases_iter = cases
-    rows = [bench_case(*case, backends, args) for case in cases_iter]
+    rows = [bench_case(*case, backends, args) for case in progress(cases, desc="attention", unit="cases")]
     args.output_dir.mkdir(parents=True, exist_ok=True)
     result = {**run_metadata(),
               "copy_bandwidth_bytes_per_s": args.bandwidth, "backends": backends,

@@ -10,16 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
+from specdec.engine import progress
 
 
 def latency_stats_ms(values: list[float]) -> dict | None:
@@ -32,15 +23,10 @@ def latency_stats_ms(values: list[float]) -> dict | None:
             "p99": float(np.percentile(a, 99))}
 
 
-def progress_bar(total: int, desc: str, *, enabled: bool = True):
-    """A context-managed bar of finished requests on stderr (tqdm); a silent stand-in without tqdm."""
-    if enabled:
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return _NoBar()
-        return tqdm(total=total, desc=desc, unit="req", file=sys.stderr, dynamic_ncols=True)
-    return _NoBar()
+def progress_bar(total: int, desc: str, *, enabled: bool = True) -> progress.Progress:
+    """A context-managed count of finished requests on stderr: a tqdm bar on a terminal, a plain line
+    every few seconds in a log (``specdec.engine.progress``), nothing when not ``enabled``."""
+    return progress.progress_bar(total, desc, unit="requests", enabled=enabled)
 
 
 def format_histogram(hist: dict[int, int]) -> list[str]:

@@ -33,9 +33,9 @@ from typing import Sequence
 import torch
 
 from specdec.attention.base import AttentionLayer
+from specdec.engine.progress import progress
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
 from specdec.models.llama import LlamaForCausalLM
-from specdec.train.progress import progress
 
 
 class DenseKVAttention:
@@ -211,7 +211,8 @@ def generate(
     device = target.lm_head_weight.device
     rounds = plan_rounds([len(p) for p in prompts], settings)
     results: list[torch.Tensor] = []
-    for r, rows in enumerate(progress(rounds, desc=f"{desc} T={settings.temperature:g}", total=len(rounds))):
+    desc = f"{desc} T={settings.temperature:g}"
+    for r, rows in enumerate(progress(rounds, desc=desc, total=len(rounds), unit="rounds")):
         gen = torch.Generator(device=device).manual_seed(settings.seed * 1_000_003 + r)
         results.append(generate_round(target, [prompts[i] for i in rows], temperature=settings.temperature,
                                       max_new_tokens=settings.max_new_tokens, generator=gen))

@@ -20,8 +20,8 @@ from typing import Any, Callable
 import torch
 
 from specdec.engine.args import EngineArgs
+from specdec.engine.progress import progress
 from specdec.train.generate import GenerateSettings, generate
-from specdec.train.progress import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ def generate_with_engine(
     params = {"temperature": temperature, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos}
     out: list[list[int]] = []
     starts = range(0, len(prompt_ids), chunk)
-    for start in progress(starts, desc=f"{desc} T={temperature:g}", total=len(starts)):
+    for start in progress(starts, desc=f"{desc} T={temperature:g}", total=len(starts), unit="chunks"):
         batch = prompt_ids[start : start + chunk]
         results = engine.generate(input_ids=batch, sampling_params=[params] * len(batch))
         results = [results] if isinstance(results, dict) else results

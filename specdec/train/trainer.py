@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
+from specdec.engine.progress import progress
 from specdec.models.eagle import EagleDraftModel
 from specdec.models.eagle3 import Eagle3DraftModel
 from specdec.models.llama import LlamaForCausalLM
 from specdec.train.capture import capture, pad_batch
 from specdec.train.losses import LossSettings, StepMetrics, expected_chain_acceptance, ttt_loss
-from specdec.train.progress import progress
 from specdec.train.vocab import DraftVocab
 
 DraftHead = EagleDraftModel | Eagle3DraftModel
@@ -235,7 +235,7 @@ class DraftTrainer:
         epoch_stats = torch.zeros_like(window)
         self._pace_from = self.step + min(5, cfg.probe_steps)
         bar = progress(range(self.step, self.total_steps), desc=f"train {cfg.algorithm}", total=self.total_steps,
-                       initial=self.step)
+                       initial=self.step, unit="steps")
         for step in bar:
             if step >= self.total_steps:  # NOTE: the time budget may shorten the schedule on the way
                 break

@@ -26,6 +26,11 @@ MEMORY = "KV cache and scheduling"
 SPEC = "speculative decoding"
 # --chunked-prefill-size when unset (SGLang's on an 80 GB GPU); -1 turns chunking off
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+# --max-running-requests when unset: on a GPU as many as vLLM's default CUDA-graph capture reaches
+# with its default batch (every one of them replayed as a graph here too); on CPU, where a step
+# costs in proportion to its batch, fewer
+DEFAULT_MAX_RUNNING_REQUESTS = {"cuda": 256, "cpu": 64}
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,11 +43,13 @@ class EngineArgs:
     load_format: str = dataclasses.field(default="auto", metadata=flag(
         "auto: read the weights; dummy: read only the configs of --model-path and the draft head, random "
         "weights of their shapes (benchmarks; SGLang's and vLLM's name)", group=MODEL, choices=["auto", "dummy"]))
-    device: str = dataclasses.field(default="cpu", metadata=flag("cpu or cuda[:N] (default: cpu)", group=MODEL))
+    device: str = dataclasses.field(default=AUTO, metadata=flag(
+        "auto (cuda when a GPU is visible, else cpu), cpu or cuda[:N]", group=MODEL))
     dtype: Any = dataclasses.field(default="auto", metadata=flag(  # a name or a torch.dtype
         "auto, float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group=MODEL, type=str))
-    attention_backend: str = dataclasses.field(default="torch_native", metadata=flag(
-        "attention implementation; available here: {backends}", group=MODEL))
+    attention_backend: str = dataclasses.field(default=AUTO, metadata=flag(
+        "attention implementation: auto (triton on CUDA, so every decode step replays CUDA graphs, unless the "
+        "model has sliding-window layers; torch_native otherwise) or one available here: {backends}", group=MODEL))
     prefill_attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
         "attention for prefill and chunked-prefill forwards (default: --attention-backend), e.g. fa4", group=MODEL))
     decode_attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
@@ -50,8 +57,8 @@ class EngineArgs:
     page_size: int = dataclasses.field(default=1, metadata=flag("KV cache page size in tokens", group=MODEL))
     max_total_tokens: int | None = dataclasses.field(default=None, metadata=flag(
         "KV cache capacity in tokens", group=MODEL))
-    max_running_requests: int = dataclasses.field(default=64, metadata=flag(
-        "requests decoded together", group=MODEL))
+    max_running_requests: int | None = dataclasses.field(default=None, metadata=flag(
+        "requests decoded together (default: 256 on CUDA, 64 on CPU)", group=MODEL))
     context_length: int | None = dataclasses.field(default=None, metadata=flag(
         "longest prompt + output", group=MODEL))
     random_seed: int = dataclasses.field(default=0, metadata=flag("seed of the engine's sampler", group=MODEL))
@@ -59,8 +66,9 @@ class EngineArgs:
         "tensor-parallel ranks: the engine starts tp_size - 1 worker processes (NCCL on CUDA, rank r on "
         "cuda:r; gloo on CPU)", group=MODEL))
     cuda_graph_max_bs: int | None = dataclasses.field(default=None, metadata=flag(
-        "largest decode batch replayed as a CUDA graph (default: min(64, --max-running-requests)); "
-        "larger batches run eagerly", group=MODEL))
+        "largest decode batch replayed as a CUDA graph (default: --max-running-requests, so every batch the "
+        "engine runs replays one); below --max-running-requests it bounds the running batch too: a decode "
+        "batch never runs eagerly", group=MODEL))
     cuda_graph_bs: tuple[int, ...] | None = dataclasses.field(default=None, metadata=flag(
         "the decode batch sizes replayed as CUDA graphs (default: 1-8, then steps of 8 to 64, then of 32, "
         "up to --cuda-graph-max-bs)", group=MODEL, type=int, nargs="+", metavar="BS"))
@@ -136,6 +144,11 @@ class EngineArgs:
         cli=False))
 
     def __post_init__(self) -> None:
+        if self.device == AUTO:
+            object.__setattr__(self, "device", _visible_device())
+        if self.max_running_requests is None:
+            kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
+            object.__setattr__(self, "max_running_requests", DEFAULT_MAX_RUNNING_REQUESTS[kind])
         for name in ("page_size", "max_running_requests", "tp_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}: expected >= 1")
@@ -168,10 +181,19 @@ class EngineArgs:
 
     @property
     def attention(self) -> str:
-        """The attention backend name the engine builds: one, or ``PREFILL:DECODE`` (``specdec.attention.hybrid``)."""
+        """The attention backend name the engine builds: one, or ``PREFILL:DECODE`` (``specdec.attention.hybrid``);
+        ``auto`` where the engine resolves it against the model (``with_attention_resolved``)."""
         prefill = self.prefill_attention_backend or self.attention_backend
         decode = self.decode_attention_backend or self.attention_backend
         return prefill if prefill == decode else f"{prefill}:{decode}"
+
+    def with_attention_resolved(self, *, sliding_window: bool) -> "EngineArgs":
+        """``--attention-backend auto`` made concrete for a model (``sliding_window``: it has
+        sliding-window layers, which only torch_native attends): triton on CUDA where it is
+        installed, torch_native otherwise. Backends named explicitly stay as given."""
+        if self.attention_backend != AUTO:
+            return self
+        return dataclasses.replace(self, attention_backend=_auto_attention(self.device, sliding_window))
 
     @property
     def speculative(self) -> bool:
@@ -181,3 +203,18 @@ class EngineArgs:
         """The same engine decoding plainly: every speculative setting back to its default."""
         return dataclasses.replace(self, **{f.name: f.default for f in dataclasses.fields(self)
                                             if f.name.startswith("speculative_")})
+
+
+def _visible_device() -> str:
+    """``--device auto``: cuda when torch sees a GPU, else cpu (torch imported only here)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _auto_attention(device: str, sliding_window: bool) -> str:
+    if sliding_window or not str(device).startswith("cuda"):
+        return "torch_native"
+    from specdec.attention import available_backends
+
+    return "triton" if "triton" in available_backends() else "torch_native"

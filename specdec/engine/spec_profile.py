@@ -47,8 +47,8 @@ logger = logging.getLogger(__name__)
 # 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows;
 # 6: the slope past LONG_CTX, the draft's bookkeeping kernels, the merge of split partials;
 # 7: the draft step's shared-prefix attention, streaming decode tiles, narrow new-token tiles,
-#    8 steps a timed block)
-PROFILE_FORMAT = 7
+#    8 steps a timed block; 8: past 64 requests only powers of two and each shape's last size measured)
+PROFILE_FORMAT = 8
 BASE_CTX = 64
 LONG_CTX = 1024
 FAR_CTX = 4096
@@ -77,8 +77,8 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
     if saved is not None:
         costs = StepCosts.from_json(json.loads(saved))
         logger.info("adaptive speculation: step costs from %s", path)
-    else:
-        measured = measure_step_costs(engine, batch_sizes)  # every rank takes part: the steps are collective
+    else:  # every rank takes part: the steps are collective
+        measured = measure_step_costs(engine, profiled_batch_sizes(batch_sizes, worker.max_batch))
         costs = StepCosts.from_json(tp.broadcast_object(measured.to_json()))
         if tp.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +88,18 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
     worker.policy = AdaptivePolicy(worker.shapes, costs, prior, max_batch=worker.max_batch,
                                    prior_calibration=prior_calibration(worker.shapes, prior))
     return worker.policy
+
+
+def profiled_batch_sizes(batch_sizes: list[int], max_batch: dict[str, int]) -> list[int]:
+    """The batch sizes measured: every one up to 64, past it the powers of two and the largest, and
+    each shape's largest (``max_batch``), so that no shape's cost is extrapolated inside its range.
+    Between them ``StepCosts`` interpolates: past 64 a step's cost grows almost linearly with the
+    batch, while each measured point prefills its batch at three contexts (256 requests of 4 k
+    tokens are a million tokens)."""
+    sizes = sorted(batch_sizes)
+    keep = {bs for bs in sizes if bs <= 64 or bs & (bs - 1) == 0} | {sizes[-1]}
+    keep |= {bs for bs in max_batch.values() if bs in batch_sizes}
+    return sorted(keep)
 
 
 def prior_calibration(shapes: list[SpecShape], prior: AcceptanceModel) -> dict[str, float]:

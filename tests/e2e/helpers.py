@@ -54,7 +54,7 @@ def engine(target, draft=None, *, algorithm=None, shape=None, page_size=1, **kw)
         kw.setdefault("speculative_adaptive", "off")
     kw.setdefault("max_total_tokens", 8192)
     kw.setdefault("max_running_requests", 16)
-    kw.setdefault("cuda_graph_max_bs", 4)  # on CUDA with triton: capture 1..4 (larger batches run eagerly)
+    kw.setdefault("cuda_graph_max_bs", 4)  # on CUDA with triton: capture 1..4 (and decode at most 4 at once)
     return Engine(target_model=target, draft_model=draft, page_size=page_size, **spec, **kw)
 
 

@@ -32,3 +32,14 @@ def test_timed_steps_shrink_to_the_context_length(context_length, expected):
     assert steps == expected
     if steps:
         assert context_length - (2 + 3 * steps + 2) * 4 >= 8
+
+
+def test_profiled_batch_sizes_thin_out_past_64_but_keep_each_shapes_last_size():
+    from specdec.cuda_graph import default_batch_sizes
+    from specdec.engine.spec_profile import profiled_batch_sizes
+
+    sizes = default_batch_sizes(256)  # 1..8, 16..64 by 8, 96..256 by 32
+    assert profiled_batch_sizes(sizes, {}) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24, 32, 40, 48, 56, 64, 128, 256]
+    # a shape whose graphs end at 160 is measured there, not extrapolated from 128
+    assert 160 in profiled_batch_sizes(sizes, {"3x1x4": 160, "6x8x32": 16})
+    assert profiled_batch_sizes([1, 2, 96], {}) == [1, 2, 96]  # the largest always

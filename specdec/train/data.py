@@ -10,8 +10,8 @@ Sources (all from ``../shared/datasets``, override with ``SPECDEC_DATASETS``; se
   (translation, qa); its MT-bench, GSM8K-test ("math_reasoning") and long-document ones are left out
   (and its qa questions are EAGLE's qa benchmark, so the screen below drops them all).
 
-``python -m specdec.cli.train prompts OUT.jsonl SOURCES...`` writes a prompt file (``prompt``, ``source``
-per line) that travels with the repository: ``specdec/data/train_prompts/smollm2.jsonl`` was made so.
+``python -m specdec.cli.train prompts OUT.jsonl[.gz] SOURCES...`` writes a prompt file (``prompt``, ``source``
+per line) that travels with the repository: ``specdec/data/train_prompts/smollm2.jsonl.gz`` was made so.
 
 Evaluation prompts are ``specdec/data/prompts/*.jsonl`` (TinyStories VALIDATION first sentences,
 EAGLE's mt_bench / humaneval / gsm8k question files); training data is screened against those and,
@@ -27,6 +27,7 @@ MT-bench's, some with different numbers).
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import random
@@ -79,10 +80,13 @@ SCREEN_FILES = ("eagle_bench/alpaca/question.jsonl", "eagle_bench/gsm8k/question
                 "gsm8k/test.jsonl", "humaneval/HumanEval.jsonl.gz")
 
 
-def _screen_file(path: Path) -> list[str]:
-    import gzip
+def _read_text(path: Path) -> str:
+    """The text of ``path``, gunzipped when its name ends in ``.gz``."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
 
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+def _screen_file(path: Path) -> list[str]:
+    text = _read_text(path)
     out = []
     for line in text.splitlines():
         if line.strip():
@@ -208,10 +212,10 @@ def near_duplicates(texts: list[str], prompts: list[str], threshold: float = NEA
 
 
 def _from_file(path: Path) -> list[Sample]:
-    """A ``.txt`` (blank-line separated paragraphs) or ``.jsonl`` (``text`` or ``prompt``/``response``,
-    optional ``source``)."""
-    if path.suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """A ``.txt`` (blank-line separated paragraphs) or ``.jsonl`` / ``.jsonl.gz`` (``text`` or
+    ``prompt``/``response``, optional ``source``)."""
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        rows = [json.loads(line) for line in _read_text(path).splitlines() if line.strip()]
         return [Sample(r.get("prompt", ""), r.get("response", r.get("text", "")), r.get("source", path.name))
                 for r in rows]
     return tinystories_samples(path)
@@ -244,11 +248,16 @@ def load_samples(dataset: str, *, num_samples: int | None = None, seed: int = 0)
 def write_prompt_file(path: str | Path, sources: list[str], *, limits: dict[str, int] | None = None,
                       seed: int = 0) -> list[Sample]:
     """Write the prompts of ``sources`` (eval overlap removed, at most ``limits[source]`` each) as
-    JSONL lines ``{"prompt", "source"}``; responses are left out (the target writes its own)."""
+    JSONL lines ``{"prompt", "source"}``, gzipped when ``path`` ends in ``.gz``; responses are left out
+    (the target writes its own)."""
     out: list[Sample] = []
     for name in sources:
         part = load_samples(name, seed=seed)
         out.extend(part[: (limits or {}).get(name) or None])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("".join(json.dumps({"prompt": s.prompt, "source": s.source}) + "\n" for s in out))
+    text = "".join(json.dumps({"prompt": s.prompt, "source": s.source}) + "\n" for s in out)
+    if Path(path).suffix == ".gz":
+        Path(path).write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))  # same bytes each run
+    else:
+        Path(path).write_text(text)
     return out

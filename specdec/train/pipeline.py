@@ -42,7 +42,7 @@ class TrainDraftSettings:
     algorithm: str = dataclasses.field(default="EAGLE", metadata=flag("head kind", choices=["EAGLE", "EAGLE3"]))
     output_dir: str = dataclasses.field(metadata=flag("where the head (config.json, model.safetensors) goes"))
     dataset: str = dataclasses.field(default="tinystories", metadata=flag(
-        "comma-separated: tinystories, gsm8k, alpaca, or .txt/.jsonl files (default tinystories)"))
+        "comma-separated: tinystories, gsm8k, alpaca, or .txt/.jsonl/.jsonl.gz files (default tinystories)"))
     num_samples: int | None = dataclasses.field(default=None, metadata=flag(
         "training prompts/texts to use (default: all)"))
     epochs: int = dataclasses.field(default=4, metadata=flag("passes over the training sequences"))

@@ -3,6 +3,7 @@ chat rendering, and ``specdec train-draft``'s regenerate-only and half-precision
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -11,12 +12,16 @@ import torch
 from safetensors.torch import load_file
 
 from specdec.engine.chat import has_chat_template, render_user_prompt
-from specdec.train.data import _from_file, near_duplicates, overlapping_prompts, screen_prompts
+from specdec.train.data import _from_file, near_duplicates, overlapping_prompts, screen_prompts, write_prompt_file
 
 DATA = Path(__file__).resolve().parents[2] / "specdec" / "data"
-SMOLLM2_PROMPTS = DATA / "train_prompts" / "smollm2.jsonl"
+SMOLLM2_PROMPTS = DATA / "train_prompts" / "smollm2.jsonl.gz"
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _first_lines(path: Path, n: int) -> str:
+    return "".join(line + "\n" for line in gzip.decompress(path.read_bytes()).decode().splitlines()[:n])
 
 
 class _Tok:
@@ -52,6 +57,18 @@ def test_committed_smollm2_prompts_are_disjoint_from_evaluation():
     assert near_duplicates(instructions, banned) == []
 
 
+def test_prompt_file_gzipped_round_trip(tmp_path):
+    """A prompt file written as .jsonl.gz holds the .jsonl's bytes and reads back to the same samples."""
+    source = tmp_path / "source.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p, "source": "ours"}) + "\n" for p in (
+        "Describe a lighthouse keeper's morning in four sentences.", "List three uses of a paperclip.")))
+    plain = write_prompt_file(tmp_path / "p.jsonl", [str(source)])
+    packed = write_prompt_file(tmp_path / "p.jsonl.gz", [str(source)])
+    assert plain == packed and len(plain) == 2
+    assert gzip.decompress((tmp_path / "p.jsonl.gz").read_bytes()) == (tmp_path / "p.jsonl").read_bytes()
+    assert _from_file(tmp_path / "p.jsonl.gz") == _from_file(tmp_path / "p.jsonl") == plain
+
+
 def test_cli_regen_only_then_fp16_export(tmp_path, capsys):
     """stories260K (no chat template): --regen-only fills the cache and stops; the second run reuses
     it, trains, and writes float16 weights that load back."""
@@ -60,7 +77,7 @@ def test_cli_regen_only_then_fp16_export(tmp_path, capsys):
     from specdec.cli.train import train_draft_main as main
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(line + "\n" for line in SMOLLM2_PROMPTS.read_text().splitlines()[:6]))
+    prompts.write_text(_first_lines(SMOLLM2_PROMPTS, 6))
     common = ["--model-path", DEFAULT_MODEL, "--dataset", str(prompts),
               "--algorithm", "EAGLE", "--output-dir", str(tmp_path / "head"), "--work-dir", str(tmp_path / "work"),
               "--max-len", "24", "--regen-max-new-tokens", "4", "--regen-temperatures", "0", "--batch-size", "4",
@@ -94,7 +111,7 @@ def test_cli_init_from_keeps_the_heads_draft_vocab(tmp_path, capsys):
     from specdec.cli.train import train_draft_main as main
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(line + "\n" for line in SMOLLM2_PROMPTS.read_text().splitlines()[:4]))
+    prompts.write_text(_first_lines(SMOLLM2_PROMPTS, 4))
     common = ["--model-path", DEFAULT_MODEL, "--dataset", str(prompts), "--algorithm", "EAGLE3",
               "--work-dir", str(tmp_path / "work"), "--max-len", "24", "--regen-max-new-tokens", "4",
               "--regen-temperatures", "0", "--batch-size", "4", "--no-human-text", "--regen-batch-size", "4"]
@@ -110,12 +127,10 @@ def test_cli_init_from_keeps_the_heads_draft_vocab(tmp_path, capsys):
         torch.testing.assert_close(second.state_dict()[name], tensor, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,count,source", [("smollm2_magpie.jsonl", 10062, "magpie"),
-                                               ("smollm2_magpie_steered.jsonl", 17511, "magpie_steered")])
-def test_committed_magpie_prompts_are_clean_and_disjoint_from_evaluation(name, count, source):
+def test_committed_magpie_prompts_are_clean_and_disjoint_from_evaluation():
     """The instructions SmolLM2 wrote itself for its heads (scripts/train_smollm2.sh, run on the H100)."""
-    samples = _from_file(DATA / "train_prompts" / name)
-    assert len(samples) == count and {s.source for s in samples} == {source}
+    samples = _from_file(DATA / "train_prompts" / "smollm2_magpie.jsonl.gz")
+    assert len(samples) == 10062 and {s.source for s in samples} == {"magpie"}
     prompts = [s.prompt for s in samples]
     assert all(p == p.strip() and len(p.split()) >= 3 and "<|" not in p for p in prompts)
     assert len({" ".join(p.lower().split()) for p in prompts}) == len(prompts)

@@ -12,8 +12,13 @@ Prompts are rendered with the tokenizer's chat template when it has one (``--raw
 Prints ``Throughput: X token/s``, ``Acceptance length: Y``, ``Speedup: Z`` and the acceptance
 histogram, and writes everything as JSON (``--plot PATH``: the histogram as a PNG too, with
 matplotlib). Baseline and speculative runs share the prompts, the sampling settings and the seed, in
-one process; each gets one warm-up request first. A progress bar (tqdm, on stderr) counts finished
-requests. The online benchmark of a running server is ``specdec/bench/serving.py``; both use the
+one process. On a GPU each engine first runs the whole prompt set untimed, so every batch size and
+prompt length the timed runs meet has compiled its kernels (Triton's first launch of a shape costs
+more than the whole run), then times ``--repeats`` runs of at least ``--min-seconds`` each (the
+prompt set over again within a run where one pass is shorter), each from an empty prefix cache;
+the throughput is their median, with their spread, and a warning when two runs disagree by more
+than 5 %. On CPU (no kernels to compile, minutes a run) one short request warms up and one run is
+timed. A progress line on stderr counts finished requests. The online benchmark of a running server is ``specdec/bench/serving.py``; both use the
 embedded prompt sets (``specdec/engine/embedded.py``) and the report helpers (``report.py``).
 """
 
@@ -23,7 +28,10 @@ import collections
 import dataclasses
 import datetime
 import json
+import math
 import platform
+import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +66,17 @@ class ThroughputSettings:
     plot: str | None = dataclasses.field(default=None, metadata=flag(
         "also write the acceptance histogram as a PNG (needs matplotlib)", group=BENCH, metavar="PATH"))
     disable_tqdm: bool = dataclasses.field(default=False, metadata=flag("no progress bar", group=BENCH))
+    repeats: int | None = dataclasses.field(default=None, metadata=flag(
+        "timed runs per engine, after a warm-up run; the throughput is their median (default 3 on a GPU, "
+        "1 on CPU)", group=BENCH))
+    min_seconds: float = dataclasses.field(default=5.0, metadata=flag(
+        "shortest timed run: a run repeats the prompt set until it lasts this long (GPU)", group=BENCH))
+
+    def __post_init__(self) -> None:
+        if self.repeats is not None and self.repeats < 1:
+            raise ValueError(f"--repeats={self.repeats}: expected >= 1")
+        if self.min_seconds < 0:
+            raise ValueError(f"--min-seconds={self.min_seconds}: expected >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,24 +144,71 @@ def _generate(engine, prompts: list[str], params: dict, *, desc: str, progress: 
     return [r.result(engine.tokenizer) for r in reqs]
 
 
-def _run(engine, prompts: list[str], params: dict, *, desc: str, progress: bool) -> dict:
+# two timed runs of one engine further apart than this are reported: the figure is not yet stable
+DISAGREEMENT = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingPlan:
+    """How one engine is timed: a full warm-up pass (GPU) or one short request (CPU), then
+    ``repeats`` runs of ``passes`` passes over the prompt set each (decided by the warm-up's time)."""
+
+    full_warmup: bool
+    repeats: int
+    min_seconds: float
+
+    @classmethod
+    def for_device(cls, device: str, settings: ThroughputSettings) -> "TimingPlan":
+        gpu = str(device).startswith("cuda")
+        return cls(full_warmup=gpu, repeats=settings.repeats or (3 if gpu else 1),
+                   min_seconds=settings.min_seconds if gpu else 0.0)
+
+
+def _pass(engine, prompts: list[str], params: dict, *, desc: str, progress: bool) -> tuple[float, list[dict]]:
+    """One pass over the prompts from an empty prefix cache: (seconds, results)."""
+    engine.flush_cache()
+    start = time.perf_counter()
+    results = _generate(engine, prompts, params, desc=desc, progress=progress)
+    return time.perf_counter() - start, results
+
+
+def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: str, progress: bool) -> dict:
+    """Warm ``engine`` up, then time ``plan.repeats`` runs of the prompts: the median run's rate and
+    the spread of all of them."""
     from specdec.engine.gc_heap import frozen_heap
 
-    engine.generate(prompts[:1], {**params, "max_new_tokens": 4})  # warm-up
+    if plan.full_warmup:
+        warm_s, _ = _pass(engine, prompts, params, desc=f"{desc} warm-up", progress=progress)
+    else:
+        engine.generate(prompts[:1], {**params, "max_new_tokens": 4})
+        warm_s = math.inf
+    passes = max(1, math.ceil(plan.min_seconds / warm_s)) if warm_s > 0 else 1
+    runs, first = [], None
     with frozen_heap():  # as a server runs: the built engine kept out of the collector's passes
-        start = time.perf_counter()
-        results = _generate(engine, prompts, params, desc=desc, progress=progress)
-        seconds = time.perf_counter() - start
-    tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
-    committed = [k + 1 for r in results for k in r["meta_info"]["spec_accept_lengths"]]
+        for i in range(plan.repeats):
+            seconds, tokens, results = 0.0, 0, []
+            for j in range(passes):
+                s, out = _pass(engine, prompts, params, desc=f"{desc} run {i + 1}/{plan.repeats}", progress=progress)
+                seconds += s
+                tokens += sum(r["meta_info"]["completion_tokens"] for r in out)
+                results += out
+            runs.append({"seconds": seconds, "completion_tokens": tokens, "throughput_tok_s": tokens / seconds,
+                         "output_ids": [r["output_ids"] for r in results[:len(prompts)]]})
+            first = first or results
+    rates = [r["throughput_tok_s"] for r in runs]
+    committed = [k + 1 for r in first for k in r["meta_info"]["spec_accept_lengths"]]
     return {
-        "seconds": seconds,
-        "completion_tokens": tokens,
-        "throughput_tok_s": tokens / seconds,
+        "throughput_tok_s": statistics.median(rates),
+        "spread": {"min": min(rates), "max": max(rates), "relative": max(rates) / min(rates) - 1},
+        "runs": [{k: v for k, v in r.items() if k != "output_ids"} for r in runs],
+        "passes_per_run": passes,
+        "warmup_seconds": None if math.isinf(warm_s) else warm_s,
+        "completion_tokens": runs[0]["completion_tokens"] // passes,
         "verify_steps": len(committed),
         "acceptance_length": sum(committed) / len(committed) if committed else None,
         "acceptance_histogram": dict(sorted(collections.Counter(committed).items())),
-        "output_ids": [r["output_ids"] for r in results],
+        "repeats_identical": all(r["output_ids"] == runs[0]["output_ids"] for r in runs),
+        "output_ids": runs[0]["output_ids"],
     }
 
 
@@ -158,14 +224,15 @@ def run_benchmark(target: BenchTarget, settings: ThroughputSettings, engine_args
     params = {"temperature": settings.temperature, "max_new_tokens": target.max_new_tokens,
               "ignore_eos": settings.ignore_eos}
     progress = not settings.disable_tqdm
+    plan = TimingPlan.for_device(engine_args.device, settings)
     base_engine = Engine(args=engine_args.without_speculation())
     chat = not settings.raw_prompts and has_chat_template(base_engine.tokenizer)
     if chat:
         prompts = [render_user_prompt(base_engine.tokenizer, p) for p in prompts]
-    baseline = _run(base_engine, prompts, params, desc="baseline", progress=progress)
+    baseline = _run(base_engine, prompts, params, plan, desc="baseline", progress=progress)
     del base_engine
     spec_engine = Engine(args=engine_args)
-    spec = _run(spec_engine, prompts, params, desc="speculative", progress=progress)
+    spec = _run(spec_engine, prompts, params, plan, desc="speculative", progress=progress)
     cfg = spec_engine.spec_config
     identical = sum(a == b for a, b in zip(baseline["output_ids"], spec["output_ids"]))
     device = engine_args.device
@@ -186,7 +253,8 @@ def run_benchmark(target: BenchTarget, settings: ThroughputSettings, engine_args
         "num_steps": cfg.num_steps,
         "topk": cfg.topk,
         "num_draft_tokens": cfg.num_draft_tokens,
-        "attention_backend": engine_args.attention,
+        "attention_backend": spec_engine.args.attention,
+        "repeats": plan.repeats,
         "baseline": {k: v for k, v in baseline.items() if k != "output_ids"},
         "speculative": {k: v for k, v in spec.items() if k != "output_ids"},
         "speedup": spec["throughput_tok_s"] / baseline["throughput_tok_s"],
@@ -202,8 +270,8 @@ def print_report(res: dict) -> None:
           f"{res['max_new_tokens']} new tokens, temperature {res['temperature']})")
     print(f"Speculative: {res['algorithm']} steps={res['num_steps']} topk={res['topk']} "
           f"draft_tokens={res['num_draft_tokens']}  backend={res['attention_backend']}")
-    print(f"Baseline throughput: {res['baseline']['throughput_tok_s']:.1f} token/s")
-    print(f"Throughput: {res['speculative']['throughput_tok_s']:.1f} token/s")
+    print(f"Baseline throughput: {_rate(res['baseline'])}")
+    print(f"Throughput: {_rate(res['speculative'])}")
     print(f"Acceptance length: {res['speculative']['acceptance_length']:.2f}")
     print(f"Speedup: {res['speedup']:.2f}")
     if res["identical_outputs"] is not None:
@@ -211,6 +279,21 @@ def print_report(res: dict) -> None:
     print("Acceptance histogram (tokens committed per verify step):")
     for row in format_histogram(res["speculative"]["acceptance_histogram"]):
         print(row)
+    for name in ("baseline", "speculative"):
+        spread = res[name]["spread"]["relative"]
+        if spread > DISAGREEMENT:
+            print(f"Warning: the {len(res[name]['runs'])} timed {name} runs disagree by {100 * spread:.1f} % "
+                  f"(> {100 * DISAGREEMENT:.0f} %): the machine was busy, or --min-seconds is too short",
+                  file=sys.stderr)
+
+
+def _rate(run: dict) -> str:
+    """``X token/s``, with the runs' range when there were several."""
+    text = f"{run['throughput_tok_s']:.1f} token/s"
+    if len(run["runs"]) > 1:
+        text += (f" (median of {len(run['runs'])} runs, {run['spread']['min']:.1f}-{run['spread']['max']:.1f}, "
+                 f"{run['passes_per_run']} pass{'es' if run['passes_per_run'] > 1 else ''} of the prompts a run)")
+    return text
 
 
 def write_report(res: dict, settings: ThroughputSettings) -> None:

@@ -1,0 +1,64 @@
+"""``specdec bench``'s timing: a warm-up, repeated timed runs from an empty prefix cache, their median
+and spread, and the warning when runs disagree (the embedded stories260K on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.bench import throughput
+from specdec.bench.throughput import ThroughputSettings, TimingPlan
+from specdec.engine import embedded
+from specdec.engine.engine import Engine
+
+
+def test_timing_plan_by_device():
+    settings = ThroughputSettings()
+    assert TimingPlan.for_device("cuda", settings) == TimingPlan(full_warmup=True, repeats=3, min_seconds=5.0)
+    assert TimingPlan.for_device("cpu", settings) == TimingPlan(full_warmup=False, repeats=1, min_seconds=0.0)
+    assert TimingPlan.for_device("cuda:1", ThroughputSettings(repeats=5, min_seconds=2)).repeats == 5
+    with pytest.raises(ValueError, match="--repeats"):
+        ThroughputSettings(repeats=0)
+
+
+def test_repeated_runs_each_prefill_from_an_empty_cache_and_agree():
+    engine = Engine(embedded.DEFAULT_MODEL, device="cpu")
+    prompts = embedded.load_prompts("tinystories", 3)
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    prompt_tokens = sum(len(engine.tokenizer.encode(p)) for p in prompts)
+    before = engine.scheduler.prefill_tokens
+    plan = TimingPlan(full_warmup=True, repeats=2, min_seconds=0.0)
+    res = throughput._run(engine, prompts, params, plan, desc="t", progress=False)
+    # warm-up + 2 runs, one pass each, every one prefilling every prompt (the cache is flushed between)
+    assert res["passes_per_run"] == 1 and len(res["runs"]) == 2
+    assert engine.scheduler.prefill_tokens - before == 3 * prompt_tokens
+    assert res["completion_tokens"] == 3 * 6 and all(r["completion_tokens"] == 18 for r in res["runs"])
+    rates = [r["throughput_tok_s"] for r in res["runs"]]
+    assert res["throughput_tok_s"] == pytest.approx(sum(rates) / 2)  # the median of two
+    assert res["spread"]["relative"] == pytest.approx(max(rates) / min(rates) - 1)
+    assert res["repeats_identical"] and res["warmup_seconds"] > 0
+
+
+def test_a_short_pass_is_repeated_to_last_min_seconds(monkeypatch):
+    engine = Engine(embedded.DEFAULT_MODEL, device="cpu")
+    prompts = embedded.load_prompts("tinystories", 2)
+    params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+    clock = iter(range(0, 10_000, 1))  # each perf_counter() call advances one second: every pass lasts 1 s
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: float(next(clock)))
+    res = throughput._run(engine, prompts, params, TimingPlan(full_warmup=True, repeats=1, min_seconds=3.0),
+                          desc="t", progress=False)
+    assert res["passes_per_run"] == 3 and res["runs"][0]["completion_tokens"] == 3 * 2 * 4
+    assert res["runs"][0]["seconds"] == 3.0 and res["completion_tokens"] == 8
+
+
+def test_runs_that_disagree_are_reported(capsys):
+    run = {"throughput_tok_s": 100.0, "spread": {"min": 90.0, "max": 110.0, "relative": 110 / 90 - 1},
+           "runs": [{}, {}, {}], "passes_per_run": 2, "acceptance_length": 2.0, "acceptance_histogram": {2: 1}}
+    res = {"note": None, "ignore_eos": True, "model_path": "m", "dataset": "d", "num_prompts": 1,
+           "max_new_tokens": 4, "temperature": 0, "algorithm": "EAGLE", "num_steps": 1, "topk": 1,
+           "num_draft_tokens": 2, "attention_backend": "torch_native", "baseline": dict(run, spread={
+               "min": 99.0, "max": 101.0, "relative": 101 / 99 - 1}), "speculative": run, "speedup": 1.0,
+           "identical_outputs": 1}
+    throughput.print_report(res)
+    out = capsys.readouterr()
+    assert "median of 3 runs, 90.0-110.0, 2 passes" in out.out
+    assert "timed speculative runs disagree by 22.2 %" in out.err and "baseline" not in out.err

@@ -46,7 +46,21 @@ class HFTokenizer(TokenizersTokenizer):
         self.bos_token_id = self._special_id(meta.get("bos_token"), cfg.get("bos_token_id"))
         eos = cfg.get("eos_token_id")
         self.eos_token_id = self._special_id(meta.get("eos_token"), eos[0] if isinstance(eos, list) else eos)
-        self.add_bos = bool(meta.get("add_bos_token", self.bos_token_id is not None))
+        # NOTE: like transformers: add_bos_token where the config says, else whatever tokenizer.json's
+        # post-processor adds (Llama 3's adds <|begin_of_text|>; SmolLM2's none: its chat template
+        # starts with <|im_start|>, its BOS, and a second one changes every answer)
+        self.add_bos = bool(meta.get("add_bos_token", self._post_processor_adds_bos()))
+        # transformers 4 keeps the chat template in tokenizer_config.json, 5 in chat_template.jinja
+        template = directory / "chat_template.jinja"
+        named = meta.get("chat_template")
+        self.chat_template: str | None = template.read_text() if template.is_file() else (
+            named if isinstance(named, str) else None)
+
+    def _post_processor_adds_bos(self) -> bool:
+        if self.bos_token_id is None:
+            return False
+        ids = self.tok.encode("a", add_special_tokens=True).ids
+        return bool(ids) and ids[0] == self.bos_token_id
 
     def _special_id(self, token: Any, fallback: int | None) -> int | None:
         if isinstance(token, dict):

@@ -3,9 +3,10 @@
 Each op validates its inputs and runs its Triton kernel (``specdec.kernels.triton``) on CUDA
 tensors, and on CPU tensors when TRITON_INTERPRET=1; else its torch reference ``<op>_ref`` (the
 specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker,
-``frontier`` the draft's selections (a step's next frontier, the tree's nodes), ``simulate``
-the synthetic benchmark's drawn target predictions and ``replay`` its replay of recorded draft
-trees (all ours, not sgl_kernel's).
+``kv_indices`` the KV lists and page tables attention reads from the request rows, ``frontier``
+the draft's selections (a step's next frontier, the tree's nodes), ``simulate`` the synthetic
+benchmark's drawn target predictions and ``replay`` its replay of recorded draft trees (all ours,
+not sgl_kernel's).
 """
 
 from specdec.kernels.cache_ops import (
@@ -13,12 +14,6 @@ from specdec.kernels.cache_ops import (
     assign_req_to_token_ref,
     compact_accepted_kv_locs,
     compact_accepted_kv_locs_ref,
-    create_kv_indices,
-    create_kv_indices_ref,
-    create_kv_layout,
-    create_kv_layout_ref,
-    create_kv_page_indices,
-    create_kv_page_indices_ref,
     draft_scratch_slots,
     draft_scratch_slots_ref,
     move_kv_slots,
@@ -27,6 +22,14 @@ from specdec.kernels.cache_ops import (
 from specdec.kernels.common import TreeMaskMode
 from specdec.kernels.dispatch import TRITON_IMPLS
 from specdec.kernels.frontier import select_draft_nodes, select_draft_nodes_ref, select_frontier, select_frontier_ref
+from specdec.kernels.kv_indices import (
+    create_kv_indices,
+    create_kv_indices_ref,
+    create_kv_layout,
+    create_kv_layout_ref,
+    create_kv_page_indices,
+    create_kv_page_indices_ref,
+)
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
 from specdec.kernels.replay import (
     replay_accept_cdf,

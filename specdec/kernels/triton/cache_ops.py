@@ -1,5 +1,6 @@
-"""Triton versions of ``specdec.kernels.cache_ops``: one program per request (per new node for
-``draft_scratch_slots``), BLOCK positions per iteration, every access masked to its tensor.
+"""Triton versions of ``specdec.kernels.cache_ops`` and ``specdec.kernels.kv_indices``: one program
+per request (per new node for ``draft_scratch_slots``), BLOCK positions per iteration, every access
+masked to its tensor.
 
 Error codes (``error_flag[b]``, 0 = fine): 1 = row outside req_to_token, 2 = positions outside the
 row (or a bad accept_length / parent_branch), 3 = output or packed input range too small,

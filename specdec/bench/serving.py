@@ -14,14 +14,8 @@ the same model served without speculation, given the same workload first), reque
 TTFT / TPOT / ITL statistics, then writes JSON. Requests arrive as a Poisson process of
 ``--request-rate`` per second (inf: all at once), at most ``--concurrency`` in flight.
 
-Per request, on this client's clock from the moment it is sent:
-    TTFT     time to the first streamed chunk that carries tokens
-    ITL      gaps between consecutive chunks that carry tokens. NOTE: a speculative step delivers
-             its k + 1 committed tokens in one chunk, so an ITL is a time per step, not per token
-    TPOT     (latency - TTFT) / (output tokens - 1): time per output token after the first
-    latency  time to the end of the stream
-Acceptance length: mean tokens committed (accepted + bonus = k + 1) per verify step, over every
-verify step of every successful request (``meta_info.spec_accept_lengths`` holds the k's).
+TTFT, ITL, TPOT, latency and acceptance length are defined, per request, in ``serving_client``
+(which sends the requests).
 
 A failed request (HTTP 4xx/5xx, an error chunk, a timeout, a broken connection) is counted by
 reason and reported; it never stops the benchmark, and only successful requests enter the numbers.
@@ -31,187 +25,21 @@ Every request is bounded by ``--timeout`` and every loop by the number of prompt
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import datetime
 import json
 import math
 import random
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from specdec.bench import multi_turn
-from specdec.bench.report import format_histogram, git_commit, latency_stats_ms, plot_histogram, progress_bar
+from specdec.bench.report import format_histogram, git_commit, plot_histogram
+from specdec.bench.serving_client import Prompt, arrival_gaps, run_workload, summarize
 from specdec.engine.args import flag
 from specdec.engine.embedded import DATASETS, load_prompts
-
-
-@dataclasses.dataclass(frozen=True)
-class Prompt:
-    """One request of the workload: text or token ids (exactly one), and its output length."""
-
-    text: str | None = None
-    input_ids: tuple[int, ...] | None = None  # [prompt_len]
-    max_new_tokens: int = 64
-
-    def body(self, *, temperature: float, max_new_tokens: int | None = None) -> dict:
-        prompt = {"text": self.text} if self.text is not None else {"input_ids": list(self.input_ids)}
-        params = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "temperature": temperature,
-                  "ignore_eos": True}
-        return {**prompt, "sampling_params": params, "stream": True}
-
-
-@dataclasses.dataclass
-class RequestResult:
-    """What one request did; times in seconds. ``reason`` names the failure ("HTTP 400", "timeout")."""
-
-    sent_at: float = 0.0  # since the run began
-    ok: bool = False
-    reason: str | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    ttft: float | None = None
-    latency: float = 0.0
-    itl: list[float] = dataclasses.field(default_factory=list)
-    accept_lengths: list[int] = dataclasses.field(default_factory=list)  # accepted draft tokens per verify step
-
-    def fail(self, reason: str, error: str) -> "RequestResult":
-        self.ok, self.reason, self.error = False, reason, error[:300]
-        return self
-
-
-# ------------------------------------------------------------------ one request
-async def _read_stream(response: httpx.Response, res: RequestResult, start: float) -> RequestResult:
-    """Fill ``res`` from the SSE chunks (cumulative ``output_ids``) until ``data: [DONE]``."""
-    if response.status_code != 200:
-        body = (await response.aread()).decode(errors="replace")
-        try:
-            body = json.loads(body)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            pass
-        return res.fail(f"HTTP {response.status_code}", body)
-    last_chunk_at, meta = None, None
-    async for line in response.aiter_lines():
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:  # the server aborted it mid-stream (shutdown, engine failure)
-            err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            return res.fail(f"HTTP {err.get('code', 'error')}", str(err.get("message")))
-        now = time.perf_counter() - start
-        n = len(chunk.get("output_ids", ()))
-        if n > res.output_tokens:
-            if last_chunk_at is None:
-                res.ttft = now
-            else:
-                res.itl.append(now - last_chunk_at)
-            last_chunk_at, res.output_tokens = now, n
-        meta = chunk.get("meta_info") or meta
-    else:
-        return res.fail("stream cut", "the stream ended without data: [DONE]")
-    res.latency = time.perf_counter() - start
-    if not meta or meta.get("finish_reason") is None:
-        return res.fail("unfinished", f"the last chunk has no finish_reason: {meta}")
-    res.prompt_tokens = meta.get("prompt_tokens", 0)
-    res.accept_lengths = list(meta.get("spec_accept_lengths") or [])
-    res.ok = True
-    return res
-
-
-async def send_one(client: httpx.AsyncClient, prompt: Prompt, *, temperature: float, timeout: float,
-                   t0: float, max_new_tokens: int | None = None) -> RequestResult:
-    """Stream one ``/generate`` request; every failure comes back as a RequestResult, never raised."""
-    start = time.perf_counter()
-    res = RequestResult(sent_at=start - t0)
-
-    async def request() -> RequestResult:
-        body = prompt.body(temperature=temperature, max_new_tokens=max_new_tokens)
-        async with client.stream("POST", "/generate", json=body) as response:
-            return await _read_stream(response, res, start)
-
-    try:
-        return await asyncio.wait_for(request(), timeout)
-    except asyncio.TimeoutError:
-        return res.fail("timeout", f"no end of stream within --timeout {timeout} s")
-    except httpx.HTTPError as e:
-        return res.fail(type(e).__name__, str(e) or type(e).__name__)
-    except (ValueError, KeyError, TypeError) as e:  # a malformed chunk
-        return res.fail("bad chunk", f"{type(e).__name__}: {e}")
-    except Exception as e:  # noqa: BLE001 — e.g. httpx.StreamError: one request fails, not the benchmark
-        return res.fail(type(e).__name__, str(e) or type(e).__name__)
-
-
-# ------------------------------------------------------------------ the workload
-def arrival_gaps(n: int, request_rate: float, seed: int) -> list[float]:
-    """Seconds to wait before each request: exponential gaps (a Poisson process), 0 when rate is inf."""
-    if math.isinf(request_rate):
-        return [0.0] * n
-    rng = random.Random(seed)
-    return [rng.expovariate(request_rate) for _ in range(n)]
-
-
-async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: float, concurrency: int | None,
-                       request_rate: float, seed: int, timeout: float, desc: str = "requests",
-                       progress: bool = True, warmup: bool = True) -> tuple[list[RequestResult], float]:
-    """Send every prompt once (after one short warm-up request); returns the results and the seconds
-    from the first send to the last finish."""
-    limit = concurrency or len(prompts)
-    semaphore = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout), limits=limits) as client:
-        if warmup and prompts:
-            first = prompts[0]
-            short = Prompt(text=first.text and first.text[:200], input_ids=first.input_ids and first.input_ids[:16])
-            await send_one(client, short, temperature=temperature, timeout=timeout, t0=0.0, max_new_tokens=4)
-        with progress_bar(len(prompts), desc, enabled=progress) as bar:
-            t0 = time.perf_counter()
-
-            async def one(prompt: Prompt) -> RequestResult:
-                async with semaphore:
-                    res = await send_one(client, prompt, temperature=temperature, timeout=timeout, t0=t0)
-                bar.update(1)
-                return res
-
-            tasks = []
-            for prompt, gap in zip(prompts, arrival_gaps(len(prompts), request_rate, seed)):
-                await asyncio.sleep(gap)
-                tasks.append(asyncio.ensure_future(one(prompt)))
-            results = list(await asyncio.gather(*tasks))
-            return results, time.perf_counter() - t0
-
-
-def summarize(results: list[RequestResult], seconds: float) -> dict:
-    ok = [r for r in results if r.ok]
-    failures = collections.Counter(r.reason for r in results if not r.ok)
-    tokens = sum(r.output_tokens for r in ok)
-    committed = [k + 1 for r in ok for k in r.accept_lengths]
-    return {
-        "seconds": seconds,
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "failures": dict(failures.most_common()),
-        "first_error": next((r.error for r in results if not r.ok), None),
-        "prompt_tokens": sum(r.prompt_tokens for r in ok),
-        "completion_tokens": tokens,
-        "throughput_tok_s": tokens / seconds if seconds > 0 else 0.0,
-        "request_throughput_req_s": len(ok) / seconds if seconds > 0 else 0.0,
-        "verify_steps": len(committed),
-        "acceptance_length": sum(committed) / len(committed) if committed else None,
-        "acceptance_histogram": dict(sorted(collections.Counter(committed).items())),
-        "ttft_ms": latency_stats_ms([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": latency_stats_ms([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok
-                              if r.ttft is not None and r.output_tokens > 1]),
-        "itl_ms": latency_stats_ms([gap for r in ok for gap in r.itl]),
-        "latency_ms": latency_stats_ms([r.latency for r in ok]),
-        "requests": [{k: v for k, v in dataclasses.asdict(r).items() if k != "itl"} for r in results],
-    }
 
 
 # ------------------------------------------------------------------ the benchmark

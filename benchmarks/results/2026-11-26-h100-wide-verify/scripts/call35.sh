@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# adaptive sweep, ctx 4096, fixed shapes 3x1x4 / 5x4x8 / 6x8x32 / 6x8x48, adaptive bounded by 6x8x48 
-set -uo pipefail
-OUT="${OUT:-$PWD/out}"; R="$OUT/r"; mkdir -p "$R"
-SYNTHETIC_ARGS="--configs 3,1,4;5,4,8;6,8,32;6,8,48 " DECODE_STEPS=64 ADAPTIVE_TESTS=0 ADAPTIVE_CTX=4096 OUT="$R" timeout 580 bash scripts/gpu_suite.sh adaptive
-echo "suite rc=$?"
-tar -C "$OUT" -czf "$OUT/call35.tgz" r && rm -rf "$R"

@@ -1,7 +1,7 @@
 """The server's routes around generation: probes, model and server facts, the tokenizer, the
 prefix cache and aborts (SGLang's native routes and OpenAI's /v1/models). ``app.create_app``
-registers them beside the generation routes (``app.Endpoints``); like those, they reach the engine
-only through the ``AsyncEngine``.
+registers them beside the generation routes (``generation_routes.GenerationRoutes``); like those,
+they reach the engine only through the ``AsyncEngine``.
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def round_rows_to_fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 # every module that calls the GEMM op by this name (the head's GEMMs and the target's)
-LINEAR_USERS = ("specdec.models.llama", "specdec.models.eagle", "specdec.models.eagle3",
-                "specdec.models.ops.stacked_linear")
+LINEAR_USERS = ("specdec.models.llama", "specdec.models.llama_layers", "specdec.models.eagle",
+                "specdec.models.eagle3", "specdec.models.ops.stacked_linear")
 
 
 def round_kv_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:

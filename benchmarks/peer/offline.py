@@ -1,0 +1,262 @@
+"""One engine in one configuration over the side-by-side workloads, offline: a row of JSON per cell.
+
+    python benchmarks/peer/offline.py --engine specdec --config plain --workload chat \
+        --model /tmp/smollm2-bf16 --out rows.jsonl
+    python benchmarks/peer/offline.py --engine vllm --config eagle3-k3 --workload chat \
+        --model /tmp/smollm2-bf16 --head specdec/data/smollm2/eagle3_head --out rows.jsonl
+    python benchmarks/peer/offline.py --engine vllm --config plain --workload decode \
+        --model /tmp/llama-3.1-8b --out rows.jsonl
+
+Both engines run with their defaults (specdec: ``specdec.Engine(path)``, speculation through
+``speculative_algorithm="EAGLE3"``, adaptive by default; vLLM: ``vllm.LLM(path)``, EAGLE-3 through
+``speculative_config``), driven the same way: a closed loop that keeps ``concurrency`` requests in
+flight through each engine's own step API (``Engine.add_request`` / ``step``; vLLM's
+``LLMEngine.add_request`` / ``step``), the token ids identical on both sides, answers detokenized.
+
+Workloads:
+- ``chat``: MT-bench's 80 first turns in the model's chat template, greedy, until the end of turn or
+  256 tokens, at each ``--concurrency`` (one request at a time: the first 8 prompts; from 8 on: at
+  least 80 requests, the prompts repeated to twice the concurrency). First an untimed warm-up of
+  every prompt (32 tokens each, at the largest concurrency, then one at a time). A row: tok/s,
+  TTFT and TPOT medians, acceptance length (committed tokens per verify step), and a digest of each
+  answer (greedy answers compared across configurations by ``report.py``).
+- ``decode``: ``--load-format dummy`` weights; ``bs`` requests of ``ctx`` random tokens, prefilled,
+  then the ms of one decode step over ``--steps`` steps (all requests still decoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
+MAX_TOKENS = 256
+
+
+# ----------------------------------------------------------------------------- engines
+class SpecdecEngine:
+    """specdec's ``Engine`` with its defaults; ``config``: plain or eagle3 (adaptive, the default)."""
+
+    name = "specdec"
+
+    def __init__(self, model: str, *, config: str, head: str | None, dummy: bool) -> None:
+        import specdec
+
+        spec = {} if config == "plain" else dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head)
+        self.engine = specdec.Engine(model, load_format="dummy" if dummy else "auto", **spec)
+        self.tokenizer = self.engine.tokenizer
+        self.reqs: dict[str, object] = {}
+        self.texts: dict[str, str] = {}
+
+    def add(self, rid: str, ids: list[int], max_tokens: int, *, ignore_eos: bool) -> None:
+        req = self.engine.make_request(input_ids=ids, rid=rid, sampling_params={
+            "temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": ignore_eos})
+        self.engine.add_request(req)
+        self.reqs[rid] = req
+
+    def step(self) -> None:
+        for req in self.engine.step():
+            if req.rid in self.reqs:  # the user's path: the answer detokenized as it is handed out
+                self.texts[req.rid] = req.result(self.tokenizer).get("text", "")
+
+    def progress(self, rid: str) -> tuple[list[int], bool]:
+        req = self.reqs[rid]
+        return req.output_ids, req.finished
+
+    def committed_per_verify(self, rids: list[str]) -> float | None:
+        steps = [k + 1 for rid in rids for k in self.reqs[rid].accept_lengths]
+        return sum(steps) / len(steps) if steps else None
+
+    def abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.engine.abort(rid)
+        self.engine.scheduler.drain()
+
+    def forget(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.reqs.pop(rid, None)
+
+
+class VLLMEngine:
+    """vLLM's ``LLM`` with its defaults; ``config``: plain or eagle3-kN (EAGLE-3, N speculative tokens)."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, *, config: str, head: str | None, dummy: bool) -> None:
+        from vllm import LLM
+
+        kw = {}
+        if config != "plain":
+            kw["speculative_config"] = {"method": "eagle3", "model": head,
+                                        "num_speculative_tokens": int(config.rsplit("k", 1)[1])}
+        if dummy:
+            kw.update(load_format="dummy", skip_tokenizer_init=True)
+        self.llm = LLM(model=model, **kw)
+        self.engine = self.llm.llm_engine
+        self.detokenize = not dummy
+        self.outputs: dict[str, tuple[list[int], bool]] = {}
+
+    def add(self, rid: str, ids: list[int], max_tokens: int, *, ignore_eos: bool) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                detokenize=self.detokenize)
+        self.engine.add_request(rid, {"prompt_token_ids": ids}, params)
+        self.outputs[rid] = ([], False)
+
+    def step(self) -> None:
+        for out in self.engine.step():
+            if out.request_id in self.outputs:
+                self.outputs[out.request_id] = (list(out.outputs[0].token_ids), out.finished)
+
+    def progress(self, rid: str) -> tuple[list[int], bool]:
+        return self.outputs[rid]
+
+    def spec_counters(self) -> tuple[float, float]:
+        """(drafts, accepted draft tokens) so far, from vLLM's metrics."""
+        values = collections.Counter()
+        for metric in self.llm.get_metrics():
+            if metric.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"):
+                values[metric.name] += getattr(metric, "value", 0)
+        return values["vllm:spec_decode_num_drafts"], values["vllm:spec_decode_num_accepted_tokens"]
+
+    def abort(self, rids: list[str]) -> None:
+        self.engine.abort_request(rids)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def forget(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.outputs.pop(rid, None)
+
+
+ENGINES = {"specdec": SpecdecEngine, "vllm": VLLMEngine}
+
+
+# ----------------------------------------------------------------------------- closed loop
+def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str, max_tokens: int = MAX_TOKENS,
+                ignore_eos: bool = False) -> dict:
+    """Every prompt once, ``concurrency`` in flight: tok/s, TTFT / TPOT medians, answers' digests."""
+    queue = collections.deque(enumerate(prompts))
+    inflight: dict[str, float] = {}  # rid -> sent at
+    first, done, tokens, digests = {}, {}, {}, {}
+    t0 = time.perf_counter()
+    while queue or inflight:
+        while queue and len(inflight) < concurrency:
+            i, ids = queue.popleft()
+            rid = f"{tag}-{i}"
+            engine.add(rid, ids, max_tokens, ignore_eos=ignore_eos)
+            inflight[rid] = time.perf_counter()
+        engine.step()
+        now = time.perf_counter()
+        for rid in list(inflight):
+            out, finished = engine.progress(rid)
+            if out and rid not in first:
+                first[rid] = now - inflight[rid]
+            if finished:
+                done[rid], tokens[rid] = now - inflight[rid], len(out)
+                digests[rid] = hashlib.sha1(json.dumps(list(out)).encode()).hexdigest()[:12]
+                del inflight[rid]
+    wall = time.perf_counter() - t0
+    rids = list(done)
+    tpot = [(done[r] - first[r]) / (tokens[r] - 1) for r in rids if tokens[r] > 1]
+    row = {"requests": len(rids), "completion_tokens": sum(tokens.values()), "seconds": wall,
+           "tok_s": sum(tokens.values()) / wall, "ttft_ms": 1e3 * statistics.median(first.values()),
+           "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None,
+           "digests": [digests[f"{tag}-{i}"] for i in range(len(prompts))]}
+    if isinstance(engine, SpecdecEngine):
+        row["tau"] = engine.committed_per_verify(rids)
+    engine.forget(rids)
+    return row
+
+
+def chat_prompts(tokenizer_dir: str) -> list[list[int]]:
+    """MT-bench's first turns in the model's chat template, as token ids (specdec's tokenizer)."""
+    from specdec.engine.chat import render_user_prompt
+    from specdec.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    rows = [json.loads(line) for line in CHAT_PROMPTS.read_text().splitlines() if line.strip()]
+    return [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in rows]
+
+
+def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, max_tokens: int) -> list[dict]:
+    prompts = chat_prompts(model)[:num_prompts]
+    closed_loop(engine, prompts, max(concurrencies), tag="warm", max_tokens=32)
+    closed_loop(engine, prompts[:2], 1, tag="warm1", max_tokens=32)
+    rows = []
+    for c in concurrencies:
+        work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
+        before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
+        row = closed_loop(engine, work, c, tag=f"c{c}", max_tokens=max_tokens)
+        if before is not None:
+            drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
+            row["tau"] = 1 + accepted / drafts if drafts else None
+        rows.append({"workload": "smollm2-mtbench", "concurrency": c, "ctx": None, **row})
+        print(f"c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}", file=sys.stderr, flush=True)
+    return rows
+
+
+def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int) -> list[dict]:
+    """ms a decode step at each (bs, ctx): ``bs`` requests of ``ctx`` random tokens."""
+    import random
+
+    rows = []
+    for bs, ctx in points:
+        rng = random.Random(bs * 7919 + ctx)
+        rids = [f"d{bs}-{ctx}-{i}" for i in range(bs)]
+        for rid in rids:
+            engine.add(rid, [rng.randrange(3, vocab) for _ in range(ctx)], steps + 64, ignore_eos=True)
+        while any(not engine.progress(r)[0] for r in rids):  # prefill (chunked, between decode steps)
+            engine.step()
+        for _ in range(4):
+            engine.step()
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        ms = 1e3 * (time.perf_counter() - start) / steps
+        assert not any(engine.progress(r)[1] for r in rids), "a request finished inside the timed steps"
+        engine.abort(rids)
+        engine.forget(rids)
+        rows.append({"workload": "llama-3.1-8b-decode", "concurrency": bs, "ctx": ctx, "ms_per_step": ms,
+                     "tok_s": 1e3 * bs / ms})
+        print(f"bs={bs} ctx={ctx}: {ms:.2f} ms a step", file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=sorted(ENGINES), required=True)
+    parser.add_argument("--config", default="plain", help="plain, eagle3 (specdec), eagle3-kN (vllm)")
+    parser.add_argument("--workload", choices=["chat", "decode"], required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--head", help="the EAGLE-3 head directory")
+    parser.add_argument("--concurrency", default="1,8,32,64,128")
+    parser.add_argument("--points", default="1:1024,16:1024,64:1024,128:1024,256:1024,1:4096,16:4096,64:4096,128:4096",
+                        help="decode: bs:ctx,...")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=80, help="chat: MT-bench prompts (smoke tests: fewer)")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="chat: longest answer")
+    parser.add_argument("--out", required=True, help="JSON lines file to append rows to")
+    args = parser.parse_args()
+    engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode")
+    if args.workload == "chat":
+        rows = run_chat(engine, args.model, [int(c) for c in args.concurrency.split(",")],
+                        num_prompts=args.num_prompts, max_tokens=args.max_tokens)
+    else:
+        vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+        points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]
+        rows = run_decode(engine, points, steps=args.steps, vocab=vocab)
+    with open(args.out, "a") as f:
+        for row in rows:
+            f.write(json.dumps({"engine": args.engine, "config": args.config, **row}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

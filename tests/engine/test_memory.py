@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -320,3 +321,32 @@ def test_large_pool_alloc_is_vectorised():
     assert torch.equal(slots, torch.arange(1 << 19))
     mem.truncate(t([row]), t([1 << 19]), t([1]))
     assert mem.available_size() == (1 << 20) - 1
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_pages_are_the_lowest_free_ones_without_scanning_the_pool(page_size):
+    """Under random allocations and frees, the windowed search from ``_first_free`` finds exactly
+    the lowest free pages, as a scan of the whole pool would, and every page below it is taken."""
+    rng = random.Random(0)
+    mem = make(num_slots=20000 * page_size, page_size=page_size, max_reqs=16, max_context_len=4096)
+    lens: dict[int, int] = {}  # row -> tokens held
+    for _ in range(400):
+        if lens and rng.random() < 0.35:  # a request ends (or is cut back)
+            row = rng.choice(list(lens))
+            new = rng.choice([0, rng.randrange(lens[row] + 1)])
+            truncate(mem, [row], [lens[row]], [new])
+            lens[row] = new
+            if new == 0:
+                mem.free_req(row)
+                del lens[row]
+            continue
+        grow = lens and (rng.random() < 0.5 or mem.num_free_reqs() == 0)
+        row = rng.choice(list(lens)) if grow else mem.alloc_req()
+        held, ext = lens.get(row, 0), rng.randrange(1, 300)
+        if held + ext > 4096:
+            continue
+        need = mem.pages_needed([held], [ext])
+        assert mem._lowest_free_pages(need).tolist() == np.flatnonzero(mem._page_free)[:need].tolist()
+        extend(mem, [row], [held], [ext])
+        lens[row] = held + ext
+        assert not mem._page_free[:mem._first_free].any()

@@ -7,7 +7,8 @@
 #                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
 # On the device, calls back to back (the machine stays warm ~30 s and /tmp survives):
 #   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
-#   bash scripts/gpu_peer.sh install         the last call's parts joined, checked, installed to /tmp/site
+#   bash scripts/gpu_peer.sh install [DIR..] the parts put (and DIR...) joined, checked, installed to /tmp/site
+#                                            (only the GGUF and the gguf wheel: a specdec-only run)
 #   bash scripts/gpu_peer.sh chat RUNS       SmolLM2-135M-Instruct (the GGUF exported once to bf16, both
 #                                            engines load it) + our EAGLE-3 head, MT-bench at 1-128
 #                                            requests; RUNS: "specdec:plain specdec:eagle3 vllm:plain
@@ -55,16 +56,22 @@ case "$what" in
     mkdir -p $STAGE
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
     ls $STAGE | wc -l ;;
-  install)
+  install)  # whatever parts were put: vLLM's zip and wheels, the GGUF (each checked against its sha256)
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
     cd $STAGE || exit 1
-    cat vllm.zip.[0-9]* > vllm.zip && sha256sum -c vllm.zip.sha256 || exit 1
-    cat $GGUF.[0-9]* > $GGUF && [ "$(sha256sum $GGUF | cut -d' ' -f1)" = "$(cut -d' ' -f1 gguf.sha256)" ] \
-      || { echo "GGUF checksum differs"; exit 1; }
-    mkdir -p /tmp/site && python3 -m zipfile -e vllm.zip /tmp/site \
-      && python3 -m pip install -q --no-index --no-deps --target /tmp/site ./*.whl || exit 1
+    mkdir -p /tmp/site
+    if ls vllm.zip.[0-9]* >/dev/null 2>&1; then
+      cat vllm.zip.[0-9]* > vllm.zip && sha256sum -c vllm.zip.sha256 && python3 -m zipfile -e vllm.zip /tmp/site || exit 1
+    fi
+    if ls $GGUF.[0-9]* >/dev/null 2>&1; then
+      cat $GGUF.[0-9]* > $GGUF && [ "$(sha256sum $GGUF | cut -d' ' -f1)" = "$(cut -d' ' -f1 gguf.sha256)" ] \
+        || { echo "GGUF checksum differs"; exit 1; }
+    fi
+    if ls ./*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site ./*.whl || exit 1
+    fi
     cd - >/dev/null
-    vllm_env; python3 -c "import vllm, gguf; print('vllm', vllm.__version__)" ;;
+    vllm_env; python3 -c "import gguf; import importlib.util as u; print('vllm', u.find_spec('vllm') is not None)" ;;
   chat)
     vllm_env
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \

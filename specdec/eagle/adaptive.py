@@ -24,12 +24,15 @@ configured bound.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
 from specdec.config import SpecConfig
 from specdec.eagle.output import DecodeOutput, PendingDecode
-from specdec.eagle.policy import MAX_VERIFY_ROWS, AdaptivePolicy, SpecShape, candidate_shapes, graph_batch_sizes
+from specdec.eagle.policy import (
+    MAX_VERIFY_ROWS, PLAIN, AdaptivePolicy, SpecShape, candidate_shapes, graph_batch_sizes,
+)
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer
 from specdec.eagle.worker import EAGLEWorker
@@ -88,6 +91,8 @@ class AdaptiveEAGLEWorker:
         self.force: SpecShape | None | str = AUTO
         self._context = 0.0  # mean tokens in KV of the last read step (lengths unread under overlap)
         self._timer: PhaseTimer | None = None
+        # the last decode step launched through the policy: (choice, bs, context, launched at)
+        self._last_launch: tuple[str, int, float, float] | None = None
 
     def graph_sizes(self, shape: SpecShape, batch_sizes: list[int]) -> list[int]:
         """The batch sizes ``shape``'s verify and draft loop are captured at."""
@@ -129,9 +134,11 @@ class AdaptiveEAGLEWorker:
         self.max_batch.clear()
 
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, **kw) -> torch.Tensor:
+        self._last_launch = None  # a prefill between two decode steps is not the first one's cost
         return self.base.prefill(batch, sampling, **kw)
 
     def launch_decode_plain(self, *args, **kw) -> PendingDecode:
+        self._last_launch = None
         return self.base.launch_decode_plain(*args, **kw)
 
     def choose(self, bs: int, seq_lens_cpu: list[int] | None) -> SpecShape | None:
@@ -141,7 +148,18 @@ class AdaptiveEAGLEWorker:
         if self.policy is None:
             return self.configured
         context = sum(seq_lens_cpu) / len(seq_lens_cpu) if seq_lens_cpu else self._context
-        return self.policy.choose(bs, context)
+        shape = self.policy.choose(bs, context)
+        self._observe_last_step(shape, bs, context)
+        return shape
+
+    def _observe_last_step(self, shape: SpecShape | None, bs: int, context: float) -> None:
+        """Hand the policy the time from the last policy step's launch to this one's: the whole
+        step as the host loop runs it (scheduling, stop checks, the caller's own work)."""
+        now = time.perf_counter()
+        if self._last_launch is not None:
+            name, last_bs, last_context, launched = self._last_launch
+            self.policy.observe_step(name, last_bs, last_context, (now - launched) * 1e3)
+        self._last_launch = (PLAIN if shape is None else shape.name, bs, context, now)
 
     def launch_decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> PendingDecode:
         shape = self.choose(int(req_pool_indices.shape[0]), kw.get("seq_lens_cpu"))

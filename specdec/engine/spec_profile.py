@@ -86,7 +86,8 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
             logger.info("adaptive speculation: step costs measured, written to %s", path)
     prior = _fit(_prior(), worker.config.num_steps, worker.config.topk)
     worker.policy = AdaptivePolicy(worker.shapes, costs, prior, max_batch=worker.max_batch,
-                                   prior_calibration=prior_calibration(worker.shapes, prior))
+                                   prior_calibration=prior_calibration(worker.shapes, prior),
+                                   learn_step_times=tp.size == 1)
     return worker.policy
 
 

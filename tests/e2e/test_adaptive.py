@@ -33,6 +33,11 @@ class Cycle:
         assert paths is not None and paths.tried.shape == (shape.num_steps, shape.topk, shape.topk)
         self.recorded += 1
 
+    def observe_step(self, name, bs, ctx, ms):
+        assert name == PLAIN or name in {s.name for s in self.choices[1:]}
+        assert ms >= 0.0
+        self.observed = getattr(self, "observed", 0) + 1
+
 
 def flat_costs(tmp_path, shapes, *, spec_ms: float, plain_ms: float = 1.0) -> str:
     table = {PLAIN: {1: plain_ms, 16: plain_ms}}
@@ -63,7 +68,7 @@ def test_every_sequence_of_choices_is_lossless(algorithm, page_size, overlap, tm
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     shapes = {name for g in got for name in g["meta_info"]["spec_shapes"]}
     assert shapes == {PLAIN} | {s.name for s in spec.worker.shapes}
-    assert cycle.recorded > 0
+    assert cycle.recorded > 0 and cycle.observed > 0  # the served steps' times reach the policy
     assert_no_leak(spec)
 
 

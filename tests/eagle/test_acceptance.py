@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, observe_paths
-from specdec.eagle.policy import PLAIN, AdaptivePolicy, SpecShape, StepCosts, candidate_shapes, graph_batch_sizes
+from specdec.eagle.policy import (
+    PLAIN, AdaptivePolicy, SpecShape, StepCosts, StepTimeCalibration, candidate_shapes, graph_batch_sizes,
+)
 
 
 def test_expected_committed_worked_example():
@@ -268,3 +270,54 @@ def test_step_costs_take_the_far_slope_past_long_ctx():
     assert StepCosts.from_json(costs.to_json()) == costs
     old = {"base_ctx": 64, "slope": {PLAIN: {"1": 0.001}}, "table": {PLAIN: {"1": 2.0}}}  # PROFILE_FORMAT 5
     assert StepCosts.from_json(old).step_ms(PLAIN, 1, 4096) == pytest.approx(2.0 + 0.001 * 4032)
+
+
+def test_step_time_calibration_starts_at_one_and_follows_the_served_steps():
+    cal = StepTimeCalibration(prior_weight=4.0, decay=1.0)
+    assert cal.ratio("plain", 8) == 1.0
+    for _ in range(36):
+        cal.observe("plain", 9, 2.0)  # bs 9 shares bs 8's bucket (8-15)
+    assert cal.ratio("plain", 8) == pytest.approx((4 + 72) / (4 + 36))
+    assert cal.ratio("plain", 16) == 1.0 and cal.ratio("3x1x4", 8) == 1.0  # other buckets, other choices
+    cal.observe("x", 1, 1000.0)  # an idle gap is clipped
+    assert cal.ratio("x", 1) == pytest.approx((4 + 4) / 5)
+
+
+def test_policy_backs_off_when_served_speculative_steps_cost_more_than_profiled():
+    """The start-up profile says a tree pays at bs 1; the served steps take 4x its time (host work
+    the profile never saw): the policy turns to plain decoding, and still tries the tree every
+    ``explore_every`` steps of that batch size's bucket."""
+    policy = _policy(spec_ms=1.2)
+    tree = SpecShape(5, 4, 8)
+    assert policy.choose(1, 100) == tree
+    for _ in range(40):  # every speculative step takes 4x what the profile said; plain as profiled
+        policy.observe_step(tree.name, 1, 100, 4.8)
+        policy.observe_step("3x1x4", 1, 100, 4.8)
+        policy.observe_step(PLAIN, 1, 100, 1.0)
+    picks = [policy.choose(1, 100) for _ in range(128)]
+    assert picks.count(None) >= 125 and 1 <= picks.count(tree) + picks.count(SpecShape(3, 1, 4)) <= 3
+    # without learning (tensor parallelism: ranks must agree) the profile alone decides
+    fixed = AdaptivePolicy(policy.shapes, policy.costs, AcceptanceModel.uniform(0.7, max_depth=5, max_topk=4),
+                           learn_step_times=False)
+    for _ in range(40):
+        fixed.observe_step(tree.name, 1, 100, 3.6)
+    assert all(fixed.choose(1, 100) == tree for _ in range(128))
+
+
+def test_adaptive_worker_times_each_policy_step_to_the_next_launch(monkeypatch):
+    from specdec.eagle import adaptive
+    from specdec.eagle.adaptive import AdaptiveEAGLEWorker
+
+    seen = []
+    worker = AdaptiveEAGLEWorker.__new__(AdaptiveEAGLEWorker)
+    worker.policy = type("P", (), {"observe_step": lambda self, *a: seen.append(a)})()
+    worker._last_launch = None
+    clock = iter([10.0, 10.004, 10.010, 10.020])
+    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: next(clock))
+    worker._observe_last_step(None, 4, 50.0)  # the first step: nothing to attribute yet
+    worker._observe_last_step(SpecShape(3, 1, 4), 4, 51.0)
+    assert seen == [(PLAIN, 4, 50.0, pytest.approx(4.0))]
+    worker._last_launch = None  # what a prefill in between does
+    worker._observe_last_step(None, 5, 52.0)
+    worker._observe_last_step(None, 5, 53.0)
+    assert seen[1:] == [(PLAIN, 5, 52.0, pytest.approx(10.0))]

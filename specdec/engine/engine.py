@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from typing import Any
 
 import torch
 
 from specdec.attention import KVCache, create_attention_backend
-from specdec.attention.kv_dtype import resolve_kv_dtype
 from specdec.config import SpecConfig
 from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import EngineArgs
@@ -25,11 +23,11 @@ from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
 from specdec.engine.scheduler import Scheduler
+from specdec.engine.sizing import default_kv_tokens, graph_batch_sizes, parse_dtype, running_cap
 from specdec.engine.tp_worker import MirroredScheduler, TPWorkers, rank_device
 from specdec.forward import CaptureHiddenMode
 from specdec.models.parallel import TPGroup
 
-logger = logging.getLogger(__name__)
 
 # the EngineArgs fields that make the subsystem's SpecConfig (SpecConfig.from_flags)
 SPEC_CONFIG_FLAGS = (
@@ -38,19 +36,6 @@ SPEC_CONFIG_FLAGS = (
     "speculative_token_map", "speculative_batch_size_threshold", "speculative_draft_kv_cache_dtype",
     "speculative_simulate_accept_length", "speculative_simulate_acceptance_model",
 )
-DEFAULT_CPU_KV_TOKENS = 32768
-
-
-def _parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"--dtype: unknown dtype {dtype!r}; choose one of {', '.join(table)}")
-    return table[dtype]
 
 
 class Engine:
@@ -124,7 +109,7 @@ class Engine:
         from specdec.models.tokenizer import load_tokenizer
 
         self.args = args
-        torch_dtype = _parse_dtype(args.dtype, args.device)
+        torch_dtype = parse_dtype(args.dtype, args.device)
         self.spec_config = None
         if args.speculative:
             self.spec_config = SpecConfig.from_flags(
@@ -186,11 +171,11 @@ class Engine:
         overlap = str(device).startswith("cuda") and not (self.spec_config and backend.plans_on_host)
         if overlap_schedule is not None:
             overlap = bool(overlap_schedule)
-        graph_sizes = self._graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,
+        graph_sizes = graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,
                                               disable_cuda_graph, max_running_requests)
-        max_running_requests = self._running_cap(graph_sizes, max_running_requests)
+        max_running_requests = running_cap(graph_sizes, max_running_requests)
         draft_kv = self.spec_config.draft_kv_cache_dtype if self.spec_config else "auto"
-        num_slots = int(max_total_tokens or self._default_kv_tokens(
+        num_slots = int(max_total_tokens or default_kv_tokens(
             device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len,
             draft_kv=draft_kv))
         num_slots = -(-num_slots // page_size) * page_size
@@ -241,33 +226,6 @@ class Engine:
         return setting == "on" or (setting == "auto" and bool(graph_sizes))
 
     # ------------------------------------------------------------ CUDA graphs
-    @staticmethod
-    def _graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs, disable_cuda_graph,
-                           max_running_requests) -> list[int]:
-        """Batch sizes to capture: every size up to --cuda-graph-max-bs (default: every batch the
-        engine may run) in SGLang's steps (``default_batch_sizes``); none off CUDA, with
-        --disable-cuda-graph, or on a backend that cannot plan inside a graph (torch_native)."""
-        if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
-            raise ValueError(f"--cuda-graph-max-bs={cuda_graph_max_bs}: expected >= 1")
-        if disable_cuda_graph or not str(device).startswith("cuda") or not backend.supports_cuda_graph:
-            return []
-        if cuda_graph_bs is not None:
-            return list(cuda_graph_bs)
-        return default_batch_sizes(min(cuda_graph_max_bs or max_running_requests, max_running_requests))
-
-    @staticmethod
-    def _running_cap(graph_sizes: list[int], max_running_requests: int) -> int:
-        """Requests decoded at once: --max-running-requests, but never past the largest CUDA graph.
-
-        NOTE: a batch past it would run eagerly, several times slower a step than a replay (vLLM and
-        SGLang run it so; here at 80 requests over graphs of up to 64, plain decoding ran 4-5x slower
-        than vLLM's): the requests past it wait for a place instead."""
-        if not graph_sizes or max(graph_sizes) >= max_running_requests:
-            return max_running_requests
-        logger.warning("--cuda-graph-max-bs %d < --max-running-requests %d: at most %d requests decode at once",
-                       max(graph_sizes), max_running_requests, max(graph_sizes))
-        return max(graph_sizes)
-
     def capture_cuda_graphs(self, batch_sizes: list[int], *, use_graphs: bool = True) -> int:
         """Capture target decode / verify and the worker's draft graphs; returns the bytes they hold.
 
@@ -287,28 +245,6 @@ class Engine:
             max_seq_len=bound, decode_hidden=CaptureHiddenMode.LAST if spec else CaptureHiddenMode.NULL,
             verify_sizes=self.worker.verify_graph_sizes(batch_sizes) if spec else {}, pool=pool, use_graphs=use_graphs)
         return total + runner_graphs
-
-    @staticmethod
-    def _default_kv_tokens(device, target_model, draft_model, graph_sizes, tree, most_needed, draft_kv="auto") -> int:
-        """KV slots: a fixed default on CPU; on a GPU what fits in 85% of the free memory after
-        the weights and an estimate of the CUDA graphs' memory, at most what the requests can use.
-        ``draft_kv``: the draft's KV cache dtype flag (``--speculative-draft-kv-cache-dtype``)."""
-        if not str(device).startswith("cuda"):
-            return DEFAULT_CPU_KV_TOKENS
-        per_token = 0
-        for model, kv_dtype in ((target_model, "auto"), (draft_model, draft_kv)):
-            if model is not None:  # NOTE: kv_layout counts this rank's KV heads (tensor parallelism)
-                kv, weight = model.kv_layout, next(model.parameters())
-                elem = resolve_kv_dtype(kv_dtype, weight.dtype, flag="--speculative-draft-kv-cache-dtype").itemsize
-                per_token += 2 * kv.num_layers * kv.num_kv_heads * kv.head_dim * elem
-        c = target_model.config
-        rows = max(graph_sizes, default=1) * tree
-        graph_bytes = 2 * rows * (4 * c.vocab_size + 2 * (3 * c.intermediate_size + 8 * c.hidden_size)) + (256 << 20)
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        fits = int((0.85 * free - graph_bytes) // per_token)
-        if fits < 1:
-            raise ValueError("not enough GPU memory for a KV cache; lower --cuda-graph-max-bs or give --max-total-tokens")
-        return min(fits, most_needed)
 
     # ------------------------------------------------------------ memory
     @property

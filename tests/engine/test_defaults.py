@@ -6,7 +6,7 @@ import torch
 
 from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import DEFAULT_MAX_RUNNING_REQUESTS, EngineArgs
-from specdec.engine.engine import Engine
+from specdec.engine.sizing import graph_batch_sizes, running_cap
 
 
 def test_auto_device_and_running_requests():
@@ -41,11 +41,11 @@ class _GraphBackend:
 
 
 def test_graphs_cover_every_running_batch_by_default():
-    sizes = Engine._graph_batch_sizes("cuda", _GraphBackend(), None, None, False, 256)
+    sizes = graph_batch_sizes("cuda", _GraphBackend(), None, None, False, 256)
     assert sizes == default_batch_sizes(256) and sizes[-1] == 256
-    assert Engine._running_cap(sizes, 256) == 256
+    assert running_cap(sizes, 256) == 256
     # an explicit lower cap bounds the running batch: no batch runs eagerly
-    capped = Engine._graph_batch_sizes("cuda", _GraphBackend(), 64, None, False, 256)
-    assert capped[-1] == 64 and Engine._running_cap(capped, 256) == 64
-    assert Engine._graph_batch_sizes("cpu", _GraphBackend(), None, None, False, 256) == []
-    assert Engine._running_cap([], 256) == 256  # eager engines (CPU, --disable-cuda-graph) keep their setting
+    capped = graph_batch_sizes("cuda", _GraphBackend(), 64, None, False, 256)
+    assert capped[-1] == 64 and running_cap(capped, 256) == 64
+    assert graph_batch_sizes("cpu", _GraphBackend(), None, None, False, 256) == []
+    assert running_cap([], 256) == 256  # eager engines (CPU, --disable-cuda-graph) keep their setting

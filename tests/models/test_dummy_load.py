@@ -6,6 +6,7 @@ import torch
 
 from specdec.bench.synthetic import write_dummy_checkpoint
 from specdec.engine.engine import Engine
+from specdec.engine.sizing import default_kv_tokens
 from specdec.models import load_target
 from specdec.models.loaders import load_draft_head
 from specdec.models.llama import default_eagle3_layers
@@ -85,7 +86,7 @@ def test_gpu_kv_pool_is_sized_by_this_rank_kv_heads(checkpoint, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 34))
     whole = load_target(target_dir, load_format="dummy")
     shard = load_target(target_dir, load_format="dummy", tp=TPGroup(rank=0, size=2))
-    slots = [Engine._default_kv_tokens("cuda", m, None, [1], 1, 10**9) for m in (whole, shard)]
+    slots = [default_kv_tokens("cuda", m, None, [1], 1, 10**9) for m in (whole, shard)]
     assert shard.kv_layout.num_kv_heads * 2 == whole.kv_layout.num_kv_heads
     assert abs(slots[1] / slots[0] - 2.0) < 0.01
 
@@ -97,7 +98,7 @@ def test_gpu_kv_pool_counts_an_fp8_draft_cache(checkpoint, monkeypatch):
     target_dir, _ = checkpoint
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 1 << 34))
     model = load_target(target_dir, load_format="dummy")
-    auto, fp8 = (Engine._default_kv_tokens("cuda", model, model, [1], 1, 10**9, draft_kv=kv)
+    auto, fp8 = (default_kv_tokens("cuda", model, model, [1], 1, 10**9, draft_kv=kv)
                  for kv in ("auto", "fp8_e4m3"))
     assert next(model.parameters()).dtype == torch.float32
     assert abs(fp8 / auto - 2.0 / 1.25) < 0.01

@@ -15,6 +15,8 @@
 #                                            vllm:eagle3-k3 ..." (default: all, vLLM's k = 1, 3, 5)
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
 #                                            (default RUNS: "specdec:plain vllm:plain")
+#   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
+#                                            `specdec bench-serving --backend openai`, MT-bench at 1-128 requests
 #   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
 #                                            exported SmolLM2 (do two runs agree within 5 %?)
 set -uo pipefail
@@ -85,6 +87,30 @@ case "$what" in
     for run in ${1:-specdec:plain vllm:plain}; do
       run_one decode "$run" /tmp/ck/llama-3.1-8b-target ${DECODE_ARGS:-}
     done ;;
+  serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai` (not yet run on a GPU)
+    vllm_env
+    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
+    spec_vllm='{"method": "eagle3", "model": "'$HEAD'", "num_speculative_tokens": 3}'
+    for run in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3}; do
+      engine=${run%%:*}; config=${run#*:}; log="$OUT/serve-$engine-$config.log"
+      case "$run" in
+        specdec:plain) python3 -m specdec.cli serve --model-path $SMOL --port 30000 > "$log" 2>&1 & ;;
+        specdec:eagle3) python3 -m specdec.cli serve --model-path $SMOL --port 30000 --speculative-algorithm EAGLE3 \
+                          --speculative-draft-model-path $HEAD > "$log" 2>&1 & ;;
+        vllm:plain) python3 -c "from vllm.entrypoints.cli.main import main; main()" serve $SMOL --port 30000 > "$log" 2>&1 & ;;
+        vllm:eagle3-k3) python3 -c "from vllm.entrypoints.cli.main import main; main()" serve $SMOL --port 30000 \
+                          --speculative-config "$spec_vllm" > "$log" 2>&1 & ;;
+      esac
+      pid=$!
+      for _ in $(seq 300); do curl -sf localhost:30000/v1/models >/dev/null && break; sleep 1; done
+      for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
+        n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
+        timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
+          --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm \
+          --output "$OUT/serve-$engine-$config-c$c.json" 2>&1 | grep -E "^Throughput|Successful"
+      done
+      kill $pid; wait $pid 2>/dev/null
+    done ;;
   bench)
     for i in 1 2; do
       python3 -m specdec.cli bench --model-path $SMOL --speculative-algorithm EAGLE3 --speculative-draft-model-path $HEAD \
@@ -92,7 +118,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|decode|bench"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|decode|serve|bench"; exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20
 exit 0

@@ -144,3 +144,24 @@ def test_multi_turn_reports_prefill_saved_against_a_cacheless_baseline(tmp_path,
     assert 0 < server["prefill_saved_fraction"] < 1
     assert server["prompt_tokens"] == baseline["prompt_tokens"]
     assert server["info"]["kv_bytes_per_token"]["total"] > server["info"]["kv_bytes_per_token"]["target"]
+
+
+def test_openai_backend_measures_an_openai_compatible_server(tmp_path, capsys):
+    """``--backend openai`` streams /v1/completions (as against ``vllm serve``): text deltas for
+    TTFT and ITL, the final usage chunk for token counts; the embedded stories260K has a tokenizer."""
+    from specdec.engine.embedded import DEFAULT_MODEL
+    from specdec.engine.engine import Engine
+
+    with LiveServer(Engine(DEFAULT_MODEL)) as server:
+        res = _bench(tmp_path, server.url, "--backend", "openai", "--dataset", "tinystories", "--num-prompts", "3",
+                     "--max-new-tokens", "10", "--concurrency", "2")
+    run = res["speculative"]
+    assert res["backend"] == "openai" and run["completed"] == 3 and run["failed"] == 0
+    assert all(r["output_tokens"] == 10 and r["prompt_tokens"] > 0 for r in run["requests"])
+    assert all(0 < r["ttft"] <= r["latency"] for r in run["requests"])
+    assert run["acceptance_length"] is None  # an OpenAI stream carries no verify steps
+
+
+def test_openai_backend_refuses_what_needs_generate(tmp_path):
+    with pytest.raises(ValueError, match="--backend openai"):
+        _bench(tmp_path, "http://127.0.0.1:9", "--backend", "openai", "--multi-turn")

@@ -37,7 +37,7 @@ import httpx
 
 from specdec.bench import multi_turn
 from specdec.bench.report import format_histogram, git_commit, plot_histogram
-from specdec.bench.serving_client import Prompt, arrival_gaps, run_workload, summarize
+from specdec.bench.serving_client import BACKENDS, Prompt, arrival_gaps, run_workload, summarize
 from specdec.engine.args import flag
 from specdec.engine.embedded import DATASETS, load_prompts
 
@@ -54,6 +54,9 @@ class ServingSettings:
         "the server to measure (default: http://HOST:PORT)", group=SERVER))
     host: str = dataclasses.field(default="127.0.0.1", metadata=flag("server host", group=SERVER))
     port: int = dataclasses.field(default=30000, metadata=flag("server port", group=SERVER))
+    backend: str = dataclasses.field(default="sglang", metadata=flag(
+        "the API: sglang (/generate, acceptance lengths included; specdec and SGLang serve it) or openai "
+        "(/v1/completions, any OpenAI-compatible server such as vllm serve)", group=SERVER, choices=list(BACKENDS)))
     baseline_url: str | None = dataclasses.field(default=None, metadata=flag(
         "the same model served without speculation: given the same workload first, for Speedup", group=SERVER))
     timeout: float = dataclasses.field(default=600.0, metadata=flag(
@@ -97,17 +100,28 @@ def _check(args: ServingSettings) -> None:
         raise ValueError(f"--random-range-ratio must be in (0, 1], got {args.random_range_ratio}")
     if not args.request_rate > 0 or not args.timeout > 0:
         raise ValueError("--request-rate and --timeout must be > 0")
+    if args.backend == "openai" and (args.multi_turn or args.dataset == "random"):
+        raise ValueError("--backend openai: --multi-turn and --dataset random need /generate and /get_model_info "
+                         "(--backend sglang)")
     if args.dataset not in (None, "random", *DATASETS):
         raise ValueError(f"--dataset: unknown dataset {args.dataset!r}; choose random or one of {', '.join(DATASETS)}")
 
 
-def model_info(base_url: str, timeout: float) -> dict:
+def model_info(base_url: str, timeout: float, backend: str = "sglang") -> dict:
+    """SGLang's ``/get_model_info``; from an OpenAI server, the first model ``/v1/models`` lists."""
+    route = "/v1/models" if backend == "openai" else "/get_model_info"
     try:
-        r = httpx.get(f"{base_url}/get_model_info", timeout=min(timeout, 30.0))
+        r = httpx.get(f"{base_url}{route}", timeout=min(timeout, 30.0))
         r.raise_for_status()
-        return r.json()
+        info = r.json()
     except (httpx.HTTPError, ValueError) as e:
-        raise SystemExit(f"cannot read {base_url}/get_model_info (is the server up?): {e}") from None
+        raise SystemExit(f"cannot read {base_url}{route} (is the server up?): {e}") from None
+    if backend != "openai":
+        return info
+    models = info.get("data") or []
+    if not models:
+        raise SystemExit(f"{base_url}/v1/models lists no model")
+    return {"model_path": models[0]["id"], "served_model": models[0]["id"], "has_tokenizer": True}
 
 
 def build_prompts(args: ServingSettings, info: dict) -> tuple[str, list[Prompt]]:
@@ -175,20 +189,22 @@ def run_benchmark(args: ServingSettings) -> dict:
         return run_multi_turn(args)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     baseline_url = args.baseline_url.rstrip("/") if args.baseline_url else None
-    info = model_info(base_url, args.timeout)
+    info = model_info(base_url, args.timeout, args.backend)
     dataset, prompts = build_prompts(args, info)
     run = dict(temperature=args.temperature, concurrency=args.concurrency, request_rate=args.request_rate,
-               seed=args.seed, timeout=args.timeout, progress=not args.disable_tqdm)
+               seed=args.seed, timeout=args.timeout, progress=not args.disable_tqdm, backend=args.backend)
     baseline = baseline_info = None
     if baseline_url:
-        baseline_info = model_info(baseline_url, args.timeout)
+        baseline_info = model_info(baseline_url, args.timeout, args.backend)
         if baseline_info.get("speculative_algorithm"):
             print(f"Warning: the baseline server speculates too ({baseline_info['speculative_algorithm']})",
                   file=sys.stderr)
         if baseline_info.get("vocab_size") != info.get("vocab_size"):
             print("Warning: the baseline server's vocabulary differs from the server's", file=sys.stderr)
-        baseline = summarize(*asyncio.run(run_workload(baseline_url, prompts, desc="baseline", **run)))
-    spec = summarize(*asyncio.run(run_workload(base_url, prompts, desc="server", **run)))
+        baseline = summarize(*asyncio.run(run_workload(baseline_url, prompts, desc="baseline",
+                                                       model=baseline_info.get("served_model"), **run)))
+    spec = summarize(*asyncio.run(run_workload(base_url, prompts, desc="server", model=info.get("served_model"),
+                                               **run)))
     speedup = None
     if baseline and baseline["throughput_tok_s"] > 0:
         speedup = spec["throughput_tok_s"] / baseline["throughput_tok_s"]
@@ -196,6 +212,7 @@ def run_benchmark(args: ServingSettings) -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": git_commit(),
         "base_url": base_url,
+        "backend": args.backend,
         "baseline_url": baseline_url,
         "server": info,
         "baseline_server": baseline_info,

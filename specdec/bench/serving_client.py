@@ -1,5 +1,10 @@
-"""The online benchmark's client: one streamed ``/generate`` request read chunk by chunk, a workload
-of them (Poisson arrivals, bounded concurrency, a progress count) and the numbers they add up to.
+"""The online benchmark's client: one streamed request read chunk by chunk, a workload of them
+(Poisson arrivals, bounded concurrency, a progress count) and the numbers they add up to.
+
+Two APIs (``--backend``): ``sglang``, SGLang's native ``/generate`` (cumulative ``output_ids`` and
+``meta_info`` with the accept lengths; specdec and SGLang serve it), and ``openai``,
+``/v1/completions`` with ``stream_options.include_usage`` (any OpenAI-compatible server, e.g. ``vllm
+serve``: token counts from the final usage, no acceptance figures).
 
 Per request, on this client's clock from the moment it is sent:
     TTFT     time to the first streamed chunk that carries tokens
@@ -38,10 +43,17 @@ class Prompt:
     max_new_tokens: int = 64
 
     def body(self, *, temperature: float, max_new_tokens: int | None = None) -> dict:
+        """SGLang's ``/generate`` request."""
         prompt = {"text": self.text} if self.text is not None else {"input_ids": list(self.input_ids)}
         params = {"max_new_tokens": max_new_tokens or self.max_new_tokens, "temperature": temperature,
                   "ignore_eos": True}
         return {**prompt, "sampling_params": params, "stream": True}
+
+    def openai_body(self, *, model: str, temperature: float, max_new_tokens: int | None = None) -> dict:
+        """The same request as OpenAI's ``/v1/completions`` (``ignore_eos``: vLLM's and SGLang's extension)."""
+        return {"model": model, "prompt": self.text if self.text is not None else list(self.input_ids),
+                "max_tokens": max_new_tokens or self.max_new_tokens, "temperature": temperature,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
 @dataclasses.dataclass
@@ -65,37 +77,86 @@ class RequestResult:
 
 
 # ------------------------------------------------------------------ one request
-async def _read_stream(response: httpx.Response, res: RequestResult, start: float) -> RequestResult:
-    """Fill ``res`` from the SSE chunks (cumulative ``output_ids``) until ``data: [DONE]``."""
-    if response.status_code != 200:
-        body = (await response.aread()).decode(errors="replace")
-        try:
-            body = json.loads(body)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            pass
-        return res.fail(f"HTTP {response.status_code}", body)
-    last_chunk_at, meta = None, None
+BACKENDS = ("sglang", "openai")
+
+
+async def _http_error(response: httpx.Response, res: RequestResult) -> RequestResult:
+    body = (await response.aread()).decode(errors="replace")
+    try:
+        body = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return res.fail(f"HTTP {response.status_code}", body)
+
+
+async def _chunks(response: httpx.Response):
+    """The SSE stream's JSON chunks up to ``data: [DONE]``; an error chunk, or a stream that ends
+    without ``[DONE]``, raises ``_StreamError``."""
     async for line in response.aiter_lines():
         if not line.startswith("data: "):
             continue
         data = line[len("data: "):]
         if data == "[DONE]":
-            break
+            return
         chunk = json.loads(data)
         if "error" in chunk:  # the server aborted it mid-stream (shutdown, engine failure)
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            return res.fail(f"HTTP {err.get('code', 'error')}", str(err.get("message")))
-        now = time.perf_counter() - start
-        n = len(chunk.get("output_ids", ()))
-        if n > res.output_tokens:
-            if last_chunk_at is None:
-                res.ttft = now
-            else:
-                res.itl.append(now - last_chunk_at)
-            last_chunk_at, res.output_tokens = now, n
-        meta = chunk.get("meta_info") or meta
+            raise _StreamError(f"HTTP {err.get('code', 'error')}", str(err.get("message")))
+        yield chunk
+    raise _StreamError("stream cut", "the stream ended without data: [DONE]")
+
+
+class _StreamError(Exception):
+    def __init__(self, reason: str, error: str) -> None:
+        super().__init__(error)
+        self.reason, self.error = reason, error
+
+
+def _tokens_arrived(res: RequestResult, start: float, last_chunk_at: float | None) -> float:
+    """A chunk carrying new tokens arrived: TTFT or one more ITL gap; returns its time."""
+    now = time.perf_counter() - start
+    if last_chunk_at is None:
+        res.ttft = now
     else:
-        return res.fail("stream cut", "the stream ended without data: [DONE]")
+        res.itl.append(now - last_chunk_at)
+    return now
+
+
+async def _read_openai_stream(response: httpx.Response, res: RequestResult, start: float) -> RequestResult:
+    """Fill ``res`` from ``/v1/completions`` chunks: text deltas, then the usage chunk."""
+    if response.status_code != 200:
+        return await _http_error(response, res)
+    last_chunk_at, finish, usage = None, None, None
+    try:
+        async for chunk in _chunks(response):
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                if choice.get("text"):
+                    last_chunk_at = _tokens_arrived(res, start, last_chunk_at)
+                finish = choice.get("finish_reason") or finish
+    except _StreamError as e:
+        return res.fail(e.reason, e.error)
+    res.latency = time.perf_counter() - start
+    if finish is None or not usage:
+        return res.fail("unfinished", f"no finish_reason or usage at the end of the stream: {finish}, {usage}")
+    res.prompt_tokens, res.output_tokens = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    res.ok = True
+    return res
+
+
+async def _read_stream(response: httpx.Response, res: RequestResult, start: float) -> RequestResult:
+    """Fill ``res`` from the SSE chunks (cumulative ``output_ids``) until ``data: [DONE]``."""
+    if response.status_code != 200:
+        return await _http_error(response, res)
+    last_chunk_at, meta = None, None
+    try:
+        async for chunk in _chunks(response):
+            n = len(chunk.get("output_ids", ()))
+            if n > res.output_tokens:
+                last_chunk_at, res.output_tokens = _tokens_arrived(res, start, last_chunk_at), n
+            meta = chunk.get("meta_info") or meta
+    except _StreamError as e:
+        return res.fail(e.reason, e.error)
     res.latency = time.perf_counter() - start
     if not meta or meta.get("finish_reason") is None:
         return res.fail("unfinished", f"the last chunk has no finish_reason: {meta}")
@@ -106,12 +167,18 @@ async def _read_stream(response: httpx.Response, res: RequestResult, start: floa
 
 
 async def send_one(client: httpx.AsyncClient, prompt: Prompt, *, temperature: float, timeout: float,
-                   t0: float, max_new_tokens: int | None = None) -> RequestResult:
-    """Stream one ``/generate`` request; every failure comes back as a RequestResult, never raised."""
+                   t0: float, max_new_tokens: int | None = None, backend: str = "sglang",
+                   model: str | None = None) -> RequestResult:
+    """Stream one request (``backend``: sglang's ``/generate`` or openai's ``/v1/completions`` for
+    ``model``); every failure comes back as a RequestResult, never raised."""
     start = time.perf_counter()
     res = RequestResult(sent_at=start - t0)
 
     async def request() -> RequestResult:
+        if backend == "openai":
+            body = prompt.openai_body(model=model, temperature=temperature, max_new_tokens=max_new_tokens)
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                return await _read_openai_stream(response, res, start)
         body = prompt.body(temperature=temperature, max_new_tokens=max_new_tokens)
         async with client.stream("POST", "/generate", json=body) as response:
             return await _read_stream(response, res, start)
@@ -139,7 +206,8 @@ def arrival_gaps(n: int, request_rate: float, seed: int) -> list[float]:
 
 async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: float, concurrency: int | None,
                        request_rate: float, seed: int, timeout: float, desc: str = "requests",
-                       progress: bool = True, warmup: bool = True) -> tuple[list[RequestResult], float]:
+                       progress: bool = True, warmup: bool = True, backend: str = "sglang",
+                       model: str | None = None) -> tuple[list[RequestResult], float]:
     """Send every prompt once (after one short warm-up request); returns the results and the seconds
     from the first send to the last finish."""
     limit = concurrency or len(prompts)
@@ -149,13 +217,15 @@ async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: flo
         if warmup and prompts:
             first = prompts[0]
             short = Prompt(text=first.text and first.text[:200], input_ids=first.input_ids and first.input_ids[:16])
-            await send_one(client, short, temperature=temperature, timeout=timeout, t0=0.0, max_new_tokens=4)
+            await send_one(client, short, temperature=temperature, timeout=timeout, t0=0.0, max_new_tokens=4,
+                           backend=backend, model=model)
         with progress_bar(len(prompts), desc, enabled=progress) as bar:
             t0 = time.perf_counter()
 
             async def one(prompt: Prompt) -> RequestResult:
                 async with semaphore:
-                    res = await send_one(client, prompt, temperature=temperature, timeout=timeout, t0=t0)
+                    res = await send_one(client, prompt, temperature=temperature, timeout=timeout, t0=t0,
+                                         backend=backend, model=model)
                 bar.update(1)
                 return res
 

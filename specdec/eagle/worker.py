@@ -33,19 +33,12 @@ from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExten
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
 from specdec.eagle.replay import load_replay
-from specdec.eagle.simulate import child_cdf, simulate_tree_acceptance
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer, maybe_phase
-from specdec.eagle.tree import BuiltTree, TreeMaskMode, build_tree
-from specdec.eagle.verify import (
-    VerifyResult,
-    simulate_acceptance,
-    verify_greedy,
-    verify_sampling,
-)
-from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
+from specdec.eagle.tree import TreeMaskMode, build_tree
+from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
+from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, table_slots
-from specdec.kernels import compact_accepted_kv_locs
 
 
 class EAGLEWorker:
@@ -115,7 +108,7 @@ class EAGLEWorker:
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
         self.extend_offsets = torch.arange(config.num_steps + 1, device=self.device)  # [S + 1] a draft extend's positions
         self.pad_slot_value = torch.tensor(self.pad_slot, device=self.device)  # [] (torch.where(out=) takes tensors)
-        self._simulate_cdf: torch.Tensor | None = None  # [S + 1, P, K] benchmark only
+        self.verifier = TreeVerifier(config, generator=generator, replay=self.replay, simulate_seed=self.simulate_seed)
         self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
         self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None
         # set by a benchmark to time the phases of each decode step
@@ -225,12 +218,14 @@ class EAGLEWorker:
                 cfg.topk, cfg.num_steps, n, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
             )
         with maybe_phase(self.timer, "verify"):
-            logits, features = self._target_verify(req_pool_indices, seq_lens, seq_lens_cpu, tree, tree_slots)
+            logits, features = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens,
+                                             seq_lens_cpu, tree, tree_slots, num_draft_tokens=n)
             if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
                 logits = sampling.process(logits.float(), tree)
-            result = self._verify(tree, logits, sampling, seq_lens)
+            result = self.verifier(tree, logits, sampling, seq_lens)
         with maybe_phase(self.timer, "commit"):
-            slots, committed = self._commit_kv(req_pool_indices, seq_lens, result)
+            slots, committed = commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices,
+                                                  seq_lens, result, num_draft_tokens=n, topk=cfg.topk)
             nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
             tokens = result.predicts[nodes]  # [bs, S+1] committed tokens, padding past k
             if getattr(sampling, "top_logprobs_num", None) is not None:
@@ -335,92 +330,6 @@ class EAGLEWorker:
         k = self.config.topk  # the state keeps the widest shape's topk
         return self.draft.expand(topk_p[:, :k], topk_index[:, :k], hidden, req_pool_indices=req_pool_indices,
                                  seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
-
-    def _target_verify(self, req_pool_indices, seq_lens, seq_lens_cpu, tree: BuiltTree, tree_slots):
-        bs, n = int(req_pool_indices.shape[0]), self.config.num_draft_tokens
-        batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            input_ids=tree.draft_tokens,
-            positions=tree.positions,
-            out_cache_loc=tree_slots,
-            req_pool_indices=req_pool_indices,
-            prefix_lens=seq_lens,
-            extend_lens=torch.full((bs,), n, dtype=torch.int64, device=seq_lens.device),
-            req_to_token=self.memory.req_to_token,
-            kv_cache=self.target.kv_cache,
-            attn_backend=self.target.attn_backend,
-            logits_mode=LogitsMode.ALL,
-            logits_dtype=None,  # the verify's [bs * N, vocab] unwidened: argmax reads them as they are
-            capture_hidden_mode=CaptureHiddenMode.FULL,
-            tree_mask=tree.tree_mask,
-            prefix_lens_cpu=seq_lens_cpu,
-            extend_lens_cpu=[n] * bs,
-        )
-        out = self.target.forward(batch)
-        return out.next_token_logits, out.hidden_states
-
-    def _verify(self, tree: BuiltTree, logits: torch.Tensor, sampling: SamplingInfo,
-                seq_lens: torch.Tensor) -> VerifyResult:
-        cfg = self.config
-        n = cfg.num_draft_tokens
-        candidates = tree.draft_tokens.view(-1, n)
-        bs = candidates.shape[0]
-        if cfg.simulate_accept_length is not None:
-            return simulate_acceptance(candidates, logits, tree.retrive_next_token, num_steps=cfg.num_steps,
-                                       mean_committed=cfg.simulate_accept_length, generator=self.generator)
-        cdf = self._simulated_cdf(seq_lens, logits.device)
-        if cdf is not None:
-            return simulate_tree_acceptance(
-                candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
-                tree.retrive_next_sibling, cdf, num_steps=cfg.num_steps, seed=self.simulate_seed)
-        retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
-        if sampling.is_all_greedy:
-            return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)
-        row_to_request = torch.arange(bs, device=logits.device).repeat_interleave(n)
-        uniforms = getattr(sampling, "uniforms", None)  # a host's per-request (seeded) draws
-        return verify_sampling(
-            candidates, sampling.probs(logits.float(), row_to_request), *retrive,
-            num_steps=cfg.num_steps, threshold_single=cfg.accept_threshold_single,
-            threshold_acc=cfg.accept_threshold_acc, generator=self.generator,
-            coins=uniforms(bs, n, logits.device) if uniforms is not None else None,
-        )
-
-    def _simulated_cdf(self, seq_lens: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-        """Benchmark only: the simulated verify's cdf of the child rank each node accepts, each
-        request's replayed path [bs, S + 1, 1, K] or the hazards model's [S + 1, P, K]; None when the
-        target's own predictions decide."""
-        cfg = self.config
-        if self.replay is not None:
-            return self.replay.accept_cdf(self.replay.rows(seq_lens, self.simulate_seed), cfg.num_steps, cfg.topk)
-        if cfg.simulate_hazards is not None and self._simulate_cdf is None:
-            cdf = child_cdf(cfg.simulate_hazards, device)  # [S + 1, P, K] of the model
-            self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()
-        return self._simulate_cdf
-
-    def _commit_kv(
-        self,
-        req_pool_indices: torch.Tensor,  # [bs]
-        seq_lens: torch.Tensor,  # [bs]
-        result: VerifyResult,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Move accepted nodes' target K/V to consecutive positions.
-
-        Tree node t of request b was written at position seq_len + t; its i-th accepted node
-        (root = 0th) belongs at seq_len + i. Since t >= i and moves read before they write,
-        compaction never clobbers a node still to be moved. Returns each committed position's
-        slot and which of the [bs, S+1] entries are committed (the rest is padding).
-        """
-        shape = result.accept_index.shape  # [bs, S+1]
-        device = seq_lens.device
-        src, dst, positions = (torch.empty(shape, dtype=torch.int64, device=device) for _ in range(3))
-        compact_accepted_kv_locs(
-            self.memory.req_to_token, req_pool_indices, seq_lens, result.accept_index, result.accept_length,
-            src, dst, positions, num_draft_tokens=self.config.num_draft_tokens,
-        )
-        # NOTE: a chain's node t sits at position seq_len + t, so its accepted nodes are in place
-        if self.config.topk > 1:
-            self.target.kv_cache.move(src, dst)  # [bs, S+1]: one group per request; padding is src == dst
-        return dst, positions >= 0
 
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
                                 nodes, tokens, features, slots, committed) -> None:

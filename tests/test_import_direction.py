@@ -8,12 +8,13 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "specdec"
 
-SUBSYSTEM = {"kernels", "cuda_graph", "attention", "models", "eagle", "config", "forward", "host"}
+SUBSYSTEM = {"kernels", "cuda_graph", "attention", "models", "eagle", "ngram", "config", "forward", "host"}
 HOST = SUBSYSTEM | {"engine"}
 # package part -> parts of ours it may import (the top-level modules config, forward, host are parts too)
 ALLOWED = {
     "kernels": set(),
     "cuda_graph": set(),
+    "ngram": set(),
     "config": set(),
     "forward": set(),
     "host": {"forward"},

@@ -94,14 +94,27 @@ class VLLMEngine:
         # NOTE: stats on (vLLM's LLM turns them off): the acceptance length is read from its metrics
         kw = {"disable_log_stats": False, **flags}
         if config != "plain":
-            kw["speculative_config"] = {"method": "eagle3", "model": head,
-                                        "num_speculative_tokens": int(config.rsplit("k", 1)[1])}
+            kw["speculative_config"] = self.speculative_config(config, head)
         if dummy:
             kw.update(load_format="dummy", skip_tokenizer_init=True)
         self.llm = LLM(model=model, **kw)
         self.engine = self.llm.llm_engine
         self.detokenize = not dummy
         self.outputs: dict[str, tuple[list[int], bool]] = {}
+
+    @staticmethod
+    def speculative_config(config: str, head: str | None) -> dict:
+        """eagle3-kN: EAGLE-3 with our head; ngram-kN: vLLM's prompt lookup (needs numba);
+        specdec-ngram-kN: ours inside vLLM (``specdec.ngram.vllm_proposer``); N tokens a step."""
+        method, _, k = config.rpartition("-k")
+        spec = {"num_speculative_tokens": int(k)}
+        if method == "eagle3":
+            return {**spec, "method": "eagle3", "model": head}
+        if method == "ngram":
+            return {**spec, "method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+        if method == "specdec-ngram":
+            return {**spec, "method": "custom_class", "model": "specdec.ngram.vllm_proposer.NgramProposer"}
+        raise ValueError(f"--config {config!r}: plain, eagle3-kN, ngram-kN or specdec-ngram-kN")
 
     def add(self, rid: str, ids: list[int], max_tokens: int, *, ignore_eos: bool) -> None:
         from vllm import SamplingParams
@@ -230,7 +243,8 @@ def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=sorted(ENGINES), required=True)
-    parser.add_argument("--config", default="plain", help="plain, eagle3 (specdec), eagle3-kN (vllm)")
+    parser.add_argument("--config", default="plain",
+                        help="plain, eagle3 (specdec); eagle3-kN, ngram-kN, specdec-ngram-kN (vllm)")
     parser.add_argument("--workload", choices=["chat", "decode"], required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--head", help="the EAGLE-3 head directory")

@@ -30,7 +30,8 @@ def export(gguf: str, out: str, *, dtype: torch.dtype = torch.bfloat16) -> Path:
     config.architectures = [type(model).__name__]
     config.dtype = str(dtype).removeprefix("torch.")
     tensors = load_gguf_checkpoint(gguf, return_tensors=True, model_to_load=model)["tensors"]
-    missing = [k for k in model.state_dict() if k not in tensors and not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = [k for k in model.state_dict() if k not in tensors and k not in tied]
     if missing:
         raise ValueError(f"{gguf}: no tensors for {missing[:4]}")
     path = Path(out)

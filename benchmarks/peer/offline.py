@@ -256,7 +256,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="chat: longest answer")
     parser.add_argument("--out", required=True, help="JSON lines file to append rows to")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting passed to the engine (diagnostics; the record uses none), e.g. max_running_requests=1")
+                        help="a setting passed to the engine (diagnostics; the record uses none), "
+                             "e.g. max_running_requests=1")
     args = parser.parse_args()
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",
@@ -264,7 +265,8 @@ def main() -> None:
 
     def emit(row: dict) -> None:  # each cell as it is measured: a run cut short keeps what it had
         with open(args.out, "a") as f:
-            f.write(json.dumps({"engine": args.engine, "config": args.config, **row, **({"flags": flags} if flags else {})}) + "\n")
+            extra = {"flags": flags} if flags else {}
+            f.write(json.dumps({"engine": args.engine, "config": args.config, **row, **extra}) + "\n")
 
     if args.workload == "chat":
         run_chat(engine, args.model, [int(c) for c in args.concurrency.split(",")],

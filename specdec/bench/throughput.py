@@ -18,7 +18,8 @@ more than the whole run), then times ``--repeats`` runs of at least ``--min-seco
 prompt set over again within a run where one pass is shorter), each from an empty prefix cache;
 the throughput is their median, with their spread, and a warning when two runs disagree by more
 than 5 %. On CPU (no kernels to compile, minutes a run) one short request warms up and one run is
-timed. A progress line on stderr counts finished requests. The online benchmark of a running server is ``specdec/bench/serving.py``; both use the
+timed. A progress line on stderr counts finished requests. The online benchmark of a running
+server is ``specdec/bench/serving.py``; both use the
 embedded prompt sets (``specdec/engine/embedded.py``) and the report helpers (``report.py``).
 """
 
@@ -187,7 +188,7 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
     with frozen_heap():  # as a server runs: the built engine kept out of the collector's passes
         for i in range(plan.repeats):
             seconds, tokens, results = 0.0, 0, []
-            for j in range(passes):
+            for _ in range(passes):
                 s, out = _pass(engine, prompts, params, desc=f"{desc} run {i + 1}/{plan.repeats}", progress=progress)
                 seconds += s
                 tokens += sum(r["meta_info"]["completion_tokens"] for r in out)

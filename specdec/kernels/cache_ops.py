@@ -120,7 +120,7 @@ def compact_accepted_kv_locs_ref(
     *,
     num_draft_tokens: int,
 ) -> None:
-    """Specification of ``compact_accepted_kv_locs`` (``specdec.eagle.verify_step.commit_accepted_kv`` without host syncs).
+    """Specification of ``compact_accepted_kv_locs`` (``verify_step.commit_accepted_kv`` without host syncs).
 
     Node t of request b was verified at position seq_len + t; its i-th accepted node (root = 0th)
     belongs at seq_len + i. For i <= k: src = row[seq_len + t_i], dst = row[seq_len + i],

@@ -3,8 +3,9 @@
 Every field a route honors is declared with its type and range; a value out of range is a 400
 naming the field (``app`` turns pydantic's errors into 400s). Fields the server cannot honor
 are declared as ``null`` only, so a request that sets one is rejected by name instead of being
-silently ignored. Unknown fields are ignored (``extra="allow"``), as OpenAI's and SGLang's
-servers do. Limits that depend on the model (vocab size, context length) are added to the
+silently ignored. An unknown top-level field is a 400 naming it (``extra="forbid"``): OpenAI's and
+SGLang's servers ignore one (vLLM logs it), so a misspelt ``max_token`` would silently give 16
+tokens; inside objects (messages, stream options, a JSON schema) unknown keys pass. Limits that depend on the model (vocab size, context length) are added to the
 document by ``openapi.patch_model_limits`` and checked by the engine.
 """
 
@@ -135,7 +136,7 @@ class _OpenAICommon(_Body):
 
 
 class CompletionRequest(_OpenAICommon):
-    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=at_most_one("regex", response_format=True))
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=at_most_one("regex", response_format=True))
 
     prompt: Union[str, Annotated[list[str], Field(min_length=1)], TokenIds, Annotated[list[TokenIds], Field(min_length=1)]]
     echo: Optional[bool] = None
@@ -156,7 +157,7 @@ class ChatMessage(_Body):
 
 
 class ChatCompletionRequest(_OpenAICommon):
-    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=at_most_one("regex", response_format=True))
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=at_most_one("regex", response_format=True))
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Optional[MaxTokens] = None
@@ -210,7 +211,7 @@ class NativeSamplingParams(BaseModel):
 class GenerateRequest(_Body):
     """SGLang's native /generate: one prompt or a batch (``text`` or ``input_ids``)."""
 
-    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}]})
 
     # exactly one of text and input_ids (not null: the document's oneOf says so)
@@ -233,7 +234,7 @@ class GenerateRequest(_Body):
 class AbortRequest(_Body):
     """SGLang's /abort_request: end one request (``rid``, its ``meta_info.id``) or every one."""
 
-    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"anyOf": [
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"anyOf": [
         {"required": ["rid"], "properties": {"rid": {"type": "string"}}},
         {"required": ["abort_all"], "properties": {"abort_all": {"const": True}}}]})
 

@@ -34,6 +34,11 @@ CASES = [
     ("/v1/completions", {"prompt": [3, 4], "stop": "x"}, 400, "tokenizer"),
     ("/v1/completions", {"prompt": [3, 4], "stop": [{}]}, 400, "stop"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 400, "no tokenizer"),
+    # an unknown parameter is named, never silently ignored (a misspelt max_tokens would give 16)
+    ("/v1/completions", {"prompt": [3, 4], "max_token": 64}, 400, "max_token"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temprature": 0}, 400, "temprature"),
+    ("/generate", {"input_ids": [3], "max_new_tokens": 8}, 400, "max_new_tokens"),
+    ("/abort_request", {"rid": "x", "all": True}, 400, "all"),
 ]
 
 

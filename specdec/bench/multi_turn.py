@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from specdec.bench.report import latency_stats_ms, progress_bar
+from specdec.bench.serving_client import sse_chunks
 from specdec.engine.embedded import PROMPT_DIR
 
 
@@ -76,15 +77,7 @@ async def _read_chat_stream(response: httpx.Response, res: TurnResult, start: fl
         body = (await response.aread()).decode(errors="replace")
         raise RuntimeError(f"HTTP {response.status_code}: {body[:300]}")
     text, last = [], None
-    async for line in response.aiter_lines():
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise RuntimeError(f"stream error: {chunk['error']}")
+    async for chunk in sse_chunks(response, require_done=False):
         if chunk.get("usage"):
             usage = chunk["usage"]
             res.prompt_tokens = usage["prompt_tokens"]

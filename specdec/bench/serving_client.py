@@ -89,9 +89,9 @@ async def _http_error(response: httpx.Response, res: RequestResult) -> RequestRe
     return res.fail(f"HTTP {response.status_code}", body)
 
 
-async def _chunks(response: httpx.Response):
-    """The SSE stream's JSON chunks up to ``data: [DONE]``; an error chunk, or a stream that ends
-    without ``[DONE]``, raises ``_StreamError``."""
+async def sse_chunks(response: httpx.Response, *, require_done: bool = True):
+    """The SSE stream's JSON chunks up to ``data: [DONE]``; an error chunk raises ``StreamError``,
+    and so does a stream that ends without ``[DONE]`` where ``require_done``."""
     async for line in response.aiter_lines():
         if not line.startswith("data: "):
             continue
@@ -101,12 +101,13 @@ async def _chunks(response: httpx.Response):
         chunk = json.loads(data)
         if "error" in chunk:  # the server aborted it mid-stream (shutdown, engine failure)
             err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            raise _StreamError(f"HTTP {err.get('code', 'error')}", str(err.get("message")))
+            raise StreamError(f"HTTP {err.get('code', 'error')}", str(err.get("message")))
         yield chunk
-    raise _StreamError("stream cut", "the stream ended without data: [DONE]")
+    if require_done:
+        raise StreamError("stream cut", "the stream ended without data: [DONE]")
 
 
-class _StreamError(Exception):
+class StreamError(Exception):
     def __init__(self, reason: str, error: str) -> None:
         super().__init__(error)
         self.reason, self.error = reason, error
@@ -128,13 +129,13 @@ async def _read_openai_stream(response: httpx.Response, res: RequestResult, star
         return await _http_error(response, res)
     last_chunk_at, finish, usage = None, None, None
     try:
-        async for chunk in _chunks(response):
+        async for chunk in sse_chunks(response):
             usage = chunk.get("usage") or usage
             for choice in chunk.get("choices") or ():
                 if choice.get("text"):
                     last_chunk_at = _tokens_arrived(res, start, last_chunk_at)
                 finish = choice.get("finish_reason") or finish
-    except _StreamError as e:
+    except StreamError as e:
         return res.fail(e.reason, e.error)
     res.latency = time.perf_counter() - start
     if finish is None or not usage:
@@ -150,12 +151,12 @@ async def _read_stream(response: httpx.Response, res: RequestResult, start: floa
         return await _http_error(response, res)
     last_chunk_at, meta = None, None
     try:
-        async for chunk in _chunks(response):
+        async for chunk in sse_chunks(response):
             n = len(chunk.get("output_ids", ()))
             if n > res.output_tokens:
                 last_chunk_at, res.output_tokens = _tokens_arrived(res, start, last_chunk_at), n
             meta = chunk.get("meta_info") or meta
-    except _StreamError as e:
+    except StreamError as e:
         return res.fail(e.reason, e.error)
     res.latency = time.perf_counter() - start
     if not meta or meta.get("finish_reason") is None:

@@ -57,6 +57,12 @@ Unsupported = Optional[None]  # declared so that the route can name it; only nul
 Regex = Annotated[str, Field(min_length=1, json_schema_extra={"format": "regex"})]
 
 
+def only(value: bool) -> Any:
+    """A boolean field accepted only at ``value`` (or null): SGLang's request fields that
+    sglang-router 0.3.2 adds, at their defaults, to every request it forwards (``--dp-size``)."""
+    return Optional[Annotated[Literal[value], BeforeValidator(_only_bool)]]
+
+
 def at_most_one(*fields: str, response_format: bool = False) -> dict:
     """JSON Schema: no two of ``fields`` are set to a value (null counts as unset)."""
     value = {"not": {"type": "null"}}
@@ -133,6 +139,10 @@ class _OpenAICommon(_Body):
     # not supported: only null
     best_of: Optional[Annotated[Literal[1], BeforeValidator(_integral), BeforeValidator(_not_bool)]] = None
     service_tier: Unsupported = None
+    # what sglang-router adds to a request it forwards: accepted at its no-op value only
+    no_stop_trim: only(False) = None
+    skip_special_tokens: only(True) = None
+    return_hidden_states: only(False) = None
 
 
 class CompletionRequest(_OpenAICommon):
@@ -181,6 +191,10 @@ class ChatCompletionRequest(_OpenAICommon):
     # identifiers for the caller's records or a cache hint: accepted, they do not change the output
     safety_identifier: Optional[str] = None
     prompt_cache_key: Optional[str] = None
+    # sglang-router's additions (see _OpenAICommon)
+    continue_final_message: only(False) = None
+    separate_reasoning: only(True) = None
+    stream_reasoning: only(True) = None
 
 
 class NativeSamplingParams(BaseModel):
@@ -229,6 +243,14 @@ class GenerateRequest(_Body):
     # the client's request id, for /abort_request (prompt i of a batch gets "{rid}_{i}", as in
     # SGLang); unique among the requests in flight (default: the server picks one, meta_info.id)
     rid: Optional[Annotated[str, Field(min_length=1)]] = None
+    # what sglang-router adds to a request it forwards: accepted at its no-op value only
+    model: Unsupported = None
+    log_metrics: only(True) = None
+    return_hidden_states: only(False) = None
+    background: only(False) = None
+    no_logs: only(False) = None
+    return_bytes: only(False) = None
+    return_entropy: only(False) = None
 
 
 class AbortRequest(_Body):

@@ -25,6 +25,7 @@ DRAFT_KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 class SpecAlgorithm(str, enum.Enum):
     EAGLE = "EAGLE"
     EAGLE3 = "EAGLE3"
+    NGRAM = "NGRAM"  # no draft model: drafts looked up in each request's own tokens (specdec.ngram)
 
     @classmethod
     def parse(cls, name: str) -> "SpecAlgorithm":
@@ -114,6 +115,10 @@ class SpecConfig:
     @property
     def is_eagle3(self) -> bool:
         return self.algorithm is SpecAlgorithm.EAGLE3
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.algorithm is SpecAlgorithm.NGRAM
 
     @classmethod
     def from_flags(

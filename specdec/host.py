@@ -1,4 +1,5 @@
-"""The host contract: what a serving engine provides so the EAGLE worker can drive its decode steps.
+"""The host contract: what a serving engine provides so a speculative worker (EAGLE, n-gram) can
+drive its decode steps.
 
 specdec never imports a host engine. A host hands the worker objects that satisfy these Protocols
 (``specdec.engine`` is the reference implementation). The worker shares the host's
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, Union, runtime_checkable
 
+import numpy as np
 import torch
 
 from specdec.forward import ForwardBatch, LogitsOutput
@@ -117,3 +119,15 @@ class SamplingInfo(Protocol):
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """One token per request from ``logits`` [bs, vocab]: [bs] int64."""
+
+
+@runtime_checkable
+class TokenHistory(Protocol):
+    """Each request row's tokens so far, on the host: what a drafter without a model (the n-gram
+    worker) looks its drafts up in. The host brings a row up to date before every decode step
+    that includes it, so that the row ends with the step's root (the last committed token)."""
+
+    # [max_reqs, max_context] int: row r's first num_tokens[r] entries are its prompt + output
+    token_ids: np.ndarray
+    # [max_reqs] int
+    num_tokens: np.ndarray

@@ -14,7 +14,7 @@ HOST = SUBSYSTEM | {"engine"}
 ALLOWED = {
     "kernels": set(),
     "cuda_graph": set(),
-    "ngram": set(),
+    "ngram": {"eagle", "kernels", "forward", "host", "config"},
     "config": set(),
     "forward": set(),
     "host": {"forward"},

@@ -1,0 +1,81 @@
+"""NgramConfig: the n-gram drafter's settings, named after SGLang's ``--speculative-ngram-*`` flags.
+
+    min_match_window / max_match_window   n-gram lengths matched against the request's own tokens
+                                          (``--speculative-ngram-{min,max}-match-window-size``)
+    min_bfs_breadth / max_bfs_breadth     children kept at the tree's root for the longest / the
+                                          shortest match, one fewer per ``scale`` a level deeper
+                                          (``--speculative-ngram-{min,max}-bfs-breadth``)
+    match_type                            BFS: children by recency; PROB: by frequency, nodes by
+                                          path probability (``--speculative-ngram-match-type``)
+    num_draft_tokens (N)                  tree nodes verified per request, root included
+                                          (``--speculative-num-draft-tokens``; default: the
+                                          largest match window, as SGLang's)
+
+The config is frozen and validates itself (messages name the flag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.config import ConfigError
+
+MATCH_TYPES = ("BFS", "PROB")
+# SGLang's defaults
+DEFAULT_MIN_MATCH_WINDOW = 1
+DEFAULT_MAX_MATCH_WINDOW = 12
+DEFAULT_MIN_BFS_BREADTH = 1
+DEFAULT_MAX_BFS_BREADTH = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramConfig:
+    num_draft_tokens: int = DEFAULT_MAX_MATCH_WINDOW
+    min_match_window: int = DEFAULT_MIN_MATCH_WINDOW
+    max_match_window: int = DEFAULT_MAX_MATCH_WINDOW
+    min_bfs_breadth: int = DEFAULT_MIN_BFS_BREADTH
+    max_bfs_breadth: int = DEFAULT_MAX_BFS_BREADTH
+    match_type: str = "BFS"
+    # adaptive: per-request draft budgets and per-step verify sizes (specdec.ngram.budget); off:
+    # every step that has a match verifies N nodes a request
+    adaptive: bool = True
+    # a step verifies at most this many rows (bs x nodes); 0: no limit (adaptive only)
+    max_verify_rows: int = 512
+
+    def __post_init__(self) -> None:
+        ints = (("--speculative-num-draft-tokens", self.num_draft_tokens, 2),
+                ("--speculative-ngram-min-match-window-size", self.min_match_window, 1),
+                ("--speculative-ngram-max-match-window-size", self.max_match_window, 1),
+                ("--speculative-ngram-min-bfs-breadth", self.min_bfs_breadth, 1),
+                ("--speculative-ngram-max-bfs-breadth", self.max_bfs_breadth, 1),
+                ("--speculative-adaptive-max-verify-rows", self.max_verify_rows, 0))
+        for flag, value, low in ints:
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{flag} must be an integer >= {low}, got {value!r}")
+        if self.min_match_window > self.max_match_window:
+            raise ConfigError(f"--speculative-ngram-min-match-window-size={self.min_match_window} exceeds "
+                              f"--speculative-ngram-max-match-window-size={self.max_match_window}")
+        if self.min_bfs_breadth > self.max_bfs_breadth:
+            raise ConfigError(f"--speculative-ngram-min-bfs-breadth={self.min_bfs_breadth} exceeds "
+                              f"--speculative-ngram-max-bfs-breadth={self.max_bfs_breadth}")
+        if self.match_type not in MATCH_TYPES:
+            raise ConfigError(f"--speculative-ngram-match-type={self.match_type!r}: choose one of {list(MATCH_TYPES)}")
+
+    @property
+    def max_nodes(self) -> int:
+        """Draft nodes per request, the root not counted (N - 1)."""
+        return self.num_draft_tokens - 1
+
+    @property
+    def is_chain(self) -> bool:
+        return self.max_bfs_breadth == 1
+
+    @property
+    def breadth_scale(self) -> float:
+        """Breadth lost per match token and per tree level (SGLang's ``bfs_breadth_scale``)."""
+        return (self.max_bfs_breadth - self.min_bfs_breadth) / (self.max_match_window - self.min_match_window + 1)
+
+    def root_breadth(self, match_len: int) -> float:
+        """Children of the root for a match of ``match_len`` tokens: a long match is trusted, so it
+        branches least (near ``max_bfs_breadth`` at the shortest window, ``min_bfs_breadth`` at the longest)."""
+        return (self.max_match_window - match_len) * self.breadth_scale + self.min_bfs_breadth

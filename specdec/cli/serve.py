@@ -3,6 +3,10 @@
     specdec serve --model-path M --speculative-algorithm EAGLE --speculative-draft-model-path D \\
         --host 127.0.0.1 --port 30000
 
+Several nodes (``--nnodes``): node 0 serves HTTP; every other node runs the same command with its
+``--node-rank`` and serves nothing (``tp_worker.serve_node``). ``--dp-size N``: N replicas behind
+sglang-router (``specdec.cli.replicas``).
+
 Shutdown (SIGINT / SIGTERM): the first signal drains — new requests get 503, in-flight ones run to
 their end for up to ``--shutdown-timeout`` seconds, then are aborted (their clients get an error
 event) — and uvicorn then closes; a second SIGINT exits at once.
@@ -33,6 +37,12 @@ def main(argv: list[str] | None = None) -> None:
         settings, engine_args = settings_from(ServerSettings, args), engine_args_from(args)
     except ValueError as e:
         parser.error(str(e))
+    if engine_args.node_rank > 0:
+        from specdec.engine.engine import Engine
+        from specdec.engine.tp_worker import serve_node
+
+        serve_node(engine_args, Engine)
+        return
     from specdec.server.app import serve
 
     serve(settings, engine_args)

@@ -66,6 +66,18 @@ class EngineArgs:
     tp_size: int = dataclasses.field(default=1, metadata=flag(
         "tensor-parallel ranks: the engine starts tp_size - 1 worker processes (NCCL on CUDA, rank r on "
         "cuda:r; gloo on CPU)", group=MODEL))
+    nnodes: int = dataclasses.field(default=1, metadata=flag(
+        "nodes the --tp-size ranks are spread over evenly (node k: ranks k*tp/nnodes ...; rank r on its node's "
+        "cuda:r %% (tp/nnodes)); node 0 serves HTTP, every other node runs specdec serve with the same flags "
+        "and its --node-rank", group=MODEL))
+    node_rank: int = dataclasses.field(default=0, metadata=flag(
+        "this node's index among --nnodes (0 serves HTTP; k > 0 runs its ranks and follows node 0)", group=MODEL))
+    dist_init_addr: str | None = dataclasses.field(default=None, metadata=flag(
+        "node 0's HOST:PORT, reachable from every node: torch.distributed's store listens there and rank 0's "
+        "control channel at PORT+1 (required with --nnodes > 1; default 127.0.0.1 and free ports)", group=MODEL))
+    dist_timeout: int = dataclasses.field(default=600, metadata=flag(
+        "seconds every node has to join (node 0 then fails naming the nodes missing; another node gives up "
+        "reaching node 0)", group=MODEL))
     cuda_graph_max_bs: int | None = dataclasses.field(default=None, metadata=flag(
         "largest decode batch replayed as a CUDA graph (default: --max-running-requests, so every batch the "
         "engine runs replays one); below --max-running-requests it bounds the running batch too: a decode "
@@ -150,13 +162,14 @@ class EngineArgs:
         if self.max_running_requests is None:
             kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
             object.__setattr__(self, "max_running_requests", DEFAULT_MAX_RUNNING_REQUESTS[kind])
-        for name in ("page_size", "max_running_requests", "tp_size"):
+        for name in ("page_size", "max_running_requests", "tp_size", "nnodes", "dist_timeout"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)}: expected >= 1")
         for name in ("max_total_tokens", "context_length", "cuda_graph_max_bs"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={value}: expected >= 1")
+        self._check_nodes()
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1 \
                 and self.chunked_prefill_size != -1:
             raise ValueError(f"--chunked-prefill-size={self.chunked_prefill_size}: expected >= 1, or -1 (no chunking)")
@@ -173,6 +186,18 @@ class EngineArgs:
                 raise ValueError(f"--cuda-graph-bs={list(self.cuda_graph_bs)}: expected batch sizes in "
                                  f"1..--max-running-requests ({self.max_running_requests})")
             object.__setattr__(self, "cuda_graph_bs", sizes)
+
+    def _check_nodes(self) -> None:
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"--nnodes {self.nnodes} does not divide --tp-size {self.tp_size}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise ValueError(f"--nnodes {self.nnodes}: give --dist-init-addr HOST:PORT (node 0's address)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65535:
+                raise ValueError(f"--dist-init-addr {self.dist_init_addr!r}: expected HOST:PORT (PORT+1 is used too)")
 
     @property
     def prefill_chunk_tokens(self) -> int | None:

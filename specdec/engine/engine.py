@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -62,6 +62,9 @@ class Engine:
         elif flags or model_path is not None:
             raise TypeError("Engine: give either args=EngineArgs(...) or its keywords, not both")
         self._tp_workers: TPWorkers | None = None
+        if args.node_rank > 0 and tp_group is None:
+            raise ValueError(f"--node-rank {args.node_rank}: that node follows node 0 and builds no Engine of its "
+                             "own (specdec serve runs it)")
         if args.tp_size > 1 and tp_group is None:
             if target_model is not None or draft_model is not None or args.model_path is None:
                 raise ValueError("--tp-size > 1: every rank loads its shard from --model-path (no in-memory models)")
@@ -93,6 +96,12 @@ class Engine:
         self.release_cuda_graphs()
         if self._tp_workers is not None:
             self._tp_workers.shutdown()
+
+    def watch_workers(self, listener: Callable[[Exception], None]) -> None:
+        """Under tensor parallelism, ``listener(error)`` (from a monitor thread) once a rank fails
+        or goes away; ``error`` names it. Without tensor parallelism, never."""
+        if self._tp_workers is not None:
+            self._tp_workers.add_failure_listener(listener)
 
     def release_cuda_graphs(self) -> None:
         """Destroy every captured graph (target and draft); the engine runs eagerly afterwards."""

@@ -169,8 +169,13 @@ def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
                          model_path=engine_args.model_path)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                                 timeout_keep_alive=5, timeout_graceful_shutdown=5)
+        server = GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout)
+        # a failed tensor-parallel rank (or node) ends the engine: the server stops too, with the cause
+        async_engine.on_failure = lambda _: setattr(server, "should_exit", True)
         with frozen_heap():  # the built engine and app kept out of the collector's passes
-            GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout).run()
+            server.run()
+        if async_engine.failure is not None:
+            raise SystemExit(f"specdec serve: stopped, the engine failed:\n{async_engine.failure}")
     finally:
         # NOTE: the app's lifespan has stopped the engine thread; this releases the CUDA graphs and
         # stops the tensor-parallel workers (their NCCL teardown needs both)

@@ -35,6 +35,7 @@ import torch
 from specdec.engine.engine import Engine
 from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
+from specdec.engine.tp_worker import TPWorkerError
 from specdec.server.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,11 @@ class _Call:
     done: concurrent.futures.Future
 
 
+@dataclasses.dataclass
+class _Failed:
+    error: TPWorkerError
+
+
 _STOP = object()
 
 
@@ -158,6 +164,10 @@ class AsyncEngine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: dict[str, _Tracked] = {}  # loop thread only
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        # a tensor-parallel rank failed or went away: the engine cannot go on, the server stops
+        self.failure: TPWorkerError | None = None
+        self.on_failure: Callable[[TPWorkerError], None] | None = None
+        engine.watch_workers(lambda error: self._inbox.put(_Failed(error)))
 
     # ------------------------------------------------------------ asyncio side
     def start(self) -> None:
@@ -240,6 +250,9 @@ class AsyncEngine:
             try:
                 if not self._iteration():
                     return
+            except TPWorkerError as e:
+                self._fail(e)
+                return
             except Exception:  # noqa: BLE001 — a bug must not leave clients waiting forever
                 logger.exception("engine loop failed; aborting all requests")
                 self._abort_all("internal engine error", status=500)
@@ -254,7 +267,13 @@ class AsyncEngine:
                 self._abort_all("the server stopped")
                 return False
             try:
+                if isinstance(cmd, _Failed):
+                    raise cmd.error
                 self._handle(cmd)
+            except TPWorkerError:
+                for rest in commands[i + 1:]:
+                    self._inbox.put(rest)  # answered by _fail
+                raise
             except Exception as e:  # noqa: BLE001 — answer this command, keep the others
                 logger.exception("engine command %s failed", type(cmd).__name__)
                 done = getattr(cmd, "done", None)
@@ -331,6 +350,8 @@ class AsyncEngine:
         start = time.perf_counter()
         try:
             self.engine.step()
+        except TPWorkerError:
+            raise
         except Exception:  # noqa: BLE001 — keep serving; fail the requests in flight, not the server
             logger.exception("engine step failed; aborting all running requests")
             self._abort_all("internal engine error", status=500)
@@ -353,11 +374,24 @@ class AsyncEngine:
             out.setdefault(t.loop, []).append((t, self._event(t)))
         self._post(out)
 
-    def _abort_all(self, reason: str, *, status: int = 503) -> int:
+    def _fail(self, error: TPWorkerError) -> None:
+        """A rank failed: end every request with the cause, refuse new ones, tell ``on_failure``."""
+        logger.error("the engine's tensor-parallel group failed; the server stops:\n%s", error)
+        self.failure, self.accepting = error, False
+        self._abort_all(f"the engine failed: {error}", status=500, free_kv=False)
+        for cmd in self._take_commands(block=False):
+            done = getattr(cmd, "done", None)
+            if done is not None and done.set_running_or_notify_cancel():
+                done.set_exception(EngineUnavailable(f"the engine failed: {error}"))
+        if self.on_failure is not None:
+            self.on_failure(error)
+
+    def _abort_all(self, reason: str, *, status: int = 503, free_kv: bool = True) -> int:
         out: dict[asyncio.AbstractEventLoop, list] = {}
         for rid, t in list(self._active.items()):
             try:
-                self.engine.abort(rid)
+                if free_kv:
+                    self.engine.abort(rid)
             except Exception:  # noqa: BLE001 — the KV of a broken step is lost, the server is not
                 logger.exception("abort of %s failed", rid)
             self.metrics.requests.labels(finish_reason="abort").inc()

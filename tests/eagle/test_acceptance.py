@@ -295,7 +295,8 @@ def test_policy_backs_off_when_served_speculative_steps_cost_more_than_profiled(
         policy.observe_step("3x1x4", 1, 100, 4.8)
         policy.observe_step(PLAIN, 1, 100, 1.0)
     picks = [policy.choose(1, 100) for _ in range(128)]
-    assert picks.count(None) >= 125 and 1 <= picks.count(tree) + picks.count(SpecShape(3, 1, 4)) <= 3
+    tried = picks.count(tree) + picks.count(SpecShape(3, 1, 4))
+    assert tried in (3, 6) and picks.count(None) == 128 - tried  # runs of explore_steps = 3
     # without learning (tensor parallelism: ranks must agree) the profile alone decides
     fixed = AdaptivePolicy(policy.shapes, policy.costs, AcceptanceModel.uniform(0.7, max_depth=5, max_topk=4),
                            learn_step_times=False)
@@ -304,7 +305,10 @@ def test_policy_backs_off_when_served_speculative_steps_cost_more_than_profiled(
     assert all(fixed.choose(1, 100) == tree for _ in range(128))
 
 
-def test_adaptive_worker_times_each_policy_step_to_the_next_launch(monkeypatch):
+def test_adaptive_worker_times_a_step_only_after_a_step_of_the_same_choice(monkeypatch):
+    """Step N's interval (its launch to N+1's) is handed over only where step N-1 made the same
+    choice in the same batch-size bucket: under overlap scheduling the interval holds the wait
+    for step N-1."""
     from specdec.eagle import adaptive
     from specdec.eagle.adaptive import AdaptiveEAGLEWorker
 
@@ -312,12 +316,36 @@ def test_adaptive_worker_times_each_policy_step_to_the_next_launch(monkeypatch):
     worker = AdaptiveEAGLEWorker.__new__(AdaptiveEAGLEWorker)
     worker.policy = type("P", (), {"observe_step": lambda self, *a: seen.append(a)})()
     worker._last_launch = None
-    clock = iter([10.0, 10.004, 10.010, 10.020])
+    clock = iter([10.0, 10.004, 10.010, 10.020, 10.025, 10.031, 10.040, 10.050, 10.052])
     monkeypatch.setattr(adaptive.time, "perf_counter", lambda: next(clock))
-    worker._observe_last_step(None, 4, 50.0)  # the first step: nothing to attribute yet
-    worker._observe_last_step(SpecShape(3, 1, 4), 4, 51.0)
-    assert seen == [(PLAIN, 4, 50.0, pytest.approx(4.0))]
+    chain = SpecShape(3, 1, 4)
+    for shape, bs in [(None, 4), (None, 5), (None, 4), (chain, 4), (chain, 4), (None, 4)]:
+        worker._observe_last_step(shape, bs, 50.0)
+    # timed: the second and third plain steps (each after a plain one), the second chain step
+    assert seen == [(PLAIN, 5, 50.0, pytest.approx(6.0)), (PLAIN, 4, 50.0, pytest.approx(10.0)),
+                    (chain.name, 4, 50.0, pytest.approx(6.0))]
     worker._last_launch = None  # what a prefill in between does
     worker._observe_last_step(None, 5, 52.0)
     worker._observe_last_step(None, 5, 53.0)
-    assert seen[1:] == [(PLAIN, 5, 52.0, pytest.approx(10.0))]
+    worker._observe_last_step(None, 5, 54.0)
+    assert seen[3:] == [(PLAIN, 5, 53.0, pytest.approx(2.0))]
+
+
+def test_adaptive_worker_revises_its_first_choice_under_overlap_scheduling(monkeypatch):
+    """The start-up profile says the tree pays at bs 1, but served tree steps take 4.8x a plain
+    step. Under overlap scheduling the interval from step N's launch to N+1's is the wait for step
+    N-1: the worker must still learn that plain decoding is faster, and keep to it."""
+    from specdec.eagle import adaptive
+    from specdec.eagle.adaptive import AUTO, AdaptiveEAGLEWorker
+
+    worker = AdaptiveEAGLEWorker.__new__(AdaptiveEAGLEWorker)
+    worker.policy, worker.force, worker._context, worker._last_launch = _policy(spec_ms=1.2), AUTO, 100.0, None
+    served_ms = {None: 1.0}  # a shape's served step: 4.8 ms
+    now, launched = [0.0], []
+    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: now[0])
+    for _ in range(600):
+        if len(launched) >= 2:  # the host waits for the step launched two launches ago
+            now[0] += served_ms.get(launched[-2], 4.8) / 1e3
+        launched.append(worker.choose(1, [100]))
+    assert launched[0] == SpecShape(5, 4, 8)
+    assert launched[-256:].count(None) >= 256 - 4 * 3  # plain, the runner-up tried in runs of 3 steps

@@ -92,6 +92,11 @@ class EngineArgs:
         "read each decode step before launching the next (overlap scheduling, the default on CUDA, launches "
         "step t+1 from step t's device-resident outputs while the host reads step t)", group=MODEL,
         flag="--disable-overlap-schedule", action="store_const", const=False))
+    enable_deterministic_inference: bool = dataclasses.field(default=False, metadata=flag(
+        "batch-invariant kernels (SGLang's flag): a row's result depends on neither the batch nor the draft "
+        "tree, so greedy speculative output equals plain decoding bit for bit in bf16 too; attention one query "
+        "row at a time over its own KV (triton, torch_native), fixed-tiling GEMMs, fp32 logits, no CUDA graphs",
+        group=MODEL))
 
     # ------------------------------------------------------------------ KV cache and scheduling
     disable_radix_cache: bool = dataclasses.field(default=False, metadata=flag(
@@ -107,8 +112,9 @@ class EngineArgs:
 
     # ------------------------------------------------------------------ speculative decoding
     speculative_algorithm: str | None = dataclasses.field(default=None, metadata=flag(
-        "turn on speculative decoding with an EAGLE or EAGLE-3 draft head", group=SPEC,
-        choices=["EAGLE", "EAGLE3"]))
+        "turn on speculative decoding with an EAGLE or EAGLE-3 draft head, or NGRAM (no draft model: drafts "
+        "looked up in each request's own prompt and output)", group=SPEC,
+        choices=["EAGLE", "EAGLE3", "NGRAM"]))
     speculative_draft_model_path: str | None = dataclasses.field(default=None, metadata=flag(
         "draft head directory (SGLang/EAGLE format)", group=SPEC))
     speculative_num_steps: int | None = dataclasses.field(default=None, metadata=flag(
@@ -116,7 +122,8 @@ class EngineArgs:
     speculative_eagle_topk: int | None = dataclasses.field(default=None, metadata=flag(
         "branching per draft step (default 4)", group=SPEC))
     speculative_num_draft_tokens: int | None = dataclasses.field(default=None, metadata=flag(
-        "tree nodes verified per request, root included (default 8; steps+1 when topk=1)", group=SPEC))
+        "tree nodes verified per request, root included (default 8; steps+1 when topk=1; NGRAM: "
+        "--speculative-ngram-max-match-window-size)", group=SPEC))
     speculative_accept_threshold_single: float = dataclasses.field(default=1.0, metadata=flag(
         "accept a draft token whose target probability reaches this (1.0 = lossless)", group=SPEC))
     speculative_accept_threshold_acc: float = dataclasses.field(default=1.0, metadata=flag(
@@ -148,6 +155,23 @@ class EngineArgs:
     speculative_adaptive_profile: str | None = dataclasses.field(default=None, metadata=flag(
         "JSON file of measured step costs for adaptive speculation: read when it exists, else measured at "
         "start-up and written there (default: a cache per device and model under ~/.cache/specdec)", group=SPEC))
+    # NGRAM only (SGLang's names; None: SGLang's default, so that a flag given without NGRAM is refused)
+    speculative_ngram_min_match_window_size: int | None = dataclasses.field(default=None, metadata=flag(
+        "NGRAM: shortest n-gram of the request's latest tokens matched against its earlier ones (default 1)",
+        group=SPEC))
+    speculative_ngram_max_match_window_size: int | None = dataclasses.field(default=None, metadata=flag(
+        "NGRAM: longest n-gram matched; the longest that matches drafts (default 12)", group=SPEC))
+    speculative_ngram_min_bfs_breadth: int | None = dataclasses.field(default=None, metadata=flag(
+        "NGRAM: draft-tree children of the root for the longest match (default 1)", group=SPEC))
+    speculative_ngram_max_bfs_breadth: int | None = dataclasses.field(default=None, metadata=flag(
+        "NGRAM: draft-tree children of the root for the shortest match; 1 drafts chains (default 10)", group=SPEC))
+    speculative_ngram_match_type: str | None = dataclasses.field(default=None, metadata=flag(
+        "NGRAM: BFS (children by recency) or PROB (by frequency, nodes by path probability) (default BFS)",
+        group=SPEC, choices=["BFS", "PROB"]))
+    speculative_ngram_branch_length: int | None = dataclasses.field(default=None, metadata=flag(
+        "SGLang's cross-request n-gram cache (not in specdec: refused)", group=SPEC))
+    speculative_ngram_capacity: int | None = dataclasses.field(default=None, metadata=flag(
+        "SGLang's cross-request n-gram cache (not in specdec: refused)", group=SPEC))
     # benchmark-only: commit a drawn number of tokens per verify step (bench --synthetic)
     speculative_simulate_accept_length: float | None = dataclasses.field(default=None, metadata=flag(
         "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))

@@ -17,7 +17,9 @@ from specdec.attention import KVCache, create_attention_backend
 from specdec.config import SpecConfig
 from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import EngineArgs
+from specdec.engine.deterministic import deterministic_args
 from specdec.engine.memory import PagedKVMemory
+from specdec.engine.ngram_setup import TokenTable, ngram_configs
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
@@ -120,7 +122,11 @@ class Engine:
         self.args = args
         torch_dtype = parse_dtype(args.dtype, args.device)
         self.spec_config = None
-        if args.speculative:
+        ngram = ngram_configs(args, draft_model=draft_model)  # NGRAM: no draft model
+        self.ngram_config = ngram[1] if ngram is not None else None
+        if ngram is not None:
+            self.spec_config = ngram[0]
+        elif args.speculative:
             self.spec_config = SpecConfig.from_flags(
                 args.speculative_algorithm, **{name: getattr(args, name) for name in SPEC_CONFIG_FLAGS})
             if draft_model is None and args.speculative_draft_model_path is None:
@@ -137,8 +143,9 @@ class Engine:
                 tokenizer = load_tokenizer(args.model_path)
         # --attention-backend auto: triton on CUDA, torch_native for sliding-window models and on CPU
         args = args.with_attention_resolved(sliding_window=getattr(target_model.config, "has_sliding_layers", False))
+        args = deterministic_args(args)  # --enable-deterministic-inference: checked, switch set, no graphs
         self.args = args
-        if self.spec_config is not None and draft_model is None:
+        if self.spec_config is not None and draft_model is None and ngram is None:
             draft_model = load_draft_head(
                 args.speculative_draft_model_path, target_model, dtype=torch_dtype, device=args.device,
                 token_map=args.speculative_token_map, load_format=args.load_format, seed=args.random_seed,
@@ -178,6 +185,7 @@ class Engine:
         # NOTE: not by default with speculation on a backend that plans on the host (FlashInfer): it
         # needs the lengths an unread step decides, so its graphs could not replay
         overlap = str(device).startswith("cuda") and not (self.spec_config and backend.plans_on_host)
+        overlap = overlap and self.ngram_config is None  # NGRAM drafts from the last step's committed tokens
         if overlap_schedule is not None:
             overlap = bool(overlap_schedule)
         graph_sizes = graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,
@@ -199,9 +207,16 @@ class Engine:
                      dtype=weight.dtype, device=device)
         self.runner = ModelRunner(target_model, kv, backend)
         self.generator = torch.Generator(device=device).manual_seed(random_seed)
-        worker = None
-        adaptive = self.spec_config is not None and self._adaptive(self.args.speculative_adaptive, graph_sizes)
-        if self.spec_config is not None:
+        worker, token_table = None, None
+        adaptive = (self.spec_config is not None and self._adaptive(self.args.speculative_adaptive, graph_sizes)
+                    and self.ngram_config is None)  # NGRAM sizes its steps itself (specdec.ngram.budget)
+        if self.ngram_config is not None:
+            from specdec.ngram.worker import NgramWorker
+
+            token_table = TokenTable(self.memory.max_reqs, self.memory.max_context_len)
+            worker = NgramWorker(self.spec_config, self.ngram_config, self.runner, self.memory, token_table,
+                                 max_running_requests=max_running_requests, generator=self.generator)
+        elif self.spec_config is not None:
             extra = dict(max_verify_rows=self.args.speculative_adaptive_max_verify_rows) if adaptive else {}
             worker = (AdaptiveEAGLEWorker if adaptive else EAGLEWorker)(
                 self.spec_config, self.runner, self.memory, draft_model, attention_backend=attention_backend,
@@ -212,13 +227,13 @@ class Engine:
             self.cuda_graph_bytes = self.capture_cuda_graphs(graph_sizes)
         args = self.args
         cache = NoPrefixCache(self.memory) if args.disable_radix_cache else \
-            RadixPrefixCache(self.memory, with_draft=worker is not None)
+            RadixPrefixCache(self.memory, with_draft=draft_model is not None)
         self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
                                    max_running_requests=max_running_requests, tree_tokens=tree,
                                    overlap=overlap, generator=self.generator, prefix_cache=cache,
                                    chunked_prefill_size=args.prefill_chunk_tokens,
                                    schedule_conservativeness=args.schedule_conservativeness,
-                                   tokenizer=self.tokenizer)
+                                   tokenizer=self.tokenizer, token_table=token_table)
         self._ids = itertools.count()
         self._grammar_backend = None
         self._finished: dict[str, Request] = {}
@@ -251,9 +266,15 @@ class Engine:
                 target_dtype=next(self.target_model.parameters()).dtype, use_graphs=use_graphs, pool=pool)
         runner_graphs = self.runner.capture_cuda_graphs(
             batch_sizes=batch_sizes, req_to_token=self.memory.req_to_token, pad_slot=self.memory.capacity,
-            max_seq_len=bound, decode_hidden=CaptureHiddenMode.LAST if spec else CaptureHiddenMode.NULL,
+            max_seq_len=bound, decode_hidden=self._decode_hidden(),
             verify_sizes=self.worker.verify_graph_sizes(batch_sizes) if spec else {}, pool=pool, use_graphs=use_graphs)
         return total + runner_graphs
+
+    def _decode_hidden(self) -> CaptureHiddenMode:
+        """What a plain decode step captures: the draft head's input (EAGLE), nothing (NGRAM, plain)."""
+        if self.worker is None:
+            return CaptureHiddenMode.NULL
+        return getattr(self.worker, "decode_hidden", CaptureHiddenMode.LAST)
 
     # ------------------------------------------------------------ memory
     @property
@@ -263,7 +284,8 @@ class Engine:
             return kv.nbytes() // kv.num_slots
 
         out = {"target": per_slot(self.runner.kv_cache)}
-        out["draft"] = per_slot(self.worker.resources.kv) if self.worker is not None else 0
+        resources = getattr(self.worker, "resources", None)  # NGRAM: no draft KV
+        out["draft"] = per_slot(resources.kv) if resources is not None else 0
         out["total"] = out["target"] + out["draft"]
         return out
 

@@ -111,7 +111,7 @@ class NgramWorker:
     ) -> PendingDecode:
         """Draft, verify and commit one step; ``result()`` reads it and frees the rejected slots."""
         if slots_reserved:
-            raise ValueError("NGRAM drafts from the tokens the last step committed: overlap scheduling is not supported")
+            raise ValueError("NGRAM drafts from the tokens the last step committed: no overlap scheduling")
         rows = rows_cpu if rows_cpu is not None else req_pool_indices.tolist()
         histories = [self.history.token_ids[r, : self.history.num_tokens[r]] for r in rows]
         trees = [build_tree(h, self.ngram, max_nodes=m) for h, m in zip(histories, self.budget.limits(rows, len(rows)))]

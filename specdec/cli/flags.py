@@ -75,6 +75,24 @@ def settings_from(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T
     return cls(**{**values, **overrides})
 
 
+def settings_argv(settings: Any) -> list[str]:
+    """The flags that give ``settings`` back (``settings_from``'s inverse): one per field whose
+    value differs from its default, so a child process (a ``--dp-size`` replica) gets the same."""
+    argv: list[str] = []
+    for f in flag_fields(type(settings)):
+        value = getattr(settings, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        name, action = f.metadata.get("flag", "--" + f.name.replace("_", "-")), f.metadata.get("action")
+        if isinstance(value, bool) or action == "store_const":
+            argv += [name] if value == f.metadata.get("const", True) else []
+        elif isinstance(value, (tuple, list)):
+            argv += [name, *map(str, value)]
+        elif value is not None:
+            argv += [name, str(value).removeprefix("torch.")]  # a torch.dtype as its flag value
+    return argv
+
+
 # ----------------------------------------------------------------------------- engine flags
 def add_engine_args(parser: argparse.ArgumentParser, *, default_model: str | None = None) -> None:
     """SGLang's engine flags (``EngineArgs``); ``default_model`` is ``--model-path``'s default."""

@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> None:
         settings, engine_args = settings_from(ServerSettings, args), engine_args_from(args)
     except ValueError as e:
         parser.error(str(e))
+    if settings.dp_size > 1:
+        from specdec.cli.replicas import serve_replicas
+
+        serve_replicas(settings, engine_args)
+        return
     if engine_args.node_rank > 0:
         from specdec.engine.engine import Engine
         from specdec.engine.tp_worker import serve_node

@@ -73,6 +73,11 @@ class SpecdecEngine:
         steps = [k + 1 for rid in rids for k in self.reqs[rid].accept_lengths]
         return sum(steps) / len(steps) if steps else None
 
+    def choices(self) -> dict[str, int]:
+        """Decode steps by adaptive speculation's choice so far (plain or a tree shape); {} without."""
+        policy = getattr(self.engine.worker, "policy", None)
+        return dict(policy.chosen) if policy is not None else {}
+
     def abort(self, rids: list[str]) -> None:
         for rid in rids:
             self.engine.abort(rid)
@@ -158,6 +163,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
                 ignore_eos: bool = False) -> dict:
     """Every prompt once, ``concurrency`` in flight: tok/s, TTFT / TPOT medians, answers' digests."""
     queue = collections.deque(enumerate(prompts))
+    chosen_before = engine.choices() if isinstance(engine, SpecdecEngine) else {}
     inflight: dict[str, float] = {}  # rid -> sent at
     first, done, tokens, digests = {}, {}, {}, {}
     t0 = time.perf_counter()
@@ -186,6 +192,9 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
            "digests": [digests[f"{tag}-{i}"] for i in range(len(prompts))]}
     if isinstance(engine, SpecdecEngine):
         row["tau"] = engine.committed_per_verify(rids)
+        chosen = {k: n - chosen_before.get(k, 0) for k, n in engine.choices().items()}
+        if any(chosen.values()):  # adaptive speculation's decode steps by choice in this cell
+            row["choices"] = {k: n for k, n in chosen.items() if n}
     engine.forget(rids)
     return row
 
@@ -212,7 +221,8 @@ def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, 
             drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
             row["tau"] = 1 + accepted / drafts if drafts else None
         emit({"workload": "smollm2-mtbench", "concurrency": c, "ctx": None, **row})
-        print(f"c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}", file=sys.stderr, flush=True)
+        print(f"c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, steps by choice {row.get('choices')}",
+              file=sys.stderr, flush=True)
 
 
 def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int, emit) -> None:

@@ -15,9 +15,10 @@ num_draft_tokens (tree nodes per request); S = num_steps; K = topk.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -147,3 +148,40 @@ class LogitsOutput:
     # state for EAGLE, the concatenated auxiliary layer inputs for EAGLE-3); for a draft head, the
     # hidden state it feeds to its next step.
     hidden_states: torch.Tensor | None = None
+
+
+# ----------------------------------------------------------------------------- deterministic inference
+# --enable-deterministic-inference (SGLang's flag): every op of the target whose reduction order could
+# depend on the batch reads this switch and takes its batch-invariant path, so that a row's result
+# depends only on that row's inputs, not on how many rows the forward has (M), which other requests
+# share the batch, or the draft tree's shape; greedy speculative decoding then equals plain decoding
+# bit for bit:
+#   linear      ``specdec.models.ops.batch_invariant``: one fixed tiling for every M, no split-K; the
+#               lm_head writes fp32 logits without rounding them to the model dtype
+#   norms, RoPE, SiLU-and-mul   already per row (``specdec.models.ops``)
+#   attention   every query row over its own KV list in position order (prefix, then its tree
+#               ancestors, then itself), one split: a verify node computes exactly what a decode step
+#               at its position computes (backends with ``supports_deterministic``)
+# NOTE: a process-wide switch (like ``gemv.cublas_only``), read when an op runs or a forward is
+# planned: the engine sets it once at construction, before any forward.
+_batch_invariant = False
+
+
+def set_batch_invariant(enabled: bool) -> None:
+    global _batch_invariant
+    _batch_invariant = bool(enabled)
+
+
+def batch_invariant_enabled() -> bool:
+    return _batch_invariant
+
+
+@contextlib.contextmanager
+def batch_invariant(enabled: bool = True) -> Iterator[None]:
+    """The switch set within the block (tests), restored after it."""
+    saved = _batch_invariant
+    set_batch_invariant(enabled)
+    try:
+        yield
+    finally:
+        set_batch_invariant(saved)

@@ -29,9 +29,10 @@ import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
 from specdec.attention.layout import build_ragged_layout, build_static_layout
+from specdec.attention.torch_native import row_kv_lists
 from specdec.attention.triton_kernels import decode_attention, draft_decode_attention, extend_attention, store_kv
 from specdec.attention.triton_kernels.common import check_device
-from specdec.forward import ForwardBatch, ForwardMode
+from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,8 @@ class TritonMetadata:
     max_prefix_len: int
     # every sequence has one query row and no mask: the decode kernel
     use_decode: bool
+    # deterministic inference: each query row is a sequence over its own KV list (``rowwise``), one split
+    deterministic: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +72,7 @@ class TritonBackend(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
     supports_fp8_kv_cache = True
+    supports_deterministic = True
 
     def __init__(self, *, num_splits: int | None = None) -> None:
         """``num_splits`` forces the split-KV count (default: planned from the grid and lengths)."""
@@ -89,6 +93,9 @@ class TritonBackend(AttentionBackend):
             return
         if batch.static_max_seq_len is not None:
             batch.attn_metadata = self._plan_static(batch)
+            return
+        if batch_invariant_enabled():
+            batch.attn_metadata = _plan_rowwise(batch)
             return
         layout = build_ragged_layout(batch)
         prefix_lens = [kv - q for q, kv in zip(layout.q_lens, layout.kv_lens)]
@@ -142,12 +149,26 @@ class TritonBackend(AttentionBackend):
         elif md.use_decode:
             # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n)
             decode_attention(q3, k_buf, v_buf, md.kv_indptr, md.kv_indices, out,
-                             sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits)
+                             sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits,
+                             deterministic=md.deterministic)
         else:
             extend_attention(q3, k_buf, v_buf, md.qo_indptr, md.kv_indptr, md.kv_indices, md.mask,
                              md.mask_indptr, out, sm_scale=layer.scaling, max_q_len=md.max_q_len,
                              max_prefix_len=md.max_prefix_len, num_splits=self.num_splits)
         return out.view(-1, hq * d)
+
+
+def _plan_rowwise(batch: ForwardBatch) -> TritonMetadata:
+    """Deterministic inference: every query row its own decode sequence over its own KV list in
+    position order (``specdec.attention.rowwise``), so a verify node, a decode step and a prefill row
+    at the same position compute the same bits. Draft steps keep their kernel: the draft only proposes."""
+    lists = row_kv_lists(batch)
+    rows = lists.kv_indptr.shape[0] - 1
+    return TritonMetadata(
+        qo_indptr=torch.arange(rows + 1, dtype=torch.int32, device=lists.kv_indptr.device),
+        kv_indptr=lists.kv_indptr, kv_indices=lists.kv_indices, mask=None, mask_indptr=None,
+        max_q_len=1, max_kv_len=lists.max_kv_len, max_prefix_len=0, use_decode=True, deterministic=True,
+    )
 
 
 def _tree_mask(

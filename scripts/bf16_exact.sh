@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue #41 on one GPU: where decode and verify part in bf16, and how often speculation changes a
+# greedy answer, default path against --enable-deterministic-inference. Writes under $OUT:
+#   paths-bs1.json, paths-bs8.json   benchmarks/bf16_paths.py on CUDA / triton (default path): each sub-op's
+#                                    max |diff| between a decode step and the same token inside a verify
+#                                    (chain of 1, chain of 4, tree), propagated and isolated (GEMMs at M=1 vs M=bs*N)
+#   paths-det-bs8.json               the same under --enable-deterministic-inference (expected: no stage differs)
+#   exact.json                       benchmarks/bf16_exact.py: [{"mode", "workload", "concurrency", "identical",
+#                                    "total", "first_difference", ...}] for SmolLM2 + our EAGLE-3 head, MT-bench,
+#                                    greedy, 256 tokens, 8 prompts one at a time and 80 at once, default and
+#                                    deterministic
+#   *.log                            each step's output
+# Needs the SmolLM2 GGUF put and installed first (scripts/gpu_peer.sh put .peer/p-0N ...; install), as for
+# gpu_peer.sh chat: it exports the GGUF once to /tmp/smollm2-bf16. About 3-5 minutes on an H200.
+#   bash scripts/bf16_exact.sh
+set -uo pipefail
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}:/tmp/site"
+GGUF=/tmp/peer-parts/SmolLM2-135M-Instruct.Q4_1.gguf
+SMOL=/tmp/smollm2-bf16
+[ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $GGUF $SMOL > "$OUT/export.log" 2>&1 \
+  || { tail "$OUT/export.log"; exit 1; }
+paths() {  # paths NAME ARGS...: one diagnosis run
+  local name=$1; shift
+  timeout 240 python3 benchmarks/bf16_paths.py --model $SMOL --device cuda --dtype bfloat16 --attention-backend triton \
+    --context 300 --num-tokens 4 --json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 || echo "!! $name exited $?"
+  grep -E "^\[|first differing" "$OUT/$name.log" | head -8
+}
+paths paths-bs1 --batch-size 1
+paths paths-bs8 --batch-size 8
+paths paths-det-bs8 --batch-size 8 --enable-deterministic-inference
+timeout 420 python3 benchmarks/bf16_exact.py --model $SMOL --device cuda --dtype bfloat16 --concurrency 1 80 \
+  --num-prompts 8 --max-new-tokens 256 --modes default deterministic --json "$OUT/exact.json" \
+  > "$OUT/exact.log" 2>&1 || echo "!! bf16_exact exited $?"
+grep -E "identical" "$OUT/exact.log"
+exit 0

@@ -1,0 +1,70 @@
+"""``--enable-deterministic-inference``: in bf16, greedy speculative output equals plain decoding bit
+for bit (no near-tie escape), trees and chains alike, and a request gives the same tokens alone and
+inside a batch. On CPU through torch_native; on a GPU through the triton backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.engine import deterministic
+from specdec.forward import batch_invariant_enabled, set_batch_invariant
+
+from .helpers import engine, make_pair
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+PROMPTS = [[5, 17, 42, 8, 61, 23, 9, 77, 31, 2 + 1] * 3, [11, 3, 50, 64, 7], [90, 12, 45, 33, 21, 8, 70, 14]]
+
+
+@pytest.fixture(autouse=True)
+def _switch_off_after():
+    yield
+    set_batch_invariant(False)  # NOTE: process-wide; later tests build their models without it
+
+
+def _generate(eng, prompts, max_new=20):
+    params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+    return [r["output_ids"] for r in eng.generate(input_ids=prompts, sampling_params=params)]
+
+
+def _outputs(backend, shape, prompts, **kw):
+    target, draft = make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, seed=3)
+    common = dict(attention_backend=backend, device=DEVICE, enable_deterministic_inference=True, **kw)
+    plain = _generate(engine(target.to(DEVICE), **common), prompts)
+    spec_engine = engine(target, draft.to(DEVICE), algorithm="EAGLE3", shape=shape, **common)
+    assert batch_invariant_enabled()
+    return plain, _generate(spec_engine, prompts), spec_engine
+
+
+# NOTE: triton runs here on the GPU only (interpreted, one engine pair took 9 minutes on 2 cores)
+@pytest.mark.parametrize("backend,shape", [("torch_native", (5, 4, 8)), ("torch_native", (3, 1, 4))])
+def test_speculative_equals_plain_bit_for_bit(backend, shape):
+    plain, spec, spec_engine = _outputs(backend, shape, PROMPTS, page_size=1)
+    assert spec == plain
+    alone = _generate(spec_engine, PROMPTS[1:2])
+    assert alone[0] == spec[1]  # the same tokens alone as inside the batch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(5, 4, 8), (3, 1, 4), (6, 8, 32)])
+def test_gpu_speculative_equals_plain_bit_for_bit(shape):
+    plain, spec, _ = _outputs("triton", shape, PROMPTS * 3, page_size=16)
+    assert spec == plain
+
+
+def test_backend_without_the_mode_is_refused(monkeypatch):
+    class NoMode:
+        pass
+
+    monkeypatch.setattr(deterministic, "create_attention_backend", lambda name: NoMode())
+    target, draft = make_pair("EAGLE3", "random", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="has no batch-invariant mode"):
+        engine(target, enable_deterministic_inference=True, attention_backend="torch_native")
+
+
+def test_flag_off_leaves_the_switch_off():
+    target, _ = make_pair("EAGLE3", "random", dtype=torch.bfloat16)
+    set_batch_invariant(True)
+    engine(target, attention_backend="torch_native")
+    assert not batch_invariant_enabled()

@@ -1,0 +1,64 @@
+"""Deterministic inference's batch-invariant linear (``specdec.models.ops.batch_invariant``): a row's
+bits do not depend on M. Interpreted on CPU (TRITON_INTERPRET=1), compiled on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.forward import batch_invariant
+from specdec.models.ops import gemv
+from specdec.models.ops.batch_invariant import linear_batch_invariant, linear_batch_invariant_ref
+
+from ..triton_env import import_kernels, rand
+
+import_kernels("specdec.models.ops.batch_invariant_kernels")
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n,k", [(100, 72), (37, 130)])  # N, K not multiples of the 64-wide tiles
+def test_rows_identical_at_any_m(dtype, n, k):
+    """Each of 37 rows computed alone (M = 1) equals its row of the M = 37 product, bit for bit;
+    and the product is F.linear up to one rounding of the output."""
+    x, w, b = (rand(*s, dtype=dtype, device=DEVICE, seed=i) for i, s in enumerate([(37, k), (n, k), (n,)]))
+    whole = linear_batch_invariant(x, w, b)
+    alone = torch.cat([linear_batch_invariant(x[i : i + 1], w, b) for i in range(37)])
+    assert torch.equal(whole, alone)
+    middle = linear_batch_invariant(x[5:22], w, b)  # M = 17: rows at other tile positions
+    assert torch.equal(middle, whole[5:22])
+    ref = F.linear(x.float(), w.float(), b.float())
+    bound = torch.finfo(dtype).eps * ref.abs() + 1e-5 * k  # one output rounding + fp32 sums
+    assert ((whole.float() - ref).abs() <= bound).all()
+
+
+def test_fp32_logits_are_not_rounded_to_the_model_dtype():
+    x, w = rand(9, 64, dtype=torch.bfloat16, device=DEVICE), rand(50, 64, dtype=torch.bfloat16, device=DEVICE, seed=1)
+    logits = linear_batch_invariant(x, w, out_dtype=torch.float32)
+    assert logits.dtype == torch.float32
+    assert not torch.equal(logits, logits.to(torch.bfloat16).float())  # fp32 values, not widened bf16 ones
+    assert torch.equal(logits[3:4], linear_batch_invariant(x[3:4], w, out_dtype=torch.float32))
+    torch.testing.assert_close(logits, F.linear(x.float(), w.float()), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_is_row_by_row():
+    x, w = rand(7, 32, dtype=torch.bfloat16), rand(16, 32, dtype=torch.bfloat16, seed=1)
+    whole = linear_batch_invariant_ref(x, w)
+    assert torch.equal(whole[2:3], linear_batch_invariant_ref(x[2:3], w))
+
+
+def test_linear_takes_the_batch_invariant_path_under_the_switch():
+    x, w = rand(20, 64, dtype=torch.bfloat16, device=DEVICE), rand(48, 64, dtype=torch.bfloat16, device=DEVICE, seed=1)
+    with batch_invariant():
+        out = gemv.linear(x, w)
+        assert torch.equal(out, linear_batch_invariant(x, w))
+        assert torch.equal(out[7:8], gemv.linear(x[7:8], w))
+
+
+def test_inputs_checked():
+    with pytest.raises(ValueError, match="expected \\[M, K\\]"):
+        linear_batch_invariant(torch.zeros(2, 3), torch.zeros(4, 5))
+    with pytest.raises(ValueError, match="dtype"):
+        linear_batch_invariant(torch.zeros(2, 3), torch.zeros(4, 3, dtype=torch.bfloat16))

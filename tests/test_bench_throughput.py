@@ -62,3 +62,16 @@ def test_runs_that_disagree_are_reported(capsys):
     out = capsys.readouterr()
     assert "median of 3 runs, 90.0-110.0, 2 passes" in out.out
     assert "timed speculative runs disagree by 22.2 %" in out.err and "baseline" not in out.err
+
+
+def test_embedded_prompt_sets_plain_and_gzipped():
+    """Every embedded set loads (Spec-Bench's long-prompt sets ship gzipped); an unknown name is an
+    error naming the flag and the sets."""
+    assert {"mt_bench", "humaneval", "summarization", "rag", "translation"} <= set(embedded.DATASETS)
+    for name in embedded.DATASETS:
+        rows = embedded.load_rows(name)
+        assert rows and all(isinstance(r["turns"][0], str) and r["turns"][0] for r in rows)
+    assert embedded.load_prompts("summarization", 2)[0].startswith("Summarize:")
+    assert len(embedded.load_rows("mt_bench")[0]["turns"]) == 2
+    with pytest.raises(ValueError, match="--dataset: unknown dataset 'nope'.*summarization"):
+        embedded.load_prompts("nope", 1)

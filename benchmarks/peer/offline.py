@@ -4,6 +4,8 @@
         --model /tmp/smollm2-bf16 --out rows.jsonl
     python benchmarks/peer/offline.py --engine vllm --config eagle3-k3 --workload chat \
         --model /tmp/smollm2-bf16 --head specdec/data/smollm2/eagle3_head --out rows.jsonl
+    python benchmarks/peer/offline.py --engine vllm --config ngram-k5 --workload lookup \
+        --model /tmp/smollm2-bf16 --turn1-cache /tmp/turn1.json --out rows.jsonl
     python benchmarks/peer/offline.py --engine vllm --config plain --workload decode \
         --model /tmp/llama-3.1-8b --out rows.jsonl
 
@@ -20,6 +22,10 @@ Workloads:
   every prompt (32 tokens each, at the largest concurrency, then one at a time). A row: tok/s,
   TTFT and TPOT medians, acceptance length (committed tokens per verify step), and a digest of each
   answer (greedy answers compared across configurations by ``report.py``).
+- ``lookup``: where n-gram drafts pay (``--datasets``: Spec-Bench's summarization, RAG and translation,
+  HumanEval, and ``mt_bench_turn2``: MT-bench's second turns after the model's own greedy first
+  answers, made once by the first run and shared through ``--turn1-cache``), each at every
+  ``--concurrency`` (default 1 and 32), rows as ``chat``'s.
 - ``decode``: ``--load-format dummy`` weights; ``bs`` requests of ``ctx`` random tokens, prefilled,
   then the ms of one decode step over ``--steps`` steps (all requests still decoding).
 """
@@ -41,14 +47,15 @@ MAX_TOKENS = 256
 
 # ----------------------------------------------------------------------------- engines
 class SpecdecEngine:
-    """specdec's ``Engine`` with its defaults; ``config``: plain or eagle3 (adaptive, the default)."""
+    """specdec's ``Engine`` with its defaults; ``config``: plain, eagle3 (adaptive, the default) or ngram."""
 
     name = "specdec"
 
     def __init__(self, model: str, *, config: str, head: str | None, dummy: bool, **flags) -> None:
         import specdec
 
-        spec = {} if config == "plain" else dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head)
+        spec = ({} if config == "plain" else dict(speculative_algorithm="NGRAM") if config == "ngram"
+                else dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head))
         self.engine = specdec.Engine(model, load_format="dummy" if dummy else "auto", **spec, **flags)
         self.tokenizer = self.engine.tokenizer
         self.reqs: dict[str, object] = {}
@@ -160,12 +167,13 @@ ENGINES = {"specdec": SpecdecEngine, "vllm": VLLMEngine}
 
 # ----------------------------------------------------------------------------- closed loop
 def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str, max_tokens: int = MAX_TOKENS,
-                ignore_eos: bool = False) -> dict:
-    """Every prompt once, ``concurrency`` in flight: tok/s, TTFT / TPOT medians, answers' digests."""
+                ignore_eos: bool = False, answers: list | None = None) -> dict:
+    """Every prompt once, ``concurrency`` in flight: tok/s, TTFT / TPOT medians, answers' digests
+    (and the answers' token ids appended to ``answers``, in prompt order, where given)."""
     queue = collections.deque(enumerate(prompts))
     chosen_before = engine.choices() if isinstance(engine, SpecdecEngine) else {}
     inflight: dict[str, float] = {}  # rid -> sent at
-    first, done, tokens, digests = {}, {}, {}, {}
+    first, done, tokens, digests, finished_ids = {}, {}, {}, {}, {}
     t0 = time.perf_counter()
     while queue or inflight:
         while queue and len(inflight) < concurrency:
@@ -182,6 +190,8 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
             if finished:
                 done[rid], tokens[rid] = now - inflight[rid], len(out)
                 digests[rid] = hashlib.sha1(json.dumps(list(out)).encode()).hexdigest()[:12]
+                if answers is not None:
+                    finished_ids[rid] = list(out)
                 del inflight[rid]
     wall = time.perf_counter() - t0
     rids = list(done)
@@ -195,6 +205,8 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
         chosen = {k: n - chosen_before.get(k, 0) for k, n in engine.choices().items()}
         if any(chosen.values()):  # adaptive speculation's decode steps by choice in this cell
             row["choices"] = {k: n for k, n in chosen.items() if n}
+    if answers is not None:
+        answers.extend(finished_ids[f"{tag}-{i}"] for i in range(len(prompts)))
     engine.forget(rids)
     return row
 
@@ -209,19 +221,59 @@ def chat_prompts(tokenizer_dir: str) -> list[list[int]]:
     return [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in rows]
 
 
+def dataset_prompts(engine, model: str, dataset: str, *, num_prompts: int, max_tokens: int,
+                    turn1_cache: Path) -> list[list[int]]:
+    """A prompt set's first turns in the chat template, as token ids; ``mt_bench_turn2``: the second
+    turns after the first answers in ``turn1_cache`` (greedy answers of this engine, written there
+    by the first run that finds none, so every engine and configuration continues the same chats)."""
+    from specdec.engine.chat import render_messages, render_user_prompt
+    from specdec.engine.embedded import load_rows
+    from specdec.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model)
+    if dataset != "mt_bench_turn2":
+        return [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in load_rows(dataset)[:num_prompts]]
+    rows = load_rows("mt_bench")[:num_prompts]
+    if not turn1_cache.exists():
+        firsts = [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in rows]
+        ids: list[list[int]] = []
+        closed_loop(engine, firsts, len(firsts), tag="turn1", max_tokens=max_tokens, answers=ids)
+        turn1_cache.write_text(json.dumps([tok.decode(a[:-1] if a and a[-1] == tok.eos_token_id else a)
+                                           for a in ids]))
+    answers = json.loads(turn1_cache.read_text())
+    return [tok.encode(render_messages(tok, [{"role": "user", "content": r["turns"][0]},
+                                             {"role": "assistant", "content": a},
+                                             {"role": "user", "content": r["turns"][1]}]))
+            for r, a in zip(rows, answers)]
+
+
 def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, max_tokens: int, emit) -> None:
     prompts = chat_prompts(model)[:num_prompts]
-    closed_loop(engine, prompts, max(concurrencies), tag="warm", max_tokens=32)
-    closed_loop(engine, prompts[:2], 1, tag="warm1", max_tokens=32)
+    run_cells(engine, prompts, concurrencies, workload="smollm2-mtbench", max_tokens=max_tokens, emit=emit)
+
+
+def run_lookup(engine, model: str, datasets: list[str], concurrencies: list[int], *, num_prompts: int,
+               max_tokens: int, turn1_cache: Path, emit) -> None:
+    for dataset in datasets:
+        prompts = dataset_prompts(engine, model, dataset, num_prompts=num_prompts, max_tokens=max_tokens,
+                                  turn1_cache=turn1_cache)
+        run_cells(engine, prompts, concurrencies, workload=f"smollm2-{dataset}", max_tokens=max_tokens, emit=emit)
+
+
+def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, workload: str, max_tokens: int,
+              emit) -> None:
+    """Every prompt once as an untimed warm-up, then a row per concurrency."""
+    closed_loop(engine, prompts, max(concurrencies), tag=f"warm-{workload}", max_tokens=32)
+    closed_loop(engine, prompts[:2], 1, tag=f"warm1-{workload}", max_tokens=32)
     for c in concurrencies:
         work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
         before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
-        row = closed_loop(engine, work, c, tag=f"c{c}", max_tokens=max_tokens)
+        row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
         if before is not None:
             drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
             row["tau"] = 1 + accepted / drafts if drafts else None
-        emit({"workload": "smollm2-mtbench", "concurrency": c, "ctx": None, **row})
-        print(f"c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, steps by choice {row.get('choices')}",
+        emit({"workload": workload, "concurrency": c, "ctx": None, **row})
+        print(f"{workload} c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, steps by choice {row.get('choices')}",
               file=sys.stderr, flush=True)
 
 
@@ -254,11 +306,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=sorted(ENGINES), required=True)
     parser.add_argument("--config", default="plain",
-                        help="plain, eagle3 (specdec); eagle3-kN, ngram-kN, specdec-ngram-kN (vllm)")
-    parser.add_argument("--workload", choices=["chat", "decode"], required=True)
+                        help="plain, eagle3, ngram (specdec); eagle3-kN, ngram-kN, specdec-ngram-kN (vllm)")
+    parser.add_argument("--workload", choices=["chat", "lookup", "decode"], required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--head", help="the EAGLE-3 head directory")
-    parser.add_argument("--concurrency", default="1,8,32,64,128")
+    parser.add_argument("--concurrency", help="requests in flight, comma-separated (chat: 1,8,32,64,128; "
+                        "lookup: 1,32)")
+    parser.add_argument("--datasets", default="summarization,rag,translation,humaneval,mt_bench_turn2",
+                        help="lookup: the prompt sets")
+    parser.add_argument("--turn1-cache", default="/tmp/turn1.json", type=Path,
+                        help="lookup: MT-bench's first answers, shared by every run")
     parser.add_argument("--points", default="1:1024,16:1024,64:1024,128:1024,256:1024,1:4096,16:4096,64:4096,128:4096",
                         help="decode: bs:ctx,...")
     parser.add_argument("--steps", type=int, default=64)
@@ -278,9 +335,14 @@ def main() -> None:
             extra = {"flags": flags} if flags else {}
             f.write(json.dumps({"engine": args.engine, "config": args.config, **row, **extra}) + "\n")
 
+    concurrency = args.concurrency or ("1,32" if args.workload == "lookup" else "1,8,32,64,128")
+    concurrencies = [int(c) for c in concurrency.split(",")]
     if args.workload == "chat":
-        run_chat(engine, args.model, [int(c) for c in args.concurrency.split(",")],
-                 num_prompts=args.num_prompts, max_tokens=args.max_tokens, emit=emit)
+        run_chat(engine, args.model, concurrencies, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                 emit=emit)
+    elif args.workload == "lookup":
+        run_lookup(engine, args.model, args.datasets.split(","), concurrencies, num_prompts=args.num_prompts,
+                   max_tokens=args.max_tokens, turn1_cache=args.turn1_cache, emit=emit)
     else:
         vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
         points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]

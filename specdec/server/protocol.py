@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from specdec.engine.chat import render_messages
 from specdec.engine.stop_strings import stop_search_start, trim_at_stop
 from specdec.server.async_engine import RequestStream
 
@@ -109,18 +110,9 @@ def render_chat(messages: Any, tokenizer: Any) -> str:
         if not isinstance(content, str):
             raise HTTPError(400, f"messages[{i}].content must be a string or a list of text parts")
         clean.append({"role": m["role"], "content": content})
-    template = getattr(tokenizer, "chat_template", None)
-    if template:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise HTTPError(400, f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(template).render(
-            messages=clean, add_generation_prompt=True,
-            bos_token=getattr(tokenizer, "bos_token", "") or "", eos_token=getattr(tokenizer, "eos_token", "") or "")
+    rendered = render_messages(tokenizer, clean, error=lambda message: HTTPError(400, message))
+    if rendered is not None:
+        return rendered
     return "".join(f"{m['role']}: {m['content']}\n" for m in clean) + "assistant:"
 
 

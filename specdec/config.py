@@ -26,6 +26,7 @@ class SpecAlgorithm(str, enum.Enum):
     EAGLE = "EAGLE"
     EAGLE3 = "EAGLE3"
     NGRAM = "NGRAM"  # no draft model: drafts looked up in each request's own tokens (specdec.ngram)
+    STANDALONE = "STANDALONE"  # a whole small causal LM of the target's tokenizer drafts (specdec.eagle.standalone)
 
     @classmethod
     def parse(cls, name: str) -> "SpecAlgorithm":
@@ -115,6 +116,10 @@ class SpecConfig:
     @property
     def is_eagle3(self) -> bool:
         return self.algorithm is SpecAlgorithm.EAGLE3
+
+    @property
+    def is_standalone(self) -> bool:
+        return self.algorithm is SpecAlgorithm.STANDALONE
 
     @property
     def is_ngram(self) -> bool:

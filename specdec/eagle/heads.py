@@ -1,8 +1,11 @@
-"""How a draft head plugs into the worker, resolved once at construction (EAGLE vs EAGLE-3).
+"""How a draft head plugs into the worker, resolved once at construction (EAGLE vs EAGLE-3 vs a
+standalone draft LM).
 
 EAGLE-1/2 heads condition on the target's final hidden state and predict over the target vocab.
 EAGLE-3 heads condition on the concatenated inputs of three target layers and predict over a
 reduced draft vocab that ``d2t`` maps back to target ids (``target = draft + d2t[draft]``).
+A standalone draft (``specdec.eagle.standalone``) reads no target features and predicts over the
+target vocab itself.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ def resolve_head(
     target_aux_layers: tuple[int, ...] | None,
 ) -> DraftHeadAdapter:
     """Check that target capture and draft head agree, and say how to talk to the head."""
+    standalone = bool(getattr(draft_model, "standalone", False))
+    if config.is_standalone != standalone:
+        raise ValueError(
+            "--speculative-algorithm STANDALONE needs a causal LM as the draft (StandaloneDraft)" if config.is_standalone
+            else f"--speculative-algorithm {config.algorithm.value} got a standalone draft LM; use STANDALONE")
+    if standalone:
+        return DraftHeadAdapter(0)
     d2t = getattr(draft_model, "d2t", None)
     if config.is_eagle3:
         if d2t is None:

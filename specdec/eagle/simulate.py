@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specdec.config import SpecConfig
 from specdec.eagle.acceptance import AcceptanceModel
 from specdec.eagle.verify import VerifyResult
 from specdec.kernels import simulate_target_predict, verify_tree_greedy
@@ -60,3 +61,16 @@ def simulate_tree_acceptance(
     verify_tree_greedy(predicts, accept_index, accept_length, candidates, retrive_index,
                        retrive_next_token, retrive_next_sibling, target_predict)
     return VerifyResult(accept_index.long(), accept_length.long(), predicts.long())
+
+
+def rank_probs(config: SpecConfig, device: torch.device) -> torch.Tensor | None:
+    """[S, P, K] P(the accepted child at depth d has rank r | its parent, of rank p, reached) of the
+    simulated acceptance model (benchmark only)."""
+    if config.simulate_hazards is None:
+        return None
+    probs = torch.from_numpy(AcceptanceModel(np.asarray(config.simulate_hazards)).child_probs())  # [D, P, K]
+    parents = min(config.topk, probs.shape[1])
+    out = torch.zeros(config.num_steps, parents, config.topk, device=device)  # past the model: never accepted
+    rows, cols = min(config.num_steps, probs.shape[0]), min(config.topk, probs.shape[2])
+    out[:rows, :, :cols] = probs[:rows, :parents, :cols].to(device=device, dtype=out.dtype)
+    return out

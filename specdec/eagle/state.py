@@ -48,13 +48,16 @@ class DraftState:
 class DraftResources:
     """The draft head's memory, shared by every tree shape's worker of one engine (adaptive
     speculation): its KV cache — the host's slots, then a tree scratch area sized for the deepest
-    and widest shape, then one padding slot — and each request row's root expansion, kept at the
-    widest topk (a narrower shape reads its first ``topk`` columns: top-k is sorted)."""
+    and widest shape, then one padding slot, then (a standalone draft LM) one parking slot per
+    request row and the pad row (``specdec.eagle.draft_inputs``) — and each request row's root
+    expansion, kept at the widest topk (a narrower shape reads its first ``topk`` columns: top-k is
+    sorted). A standalone draft's root expansion carries no hidden state (width 0)."""
 
     kv: KVCache
     state: DraftState
     pad_slot: int
     root_topk: int
+    park_base: int | None = None  # parking slot of request row r: park_base + r (standalone drafts)
 
     @classmethod
     def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
@@ -64,9 +67,12 @@ class DraftResources:
         weight = next(draft_model.parameters())
         scratch = max_running_requests * max(num_steps - 1, 0) * topk
         pad_slot = memory.capacity + scratch
-        kv = KVCache(num_layers=layout.num_layers, num_slots=pad_slot + 1, num_kv_heads=layout.num_kv_heads,
-                     head_dim=layout.head_dim, device=weight.device,
+        max_reqs = memory.req_to_token.shape[0]
+        standalone = bool(getattr(draft_model, "standalone", False))
+        parking = max_reqs + 1 if standalone else 0  # the rows and the pad row
+        kv = KVCache(num_layers=layout.num_layers, num_slots=pad_slot + 1 + parking,
+                     num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim, device=weight.device,
                      dtype=resolve_kv_dtype(kv_cache_dtype, weight.dtype, flag="--speculative-draft-kv-cache-dtype"))
-        state = DraftState(max_reqs=memory.req_to_token.shape[0], topk=topk, hidden_size=dcfg.hidden_size,
+        state = DraftState(max_reqs=max_reqs, topk=topk, hidden_size=0 if standalone else dcfg.hidden_size,
                            dtype=weight.dtype, device=weight.device)
-        return cls(kv, state, pad_slot, topk)
+        return cls(kv, state, pad_slot, topk, park_base=pad_slot + 1 if standalone else None)

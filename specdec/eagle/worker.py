@@ -6,6 +6,9 @@
               -> accept (greedy or lossless sampling) -> move accepted K/V into place, free the rest
               -> draft EXTEND over the committed tokens                 (draft KV + next root)
 
+A standalone draft LM (STANDALONE) runs the same steps on tokens aligned with the target's
+positions, without target features (``specdec.eagle.draft_inputs``: what the draft reads where).
+
 The host owns requests, the request-to-token table and the slot allocator (``specdec.host``);
 the worker owns the draft head, its KV cache (host slots + a scratch area for tree nodes + one
 padding slot) and the per-request draft state. The host applies stop conditions to the committed
@@ -21,18 +24,22 @@ replay CUDA graphs (``capture_cuda_graphs``) and the host's runner may replay th
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from specdec.attention import create_attention_backend
 from specdec.attention.kv_dtype import KV_CACHE_DTYPES, is_fp8
 from specdec.config import ConfigError, SpecConfig
-from specdec.eagle.acceptance import AcceptanceModel, observe_paths
+from specdec.eagle.acceptance import observe_paths
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
+from specdec.eagle.draft_inputs import draft_inputs
 from specdec.eagle.heads import resolve_head
 from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
 from specdec.eagle.replay import load_replay
+from specdec.eagle.simulate import rank_probs
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import TreeMaskMode, build_tree
@@ -87,6 +94,8 @@ class EAGLEWorker:
         if resources.root_topk < config.topk:
             raise ValueError(f"draft resources keep {resources.root_topk} root children, the shape needs {config.topk}")
         self.resources = resources
+        self.inputs = draft_inputs(config.is_standalone, resources.park_base)  # what the draft reads where
+        self.decode_hidden = self.inputs.decode_hidden  # what a plain decode step captures
         self.pad_slot = resources.pad_slot
         self.draft_kv = resources.kv
         self.state = resources.state
@@ -101,12 +110,12 @@ class EAGLEWorker:
             req_to_token=memory.req_to_token,
             scratch_base=memory.capacity,
             root_topk=resources.root_topk,
-            rank_probs=_rank_probs(config, memory.req_to_token.device),
+            rank_probs=rank_probs(config, memory.req_to_token.device),
             replay=self.replay,
             replay_seed=self.simulate_seed,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
-        self.extend_offsets = torch.arange(config.num_steps + 1, device=self.device)  # [S + 1] a draft extend's positions
+        self.extend_offsets = torch.arange(config.num_steps + 1, device=self.device)  # [S + 1] committed token i
         self.pad_slot_value = torch.tensor(self.pad_slot, device=self.device)  # [] (torch.where(out=) takes tensors)
         self.verifier = TreeVerifier(config, generator=generator, replay=self.replay, simulate_seed=self.simulate_seed)
         self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
@@ -137,7 +146,8 @@ class EAGLEWorker:
         self.draft_graph = EAGLEDraftCudaGraphRunner(self.draft, self.state,
                                                      batch_sizes=draft_batch_sizes or batch_sizes, **common)
         self.draft_extend_graph = EAGLEDraftExtendCudaGraphRunner(
-            self.draft, self.state, num_tokens_per_req=self.config.num_steps + 1, feature_size=target_features,
+            self.draft, self.state, num_tokens_per_req=self.config.num_steps + 1,
+            feature_size=target_features if self.inputs.needs_features else 0,
             feature_dtype=target_dtype, pad_slot=self.pad_slot, batch_sizes=batch_sizes, **common)
         return self.draft_graph.capture() + self.draft_extend_graph.capture()
 
@@ -159,8 +169,10 @@ class EAGLEWorker:
         position), -1 where it is sampled; ``sampling`` covers the sampled requests, in order.
         Default: every request samples.
         """
-        if batch.capture_hidden_mode != CaptureHiddenMode.FULL:
+        if self.inputs.needs_features and batch.capture_hidden_mode != CaptureHiddenMode.FULL:
             raise ValueError("speculative prefill needs capture_hidden_mode=FULL on the EXTEND batch")
+        if batch.capture_hidden_mode != self.inputs.target_hidden:
+            batch = dataclasses.replace(batch, capture_hidden_mode=self.inputs.target_hidden)
         out = self.target.forward(batch)
         extend_lens = batch.host_extend_lens()
         ends = torch.tensor(extend_lens, device=batch.input_ids.device).cumsum(0) - 1
@@ -169,13 +181,14 @@ class EAGLEWorker:
             sampling.record_prompt_logprobs(logits, batch.input_ids, extend_lens)
             logits = logits[ends]
         next_ids = sample_after_prefill(logits, sampling, next_tokens)
-        # Draft input at position p is (token p + 1, target feature p): shift each request left.
-        shifted = torch.roll(batch.input_ids, -1)
-        shifted[ends] = next_ids
-        self._draft_extend(
-            shifted, out.hidden_states, batch.positions, batch.out_cache_loc,
-            batch.req_pool_indices, batch.prefix_lens, extend_lens, prefix_lens_cpu=batch.prefix_lens_cpu,
+        ext = self.inputs.prefill(batch.input_ids, out.hidden_states, batch.positions, batch.out_cache_loc,
+                                  extend_lens, next_ids, batch.req_pool_indices)
+        topk_p, topk_index, hidden = self.draft.extend(
+            input_ids=ext.input_ids, features=ext.features, positions=ext.positions, out_cache_loc=ext.out_cache_loc,
+            req_pool_indices=batch.req_pool_indices, prefix_lens=batch.prefix_lens,
+            extend_lens_cpu=ext.extend_lens_cpu, prefix_lens_cpu=batch.prefix_lens_cpu,
         )
+        self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
         return next_ids
 
     # ---------------------------------------------------------------- decode
@@ -212,6 +225,7 @@ class EAGLEWorker:
         else:
             tree_slots = self._alloc(req_pool_indices, seq_lens, n, seq_lens_cpu, rows_cpu)
         with maybe_phase(self.timer, "draft"):
+            self.inputs.place_root(self.draft_kv, req_pool_indices, tree_slots.view(bs, n)[:, 0])
             parent_list, top_index, draft_tokens = self._expand(req_pool_indices, seq_lens, seq_lens_cpu)
             tree = build_tree(
                 verified_ids, parent_list, top_index, draft_tokens, seq_lens, 0,
@@ -224,8 +238,8 @@ class EAGLEWorker:
                 logits = sampling.process(logits.float(), tree)
             result = self.verifier(tree, logits, sampling, seq_lens)
         with maybe_phase(self.timer, "commit"):
-            slots, committed = commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices,
-                                                  seq_lens, result, num_draft_tokens=n, topk=cfg.topk)
+            slots, _ = commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices,
+                                          seq_lens, result, num_draft_tokens=n, topk=cfg.topk)
             nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
             tokens = result.predicts[nodes]  # [bs, S+1] committed tokens, padding past k
             if getattr(sampling, "top_logprobs_num", None) is not None:
@@ -241,7 +255,7 @@ class EAGLEWorker:
             host_view = copy_to_host_async(torch.cat(columns, 1))
         with maybe_phase(self.timer, "draft_extend"):
             self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result.accept_length, nodes,
-                                         tokens, features, slots, committed)
+                                         tokens, features, slots)
 
         def read() -> DecodeOutput:
             # the step's one read of the device; the draft extend keeps running meanwhile
@@ -293,10 +307,11 @@ class EAGLEWorker:
             out_cache_loc = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, 1)
         else:
             out_cache_loc = self._alloc(req_pool_indices, seq_lens, 1, seq_lens_cpu, rows_cpu)
+        self.inputs.place_root(self.draft_kv, req_pool_indices, out_cache_loc)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,
-            attn_backend=self.target.attn_backend, capture_hidden_mode=CaptureHiddenMode.LAST,
+            attn_backend=self.target.attn_backend, capture_hidden_mode=self.decode_hidden,
             seq_lens_cpu=seq_lens_cpu,
         )
         out = self.target.forward(batch)
@@ -307,12 +322,10 @@ class EAGLEWorker:
         device = next_ids.device
         tokens = torch.zeros(bs, width, dtype=next_ids.dtype, device=device)  # [bs, S + 1]
         tokens[:, 0] = next_ids
-        committed = torch.zeros(bs, width, dtype=torch.bool, device=device)
-        committed[:, 0] = True
         nodes = torch.arange(bs, device=device)[:, None].expand(bs, width)  # rows of out.hidden_states
         self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu,
                                      torch.zeros(bs, dtype=torch.long, device=device), nodes, tokens,
-                                     out.hidden_states, out_cache_loc[:, None].expand(bs, width), committed)
+                                     out.hidden_states, out_cache_loc[:, None].expand(bs, width))
         return pending
 
     # ---------------------------------------------------------------- phases
@@ -324,6 +337,7 @@ class EAGLEWorker:
 
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bs = int(req_pool_indices.shape[0])
+        seq_lens, seq_lens_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
         if self.draft_graph is not None and self.draft_graph.can_run(bs, seq_lens_cpu):  # reads the state itself
             return self.draft_graph(req_pool_indices=req_pool_indices, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
         topk_p, topk_index, hidden = self.state.load(req_pool_indices)
@@ -332,43 +346,42 @@ class EAGLEWorker:
                                  seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
 
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
-                                nodes, tokens, features, slots, committed) -> None:
+                                nodes, tokens, features, slots) -> None:
         """Draft extend over S + 1 tokens per request: the committed ones (accept_length + 1, [bs]),
         then padding; replays the draft-extend graph where one is captured for the batch, whose
-        inputs are computed straight into its buffers and which stores the new root expansions."""
+        inputs are computed straight into its buffers and which stores the new root expansions.
+        ``features`` (None for a standalone draft) are read by EAGLE heads only."""
         bs, width = tokens.shape
         device = tokens.device
         offsets = self.extend_offsets  # [width]
-        if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs, seq_lens_cpu):
+        # the draft KV before the committed tokens: up to the root (EAGLE) or with it (standalone)
+        prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
+
+        def write_slots(rows):
+            self.inputs.committed_slots(slots, accept_length, req_pool_indices, self.pad_slot_value, offsets,
+                                        out=rows.view(bs, width))
+
+        if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs, prefix_cpu):
             self.draft_extend_graph(
-                seq_lens_cpu=seq_lens_cpu,
+                seq_lens_cpu=prefix_cpu,
                 input_ids=tokens.flatten(),
-                features=lambda rows: torch.index_select(features, 0, nodes.flatten(), out=rows),
-                positions=lambda rows: torch.add(seq_lens[:, None], offsets, out=rows.view(bs, width)),
-                out_cache_loc=lambda rows: torch.where(committed, slots, self.pad_slot_value, out=rows.view(bs, width)),
+                features=(lambda rows: torch.index_select(features, 0, nodes.flatten(), out=rows))
+                if self.inputs.needs_features else (lambda rows: None),
+                positions=lambda rows: torch.add(prefix[:, None], offsets, out=rows.view(bs, width)),
+                out_cache_loc=write_slots,
                 req_pool_indices=req_pool_indices,
-                seq_lens=seq_lens,
+                seq_lens=prefix,
                 num_committed=lambda rows: torch.add(accept_length, 1, out=rows),
                 state_rows=req_pool_indices,
             )
             return
+        out_cache_loc = torch.empty(bs * width, dtype=torch.int64, device=device)
+        write_slots(out_cache_loc)
         topk_p, topk_index, hidden = self.draft.extend(
-            input_ids=tokens.flatten(), features=features[nodes.flatten()],
-            positions=(seq_lens[:, None] + offsets).flatten(),
-            out_cache_loc=torch.where(committed, slots, self.pad_slot).flatten(), req_pool_indices=req_pool_indices,
-            prefix_lens=seq_lens, extend_lens_cpu=[width] * bs, prefix_lens_cpu=seq_lens_cpu,
-            output_rows=torch.arange(bs, device=device) * width + accept_length,
-        )
-        self.state.store(req_pool_indices, topk_p, topk_index, hidden)
-
-    def _draft_extend(
-        self, input_ids, features, positions, out_cache_loc, req_pool_indices, prefix_lens, extend_lens_cpu,
-        prefix_lens_cpu=None,
-    ) -> None:
-        topk_p, topk_index, hidden = self.draft.extend(
-            input_ids=input_ids, features=features, positions=positions, out_cache_loc=out_cache_loc,
-            req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_lens_cpu=extend_lens_cpu,
-            prefix_lens_cpu=prefix_lens_cpu,
+            input_ids=tokens.flatten(), features=features[nodes.flatten()] if self.inputs.needs_features else None,
+            positions=(prefix[:, None] + offsets).flatten(), out_cache_loc=out_cache_loc,
+            req_pool_indices=req_pool_indices, prefix_lens=prefix, extend_lens_cpu=[width] * bs,
+            prefix_lens_cpu=prefix_cpu, output_rows=torch.arange(bs, device=device) * width + accept_length,
         )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
 
@@ -393,16 +406,3 @@ def sample_after_prefill(
 def _unpack(rows: list[list[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
     """Columns (request row, seq_len, accept length, committed tokens) of the step's host copy."""
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3:] for r in rows]
-
-
-def _rank_probs(config: SpecConfig, device: torch.device) -> torch.Tensor | None:
-    """[S, P, K] P(the accepted child at depth d has rank r | its parent, of rank p, reached) of the
-    simulated acceptance model (benchmark only)."""
-    if config.simulate_hazards is None:
-        return None
-    probs = torch.from_numpy(AcceptanceModel(np.asarray(config.simulate_hazards)).child_probs())  # [D, P, K]
-    parents = min(config.topk, probs.shape[1])
-    out = torch.zeros(config.num_steps, parents, config.topk, device=device)  # past the model: never accepted
-    rows, cols = min(config.num_steps, probs.shape[0]), min(config.topk, probs.shape[2])
-    out[:rows, :, :cols] = probs[:rows, :parents, :cols].to(device=device, dtype=out.dtype)
-    return out

@@ -112,11 +112,13 @@ class EngineArgs:
 
     # ------------------------------------------------------------------ speculative decoding
     speculative_algorithm: str | None = dataclasses.field(default=None, metadata=flag(
-        "turn on speculative decoding with an EAGLE or EAGLE-3 draft head, or NGRAM (no draft model: drafts "
-        "looked up in each request's own prompt and output)", group=SPEC,
-        choices=["EAGLE", "EAGLE3", "NGRAM"]))
+        "turn on speculative decoding with an EAGLE or EAGLE-3 draft head, NGRAM (no draft model: drafts "
+        "looked up in each request's own prompt and output), or STANDALONE (a small causal LM of the target's "
+        "tokenizer drafts)", group=SPEC,
+        choices=["EAGLE", "EAGLE3", "NGRAM", "STANDALONE"]))
     speculative_draft_model_path: str | None = dataclasses.field(default=None, metadata=flag(
-        "draft head directory (SGLang/EAGLE format)", group=SPEC))
+        "draft head directory (SGLang/EAGLE format); STANDALONE: the draft LM (any model path --model-path takes)",
+        group=SPEC))
     speculative_num_steps: int | None = dataclasses.field(default=None, metadata=flag(
         "draft tree depth (default 5)", group=SPEC))
     speculative_eagle_topk: int | None = dataclasses.field(default=None, metadata=flag(

@@ -26,6 +26,7 @@ from specdec.engine.request import Request
 from specdec.engine.sampling import SamplingParams
 from specdec.engine.scheduler import Scheduler
 from specdec.engine.sizing import default_kv_tokens, graph_batch_sizes, parse_dtype, running_cap
+from specdec.engine.standalone_setup import standalone_draft
 from specdec.engine.tp_worker import MirroredScheduler, TPWorkers, rank_device
 from specdec.forward import CaptureHiddenMode
 from specdec.models.parallel import TPGroup
@@ -145,7 +146,10 @@ class Engine:
         args = args.with_attention_resolved(sliding_window=getattr(target_model.config, "has_sliding_layers", False))
         args = deterministic_args(args)  # --enable-deterministic-inference: checked, switch set, no graphs
         self.args = args
-        if self.spec_config is not None and draft_model is None and ngram is None:
+        standalone = standalone_draft(args, target_model, tokenizer, draft_model, dtype=torch_dtype)
+        if standalone is not None:  # STANDALONE: a causal LM of the target's tokenizer drafts
+            draft_model = standalone
+        elif self.spec_config is not None and draft_model is None and ngram is None:
             draft_model = load_draft_head(
                 args.speculative_draft_model_path, target_model, dtype=torch_dtype, device=args.device,
                 token_map=args.speculative_token_map, load_format=args.load_format, seed=args.random_seed,
@@ -226,8 +230,10 @@ class Engine:
         if graph_sizes:
             self.cuda_graph_bytes = self.capture_cuda_graphs(graph_sizes)
         args = self.args
+        # an EAGLE head's KV at p saw token p + 1 (pair keys); a standalone draft LM's, like the target's, did not
+        pair_keys = draft_model is not None and not getattr(draft_model, "standalone", False)
         cache = NoPrefixCache(self.memory) if args.disable_radix_cache else \
-            RadixPrefixCache(self.memory, with_draft=draft_model is not None)
+            RadixPrefixCache(self.memory, with_draft=pair_keys)
         self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
                                    max_running_requests=max_running_requests, tree_tokens=tree,
                                    overlap=overlap, generator=self.generator, prefix_cache=cache,
@@ -274,7 +280,7 @@ class Engine:
         """What a plain decode step captures: the draft head's input (EAGLE), nothing (NGRAM, plain)."""
         if self.worker is None:
             return CaptureHiddenMode.NULL
-        return getattr(self.worker, "decode_hidden", CaptureHiddenMode.LAST)
+        return getattr(getattr(self.worker, "base", self.worker), "decode_hidden", CaptureHiddenMode.LAST)
 
     # ------------------------------------------------------------ memory
     @property

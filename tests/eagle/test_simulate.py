@@ -104,21 +104,21 @@ def test_simulate_target_predict_names_the_bad_argument(key, bad):
 @pytest.mark.parametrize("parent_ranks", [1, 3, 8])
 def test_the_synthetic_draft_builds_the_models_static_tree(shape, parent_ranks):
     """The draft loop's frontier selection and node choice, fed the model's child probabilities by
-    parent rank (``worker._rank_probs``, ``draft.model_child_probs``), keeps nodes whose scores sum
+    parent rank (``simulate.rank_probs``, ``draft.model_child_probs``), keeps nodes whose scores sum
     to the model's static estimate less the root: the tree the benchmark verifies is the one the
     policy's estimate counts."""
     from specdec.config import SpecAlgorithm, SpecConfig
     from specdec.eagle.acceptance import AcceptanceModel
     from specdec.eagle.draft import model_child_probs
     from specdec.eagle.tree import organize_draft_results, select_top_k_tokens
-    from specdec.eagle.worker import _rank_probs
+    from specdec.eagle.simulate import rank_probs
 
     steps, k, n = shape
     rng = np.random.default_rng(steps * 10 + k)
     hazards = rng.uniform(0.05, 0.9, (6, parent_ranks, 8))
     config = SpecConfig(SpecAlgorithm.parse("EAGLE3"), None, steps, k, n,
                         simulate_hazards=tuple(tuple(tuple(r) for r in d) for d in hazards.tolist()))
-    probs = _rank_probs(config, "cpu")  # [S, P, K]
+    probs = rank_probs(config, "cpu")  # [S, P, K]
     bs, hidden = 2, 4
     tokens = torch.arange(bs * k).view(bs, k)
     sel = select_top_k_tokens(0, probs[0, 0, :k].expand(bs, k), tokens, torch.zeros(bs, hidden), None, k)

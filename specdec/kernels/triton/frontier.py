@@ -72,7 +72,8 @@ def _frontier_op(scores: torch.Tensor, topk_p: torch.Tensor, topk_index: torch.T
                  parent_offset: int) -> None:
     bs, k = scores.shape
     if bs and k:
-        _frontier_kernel[(bs, triton.cdiv(hidden.shape[1], _BLOCK_H))](
+        # NOTE: at least one column block: its programs write the scores (a standalone draft has no features)
+        _frontier_kernel[(bs, max(1, triton.cdiv(hidden.shape[1], _BLOCK_H)))](
             scores, topk_p, topk_index, hidden, expand_scores, best_scores, parents, parent_branch, input_ids,
             hidden_out, k, hidden.shape[1], scores.stride(0), scores.stride(1), topk_p.stride(0), topk_p.stride(1),
             parent_offset, BLOCK_K=next_pow2(k), BLOCK_H=_BLOCK_H)

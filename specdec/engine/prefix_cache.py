@@ -114,7 +114,8 @@ class RadixPrefixCache:
     enabled = True
 
     def __init__(self, memory: PagedKVMemory, *, with_draft: bool) -> None:
-        """``with_draft``: pages also hold a draft head's KV, so positions are keyed by token pairs."""
+        """``with_draft``: pages also hold an EAGLE head's KV, so positions are keyed by token pairs (a
+        standalone draft LM's KV, like the target's, depends on tokens 0 .. p only: token keys)."""
         self.memory = memory
         self.page_size = memory.page_size
         self.keys_of = pair_keys if with_draft else token_keys

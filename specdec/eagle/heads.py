@@ -36,9 +36,9 @@ def resolve_head(
     """Check that target capture and draft head agree, and say how to talk to the head."""
     standalone = bool(getattr(draft_model, "standalone", False))
     if config.is_standalone != standalone:
-        raise ValueError(
-            "--speculative-algorithm STANDALONE needs a causal LM as the draft (StandaloneDraft)" if config.is_standalone
-            else f"--speculative-algorithm {config.algorithm.value} got a standalone draft LM; use STANDALONE")
+        raise ValueError("--speculative-algorithm STANDALONE needs a causal LM as the draft (StandaloneDraft)"
+                         if config.is_standalone else
+                         f"--speculative-algorithm {config.algorithm.value} got a standalone draft LM; use STANDALONE")
     if standalone:
         return DraftHeadAdapter(0)
     d2t = getattr(draft_model, "d2t", None)

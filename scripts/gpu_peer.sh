@@ -13,6 +13,10 @@
 #                                            engines load it) + our EAGLE-3 head, MT-bench at 1-128
 #                                            requests; RUNS: "specdec:plain specdec:eagle3 vllm:plain
 #                                            vllm:eagle3-k3 ..." (default: all, vLLM's k = 1, 3, 5)
+#   bash scripts/gpu_peer.sh lookup RUNS     the same model without a head: n-gram lookup (NGRAM; vLLM's ngram and
+#                                            ours inside vLLM) on Spec-Bench summarization / RAG / translation,
+#                                            HumanEval and MT-bench second turns at 1 and 32 requests (default RUNS:
+#                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5")
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
 #                                            (default RUNS: "specdec:plain vllm:plain")
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
@@ -81,6 +85,13 @@ case "$what" in
     for run in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3 vllm:eagle3-k1 vllm:eagle3-k5}; do
       run_one chat "$run" $SMOL ${CHAT_ARGS:-}
     done ;;
+  lookup)
+    vllm_env
+    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
+      || { tail "$OUT/export.log"; exit 1; }
+    for run in ${1:-specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5}; do
+      run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json ${LOOKUP_ARGS:-}
+    done ;;
   decode)
     vllm_env
     python3 -c "from specdec.bench.synthetic import write_dummy_checkpoint as w; from pathlib import Path; w('llama-3.1-8b', Path('/tmp/ck'))"
@@ -118,7 +129,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|decode|serve|bench"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|serve|bench"; exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20
 exit 0

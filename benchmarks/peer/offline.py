@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+PROFILE: str | None = None  # --profile: where profile_host appends
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
 
@@ -269,12 +270,31 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
         work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
         before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
         row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
+        if PROFILE is not None and c == max(concurrencies):  # the host's work, in a separate untimed pass
+            profile_host(lambda: closed_loop(engine, work, c, tag=f"prof-{workload}-c{c}", max_tokens=max_tokens),
+                         f"{workload} c={c} {type(engine).__name__}")
         if before is not None:
             drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
             row["tau"] = 1 + accepted / drafts if drafts else None
         emit({"workload": workload, "concurrency": c, "ctx": None, **row})
         print(f"{workload} c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, steps by choice {row.get('choices')}",
               file=sys.stderr, flush=True)
+
+
+def profile_host(fn, title: str) -> None:
+    """Append the host's top functions by own time over ``fn()`` to ``--profile``."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    with open(PROFILE, "a") as f:
+        f.write(f"===== {title}\n{text.getvalue()}\n")
 
 
 def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int, emit) -> None:
@@ -325,7 +345,11 @@ def main() -> None:
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting passed to the engine (diagnostics; the record uses none), "
                              "e.g. max_running_requests=1")
+    parser.add_argument("--profile", help="append a cProfile of the host over one more (untimed) pass of the "
+                        "largest concurrency to this file")
     args = parser.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",
                                   **flags)

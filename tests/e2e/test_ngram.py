@@ -234,11 +234,10 @@ def test_gpu_verify_graphs_replay_equal_eager_and_plain(breadth, page_size):
     target = target.cuda()
     prompts = repetitive_prompts(target.config.vocab_size, seed=5) + prompts_of([6, 11, 3], 97, seed=6)
     params = [{"temperature": 0, "max_new_tokens": 20 + 3 * i, "ignore_eos": True} for i in range(len(prompts))]
-    kw = dict(device="cuda", attention_backend="triton", page_size=page_size, disable_cuda_graph=True,
-              speculative_ngram_max_bfs_breadth=breadth)
+    kw = dict(device="cuda", attention_backend="triton", page_size=page_size, disable_cuda_graph=True)
     expected = _ids(plain_engine(target, **kw).generate(input_ids=prompts, sampling_params=params))
-    eager = ngram_engine(target, **kw)
-    graphs = ngram_engine(target, **kw)
+    eager = ngram_engine(target, **kw, speculative_ngram_max_bfs_breadth=breadth)
+    graphs = ngram_engine(target, **kw, speculative_ngram_max_bfs_breadth=breadth)
     graphs.capture_cuda_graphs([1, 2, 4, 8])
     assert all(g.use_graphs for g in graphs.runner.graphs.values())
     for bs in (1, 3, 8):

@@ -40,3 +40,18 @@ def test_peer_json_has_the_record_keys(tmp_path):
     record = json.loads((tmp_path / "out" / "peer.json").read_text())
     assert [set(r) for r in record] == [set(report.KEYS)] * 4
     assert (tmp_path / "out" / "table.md").read_text().count("\n") == 3
+
+
+def test_ngram_record_has_the_issue_keys_and_speedups_over_the_same_engines_plain(tmp_path):
+    rows = [dict(r, workload="smollm2-summarization") for r in ROWS]
+    rows.append(dict(_row("vllm", "ngram-k5", 900.0, ["a"], conc=32), workload="smollm2-summarization"))
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    report.main([str(path), str(tmp_path / "out"), "--ngram-model", "SmolLM2-135M-Instruct"])
+    record = json.loads((tmp_path / "out" / "ngram.json").read_text())
+    assert all(set(r) == {"model", "dataset", "concurrency", "engine", "algorithm", "tok_s", "tau", "speedup"}
+               for r in record)
+    by = {(r["engine"], r["algorithm"], r["concurrency"]): r for r in record}
+    assert by[("specdec", "eagle3", 1)]["speedup"] == 1000.0 / 700.0 and by[("vllm", "plain", 1)]["speedup"] == 1.0
+    assert by[("vllm", "ngram-k5", 32)]["speedup"] is None  # no vLLM plain row at 32 requests
+    assert {r["dataset"] for r in record} == {"summarization"}

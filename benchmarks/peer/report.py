@@ -1,6 +1,6 @@
 """The side-by-side record from ``offline.py``'s rows: ``peer.json``, a markdown table, one PNG per workload.
 
-    python benchmarks/peer/report.py rows.jsonl OUT_DIR
+    python benchmarks/peer/report.py rows.jsonl OUT_DIR [--ngram-model NAME]
 
 ``peer.json`` is a list of ``{"workload", "concurrency", "ctx", "engine", "config", "tok_s", "tau",
 "ttft_ms", "tpot_ms"}`` (plus ``ms_per_step`` for decode rows). The table puts each cell's best
@@ -103,10 +103,24 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
     return written
 
 
+def lookup_record(rows: list[dict], model: str) -> list[dict]:
+    """The n-gram record (``ngram.json``): each row's speedup over its engine's plain decoding in the
+    same cell (None where that engine ran no plain configuration)."""
+    out = []
+    for (workload, conc, _), cell in cells(rows).items():
+        for (engine, config), r in cell.items():
+            plain = cell.get((engine, "plain"))
+            out.append({"model": model, "dataset": workload.split("-", 1)[-1], "concurrency": conc,
+                        "engine": engine, "algorithm": config, "tok_s": r["tok_s"], "tau": r.get("tau"),
+                        "speedup": r["tok_s"] / plain["tok_s"] if plain else None})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows")
     parser.add_argument("out")
+    parser.add_argument("--ngram-model", help="also write ngram.json (the lookup workload's record) for this model")
     args = parser.parse_args(argv)
     rows = load_rows(args.rows)
     out = Path(args.out)
@@ -115,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
               for r in rows]
     (out / "peer.json").write_text(json.dumps(record, indent=1))
     (out / "table.md").write_text("\n".join(table(rows)) + "\n")
+    if args.ngram_model:
+        (out / "ngram.json").write_text(json.dumps(lookup_record(rows, args.ngram_model), indent=1))
     for path in plot(rows, out):
         print(f"Wrote {path}")
     print("\n".join(table(rows)))

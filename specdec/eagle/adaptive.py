@@ -24,7 +24,6 @@ configured bound.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import torch
 
@@ -33,6 +32,7 @@ from specdec.eagle.output import DecodeOutput, PendingDecode
 from specdec.eagle.policy import (
     MAX_VERIFY_ROWS, PLAIN, AdaptivePolicy, SpecShape, candidate_shapes, graph_batch_sizes,
 )
+from specdec.eagle.served import LaunchClock
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer
 from specdec.eagle.worker import EAGLEWorker
@@ -91,9 +91,8 @@ class AdaptiveEAGLEWorker:
         self.force: SpecShape | None | str = AUTO
         self._context = 0.0  # mean tokens in KV of the last read step (lengths unread under overlap)
         self._timer: PhaseTimer | None = None
-        # the last decode step launched through the policy: (choice, bs, context, launched at,
-        # whether the step before it made the same choice in the same batch-size bucket)
-        self._last_launch: tuple[str, int, float, float, bool] | None = None
+        # the decode steps launched through the policy, timed from one launch to the next
+        self._clock = LaunchClock()
 
     def graph_sizes(self, shape: SpecShape, batch_sizes: list[int]) -> list[int]:
         """The batch sizes ``shape``'s verify and draft loop are captured at."""
@@ -135,11 +134,11 @@ class AdaptiveEAGLEWorker:
         self.max_batch.clear()
 
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, **kw) -> torch.Tensor:
-        self._last_launch = None  # a prefill between two decode steps is not the first one's cost
+        self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         return self.base.prefill(batch, sampling, **kw)
 
     def launch_decode_plain(self, *args, **kw) -> PendingDecode:
-        self._last_launch = None
+        self._clock.reset()
         return self.base.launch_decode_plain(*args, **kw)
 
     def choose(self, bs: int, seq_lens_cpu: list[int] | None) -> SpecShape | None:
@@ -154,25 +153,11 @@ class AdaptiveEAGLEWorker:
         return shape
 
     def _observe_last_step(self, shape: SpecShape | None, bs: int, context: float) -> None:
-        """Hand the policy the time from the last policy step's launch to this one's: the whole
-        step as the host loop runs it (scheduling, stop checks, the caller's own work).
-
-        NOTE: under overlap scheduling that interval holds the host's wait for the step launched
-        before the last one (read between the two launches), not the last step's own GPU time. So
-        an interval is the last step's cost only where that earlier step made the same choice at a
-        batch size of the same bucket; otherwise it is dropped (without this, a runner-up tried
-        for one step was charged the leader's time, and the first choice was never revised:
-        0.68-0.88x plain decoding on the H200, 2026-11-28)."""
-        now = time.perf_counter()
-        name = PLAIN if shape is None else shape.name
-        if self._last_launch is not None:
-            last_name, last_bs, last_context, launched, same_as_before = self._last_launch
-            if same_as_before:
-                self.policy.observe_step(last_name, last_bs, last_context, (now - launched) * 1e3)
-            same = last_name == name and last_bs.bit_length() == bs.bit_length()
-        else:
-            same = False
-        self._last_launch = (name, bs, context, now, same)
+        """Hand the policy the time from the last policy step's launch to this one's, where
+        ``LaunchClock`` may time it (only after a step of the same choice: see its NOTE)."""
+        timed = self._clock.launch(PLAIN if shape is None else shape.name, bs, context)
+        if timed is not None:
+            self.policy.observe_step(*timed)
 
     def launch_decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> PendingDecode:
         shape = self.choose(int(req_pool_indices.shape[0]), kw.get("seq_lens_cpu"))

@@ -29,8 +29,7 @@ from pathlib import Path
 
 from specdec.config import SpecConfig
 from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, PathObservations
-
-PLAIN = "plain"
+from specdec.eagle.served import PLAIN, RunnerUpExplorer, StepTimeCalibration  # noqa: F401 (re-exported)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -157,28 +156,6 @@ class StepCosts:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
-class StepTimeCalibration:
-    """Observed over profiled milliseconds of a step, per choice and batch-size bucket (the bucket of
-    ``bs`` is ``bs.bit_length()``: 1, 2-3, 4-7, ...), an exponentially decaying mean that starts at
-    1 with ``prior_weight`` steps' weight. A ratio is clipped to ``clip`` (an idle engine's gap, a
-    host pause, is not a step's cost)."""
-
-    def __init__(self, *, decay: float = 0.98, prior_weight: float = 4.0, clip: tuple[float, float] = (0.25, 4.0)):
-        self.decay, self.prior_weight, self.clip = decay, prior_weight, clip
-        self._sum: dict[tuple[str, int], float] = {}
-        self._weight: dict[tuple[str, int], float] = {}
-
-    def ratio(self, name: str, bs: int) -> float:
-        key = (name, bs.bit_length())
-        return (self.prior_weight + self._sum.get(key, 0.0)) / (self.prior_weight + self._weight.get(key, 0.0))
-
-    def observe(self, name: str, bs: int, ratio: float) -> None:
-        key = (name, bs.bit_length())
-        ratio = min(max(ratio, self.clip[0]), self.clip[1])
-        self._sum[key] = self.decay * self._sum.get(key, 0.0) + ratio
-        self._weight[key] = self.decay * self._weight.get(key, 0.0) + 1.0
-
-
 class AdaptivePolicy:
     """Chooses a shape (or None: plain decoding) per step, and learns acceptance as steps are read.
 
@@ -214,13 +191,9 @@ class AdaptivePolicy:
         self.predicted = {s.name: 0.0 for s in shapes}  # summed static estimates of those steps
         self.chosen: dict[str, int] = {}  # steps by choice, plain included
         self.step_times = StepTimeCalibration() if learn_step_times else None
-        self.explore_every = explore_every
-        self._bucket_steps: dict[int, int] = {}  # decode steps chosen per batch-size bucket
-        self._last_tried: dict[tuple[int, str], int] = {}  # (bucket, choice) -> that bucket's step count
-        # NOTE: a runner-up runs ``explore_steps`` steps in a row: the worker times a step only when
-        # the one before it made the same choice (``AdaptiveEAGLEWorker._observe_last_step``)
-        self.explore_steps = 3
-        self._trying: dict[int, tuple[str, int]] = {}  # bucket -> (runner-up being tried, steps left)
+        # NOTE: a runner-up runs 3 steps in a row: the worker times a step only when the one before
+        # it made the same choice (``specdec.eagle.served.LaunchClock``)
+        self.explorer = RunnerUpExplorer(explore_every=explore_every) if learn_step_times else None
         self._reads = 0
         self._refresh()
 
@@ -250,19 +223,7 @@ class AdaptivePolicy:
 
     def choose(self, bs: int, ctx: float) -> SpecShape | None:
         scores = self.scores(bs, ctx)
-        ranked = sorted(scores, key=scores.get, reverse=True)
-        pick = ranked[0]
-        if self.step_times is not None and len(ranked) > 1:
-            bucket = bs.bit_length()
-            step = self._bucket_steps[bucket] = self._bucket_steps.get(bucket, 0) + 1
-            trying, left = self._trying.get(bucket, (PLAIN, 0))
-            if left > 0 and trying in scores:  # the rest of a runner-up's run of steps
-                pick = trying
-                self._trying[bucket] = (trying, left - 1)
-            elif step - self._last_tried.get((bucket, ranked[1]), 0) >= self.explore_every:
-                pick = ranked[1]  # keep the runner-up's step time current
-                self._trying[bucket] = (pick, self.explore_steps - 1)
-            self._last_tried[(bucket, pick)] = step
+        pick = self.explorer.pick(scores, bs) if self.explorer is not None else max(scores, key=scores.get)
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return None if pick == PLAIN else next(s for s in self.shapes if s.name == pick)
 

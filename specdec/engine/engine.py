@@ -218,8 +218,13 @@ class Engine:
             from specdec.ngram.worker import NgramWorker
 
             token_table = TokenTable(self.memory.max_reqs, self.memory.max_context_len)
+            # cost-aware steps where EAGLE's adaptive speculation would run, on one rank only (the
+            # choice follows host-clock times, which tensor-parallel ranks do not share)
+            tp_size = getattr(getattr(target_model, "tp", None), "size", 1)
+            costs = self._adaptive(self.args.speculative_adaptive, graph_sizes) and tp_size == 1
             worker = NgramWorker(self.spec_config, self.ngram_config, self.runner, self.memory, token_table,
-                                 max_running_requests=max_running_requests, generator=self.generator)
+                                 max_running_requests=max_running_requests, generator=self.generator,
+                                 learn_step_times=costs)
         elif self.spec_config is not None:
             extra = dict(max_verify_rows=self.args.speculative_adaptive_max_verify_rows) if adaptive else {}
             worker = (AdaptiveEAGLEWorker if adaptive else EAGLEWorker)(

@@ -1,8 +1,10 @@
 """NgramWorker: speculative decoding without a draft model (SGLang's ``--speculative-algorithm NGRAM``).
 
     prefill   target EXTEND -> sample the first token                    (no draft model, no draft KV)
-    decode    each request's draft tree from n-gram matches in its own tokens (host, ``tree.py``)
-              -> the step's verify size (``budget.py``) -> target TARGET_VERIFY over bs x n nodes
+    decode    plain or lookup, and the largest verify size (``policy.py``: served step times; or
+              ``budget.py`` alone) -> each request's draft tree from n-gram matches in its own
+              tokens (host, ``tree.py`` / ``batch.py``) -> the step's verify size (the smallest
+              holding the largest tree) -> target TARGET_VERIFY over bs x n nodes
               -> accept (greedy, or lossless sampling) -> move accepted K/V into place, free the rest
               or, when no request has a match, one plain decode step
 
@@ -20,6 +22,7 @@ step, so a step reads the tokens the last step committed: no overlap scheduling
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import torch
@@ -31,9 +34,17 @@ from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_v
 from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, table_slots
+from specdec.eagle.served import PLAIN, LaunchClock
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, pack_batch
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.config import NgramConfig
-from specdec.ngram.tree import PackedTrees, build_tree, pack_trees
+from specdec.ngram.policy import NgramPolicy, size_name
+from specdec.ngram.tree import pack_trees
+
+# from this batch size on, chains are looked up and trees packed for the whole batch at once
+# (numpy over the batch); below it per request, where numpy's per-call cost is the larger one
+# (CPU, 2026-11-29: 32 requests of 1.5 k tokens, pack 180 against 335 us; one request 140 against 18)
+BATCH_PATH_MIN_BS = 8
 
 
 class NgramWorker:
@@ -50,16 +61,22 @@ class NgramWorker:
         *,
         max_running_requests: int,
         generator: torch.Generator | None = None,
+        learn_step_times: bool = True,
     ) -> None:
         """``config``: the shared speculative settings (N = ``ngram.num_draft_tokens`` nodes, depth
-        N - 1, thresholds, batch-size threshold); ``ngram``: the drafter's own."""
+        N - 1, thresholds, batch-size threshold); ``ngram``: the drafter's own.
+        ``learn_step_times``: with adaptive on, choose each step by served step times
+        (``NgramPolicy``); NOTE: off under tensor parallelism, where ranks must choose alike."""
         self.config = config
         self.ngram = ngram
         self.target = target
         self.memory = memory
         self.history = history
         self.max_batch_size = max_running_requests
-        self.budget = DraftBudget(ngram, memory.req_to_token.shape[0])
+        max_reqs = memory.req_to_token.shape[0]
+        self.budget = DraftBudget(ngram, max_reqs)
+        self.policy = NgramPolicy(ngram, self.budget.sizes, max_reqs) if ngram.adaptive and learn_step_times else None
+        self._clock = LaunchClock()
         # one verifier per verify size n: its accepted path is at most n - 1 nodes deep
         self.verifiers = {
             n: TreeVerifier(dataclasses.replace(config, num_steps=n - 1, num_draft_tokens=n),
@@ -91,7 +108,11 @@ class NgramWorker:
             sampling.record_prompt_logprobs(logits, batch.input_ids, extend_lens)
             ends = torch.tensor(extend_lens, device=logits.device).cumsum(0) - 1
             logits = logits[ends]
-        self.budget.reset(batch.req_pool_indices.tolist())
+        rows = batch.req_pool_indices.tolist()
+        self.budget.reset(rows)
+        if self.policy is not None:
+            self.policy.reset(rows)
+        self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         return sample_after_prefill(logits, sampling, next_tokens)
 
     # ------------------------------------------------------------ decode
@@ -109,21 +130,23 @@ class NgramWorker:
         rows_cpu: list[int] | None = None,
         slots_reserved: bool = False,
     ) -> PendingDecode:
-        """Draft, verify and commit one step; ``result()`` reads it and frees the rejected slots."""
+        """Draft, verify and commit one step, or decode plainly where lookups do not pay;
+        ``result()`` reads it and frees the rejected slots."""
         if slots_reserved:
             raise ValueError("NGRAM drafts from the tokens the last step committed: no overlap scheduling")
-        rows = rows_cpu if rows_cpu is not None else req_pool_indices.tolist()
-        histories = [self.history.token_ids[r, : self.history.num_tokens[r]] for r in rows]
-        trees = [build_tree(h, self.ngram, max_nodes=m) for h, m in zip(histories, self.budget.limits(rows, len(rows)))]
-        largest = max(len(t) for t in trees)
-        if largest == 0:  # no request has a match: a plain step
-            return self.launch_decode_plain(req_pool_indices, seq_lens, verified_ids, sampling,
-                                            seq_lens_cpu=seq_lens_cpu, rows_cpu=rows)
-        n = self.budget.step_size(largest)
-        depths = [t.depth() for t in trees]
-        tree = device_tree(pack_trees(trees, [int(h[-1]) for h in histories], n), verified_ids, seq_lens)
+        launched = time.perf_counter()  # the step's host work (the lookups) is part of its cost
+        rows = np.asarray(rows_cpu if rows_cpu is not None else req_pool_indices.tolist(), dtype=np.int64)
+        plan = self._plan(rows)
+        self._time_launch(PLAIN if plan is None else size_name(plan[0]), len(rows), launched)
+        if plan is None:
+            return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling,
+                                      seq_lens_cpu=seq_lens_cpu, rows_cpu=rows.tolist())
+        n, trees, drafted = plan
+        lengths = self.history.num_tokens[rows]
+        roots = self.history.token_ids[rows, lengths - 1].astype(np.int64)
+        tree = device_tree(self._host_trees(trees, roots, n), n, verified_ids, seq_lens)
         if seq_lens_cpu is not None:
-            tree_slots = self.memory.alloc_extend(rows, seq_lens_cpu, [n] * len(rows))
+            tree_slots = self.memory.alloc_extend(rows.tolist(), seq_lens_cpu, [n] * len(rows))
         else:
             tree_slots = self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, n))
         logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
@@ -145,17 +168,69 @@ class NgramWorker:
             host = host_view()
             old_lens, accepted = [r[0] for r in host], [r[1] for r in host]
             new_lens = [s + k + 1 for s, k in zip(old_lens, accepted)]
-            self.memory.truncate(rows, [s + n for s in old_lens], new_lens)
-            self.budget.observe(rows, depths, accepted)
+            self.memory.truncate(rows.tolist(), [s + n for s in old_lens], new_lens)
+            self.budget.observe(rows.tolist(), drafted.tolist(), accepted)
+            if self.policy is not None:
+                self.policy.observe_accepts(rows, drafted, np.asarray(accepted, dtype=np.int64))
             return DecodeOutput(tokens=[r[2: 3 + k] for r, k in zip(host, accepted)], seq_lens=new_lens,
                                 accept_lengths=accepted, shape=f"ngram{n}")
 
         return PendingDecode(seq_lens + accept + 1, next_tokens, read)
 
+    def _plan(self, rows: np.ndarray) -> tuple[int, BatchTrees, np.ndarray] | None:
+        """This step's verify size n, the rows' trees and each one's drafted depth within n - 1
+        nodes ([bs]); None: a plain step (the policy's choice, no room for a tree, or no match)."""
+        bs = len(rows)
+        cap = self.budget.node_cap(bs)
+        max_size = cap + 1 if cap else 0
+        if self.policy is not None and max_size:
+            max_size = self.policy.choose(rows, bs, max_size)
+        if not max_size:
+            return None
+        trees = self._trees(rows, np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64))
+        depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
+        if self.policy is not None:
+            self.policy.observe_drafts(rows, depth)
+        largest = min(int(trees.sizes.max()), max_size - 1)
+        if largest == 0:
+            return None
+        n = self.budget.step_size(largest)
+        return n, trees, depth[:, n - 1]
+
+    def _trees(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
+        lengths = self.history.num_tokens[rows]
+        history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
+        if self.ngram.is_chain and len(rows) >= BATCH_PATH_MIN_BS:
+            return build_trees_batch(history, lengths, self.ngram, limits)
+        return build_trees_ref(history, lengths, self.ngram, limits)
+
+    def _host_trees(self, trees: BatchTrees, roots: np.ndarray, n: int) -> np.ndarray:
+        """[bs, 4n + n*n] int64: tokens, depth, next_token, next_sibling and the mask, cut to n - 1 nodes."""
+        bs = len(roots)
+        if bs >= BATCH_PATH_MIN_BS:
+            host = np.empty((bs, 4 * n + n * n), dtype=np.int64)
+            pack_batch(trees, roots, n, out=host)
+            return host
+        packed = pack_trees(trees.cut(n - 1), roots.tolist(), n)
+        return np.concatenate([packed.tokens, packed.depth, packed.next_token, packed.next_sibling,
+                               packed.mask.reshape(bs, n * n)], axis=1)
+
+    def _time_launch(self, name: str, bs: int, launched: float) -> None:
+        """Hand the policy the last step's served time where ``LaunchClock`` may time it."""
+        timed = self._clock.launch(name, bs, now=launched)
+        if timed is not None and self.policy is not None:
+            last_name, last_bs, _, ms = timed
+            self.policy.observe_step(last_name, last_bs, ms)
+
     def decode_plain(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
         return self.launch_decode_plain(req_pool_indices, seq_lens, verified_ids, sampling, **kw).result()
 
-    def launch_decode_plain(
+    def launch_decode_plain(self, *args, **kw) -> PendingDecode:
+        """One target token per request, outside the policy (requests that do not speculate)."""
+        self._clock.reset()
+        return self._launch_plain(*args, **kw)
+
+    def _launch_plain(
         self,
         req_pool_indices: torch.Tensor,  # [bs]
         seq_lens: torch.Tensor,  # [bs]
@@ -183,15 +258,14 @@ class NgramWorker:
 
 
 def device_tree(
-    packed: PackedTrees,
+    host: np.ndarray,  # [bs, 4n + n*n] int64: tokens, depth, next_token, next_sibling, mask
+    n: int,
     verified_ids: torch.Tensor,  # [bs] the roots
     seq_lens: torch.Tensor,  # [bs]
 ) -> BuiltTree:
     """The packed host trees on the device, in one copy: what ``build_tree`` gives EAGLE's verify
     (QLEN_ONLY mask [bs * n * n], positions seq_len + depth, local child / sibling links)."""
-    bs, n = packed.tokens.shape
-    host = np.concatenate([packed.tokens, packed.depth, packed.next_token, packed.next_sibling,
-                           packed.mask.reshape(bs, n * n)], axis=1)  # [bs, 4n + n*n] int64
+    bs = host.shape[0]
     device = torch.from_numpy(host).to(seq_lens.device, non_blocking=True)
     tokens, depth, next_token, next_sibling = device[:, : 4 * n].view(bs, 4, n).unbind(1)  # [bs, n] each
     tokens = torch.cat([verified_ids[:, None].to(tokens.dtype), tokens[:, 1:]], 1)  # [bs, n] root from the device

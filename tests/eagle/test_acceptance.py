@@ -309,22 +309,22 @@ def test_adaptive_worker_times_a_step_only_after_a_step_of_the_same_choice(monke
     """Step N's interval (its launch to N+1's) is handed over only where step N-1 made the same
     choice in the same batch-size bucket: under overlap scheduling the interval holds the wait
     for step N-1."""
-    from specdec.eagle import adaptive
+    from specdec.eagle import served
     from specdec.eagle.adaptive import AdaptiveEAGLEWorker
 
     seen = []
     worker = AdaptiveEAGLEWorker.__new__(AdaptiveEAGLEWorker)
     worker.policy = type("P", (), {"observe_step": lambda self, *a: seen.append(a)})()
-    worker._last_launch = None
+    worker._clock = served.LaunchClock()
     clock = iter([10.0, 10.004, 10.010, 10.020, 10.025, 10.031, 10.040, 10.050, 10.052])
-    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(served.time, "perf_counter", lambda: next(clock))
     chain = SpecShape(3, 1, 4)
     for shape, bs in [(None, 4), (None, 5), (None, 4), (chain, 4), (chain, 4), (None, 4)]:
         worker._observe_last_step(shape, bs, 50.0)
     # timed: the second and third plain steps (each after a plain one), the second chain step
     assert seen == [(PLAIN, 5, 50.0, pytest.approx(6.0)), (PLAIN, 4, 50.0, pytest.approx(10.0)),
                     (chain.name, 4, 50.0, pytest.approx(6.0))]
-    worker._last_launch = None  # what a prefill in between does
+    worker._clock.reset()  # what a prefill in between does
     worker._observe_last_step(None, 5, 52.0)
     worker._observe_last_step(None, 5, 53.0)
     worker._observe_last_step(None, 5, 54.0)
@@ -335,14 +335,15 @@ def test_adaptive_worker_revises_its_first_choice_under_overlap_scheduling(monke
     """The start-up profile says the tree pays at bs 1, but served tree steps take 4.8x a plain
     step. Under overlap scheduling the interval from step N's launch to N+1's is the wait for step
     N-1: the worker must still learn that plain decoding is faster, and keep to it."""
-    from specdec.eagle import adaptive
+    from specdec.eagle import served
     from specdec.eagle.adaptive import AUTO, AdaptiveEAGLEWorker
 
     worker = AdaptiveEAGLEWorker.__new__(AdaptiveEAGLEWorker)
-    worker.policy, worker.force, worker._context, worker._last_launch = _policy(spec_ms=1.2), AUTO, 100.0, None
+    worker.policy, worker.force, worker._context = _policy(spec_ms=1.2), AUTO, 100.0
+    worker._clock = served.LaunchClock()
     served_ms = {None: 1.0}  # a shape's served step: 4.8 ms
     now, launched = [0.0], []
-    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])
     for _ in range(600):
         if len(launched) >= 2:  # the host waits for the step launched two launches ago
             now[0] += served_ms.get(launched[-2], 4.8) / 1e3

@@ -1,0 +1,116 @@
+"""What served decode steps cost, learned online: the part of adaptive speculation that EAGLE's
+policy (``specdec.eagle.policy``) and NGRAM's (``specdec.ngram.policy``) share.
+
+    LaunchClock          a step's served time: from its launch to the next launch, handed over
+                         only where the step before it made the same choice in the same bucket
+    StepTimeCalibration  served over reference milliseconds per choice and batch-size bucket
+    RunnerUpExplorer     each bucket's runner-up run for a few steps in a row every so often, so
+                         that every choice's figure stays current
+
+A batch-size bucket is ``bs.bit_length()``: 1, 2-3, 4-7, 8-15, ...
+
+NOTE: every figure here is measured on the host's clock, so two tensor-parallel ranks would learn
+different ones and choose differently; callers turn learning off under tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import time
+
+PLAIN = "plain"
+
+
+def bucket(bs: int) -> int:
+    return bs.bit_length()
+
+
+class StepTimeCalibration:
+    """Observed over reference milliseconds of a step, per choice and batch-size bucket, an
+    exponentially decaying mean that starts at 1 with ``prior_weight`` steps' weight. A ratio is
+    clipped to ``clip`` (an idle engine's gap, a host pause, is not a step's cost)."""
+
+    def __init__(self, *, decay: float = 0.98, prior_weight: float = 4.0, clip: tuple[float, float] = (0.25, 4.0)):
+        self.decay, self.prior_weight, self.clip = decay, prior_weight, clip
+        self._sum: dict[tuple[str, int], float] = {}
+        self._weight: dict[tuple[str, int], float] = {}
+
+    def ratio(self, name: str, bs: int) -> float:
+        key = (name, bucket(bs))
+        return (self.prior_weight + self._sum.get(key, 0.0)) / (self.prior_weight + self._weight.get(key, 0.0))
+
+    def observed(self, name: str, bs: int) -> bool:
+        """Whether a step of ``name`` in ``bs``'s bucket has been observed."""
+        return (name, bucket(bs)) in self._weight
+
+    def observe(self, name: str, bs: int, ratio: float) -> None:
+        key = (name, bucket(bs))
+        ratio = min(max(ratio, self.clip[0]), self.clip[1])
+        self._sum[key] = self.decay * self._sum.get(key, 0.0) + ratio
+        self._weight[key] = self.decay * self._weight.get(key, 0.0) + 1.0
+
+
+class LaunchClock:
+    """Served step times, from one decode step's launch to the next one's: the whole step as the
+    host loop runs it (scheduling, stop checks, the caller's own work).
+
+    NOTE: under overlap scheduling that interval holds the host's wait for the step launched
+    before the last one (read between the two launches), not the last step's own device time. So
+    an interval is the last step's cost only where that earlier step made the same choice at a
+    batch size of the same bucket; otherwise it is dropped (without this, a runner-up tried for
+    one step was charged the leader's time, and the first choice was never revised: 0.68-0.88x
+    plain decoding on the H200, 2026-11-28). Without overlap the rule costs one sample per switch.
+    """
+
+    def __init__(self) -> None:
+        # the last launch: (choice, bs, context, launched at, whether the launch before it made the
+        # same choice in the same bucket)
+        self._last: tuple[str, int, float, float, bool] | None = None
+
+    def reset(self) -> None:
+        """Forget the last launch: a prefill (or a step outside the policy) ran since."""
+        self._last = None
+
+    def launch(self, name: str, bs: int, context: float = 0.0, *,
+               now: float | None = None) -> tuple[str, int, float, float] | None:
+        """Record a launch of choice ``name``; returns the last step's (choice, bs, context, ms)
+        where it may be timed, else None. ``now``: the launch's ``time.perf_counter()`` if taken
+        earlier (a launch that decides its choice after host work of its own)."""
+        now = time.perf_counter() if now is None else now
+        timed, same = None, False
+        if self._last is not None:
+            last_name, last_bs, last_context, launched, same_as_before = self._last
+            if same_as_before:
+                timed = (last_name, last_bs, last_context, (now - launched) * 1e3)
+            same = last_name == name and bucket(last_bs) == bucket(bs)
+        self._last = (name, bs, context, now, same)
+        return timed
+
+
+class RunnerUpExplorer:
+    """Which choice a step takes: the best by score, except that every ``explore_every`` steps of
+    a bucket, the runner-up (if it has not run in that bucket since) runs ``explore_steps`` steps
+    in a row, enough for ``LaunchClock`` to time it."""
+
+    def __init__(self, *, explore_every: int = 64, explore_steps: int = 3) -> None:
+        self.explore_every, self.explore_steps = explore_every, explore_steps
+        self._bucket_steps: dict[int, int] = {}  # steps chosen per batch-size bucket
+        self._last_tried: dict[tuple[int, str], int] = {}  # (bucket, choice) -> that bucket's step count
+        self._trying: dict[int, tuple[str, int]] = {}  # bucket -> (runner-up being tried, steps left)
+
+    def pick(self, scores: dict[str, float], bs: int) -> str:
+        """The choice of this step, from each candidate's score (higher is better)."""
+        ranked = sorted(scores, key=scores.get, reverse=True)
+        pick = ranked[0]
+        if len(ranked) < 2:
+            return pick
+        b = bucket(bs)
+        step = self._bucket_steps[b] = self._bucket_steps.get(b, 0) + 1
+        trying, left = self._trying.get(b, (PLAIN, 0))
+        if left > 0 and trying in scores:  # the rest of a runner-up's run of steps
+            pick = trying
+            self._trying[b] = (trying, left - 1)
+        elif step - self._last_tried.get((b, ranked[1]), 0) >= self.explore_every:
+            pick = ranked[1]  # keep the runner-up's step time current
+            self._trying[b] = (pick, self.explore_steps - 1)
+        self._last_tried[(b, pick)] = step
+        return pick

@@ -1,0 +1,127 @@
+"""NgramPolicy: each NGRAM step's choice, plain decoding or a verify of n nodes a request, by
+expected committed tokens per millisecond of served step time (adaptive on, one rank).
+
+    score(plain)     1 / ms(plain, bs)
+    score(ngram n)   mean over the batch of E[committed | row, n] / ms(ngram n, bs)
+    E[committed | row, n] = 1 + p + p^2 + ... + p^d      d = the row's expected draft depth in
+                                                         n - 1 nodes, p = its acceptance rate
+
+Acceptance: each row's rate of accepted draft tokens along its drafted path (accepted nodes over
+accepted nodes plus rejections), a decaying count that starts from the rate of all rows. Depth:
+each row's decaying mean depth of its trees' first m nodes, m = 0 .. N - 1 (a new row starts from
+the mean of all rows). The choice is made before any lookup, so a plain step costs no host work
+of the drafter; a row's draft limit stays its ``DraftBudget``'s (padding nodes cost nothing in a
+verify of n rows a request, so a smaller limit only changes which n pays).
+
+Step times are learned online (``specdec.eagle.served``): each choice's served time per
+batch-size bucket, launch to next launch, timed only after a step of the same choice, and each
+bucket's runner-up run for 3 steps every ``explore_every``. There is no start-up profile: a
+choice's reference time is ``prior_factor`` times the bucket's anchor (the first timed step's
+plain-equivalent time), and ``StepTimeCalibration`` learns the ratio of the served times to it,
+so before a choice is timed the ranking follows the prior factors.
+
+NOTE: host-clock times differ between tensor-parallel ranks, which must choose alike: the worker
+builds no policy there (the acceptance-only ``DraftBudget`` rule decides).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.eagle.served import PLAIN, RunnerUpExplorer, StepTimeCalibration, bucket
+from specdec.ngram.config import NgramConfig
+
+# a verify step's prior cost in plain steps: a fixed host and launch overhead, plus its rows
+VERIFY_OVERHEAD = 1.5
+ROWS_PER_PLAIN_STEP = 256
+# the acceptance rate before any step is read, with this many draft tokens' weight
+PRIOR_RATE, PRIOR_WEIGHT = 0.6, 8.0
+LOOKUP = "lookup"  # any verify size, to the explorer
+DECAY = 0.9  # per read step, for a row's statistics and for those of all rows
+
+
+def size_name(n: int) -> str:
+    return f"ngram{n}"
+
+
+def prior_factor(name: str, bs: int) -> float:
+    if name == PLAIN:
+        return 1.0
+    return VERIFY_OVERHEAD + bs * int(name.removeprefix("ngram")) / ROWS_PER_PLAIN_STEP
+
+
+class NgramPolicy:
+    def __init__(self, config: NgramConfig, sizes: list[int], max_reqs: int, *, explore_every: int = 64) -> None:
+        self.sizes = sizes
+        width = config.num_draft_tokens
+        self.hits = np.zeros(max_reqs)  # [max_reqs] decaying accepted draft tokens
+        self.misses = np.zeros(max_reqs)  # [max_reqs] decaying rejections
+        self.all_hits, self.all_misses = PRIOR_RATE * PRIOR_WEIGHT, (1 - PRIOR_RATE) * PRIOR_WEIGHT
+        self.all_depth = np.arange(width, dtype=np.float64)  # [N] a chain until trees are seen
+        self.depth = np.tile(self.all_depth, (max_reqs, 1))  # [max_reqs, N] decaying depth of the first m nodes
+        self.step_times = StepTimeCalibration(prior_weight=1.0)
+        self.explorer = RunnerUpExplorer(explore_every=explore_every)
+        self.anchor: dict[int, float] = {}  # bucket -> ms of a plain step, from the first timed step
+        self.chosen: dict[str, int] = {}  # steps by choice
+
+    def reset(self, rows: list[int]) -> None:
+        """New requests in ``rows`` start from the statistics of all rows."""
+        self.hits[rows] = 0.0
+        self.misses[rows] = 0.0
+        self.depth[rows] = self.all_depth
+
+    def step_ms(self, name: str, bs: int) -> float:
+        return self.anchor.get(bucket(bs), 1.0) * prior_factor(name, bs) * self.step_times.ratio(name, bs)
+
+    def expected_committed(self, rows: np.ndarray, n: int) -> float:
+        """Mean E[committed] of ``rows`` in a verify of ``n`` nodes a request."""
+        rate = self.all_hits / (self.all_hits + self.all_misses)
+        p = (self.hits[rows] + PRIOR_WEIGHT * rate) / (self.hits[rows] + self.misses[rows] + PRIOR_WEIGHT)
+        p = np.minimum(p, 0.999)
+        d = self.depth[rows, n - 1]
+        return float(np.mean((1.0 - p ** (d + 1.0)) / (1.0 - p)))
+
+    def scores(self, rows: np.ndarray, bs: int, max_size: int) -> dict[str, float]:
+        out = {PLAIN: 1.0 / self.step_ms(PLAIN, bs)}
+        for n in self.sizes:
+            if n <= max_size:
+                out[size_name(n)] = self.expected_committed(rows, n) / self.step_ms(size_name(n), bs)
+        return out
+
+    def choose(self, rows: np.ndarray, bs: int, max_size: int) -> int:
+        """The largest verify size (nodes a request, root included) this step may take, 0: plain.
+        ``max_size``: the largest size allowed at ``bs`` (0: none). The step runs plain or the best
+        size; exploration tries the other of the two, the sizes counted as one choice (sizes of
+        near-equal scores would otherwise take turns as the runner-up, each run of them a cost)."""
+        scores = self.scores(rows, bs, max_size)
+        sizes = {name: score for name, score in scores.items() if name != PLAIN}
+        best = max(sizes, key=sizes.get) if sizes else None
+        pair = {PLAIN: scores[PLAIN]} | ({LOOKUP: sizes[best]} if best else {})
+        pick = best if self.explorer.pick(pair, bs) == LOOKUP else PLAIN
+        self.chosen[pick] = self.chosen.get(pick, 0) + 1
+        return 0 if pick == PLAIN else int(pick.removeprefix("ngram"))
+
+    def observe_step(self, name: str, bs: int, ms: float) -> None:
+        """A served step of ``name`` took ``ms`` from its launch to the next launch."""
+        b = bucket(bs)
+        if b not in self.anchor:
+            self.anchor[b] = ms / prior_factor(name, bs)
+        self.step_times.observe(name, bs, ms / (self.anchor[b] * prior_factor(name, bs)))
+
+    def observe_drafts(self, rows: np.ndarray, depth: np.ndarray) -> None:
+        """Each row's trees as drafted (before the step's cut): ``depth`` [len(rows), N], column m
+        the depth of its first m nodes."""
+        self.depth[rows] = DECAY * self.depth[rows] + (1 - DECAY) * depth
+        self.all_depth = DECAY * self.all_depth + (1 - DECAY) * depth.mean(0)
+
+    def observe_accepts(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """A read verify step: each row's verified draft depth and accepted draft tokens."""
+        live = drafted > 0
+        if not live.any():
+            return
+        rows, drafted, accepted = rows[live], drafted[live], accepted[live]
+        missed = (accepted < drafted).astype(np.float64)
+        self.hits[rows] = DECAY * self.hits[rows] + accepted
+        self.misses[rows] = DECAY * self.misses[rows] + missed
+        self.all_hits = DECAY * self.all_hits + accepted.mean()
+        self.all_misses = DECAY * self.all_misses + missed.mean()

@@ -1,0 +1,104 @@
+"""NGRAM's cost-aware choice (specdec/ngram/policy.py, the worker's launch timing): plain decoding
+when served verify steps are slow for what they commit, lookups when acceptance pays, learned
+from a fake clock; and greedy output equal to plain decoding with the choice on (CPU)."""
+
+import numpy as np
+import pytest
+
+from specdec.eagle import served
+from specdec.eagle.served import PLAIN, LaunchClock
+from specdec.ngram.config import NgramConfig
+from specdec.ngram.policy import NgramPolicy, size_name
+from specdec.ngram.worker import NgramWorker
+
+CONFIG = NgramConfig(num_draft_tokens=9, max_match_window=4)
+SIZES = [2, 3, 5, 9]
+
+
+def _worker(monkeypatch, now):
+    """An NgramWorker's policy and launch clock alone, on a fake clock."""
+    worker = NgramWorker.__new__(NgramWorker)
+    worker.policy, worker._clock = NgramPolicy(CONFIG, SIZES, 8), LaunchClock()
+    monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])
+    return worker
+
+
+def _serve(worker, now, *, steps, bs, served_ms, accept_rate, depth=8):
+    """Run ``steps`` steps: each launch times the last; a verify step's rows draft ``depth``-deep
+    chains and accept a geometric ``accept_rate`` share (expected, as fractional counts)."""
+    rows = np.arange(bs)
+    picks = []
+    for _ in range(steps):
+        size = worker.policy.choose(rows, bs, max(SIZES))
+        name = PLAIN if size == 0 else size_name(size)
+        worker._time_launch(name, bs, now[0])
+        picks.append(name)
+        if size:
+            drafted = np.full(bs, min(depth, size - 1))
+            worker.policy.observe_drafts(rows, np.tile(np.minimum(np.arange(9), depth), (bs, 1)))
+            accepted = np.floor(drafted * accept_rate + 1e-9).astype(np.int64)
+            worker.policy.observe_accepts(rows, drafted, accepted)
+        now[0] += served_ms(name) / 1e3
+    return picks
+
+
+def test_slow_verify_steps_turn_the_choice_to_plain(monkeypatch):
+    """A verify step takes 5x a plain one and commits about 2.6 tokens: plain decoding wins, the
+    runner-up is still tried in runs of 3 every 64 steps of the bucket."""
+    now = [0.0]
+    worker = _worker(monkeypatch, now)
+    picks = _serve(worker, now, steps=600, bs=4, served_ms=lambda name: 1.0 if name == PLAIN else 5.0,
+                   accept_rate=0.2)
+    assert picks[0] != PLAIN  # the prior tries lookups first
+    tail = picks[-256:]
+    assert tail.count(PLAIN) >= 256 - 4 * 3 - 3
+
+
+def test_high_acceptance_keeps_lookups(monkeypatch):
+    """Every draft token accepted (8 a step) at 1.8x a plain step's time: the largest verify wins."""
+    now = [0.0]
+    worker = _worker(monkeypatch, now)
+    picks = _serve(worker, now, steps=400, bs=4, served_ms=lambda name: 1.0 if name == PLAIN else 1.8,
+                   accept_rate=1.0)
+    tail = picks[-200:]
+    assert tail.count(size_name(9)) >= 200 - 4 * 3 - 3
+    assert worker.policy.expected_committed(np.arange(4), 9) > 7
+
+
+def test_rows_without_matches_decode_plainly(monkeypatch):
+    """Lookups that find nothing (depth 0) commit one token at a verify's cost: plain wins."""
+    now = [0.0]
+    worker = _worker(monkeypatch, now)
+    picks = _serve(worker, now, steps=300, bs=2, served_ms=lambda name: 1.0 if name == PLAIN else 1.5,
+                   accept_rate=1.0, depth=0)
+    assert picks[-100:].count(PLAIN) >= 100 - 2 * 3 - 3
+
+
+def test_a_new_row_starts_from_all_rows_statistics():
+    policy = NgramPolicy(CONFIG, SIZES, 8)
+    rows = np.arange(4)
+    for _ in range(50):
+        policy.observe_drafts(rows, np.tile(np.arange(9), (4, 1)))
+        policy.observe_accepts(rows, np.full(4, 8), np.full(4, 8))
+    policy.reset([6])
+    assert policy.expected_committed(np.asarray([6]), 9) == pytest.approx(
+        policy.expected_committed(rows, 9), rel=0.2)
+
+
+@pytest.mark.parametrize("breadth", [1, 3])
+def test_greedy_equals_plain_with_the_cost_aware_choice(breadth):
+    """--speculative-adaptive on (the cost-aware choice on CPU, real clock): whatever it picks, a
+    batch of 9 (the chain's batch path) decodes as plain decoding does."""
+    from tests.e2e.helpers import assert_no_leak, make_pair
+    from tests.e2e.test_ngram import ngram_engine, plain_engine, repetitive_prompts
+
+    target, _ = make_pair("EAGLE", "mixed")
+    vocab = target.config.vocab_size
+    prompts = repetitive_prompts(vocab) + repetitive_prompts(vocab, seed=3)[:4]
+    params = [{"temperature": 0, "max_new_tokens": 12 + 3 * i, "ignore_eos": True} for i in range(len(prompts))]
+    expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
+    eng = ngram_engine(target, speculative_adaptive="on", speculative_ngram_max_bfs_breadth=breadth)
+    assert eng.worker.policy is not None
+    got = eng.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
+    assert_no_leak(eng)

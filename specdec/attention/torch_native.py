@@ -6,23 +6,7 @@ directly, independently of ``layout.RaggedLayout`` that the Triton backend plans
 backends cross-check each other's reading of the attention rules.
 
 Deterministic inference (``specdec.forward.batch_invariant_enabled``) attends one query row at a time over
-that row's own KV list in position order (``row_kv_lists``; the triton backend runs the same lists
-through its decode kernel). A row's list holds exactly the entries it may see, ordered by position: its request's cached prefix,
-then (verify) its tree ancestors by depth, then itself. A decode step at position p and the verify
-node at position p on the accepted path therefore attend over the same list (only the slots
-differ), and so do a prefill row with and without a cached prefix, with any page size, inside any
-batch: the same values reduced in the same order, bit for bit.
-
-    request with 3 cached tokens (slots 40 41 9), verify tree   0          nodes written at slots
-    (node t at slot 50 + t):                                   / \\         50 51 52 53
-                                                              1   2
-                                                                  |
-                                                                  3
-    row of node 3: [40 41 9 | 50 52 53]   (prefix, root, node 2, itself)
-    decode at node 3's position after committing nodes 0 and 2: [40 41 9 | s0 s2 s3], its own slots
-
-The lists come from the padded view above (which entries each row may see, and their positions), so
-both backends read the attention rules the same way.
+that row's own KV list in position order (``specdec.attention.rowwise``), except in a draft step.
 """
 
 from __future__ import annotations
@@ -32,6 +16,7 @@ import dataclasses
 import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
+from specdec.attention.rowwise import RowKV, plan_row_kv, rowwise_attention
 from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled
 
 
@@ -140,8 +125,10 @@ class TorchNativeBackend(AttentionBackend):
     supports_deterministic = True
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        # deterministic inference: one row at a time over its own KV list (padding changes reductions)
-        batch.attn_metadata = row_kv_lists(batch) if batch_invariant_enabled() else _padded_metadata(batch)
+        # deterministic inference: one row at a time over its own KV list (padding changes reductions);
+        # a draft step only proposes and keeps the padded plan
+        rowwise = batch_invariant_enabled() and batch.draft_ancestors is None
+        batch.attn_metadata = plan_row_kv(batch) if rowwise else _padded_metadata(batch)
 
     def forward(
         self,
@@ -158,7 +145,10 @@ class TorchNativeBackend(AttentionBackend):
         if isinstance(md, RowKV):
             if layer.sliding_window is not None:
                 raise ValueError("deterministic inference: torch_native has no sliding-window rows yet")
-            return rowwise_attention(q.view(-1, hq, d), k_buf, v_buf, md, sm_scale=layer.scaling).view(-1, hq * d)
+            out = torch.empty(q.shape[0], hq, d, dtype=q.dtype, device=q.device)
+            rowwise_attention(q.view(-1, hq, d), k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out,
+                              sm_scale=layer.scaling, max_kv_len=md.max_kv_len)
+            return out.view(-1, hq * d)
         qs = q.view(-1, hq, d)[md.q_rows].float()  # [num_seqs, max_q, hq, d]
         ks = k_buf[md.kv_slots].float()  # [num_seqs, max_kv, hkv, d]
         vs = v_buf[md.kv_slots].float()
@@ -171,57 +161,3 @@ class TorchNativeBackend(AttentionBackend):
         result = torch.empty(q.shape[0], hq * d, dtype=q.dtype, device=q.device)
         result[md.q_rows[md.q_valid]] = out[md.q_valid].to(q.dtype)
         return result
-
-
-# ----------------------------------------------------------------------------- deterministic inference
-
-
-@dataclasses.dataclass(frozen=True)
-class RowKV:
-    # [num_tokens + 1] int32 row r's entries: kv_indices[kv_indptr[r]:kv_indptr[r + 1]]
-    kv_indptr: torch.Tensor
-    # [total] int32 KV slots, each row's in position order
-    kv_indices: torch.Tensor
-    # host int: the longest row list (sizes a kernel's grid without a sync)
-    max_kv_len: int
-
-
-def row_kv_lists(batch: ForwardBatch) -> RowKV:
-    """Each packed query row's visible KV slots in position order (module docstring)."""
-    md = _padded_metadata(batch)
-    visible = md.allowed & md.q_valid[:, :, None]  # [S, Q, KV]
-    big = torch.iinfo(torch.int64).max
-    key = torch.where(visible, md.kv_pos[:, None, :].expand_as(visible), big)
-    order = key.argsort(dim=-1, stable=True)  # visible entries first, by position
-    slots = md.kv_slots[:, None, :].expand_as(visible).gather(-1, order)  # [S, Q, KV]
-    counts = visible.sum(-1)  # [S, Q]
-    rows = md.q_rows[md.q_valid]  # packed query row of each valid (S, Q)
-    perm = rows.argsort()
-    slots, counts = slots[md.q_valid][perm], counts[md.q_valid][perm]  # [R, KV], [R]
-    col = torch.arange(slots.shape[1], device=slots.device)[None]
-    indices = slots[col < counts[:, None]]  # row-major: each row's list in order
-    indptr = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=slots.device)
-    indptr[1:] = torch.cumsum(counts, 0)
-    return RowKV(kv_indptr=indptr.to(torch.int32), kv_indices=indices.to(torch.int32),
-                 max_kv_len=int(counts.max()) if counts.numel() else 0)
-
-
-def rowwise_attention(
-    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-    v_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-    lists: RowKV,
-    *,
-    sm_scale: float,
-) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], q's dtype
-    """softmax(q k^T * sm_scale) v per row over its list, in fp32, one row at a time (torch)."""
-    group = q.shape[1] // k_buffer.shape[1]
-    indptr = lists.kv_indptr.tolist()
-    out = torch.empty_like(q)
-    for r in range(q.shape[0]):
-        slots = lists.kv_indices[indptr[r] : indptr[r + 1]].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,khd->hk", q[r].float(), k) * sm_scale
-        out[r] = torch.einsum("hk,khd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
-    return out

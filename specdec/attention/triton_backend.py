@@ -12,6 +12,9 @@ kernel (prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, p
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose
 grids and split plans are sized by that bound so that one captured graph serves every length.
+Deterministic inference plans every batch but a draft step with ``rowwise.plan_row_kv`` (on the
+device alone, eager or captured) and runs ``row_attention``: each query row over its own KV list in
+fixed position splits.
 
 On CPU tensors the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before
 this module is imported), which is how the CPU tests run them.
@@ -29,8 +32,14 @@ import torch
 
 from specdec.attention.base import AttentionBackend, AttentionLayer
 from specdec.attention.layout import build_ragged_layout, build_static_layout
-from specdec.attention.torch_native import row_kv_lists
-from specdec.attention.triton_kernels import decode_attention, draft_decode_attention, extend_attention, store_kv
+from specdec.attention.rowwise import RowKV, plan_row_kv
+from specdec.attention.triton_kernels import (
+    decode_attention,
+    draft_decode_attention,
+    extend_attention,
+    row_attention,
+    store_kv,
+)
 from specdec.attention.triton_kernels.common import check_device
 from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled
 
@@ -53,8 +62,6 @@ class TritonMetadata:
     max_prefix_len: int
     # every sequence has one query row and no mask: the decode kernel
     use_decode: bool
-    # deterministic inference: each query row is a sequence over its own KV list (``rowwise``), one split
-    deterministic: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +98,11 @@ class TritonBackend(AttentionBackend):
                 max_prefix_len=bound if bound is not None else max(batch.host_prefix_lens(), default=0),
             )
             return
+        if batch_invariant_enabled():  # eager or under a CUDA graph: planned on the device alone
+            batch.attn_metadata = plan_row_kv(batch)
+            return
         if batch.static_max_seq_len is not None:
             batch.attn_metadata = self._plan_static(batch)
-            return
-        if batch_invariant_enabled():
-            batch.attn_metadata = _plan_rowwise(batch)
             return
         layout = build_ragged_layout(batch)
         prefix_lens = [kv - q for q, kv in zip(layout.q_lens, layout.kv_lens)]
@@ -136,7 +143,7 @@ class TritonBackend(AttentionBackend):
         layer: AttentionLayer,
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
-        md: TritonMetadata | DraftStepMetadata = batch.attn_metadata
+        md: TritonMetadata | DraftStepMetadata | RowKV = batch.attn_metadata
         hq, d = layer.num_heads, layer.head_dim
         k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
         store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
@@ -146,29 +153,18 @@ class TritonBackend(AttentionBackend):
             draft_decode_attention(q3, k_buf, v_buf, batch.req_to_token, md.req_pool_indices, md.prefix_lens,
                                    md.ancestors, out, sm_scale=layer.scaling, max_prefix_len=md.max_prefix_len,
                                    num_splits=self.num_splits)
+        elif isinstance(md, RowKV):
+            row_attention(q3, k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out, sm_scale=layer.scaling,
+                          max_kv_len=md.max_kv_len)
         elif md.use_decode:
             # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n)
             decode_attention(q3, k_buf, v_buf, md.kv_indptr, md.kv_indices, out,
-                             sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits,
-                             deterministic=md.deterministic)
+                             sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits)
         else:
             extend_attention(q3, k_buf, v_buf, md.qo_indptr, md.kv_indptr, md.kv_indices, md.mask,
                              md.mask_indptr, out, sm_scale=layer.scaling, max_q_len=md.max_q_len,
                              max_prefix_len=md.max_prefix_len, num_splits=self.num_splits)
         return out.view(-1, hq * d)
-
-
-def _plan_rowwise(batch: ForwardBatch) -> TritonMetadata:
-    """Deterministic inference: every query row its own decode sequence over its own KV list in
-    position order (``specdec.attention.rowwise``), so a verify node, a decode step and a prefill row
-    at the same position compute the same bits. Draft steps keep their kernel: the draft only proposes."""
-    lists = row_kv_lists(batch)
-    rows = lists.kv_indptr.shape[0] - 1
-    return TritonMetadata(
-        qo_indptr=torch.arange(rows + 1, dtype=torch.int32, device=lists.kv_indptr.device),
-        kv_indptr=lists.kv_indptr, kv_indices=lists.kv_indices, mask=None, mask_indptr=None,
-        max_q_len=1, max_kv_len=lists.max_kv_len, max_prefix_len=0, use_decode=True, deterministic=True,
-    )
 
 
 def _tree_mask(

@@ -95,7 +95,8 @@ class EngineArgs:
     enable_deterministic_inference: bool = dataclasses.field(default=False, metadata=flag(
         "batch-invariant kernels (SGLang's flag): a row's result depends on neither the batch nor the draft "
         "tree, so greedy speculative output equals plain decoding bit for bit in bf16 too; attention one query "
-        "row at a time over its own KV (triton, torch_native), fixed-tiling GEMMs, fp32 logits, no CUDA graphs",
+        "row at a time over its own KV in fixed position splits (triton, torch_native), fixed-tiling GEMMs, fp32 "
+        "logits; CUDA graphs stay on",
         group=MODEL))
 
     # ------------------------------------------------------------------ KV cache and scheduling

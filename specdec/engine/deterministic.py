@@ -2,13 +2,13 @@
 (``specdec.forward.batch_invariant_enabled`` lists what each op does under it).
 
 ``deterministic_args`` runs once per engine, after the attention backend is resolved: it refuses
-backends without the mode, sets the process-wide switch to the engine's setting, and turns CUDA
-graphs off (their static attention plans are not yet row-wise).
+backends without the mode and sets the process-wide switch to the engine's setting. CUDA graphs stay
+on: the mode's attention plan (``specdec.attention.rowwise``) builds every row's KV list on the
+device, and its linear layers launch without a host sync, so decode and verify steps are captured
+and replayed as on the default path.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from specdec.attention import create_attention_backend
 from specdec.engine.args import EngineArgs
@@ -27,4 +27,4 @@ def deterministic_args(args: EngineArgs) -> EngineArgs:
                 f"(its kernels split and tile by batch shape); use --attention-backend triton or torch_native")
     if args.tp_size > 1:
         raise ValueError("--enable-deterministic-inference: not with --tp-size > 1 (the all-reduce order is not fixed)")
-    return dataclasses.replace(args, disable_cuda_graph=True)
+    return args

@@ -5,8 +5,8 @@ tensors, and on CPU tensors when TRITON_INTERPRET=1; else its torch reference ``
 specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker,
 ``kv_indices`` the KV lists and page tables attention reads from the request rows, ``frontier``
 the draft's selections (a step's next frontier, the tree's nodes), ``simulate`` the synthetic
-benchmark's drawn target predictions and ``replay`` its replay of recorded draft trees (all ours,
-not sgl_kernel's).
+benchmark's drawn target predictions, ``replay`` its replay of recorded draft trees and ``row_kv``
+deterministic inference's per-row KV lists (all ours, not sgl_kernel's).
 """
 
 from specdec.kernels.cache_ops import (
@@ -41,6 +41,7 @@ from specdec.kernels.replay import (
     replay_rows,
     replay_rows_ref,
 )
+from specdec.kernels.row_kv import build_row_kv_lists, build_row_kv_lists_ref
 from specdec.kernels.simulate import simulate_target_predict, simulate_target_predict_ref
 from specdec.kernels.tree_build import (
     build_tree_kernel_efficient,
@@ -72,6 +73,8 @@ __all__ = [
     "draft_scratch_slots_ref",
     "move_kv_slots",
     "move_kv_slots_ref",
+    "build_row_kv_lists",
+    "build_row_kv_lists_ref",
     "build_tree_kernel_efficient",
     "build_tree_kernel_efficient_ref",
     "reconstruct_indices_from_tree_mask",

@@ -1,6 +1,7 @@
 """``--enable-deterministic-inference``: in bf16, greedy speculative output equals plain decoding bit
-for bit (no near-tie escape), trees and chains alike, and a request gives the same tokens alone and
-inside a batch. On CPU through torch_native; on a GPU through the triton backend."""
+for bit (no near-tie escape), trees and chains alike, eager and on the CUDA-graph path, and a request
+gives the same tokens alone and inside a batch. On CPU through torch_native (the padded graph path
+run eagerly, ``use_graphs=False``); on a GPU through the triton backend with real graph replay."""
 
 from __future__ import annotations
 
@@ -46,11 +47,48 @@ def test_speculative_equals_plain_bit_for_bit(backend, shape):
     assert alone[0] == spec[1]  # the same tokens alone as inside the batch
 
 
+@pytest.mark.parametrize("shape", [(5, 4, 8), (3, 1, 4)], ids=lambda s: "x".join(map(str, s)))
+def test_padded_graph_path_equals_plain_bit_for_bit(shape):
+    """Captured sizes [2, 4]: the three requests run padded (3 -> 4, then 2 or 1 -> 2) on the static
+    path whose KV lists are built on the device; plain decoding runs eagerly, one request at a time too."""
+    target, draft = make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, seed=3)
+    common = dict(attention_backend="torch_native", enable_deterministic_inference=True, page_size=16)
+    plain = [_generate(engine(target, **common), [p])[0] for p in PROMPTS]
+    spec = engine(target, draft, algorithm="EAGLE3", shape=shape, **common)
+    spec.capture_cuda_graphs([2, 4], use_graphs=False)
+    assert _generate(spec, PROMPTS) == plain
+    verify_calls = [g.num_calls for (mode, _, _), g in spec.runner.graphs.items() if mode.name == "TARGET_VERIFY"]
+    assert verify_calls and min(verify_calls) > 0 and spec.worker.draft_extend_graph.runner.num_calls > 0
+
+
+def test_prefix_cache_on_and_off_give_the_same_tokens():
+    """The second prompt extends the first: with the cache on its prefill reads 32 cached positions
+    (KV a decode step and a verify wrote) and computes only the rest; off, it computes them all."""
+    target, draft = make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, seed=3)
+    first = PROMPTS[0]
+    outputs, cached = [], []
+    for disable in (False, True):
+        eng = engine(target, draft, algorithm="EAGLE3", shape=(3, 1, 4), attention_backend="torch_native",
+                     enable_deterministic_inference=True, page_size=16, disable_radix_cache=disable)
+        done = _generate(eng, [first])[0]
+        params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
+        out = eng.generate(input_ids=[first + done + [4, 44, 19]], sampling_params=params)[0]
+        outputs.append(out["output_ids"])
+        cached.append(out["meta_info"]["cached_tokens"])
+    assert outputs[0] == outputs[1] and cached[0] >= 32 and cached[1] == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(5, 4, 8), (3, 1, 4), (6, 8, 32)])
 def test_gpu_speculative_equals_plain_bit_for_bit(shape):
-    plain, spec, _ = _outputs("triton", shape, PROMPTS * 3, page_size=16)
+    """Speculative decoding replaying CUDA graphs (sizes 1..4) against plain decoding, with graphs and without."""
+    plain, spec, spec_engine = _outputs("triton", shape, PROMPTS * 3, page_size=16)
     assert spec == plain
+    replays = {mode.name: g.num_calls for (mode, _, _), g in spec_engine.runner.graphs.items()}
+    assert replays.get("TARGET_VERIFY", 0) > 0, replays
+    eager = engine(make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, seed=3)[0].to(DEVICE), attention_backend="triton",
+                   device=DEVICE, enable_deterministic_inference=True, page_size=16, disable_cuda_graph=True)
+    assert _generate(eager, PROMPTS * 3) == plain
 
 
 def test_backend_without_the_mode_is_refused(monkeypatch):

@@ -34,6 +34,41 @@ def test_rows_identical_at_any_m(dtype, n, k):
     assert ((whole.float() - ref).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_small_m_tiling_gives_the_large_m_rows(dtype):
+    """Up to 16 rows run the narrow SMALL tiles, more the LARGE ones: every row of an M = 1, 5 and 16
+    product equals its row of the M = 40 product, bit for bit (K 200: three full 64-chunks and a tail)."""
+    kernels = pytest.importorskip("specdec.models.ops.batch_invariant_kernels")
+    assert kernels.launch_for(16) == kernels.SMALL and kernels.launch_for(17) == kernels.LARGE
+    assert kernels.SMALL.block_n != kernels.LARGE.block_n  # the test compares two tilings
+    x, w = rand(40, 200, dtype=dtype, device=DEVICE, seed=3), rand(90, 200, dtype=dtype, device=DEVICE, seed=4)
+    whole = linear_batch_invariant(x, w)
+    for lo, hi in [(0, 1), (7, 12), (24, 40)]:
+        assert torch.equal(linear_batch_invariant(x[lo:hi], w), whole[lo:hi])
+    assert torch.equal(linear_batch_invariant(x[39:40], w, out_dtype=torch.float32),
+                       linear_batch_invariant(x, w, out_dtype=torch.float32)[39:40])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (128256, 4096)])  # 8B: qkv, down, lm_head
+def test_gpu_decode_rows_equal_verify_rows_at_real_sizes(n, k):
+    """At the 8B's shapes, compiled: a decode step's rows (M = 1 and 16, SMALL tiles) equal the same
+    rows of a bs-8 verify of 8 nodes (M = 64, LARGE tiles), bit for bit, bf16 and fp32 logits."""
+    x, w = rand(64, k, dtype=torch.bfloat16, device=DEVICE), rand(n, k, dtype=torch.bfloat16, device=DEVICE, seed=1)
+    out_dtype = torch.float32 if n > 100_000 else None
+    whole = linear_batch_invariant(x, w, out_dtype=out_dtype)
+    assert torch.equal(linear_batch_invariant(x[5:6], w, out_dtype=out_dtype), whole[5:6])
+    assert torch.equal(linear_batch_invariant(x[16:32], w, out_dtype=out_dtype), whole[16:32])
+    x_graph = x[:1].clone()
+    graph = torch.cuda.CUDAGraph()
+    linear_batch_invariant(x_graph, w, out_dtype=out_dtype)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        captured = linear_batch_invariant(x_graph, w, out_dtype=out_dtype)
+    x_graph.copy_(x[9:10])
+    graph.replay()
+    assert torch.equal(captured, whole[9:10])
+
+
 def test_fp32_logits_are_not_rounded_to_the_model_dtype():
     x, w = rand(9, 64, dtype=torch.bfloat16, device=DEVICE), rand(50, 64, dtype=torch.bfloat16, device=DEVICE, seed=1)
     logits = linear_batch_invariant(x, w, out_dtype=torch.float32)

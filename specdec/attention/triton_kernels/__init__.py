@@ -5,6 +5,8 @@
   (read from the request-to-token table), then each branch's own ancestors.
 * ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
   causal or under an explicit mask (TARGET_VERIFY trees), optionally split over the prefix.
+* ``row_attention.py`` — deterministic inference: each query row over its own KV list, in splits of a
+  fixed number of positions merged in a fixed order (the result depends on the list alone).
 * ``merge.py`` — combines split-KV partial outputs by their log-sum-exp (and allocates them); shared
   by the three.
 * ``store_kv.py`` — writes a layer's new K and V rows into their cache slots in one kernel.
@@ -24,6 +26,7 @@ from specdec.attention.triton_kernels.merge import (
     plan_num_splits,
     triton_can_run_on,
 )
+from specdec.attention.triton_kernels.row_attention import row_attention, row_attention_ref
 from specdec.attention.triton_kernels.store_kv import store_kv, store_kv_ref
 
 __all__ = [
@@ -36,6 +39,8 @@ __all__ = [
     "merge_partials",
     "merge_partials_ref",
     "plan_num_splits",
+    "row_attention",
+    "row_attention_ref",
     "store_kv",
     "store_kv_ref",
     "triton_can_run_on",

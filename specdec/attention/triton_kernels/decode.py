@@ -120,13 +120,10 @@ def decode_attention(
     sm_scale: float,
     max_kv_len: int,
     num_splits: int | None = None,
-    deterministic: bool = False,
 ) -> None:
     """Attention of each sequence's single query row over all its KV entries.
 
     ``max_kv_len`` (a host int, no sync) sizes the split plan; ``num_splits`` forces a split count.
-    ``deterministic``: one split and one tile shape whatever the grid, so a sequence's result does not
-    depend on the other sequences of the launch (``specdec.forward.batch_invariant_enabled``).
     """
     _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
     num_seqs, hq, d = q.shape
@@ -139,8 +136,8 @@ def decode_attention(
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
     splits, _ = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
-                                num_splits=1 if deterministic else num_splits)
-    if not deterministic and is_streaming_grid(q.device, num_seqs * hkv, splits):
+                                num_splits=num_splits)
+    if is_streaming_grid(q.device, num_seqs * hkv, splits):
         cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)

@@ -1,9 +1,11 @@
 """Batch-invariant linear layer for deterministic inference (``specdec.forward.batch_invariant_enabled``).
 
 ``linear_batch_invariant(x, W)`` computes ``x @ W^T (+ bias)`` so that row r of the result is the
-same bits whatever M is and whatever the other rows hold: the tiling (BLOCK_M x BLOCK_N x BLOCK_K)
-is fixed (``batch_invariant_kernels.BLOCK_*``), not chosen per M; every program reduces the whole of K itself in order (no split-K, no
-atomics); a row sits in the same MMA instruction shape in every launch. ``specdec.models.ops.gemv``
+same bits whatever M is and whatever the other rows hold: the row tile and K chunk (BLOCK_M x
+BLOCK_K) are fixed (``batch_invariant_kernels.BLOCK_*``), not chosen per M (only the output-column
+width narrows for M <= 16, which changes no element's arithmetic); every program reduces the whole
+of K itself in order (no split-K, no atomics); a row sits in the same MMA instruction shape in every
+launch. ``specdec.models.ops.gemv``
 (the default) picks its kernel and tiling by M (an elementwise GEMV at M = 1, tensor-core tiles
 from M = 3, cuBLAS past 32 or 64 tokens), which sums K in a different order for a decode step
 (M = bs) than for a verify forward (M = bs * N): bf16 outputs then differ in the last bit now and
@@ -17,7 +19,8 @@ Dispatch: the Triton kernel on CUDA tensors and on CPU tensors under TRITON_INTE
 batch-invariant by construction; slow, for CPU runs and tests).
 
 Measured cost: not yet (the kernel reads each weight tile once per 16 rows: the decode step at bs 1
-reads its weights once, a verify of 64 rows four times, mostly from L2).
+reads its weights once, a verify of 64 rows four times, mostly from L2). CUDA-graph safe: no host
+sync, the output allocated in the launch.
 """
 
 from __future__ import annotations

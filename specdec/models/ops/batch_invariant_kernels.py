@@ -1,15 +1,28 @@
 """Triton kernel behind ``specdec.models.ops.batch_invariant``: ``out = x @ W^T (+ bias)`` with one
-fixed tiling for every M.
+fixed reduction for every M.
 
 Grid ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))``; a program owns a BLOCK_M x BLOCK_N output tile and
 walks K from 0 in BLOCK_K chunks, accumulating ``tl.dot`` in fp32. Rows past M load as zeros and are
-not stored; they change no other row's arithmetic. Nothing depends on M but the grid's second
-dimension, so each output element is summed in the same order in every launch.
+not stored; they change no other row's arithmetic. No split-K, no M-dependent tile height or K chunk,
+so each output element is summed in the same order in every launch.
+
+Two launch shapes, one arithmetic: up to BLOCK_M rows (a decode step at bs <= 16, a bs-1 verify)
+run ``SMALL`` tiles, BLOCK_N narrowed to 16 columns (4x the programs: a 4096-wide projection at M = 1
+had 64 programs for 132 SMs) with a deeper pipeline; more rows run the 64-column tiles. Per output
+element nothing changes: the same 16-row x tile, the same BLOCK_K chunks walked from k = 0 in order
+into the same fp32 accumulator, and at 16 rows both compile to the same MMA instruction (Triton's
+wgmma needs 64 rows), so a row's bits are the same in either (tests/models/test_batch_invariant.py,
+bitwise, interpreted on CPU and compiled on a GPU). Not yet timed on a GPU.
+
+Graph capture: the launch allocates its output and reads no device value (no host sync), so it is
+captured like any other kernel.
 
 Imported only where Triton applies (CUDA, or CPU tensors under TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -17,6 +30,22 @@ import triton.language as tl
 
 # the one tiling: rows, output features and the K chunk of a program (16 rows: the MMA's least)
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64
+
+
+class Launch(NamedTuple):
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# NOTE: only the output-column width and the pipeline may differ between launches (module docstring)
+LARGE = Launch(block_n=BLOCK_N, num_warps=4, num_stages=3)
+SMALL = Launch(block_n=16, num_warps=2, num_stages=8)
+
+
+def launch_for(m: int) -> Launch:
+    """The launch shape of an M-row product: SMALL while all rows fit one BLOCK_M tile."""
+    return SMALL if m <= BLOCK_M else LARGE
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -61,11 +90,13 @@ def linear(
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    grid = (triton.cdiv(n, BLOCK_N), triton.cdiv(m, BLOCK_M))
+    cfg = launch_for(m)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, BLOCK_M))
     _linear_kernel[grid](x, weight, bias if bias is not None else x, out, m, n, k, x.stride(0), weight.stride(0),
                          out.stride(0), HAS_BIAS=bias is not None, COMPILED=not INTERPRETED,
                          IEEE=x.dtype == torch.float32,
-                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
+                         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K, num_warps=cfg.num_warps,
+                         num_stages=cfg.num_stages)
     return out
 
 

@@ -19,7 +19,8 @@ the same length in any other launch (any batch, any grid) does exactly this.
 
 Nothing depends on the launch but through ``max_kv_len``, a host bound that only sizes the grid
 (``min(NUM_PROGRAMS, cdiv(max_kv_len, SPLIT_LEN))`` programs a row; those past a row's used ones
-return at once). Under a CUDA graph it is the captured bound; nothing is read on the host.
+loop over nothing and store nothing). Under a CUDA graph it is the captured bound; nothing is read
+on the host.
 """
 
 from __future__ import annotations
@@ -69,15 +70,14 @@ def _row_kernel(
     kv_head = tl.program_id(1)
     prog = tl.program_id(2)
     kv_len = tl.load(row_lens + row)
-    if prog * SPLIT_LEN >= kv_len:
-        return  # owns no entry of this row: the merge never reads it
+    owns = prog * SPLIT_LEN < kv_len  # else no entry of this row is its: it stores nothing, the merge skips it
     entries = kv_table + tl.load(row_list + row).to(tl.int64) * stride_table
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     h_valid = offs_h < GROUP
     d_valid = offs_d < HEAD_DIM
     head = kv_head * GROUP + offs_h  # [BLOCK_H] query heads of this KV head
-    q_mask = h_valid[:, None] & d_valid[None, :]
+    q_mask = h_valid[:, None] & d_valid[None, :] & owns
     q = tl.load(Q + row.to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
     q = query_tile(q, K)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -94,7 +94,7 @@ def _row_kernel(
                                         DOT_PRECISION)
     o_ptrs = P + row.to(tl.int64) * stride_pr + head[:, None] * stride_ph + prog * stride_pp + offs_d[None, :]
     lse_ptrs = LSE + row.to(tl.int64) * stride_lr + head * stride_lh + prog
-    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid, False)
+    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid & owns, False)
 
 
 @triton.jit

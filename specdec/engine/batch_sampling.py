@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from specdec.engine.batch_flags import BatchStatics
 from specdec.engine.logits_process import ProcessorBatch, apply_processors
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
 from specdec.models.ops.topk import argmax
@@ -49,33 +50,36 @@ class StepLogprobs:
 
 class BatchSampling:
     def __init__(self, requests: Sequence[Any], device, generator: torch.Generator | None,
-                 vocab_size: int | None = None, *, prompt_logprobs: Any = None) -> None:
+                 vocab_size: int | None = None, *, prompt_logprobs: Any = None,
+                 statics: BatchStatics | None = None) -> None:
         """``requests``: objects with ``params`` (SamplingParams), ``prompt_ids``, ``output_ids``,
         ``stop_ids``, and ``grammar`` / ``generator`` (None when unused). ``prompt_logprobs``: a
-        prefill step's ``PromptLogprobs`` recorder (its chunks may include requests not sampled)."""
-        self._reqs = list(requests)
-        self._params = [r.params for r in self._reqs]
+        prefill step's ``PromptLogprobs`` recorder (its chunks may include requests not sampled).
+        ``statics``: the batch's flags and parameter tensors kept from an earlier step of the same
+        requests (``specdec.engine.batch_flags``; default: worked out here)."""
+        statics = statics if statics is not None else BatchStatics(requests)
+        self._statics = statics
+        self._reqs = statics.requests
+        self._params = statics.params
         self._device = device
         self._vocab_size = vocab_size
-        self._batch: SamplingBatch | None = None
         self._processors: ProcessorBatch | None = None
-        self.is_all_greedy = all(p.is_greedy for p in self._params)
+        flags = statics.flags
+        self.is_all_greedy = flags.all_greedy
         self.generator = generator
-        self.needs_processing = any(p.needs_processing for p in self._params)
-        wants = [p.wants_logprobs for p in self._params]
+        self.needs_processing = flags.needs_processing
         # None: no request wants logprobs; else how many alternatives the batch computes
-        self.top_logprobs_num = max(p.top_logprobs_num for p in self._params) if any(wants) else None
+        self.top_logprobs_num = flags.top_logprobs_num
         # the step's prompt-logprob recorder (specdec.engine.prompt_logprobs), when one is wanted
         self.prompt_logprobs = prompt_logprobs
         self.wants_prompt_logprobs = prompt_logprobs is not None
-        self._seeded = any(getattr(r, "generator", None) is not None for r in self._reqs)
+        self._seeded = flags.seeded
+        self._grammar = flags.grammar
         self._recorded: tuple[torch.Tensor, ...] | None = None
 
     @property
     def batch(self) -> SamplingBatch:
-        if self._batch is None:
-            self._batch = SamplingBatch.from_params(self._params, self._device)
-        return self._batch
+        return self._statics.sampling_batch(self._device)
 
     # ------------------------------------------------------------ processors
     def process(self, logits: torch.Tensor, tree: Any = None) -> torch.Tensor:
@@ -99,9 +103,9 @@ class BatchSampling:
                                 grammar_mask=self._grammar_mask(tree, bs, n, vocab, logits.device))
 
     def _grammar_mask(self, tree: Any, bs: int, n: int, vocab: int, device) -> torch.Tensor | None:
-        grammars = [getattr(r, "grammar", None) for r in self._reqs]
-        if all(g is None for g in grammars):
+        if not self._grammar:
             return None
+        grammars = [getattr(r, "grammar", None) for r in self._reqs]
         mask = torch.ones(bs, n, vocab, dtype=torch.bool)
         for b, (g, r) in enumerate(zip(grammars, self._reqs)):
             if g is None:

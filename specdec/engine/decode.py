@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token
+from specdec.engine.batch_flags import BatchFlags, BatchStatics, Memo
 from specdec.engine.batch_sampling import BatchSampling
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
@@ -43,6 +44,34 @@ class DecodePart:
     sampling: BatchSampling
 
 
+@dataclasses.dataclass(frozen=True)
+class PartPlan:
+    """One sub-batch of a step plan: its requests, whether they speculate, their sampling statics."""
+
+    reqs: list[Request]
+    speculative: bool
+    statics: BatchStatics
+    # where the part's requests start in the step's request order (``StepPlan.reqs``)
+    offset: int
+    # the most KV tokens a step of this part adds to each of its requests
+    step_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """How a decode step of a given set of running requests is split and sampled. It depends only
+    on what stays fixed while the requests run, so one plan serves every step until a request
+    joins or leaves (``DecodeLauncher.plan``)."""
+
+    parts: list[PartPlan]
+    # the step's request order: the parts' requests one part after the other
+    reqs: list[Request]
+    # the most KV tokens the step may add to each request (by id), for slot reservation
+    growth: dict[int, int]
+    # some request runs logits processors (they read its committed tokens: no overlap)
+    needs_processing: bool
+
+
 @dataclasses.dataclass
 class LaunchedStep:
     """A decode step queued on the device whose results the host has not read yet."""
@@ -51,12 +80,15 @@ class LaunchedStep:
     # [len(reqs)] device tensors in ``reqs`` order: lengths and last tokens after the step
     next_seq_lens: torch.Tensor
     next_tokens: torch.Tensor
-    # the most KV tokens the step may add to each request (by id), for slot reservation
-    growth: dict[int, int]
+    plan: StepPlan
 
     @property
     def reqs(self) -> list[Request]:
-        return [r for part in self.parts for r in part.reqs]
+        return self.plan.reqs
+
+    @property
+    def growth(self) -> dict[int, int]:
+        return self.plan.growth
 
 
 class DecodeLauncher:
@@ -90,18 +122,46 @@ class DecodeLauncher:
         self.device = memory.req_to_token.device
         # decode steps (sub-batches) by tree shape ("SxKxN"; "plain": no draft tree), speculative engines
         self.spec_shape_steps: collections.Counter[str] = collections.Counter()
+        # the step plan of the running requests, rebuilt only when they change
+        self.plan: Memo[StepPlan] = Memo(self._plan)
+
+    # ------------------------------------------------------------ plan
+    def _plan(self, reqs: list[Request]) -> StepPlan:
+        """Split ``reqs`` into the requests that speculate (an EAGLE worker, ``params.speculative``,
+        at most ``batch_size_threshold`` requests) and the others, each part with its statics."""
+        if self.worker is None:
+            groups = [(reqs, False)]
+        else:
+            threshold = self.worker.config.batch_size_threshold
+            speculate = threshold is None or len(reqs) <= threshold
+            spec = [r for r in reqs if speculate and r.params.speculative]
+            plain = [r for r in reqs if not (speculate and r.params.speculative)]
+            groups = [(g, is_spec) for g, is_spec in ((spec, True), (plain, False)) if g]
+        parts, order, growth = [], [], {}
+        for group, speculative in groups:
+            step_tokens = self.max_step_tokens if speculative else 1
+            parts.append(PartPlan(group, speculative, BatchStatics(group), len(order), step_tokens))
+            order += group
+            growth.update((id(r), step_tokens) for r in group)
+        return StepPlan(parts, order, growth, needs_processing=any(p.statics.flags.needs_processing for p in parts))
+
+    def needs_processing(self, reqs: list[Request]) -> bool:
+        """Whether a request of ``reqs`` runs logits processors (no overlap for such a step)."""
+        return self.plan(reqs).needs_processing
 
     # ------------------------------------------------------------ KV
     def pages_needed(self, reqs: list[Request], previous: LaunchedStep | None) -> int:
         """Fresh KV pages the next decode step of ``reqs`` may take: a whole draft tree past each
         request's length (plus, under overlap, what the unread ``previous`` step may add)."""
-        growth = previous.growth if previous is not None else {}
         tokens = self.tree_tokens if self.worker is not None else 1
-        if self.overlap:  # _reserve extends each request's reservation from kv_alloc
-            ends = [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs]
-            starts = [r.kv_alloc for r in reqs]
-            return self.memory.pages_needed(starts, [max(e - s, 0) for e, s in zip(ends, starts)])
-        return self.memory.pages_needed([r.kv_len for r in reqs], [tokens] * len(reqs))
+        if not self.overlap:
+            return self.memory.pages_needed([r.kv_len for r in reqs], [tokens] * len(reqs))
+        plan = self.plan(reqs)
+        starts, ends = [], []
+        for part in plan.parts:  # (the pages are summed: the parts' order does not matter)
+            starts += [r.kv_alloc for r in part.reqs]  # _reserve extends each reservation from kv_alloc
+            ends += _grown_lens(part, plan, previous, extra=tokens)
+        return self.memory.pages_needed(starts, [max(e - s, 0) for e, s in zip(ends, starts)])
 
     def _reserve(self, reqs: list[Request], ends: list[int]) -> None:
         """Give positions up to ``ends`` (exclusive) of each request KV slots (overlap only)."""
@@ -117,39 +177,27 @@ class DecodeLauncher:
     def launch(self, reqs: list[Request], previous: LaunchedStep | None) -> LaunchedStep:
         """Queue one decode step of ``reqs``, after the unread ``previous`` step (overlap) or
         after the host's values (None)."""
-        if self.worker is None:
-            groups = [(reqs, False)]
+        plan = self.plan(reqs)
+        parts = [self._launch_part(part, plan, previous) for part in plan.parts]
+        if len(parts) == 1:
+            next_seq_lens, next_tokens = parts[0].pending.next_seq_lens, parts[0].pending.next_tokens
         else:
-            threshold = self.worker.config.batch_size_threshold
-            speculate = threshold is None or len(reqs) <= threshold
-            spec = [r for r in reqs if speculate and r.params.speculative]
-            plain = [r for r in reqs if not (speculate and r.params.speculative)]
-            groups = [(g, is_spec) for g, is_spec in ((spec, True), (plain, False)) if g]
-        parts, growth = [], {}
-        for group, speculative in groups:
-            step_tokens = self.max_step_tokens if speculative else 1
-            parts.append(self._launch_part(group, previous, speculative))
-            growth.update((id(r), step_tokens) for r in group)
-        return LaunchedStep(
-            parts=parts,
-            next_seq_lens=torch.cat([p.pending.next_seq_lens for p in parts]),
-            next_tokens=torch.cat([p.pending.next_tokens for p in parts]),
-            growth=growth,
-        )
+            next_seq_lens = torch.cat([p.pending.next_seq_lens for p in parts])
+            next_tokens = torch.cat([p.pending.next_tokens for p in parts])
+        return LaunchedStep(parts=parts, next_seq_lens=next_seq_lens, next_tokens=next_tokens, plan=plan)
 
-    def _launch_part(self, reqs: list[Request], previous: LaunchedStep | None, speculative: bool) -> DecodePart:
+    def _launch_part(self, part: PartPlan, plan: StepPlan, previous: LaunchedStep | None) -> DecodePart:
+        reqs, speculative = part.reqs, part.speculative
         rows_cpu = [r.row for r in reqs]
         # the host knows the lengths unless the unread step speculated for one of these requests
-        growth = previous.growth if previous is not None else {}
-        exact = all(growth.get(id(r), 0) <= 1 for r in reqs)  # a plain step adds exactly one token
-        seq_lens_cpu = [r.kv_len + growth.get(id(r), 0) for r in reqs] if exact else None
-        rows, seq_lens, last = self._inputs(reqs, previous)
+        seq_lens_cpu = _grown_lens(part, plan, previous) if _exact(part, plan, previous) else None
+        rows, seq_lens, last = self._inputs(part, plan, previous)
         if self.overlap:
             # the step writes positions seq_len .. seq_len + tokens - 1, seq_len at most the
             # request's length before the unread step plus what that step may add
             tokens = self.tree_tokens if speculative else 1
-            self._reserve(reqs, [r.kv_len + growth.get(id(r), 0) + tokens for r in reqs])
-        sampling = BatchSampling(reqs, self.device, self.generator, self.runner.vocab_size)
+            self._reserve(reqs, _grown_lens(part, plan, previous, extra=tokens))
+        sampling = BatchSampling(reqs, self.device, self.generator, self.runner.vocab_size, statics=part.statics)
         if speculative and self.token_table is not None:
             self.token_table.sync(reqs)
         kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)
@@ -161,15 +209,20 @@ class DecodeLauncher:
         return DecodePart(reqs, pending, sampling)
 
     def _inputs(
-        self, reqs: list[Request], previous: LaunchedStep | None
+        self, part: PartPlan, plan: StepPlan, previous: LaunchedStep | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[bs] request rows, tokens in KV, and last committed tokens on the device: from the
         host's values (one copy), or the lengths and tokens from the unread ``previous`` step."""
+        reqs = part.reqs
         if previous is None:
             columns = host_to_device(torch.tensor(
                 [[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
                 self.device)
             return columns[0], columns[1], columns[2]
+        if previous.plan is plan:  # the same requests in the same order: the part's own rows
+            end = part.offset + len(reqs)
+            rows = host_to_device(torch.tensor([r.row for r in reqs], dtype=torch.int64), self.device)
+            return rows, previous.next_seq_lens[part.offset:end], previous.next_tokens[part.offset:end]
         where = {id(r): i for i, r in enumerate(previous.reqs)}
         index = [where[id(r)] for r in reqs]
         columns = host_to_device(torch.tensor([[r.row for r in reqs], index], dtype=torch.int64), self.device)
@@ -196,21 +249,44 @@ class DecodeLauncher:
         finished = []
         for part in launched.parts:
             out: DecodeOutput = part.pending.result()
+            # a verify step (adaptive speculation may decode plainly), and the tree shape to count
+            verify, shape = out.shape is not None, out.shape or "plain"
             if self.worker is not None:
-                self.spec_shape_steps[out.shape or "plain"] += 1
+                self.spec_shape_steps[shape] += 1
             logprobs = part.sampling.take_logprobs()
-            for i, (req, tokens, kv_len, k) in enumerate(zip(part.reqs, out.tokens, out.seq_lens,
-                                                             out.accept_lengths)):
-                if req.finished:
+            for i, (req, tokens, kv_len) in enumerate(zip(part.reqs, out.tokens, out.seq_lens)):
+                if req.finish_reason is not None:  # finished before: this step ran ahead of it
                     continue
                 req.kv_len = kv_len
-                if out.shape is not None:  # a verify step (adaptive speculation may decode plainly)
+                if verify:
                     req.spec_verify_ct += 1
-                    req.accept_lengths.append(k)
+                    req.accept_lengths.append(out.accept_lengths[i])
                 if self.worker is not None:
-                    shape = out.shape or "plain"
                     req.spec_shapes[shape] = req.spec_shapes.get(shape, 0) + 1
                 req.append(tokens, logprobs.of(i) if logprobs is not None else None, tokenizer=self.tokenizer)
-                if req.finished:
+                if req.finish_reason is not None:
                     finished.append(req)
         return finished
+
+def _grown_lens(part: PartPlan, plan: StepPlan, previous: LaunchedStep | None, *, extra: int = 0) -> list[int]:
+    """Each request's KV length after the unread ``previous`` step at most (exact where that step
+    added one token or none), plus ``extra``."""
+    reqs = part.reqs
+    if previous is None:
+        return [r.kv_len + extra for r in reqs] if extra else [r.kv_len for r in reqs]
+    if previous.plan is plan:  # the same parts: each request grew by at most its part's step_tokens
+        add = part.step_tokens + extra
+        return [r.kv_len + add for r in reqs]
+    growth = previous.growth
+    return [r.kv_len + growth.get(id(r), 0) + extra for r in reqs]
+
+
+def _exact(part: PartPlan, plan: StepPlan, previous: LaunchedStep | None) -> bool:
+    """Whether the host knows the part's lengths: no unread step, or one that added exactly one
+    token to each of them (a plain step) or none."""
+    if previous is None:
+        return True
+    if previous.plan is plan:
+        return part.step_tokens <= 1
+    growth = previous.growth
+    return all(growth.get(id(r), 0) <= 1 for r in part.reqs)

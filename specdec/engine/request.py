@@ -62,16 +62,20 @@ class Request:
 
         ``logprobs``: (logprob of each token, top list of each token), aligned with ``tokens``;
         ``tokenizer``: decodes the tail for stop strings (required when ``params.stop`` is set)."""
+        params = self.params
+        if self.grammar is None and not params.stop and (logprobs is None or not params.wants_logprobs):
+            self._append_ids(tokens)
+            return
         for i, token in enumerate(tokens):
-            if len(self.output_ids) >= self.params.max_new_tokens:
+            if len(self.output_ids) >= params.max_new_tokens:
                 self.finish_reason = FinishReason.LENGTH
                 return
             self.output_ids.append(token)
-            if logprobs is not None and self.params.wants_logprobs:
+            if logprobs is not None and params.wants_logprobs:
                 self.output_logprobs.append(logprobs[0][i])
                 self.output_top_logprobs.append(logprobs[1][i])
-            if token in self.stop_ids or (self.params.stop and len(self.output_ids) >= self.params.min_new_tokens
-                                          and completes_stop(self.output_ids, self.params.stop, tokenizer)):
+            if token in self.stop_ids or (params.stop and len(self.output_ids) >= params.min_new_tokens
+                                          and completes_stop(self.output_ids, params.stop, tokenizer)):
                 self.finish_reason = FinishReason.STOP
                 return
             if self.grammar is not None:
@@ -79,6 +83,22 @@ class Request:
                 if self.grammar.terminated:  # the grammar admits nothing more (e.g. ignore_eos)
                     self.finish_reason = FinishReason.STOP
                     return
+        if len(self.output_ids) >= params.max_new_tokens:
+            self.finish_reason = FinishReason.LENGTH
+
+    def _append_ids(self, tokens: list[int]) -> None:
+        """``append`` where only stop tokens and max_new_tokens can end the request: the tokens up
+        to the first stop token, cut at max_new_tokens, in one extend (a decode step's commit of
+        every request goes through here, so it checks per step, not per token)."""
+        room = self.params.max_new_tokens - len(self.output_ids)
+        keep = tokens if len(tokens) <= room else tokens[:max(room, 0)]
+        stop = self.stop_ids
+        if stop and not stop.isdisjoint(keep):
+            end = next(i for i, t in enumerate(keep) if t in stop) + 1
+            self.output_ids.extend(keep[:end])
+            self.finish_reason = FinishReason.STOP
+            return
+        self.output_ids.extend(keep)
         if len(self.output_ids) >= self.params.max_new_tokens:
             self.finish_reason = FinishReason.LENGTH
 

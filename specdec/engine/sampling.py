@@ -29,6 +29,7 @@ Glossary: bs = requests; V = vocab size; n = logits rows (n = bs, or bs * N in v
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -182,27 +183,28 @@ class SamplingParams:
             )
         return cls(**{k: v for k, v in d.items() if v is not None})
 
-    @property
+    # NOTE: the flags below are read per request and decode step; cached (the params are frozen)
+    @functools.cached_property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS or self.top_k == 1
 
-    @property
+    @functools.cached_property
     def grammar(self) -> tuple[str, str] | None:
         """(kind, source) of the structured-output grammar, or None."""
         return next(((k, getattr(self, k)) for k in GRAMMAR_KEYS if getattr(self, k) is not None), None)
 
-    @property
+    @functools.cached_property
     def has_penalties(self) -> bool:
         """Logits processors that read the request's tokens (need its committed tokens on the host)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
                     or self.min_new_tokens)
 
-    @property
+    @functools.cached_property
     def needs_processing(self) -> bool:
         """Any logits processor at all: penalties, logit_bias, min_new_tokens, a grammar."""
         return self.has_penalties or bool(self.logit_bias) or self.grammar is not None
 
-    @property
+    @functools.cached_property
     def wants_logprobs(self) -> bool:
         return self.return_logprob or self.top_logprobs_num > 0
 

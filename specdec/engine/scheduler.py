@@ -146,8 +146,11 @@ class Scheduler:
 
     def _release_finished(self) -> None:
         """Free the KV and rows of finished requests that no launched step still holds."""
+        done = [r for r in self.running if r.finish_reason is not None]
+        if not done:
+            return
         held = {id(r) for r in self.launched.reqs} if self.launched else set()
-        done = [r for r in self.running if r.finished and id(r) not in held]
+        done = [r for r in done if id(r) not in held]
         for req in done:
             self._release(req)
         gone = {id(r) for r in done}
@@ -286,7 +289,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ decode
     def _decode(self) -> list[Request]:
-        batch = [r for r in self.running if not r.finished]
+        batch = [r for r in self.running if r.finish_reason is None]
         finished = []
         if batch and not self.cache.make_room(self.decoder.pages_needed(batch, self.launched)):
             finished = self._read_launched()  # exact lengths, and the finished requests' KV back
@@ -296,7 +299,7 @@ class Scheduler:
             self.new_token_ratio.decay()
         # NOTE: logits processors read a request's committed tokens (penalty counts, grammar
         # state), which an unread step would leave stale: such batches run without overlap
-        if not self.overlap or any(r.params.needs_processing for r in batch):
+        if not self.overlap or self.decoder.needs_processing(batch):
             finished += self._read_launched()
             batch = [r for r in batch if not r.finished]
             if batch:

@@ -4,12 +4,7 @@ dir) or stories260K itself as the draft; drafts whose vocabulary or tokenizer di
 naming the flag."""
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,8 +16,8 @@ from specdec.eagle.standalone import check_vocab
 from specdec.engine.embedded import DEFAULT_MODEL
 
 from .models.hf_checkpoints import write_hf_checkpoint
+from .serve_process import serve_process
 
-REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = Path(DEFAULT_MODEL).with_name("tok512.model")
 
 
@@ -79,37 +74,12 @@ def test_tokenizers_must_agree_on_every_token_and_the_special_ids():
     check_vocab(config, config, _tok(["<s>", "a", "b", "c"]), None)  # one tokenizer only: vocab size decides
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_standalone_answers():
     """stories260K as its own draft (a perfect draft): served output equals plain greedy decoding's."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), "--log-level",
-                             "warning", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
-                             DEFAULT_MODEL, "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "specdec serve did not come up"
-            time.sleep(0.2)
+    with serve_process("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", DEFAULT_MODEL,
+                       "--speculative-num-steps", "3", "--speculative-eagle-topk", "1") as (url, _):
         body = {"text": "Once upon a time", "sampling_params": {"temperature": 0, "max_new_tokens": 25}}
         out = httpx.post(f"{url}/generate", json=body, timeout=60).json()
         assert out["meta_info"]["completion_tokens"] == 25 and out["text"].strip()
         assert out["meta_info"]["spec_accept_lengths"][:5] == [3] * 5  # every chain token accepted
         assert httpx.get(f"{url}/get_server_info", timeout=5).json()["speculative_algorithm"] == "STANDALONE"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

@@ -22,6 +22,7 @@ from specdec.models import load_target  # noqa: E402
 from specdec.models.config import default_eagle3_layers  # noqa: E402
 
 from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint  # noqa: E402
+from ..serve_process import wait_healthy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60], [2, 33, 71, 14, 52, 8, 95, 11, 4]]
@@ -117,16 +118,7 @@ def test_server_stops_with_the_cause_when_a_node_dies(checkpoint):
     follower = _node(1, path, addr, {})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "node 0 did not come up"
-            time.sleep(0.2)
+        wait_healthy(server, url)
         r = httpx.post(f"{url}/generate", json={"input_ids": PROMPTS, "sampling_params": GREEDY}, timeout=60)
         assert [o["output_ids"] for o in r.json()] == expected
         follower.send_signal(signal.SIGKILL)  # the whole node 1 (it runs one rank, in-process)

@@ -1,13 +1,7 @@
 """``specdec serve``: the flags, and the real command line serving the embedded stories260K model."""
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -18,7 +12,8 @@ from specdec.engine.args import EngineArgs
 from specdec.server import app as server_app
 from specdec.server.settings import ServerSettings
 
-REPO = Path(__file__).resolve().parents[2]
+from ..serve_process import serve_process
+
 
 
 def test_flags_are_sglangs():
@@ -32,33 +27,11 @@ def test_flags_are_sglangs():
     assert (args.host, args.port, args.speculative_num_steps) == ("127.0.0.1", 1234, 3)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("tp_size", [1, 2], ids=["tp1", "tp2"])
 def test_serve_command_answers_and_drains_on_sigterm(tp_size):
     """SIGTERM mid-request: the request finishes, then the server exits 0; with --tp-size 2 (gloo
     on CPU) that includes stopping the worker and tearing down the process group."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), "--log-level",
-                             "warning", "--tp-size", str(tp_size)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "specdec serve did not come up"
-            time.sleep(0.2)
+    with serve_process("--tp-size", str(tp_size)) as (url, proc):
         body = {"text": "Once upon a time", "sampling_params": {"temperature": 0, "max_new_tokens": 48},
                 "stream": True}
         chunks = []
@@ -72,10 +45,6 @@ def test_serve_command_answers_and_drains_on_sigterm(tp_size):
         last = json.loads(chunks[-2])
         assert last["meta_info"]["finish_reason"] in ("length", "stop") and last["text"].strip()
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_serve_shuts_the_engine_down_after_the_server_stops(monkeypatch):

@@ -90,9 +90,9 @@ def rowwise_attention(
     max_kv_len: int,
 ) -> None:
     """torch_native's deterministic attention: softmax(q k^T * sm_scale) v per row over its list, in
-    fp32, one row at a time, so each row's arithmetic depends on its list alone. Written apart from
-    ``triton_kernels.row_attention_ref`` (that package imports no backend code), and the two backends
-    cross-check each other as everywhere else. ``max_kv_len`` does not change the result."""
+    fp32, one row at a time, so each row's arithmetic depends on its list alone. The same arithmetic
+    as ``triton_kernels.row_attention_ref``, kept here so that torch_native runs where triton is not
+    installed (that module imports it). ``max_kv_len`` does not change the result."""
     group = q.shape[1] // k_buffer.shape[1]
     lists, lens = row_list.tolist(), row_lens.tolist()
     for r in range(q.shape[0]):

@@ -197,8 +197,7 @@ def row_attention_ref(
     """Specification of ``row_attention``: softmax(q k^T * sm_scale) v per row over its list, in
     fp32, one row at a time (no splits: equal to the kernel up to summation order). Query head h
     reads KV head ``h // (num_heads // num_kv_heads)``; ``max_kv_len`` does not change the result.
-
-    Also torch_native's deterministic attention: each row's arithmetic depends on its list alone."""
+    torch_native's deterministic attention (``specdec.attention.rowwise``) is the same arithmetic."""
     group = q.shape[1] // k_buffer.shape[1]
     lists, lens = row_list.tolist(), row_lens.tolist()
     for r in range(q.shape[0]):

@@ -27,7 +27,7 @@ gaps), the speedup over plain decoding at the same batch size, the shapes adapti
 chose, and the plain step's share of the weight-bandwidth floor (one rank's weight bytes /
 measured device copy bandwidth).
 ``--profile-device`` adds, at the smallest and largest batch size, the kernels by GPU time and the
-share of a step spent in NCCL collectives.
+share of a step spent in collectives (NCCL's kernels and the one-shot all-reduce's).
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ from specdec.bench.synthetic_settings import (  # re-exported: the cli and scrip
 from specdec.engine.args import EngineArgs
 
 PREFILL_TOKENS = 32768
+# kernel names that count as collectives in --profile-device: NCCL's, and torch's one-shot all-reduce
+# over symmetric memory (one_shot_all_reduce_kernel), the custom all-reduce's
+COLLECTIVE_KERNELS = ("nccl", "all_reduce")
 
 
 def weight_bytes(model) -> int:
@@ -187,8 +190,8 @@ def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title
 
 def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> dict:
     """Append the kernels by GPU time over one point's timed decode steps to --profile-device; returns
-    ms per step: the profiled step and its collectives (NCCL kernels: all-reduce, all-gather), with
-    their share of the step."""
+    ms per step: the profiled step and its collectives (NCCL's all-reduce and all-gather kernels,
+    the one-shot all-reduce's), with their share of the step."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -206,7 +209,7 @@ def profile_device(engine, bs: int, settings: SyntheticSettings, vocab: int, tit
         prof.export_chrome_trace(str(trace))
     # NOTE: the kernel rows only: a CPU op's row repeats the time of the kernels it launched
     nccl_us = sum(e.self_device_time_total for e in events
-                  if e.device_type == DeviceType.CUDA and "nccl" in e.key.lower())
+                  if e.device_type == DeviceType.CUDA and any(k in e.key.lower() for k in COLLECTIVE_KERNELS))
     nccl_ms = nccl_us / 1e3 / steps
     return {"batch_size": bs, "step_ms": point["step_ms"], "collective_ms": nccl_ms,
             "collective_share": nccl_ms / point["step_ms"]}
@@ -276,6 +279,9 @@ def run(settings: SyntheticSettings, engine_args: EngineArgs) -> dict:
         "attention_backend": engine_args.attention, "device": _device_name(engine_args.device),
         "draft_quantization": engine_args.speculative_draft_model_quantization,
         "draft_kv_cache_dtype": engine_args.speculative_draft_kv_cache_dtype,
+        "all_reduce": results.pop("all_reduce", None),
+        "disable_custom_all_reduce": engine_args.disable_custom_all_reduce,
+        "draft_tp": engine_args.speculative_draft_tp,
         "date": datetime.date.today().isoformat(),
     }
     results["sweep"] = sweep_rows(results)
@@ -295,6 +301,7 @@ def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_
     build_s = time.perf_counter() - t0
     try:
         weights.setdefault("target", weight_bytes(engine.target_model))  # this rank's shard
+        results.setdefault("all_reduce", engine.target_model.tp.all_reduce_name)  # what ran, not what was asked
         if engine.draft_model is not None:
             weights.setdefault("head", weight_bytes(engine.draft_model))
         profiled = settings.profiled_batch_sizes()

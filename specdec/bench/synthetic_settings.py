@@ -118,7 +118,8 @@ class SyntheticSettings:
 ENGINE_FLAGS = {"device": "cuda", "attention_backend": "triton", "prefill_attention_backend": None,
                 "decode_attention_backend": None, "disable_cuda_graph": False,
                 "overlap_schedule": None, "tp_size": 1, "speculative_draft_model_quantization": None,
-                "speculative_draft_kv_cache_dtype": "auto"}
+                "speculative_draft_kv_cache_dtype": "auto", "disable_custom_all_reduce": False,
+                "speculative_draft_tp": "auto"}
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:

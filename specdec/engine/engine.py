@@ -153,6 +153,7 @@ class Engine:
             draft_model = load_draft_head(
                 args.speculative_draft_model_path, target_model, dtype=torch_dtype, device=args.device,
                 token_map=args.speculative_token_map, load_format=args.load_format, seed=args.random_seed,
+                draft_tp=args.speculative_draft_tp,
             )
         if self.spec_config is not None and args.speculative_draft_model_quantization is not None:
             quantize_draft_(draft_model, args.speculative_draft_model_quantization)

@@ -98,18 +98,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_distributed(rank: int, topo: Topology, device: str) -> TPGroup:
+def init_distributed(rank: int, topo: Topology, device: str, *, custom_all_reduce: bool = True) -> TPGroup:
+    """Join the process group; its all-reduce is the one-shot path over peer memory for small messages
+    where every rank can run it (``custom_all_reduce``: not --disable-custom-all-reduce; one host,
+    CUDA), NCCL's (gloo's on CPU) otherwise (``specdec.models.all_reduce``)."""
     import torch.distributed as dist
+
+    from specdec.models.all_reduce import choose_all_reduce
 
     nccl = str(device).startswith("cuda")
     if nccl:
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group("nccl" if nccl else "gloo", init_method=f"tcp://{_url_host(topo.host)}:{topo.store_port}",
                             rank=rank, world_size=topo.tp_size, timeout=COLLECTIVE_TIMEOUT)
-    tp = TPGroup(rank=rank, size=topo.tp_size)
     if nccl:  # NOTE: create the communicator now, eagerly: CUDA-graph capture cannot
-        tp.all_reduce(torch.zeros(1, device=device))
-    return tp
+        dist.all_reduce(torch.zeros(1, device=device))
+    base = torch.device(device).index - topo.local_rank(rank) if nccl else 0  # this node's first rank's GPU
+    reducer = choose_all_reduce(None, device, size=topo.tp_size, enabled=custom_all_reduce,
+                                single_host=topo.nnodes == 1, peers=[base + r for r in range(topo.ranks_per_node)])
+    return TPGroup(rank=rank, size=topo.tp_size, reducer=reducer)
 
 
 def _url_host(host: str) -> str:

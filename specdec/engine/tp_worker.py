@@ -59,7 +59,7 @@ def worker_main(rank: int, topo: Topology, args: Any, engine_cls: type, threads:
     try:
         conn = connect(topo, rank, args)
         device = rank_device(args.device, topo.local_rank(rank))
-        tp = init_distributed(rank, topo, device)
+        tp = init_distributed(rank, topo, device, custom_all_reduce=not args.disable_custom_all_reduce)
         engine = engine_cls(args=dataclasses.replace(args, device=device), tp_group=tp)
         conn.send(("ready", None))
         stopped = _run_calls(conn, engine)
@@ -149,7 +149,8 @@ class TPWorkers:
 
         def join() -> None:
             try:
-                result["tp"] = init_distributed(0, topo, rank_device(args.device, 0))
+                result["tp"] = init_distributed(0, topo, rank_device(args.device, 0),
+                                                custom_all_reduce=not args.disable_custom_all_reduce)
             except BaseException as e:  # noqa: BLE001
                 result["error"] = e
 

@@ -53,20 +53,23 @@ class EagleDraftModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: Any = "cpu",
         tp: TPGroup = SINGLE,
+        target_tp: TPGroup | None = None,
     ) -> None:
         """``embed_tokens`` / ``lm_head_weight`` come from the target; ``own_embedding`` gives the
         head its own ``embed_tokens`` (when its checkpoint has one) instead of the target's.
 
         ``hot_token_ids`` ([draft_vocab] target ids, EAGLE-2's ``--speculative-token-map``): the
         head predicts over these tokens only; ``lm_head_weight`` then holds just their rows, whole
-        on every rank. Otherwise, under tensor parallelism (``tp``), ``lm_head_weight`` is the
-        target's shard and the logits are gathered; the decoder layers are sharded either way.
+        on every rank. Otherwise, under tensor parallelism (``target_tp``, default ``tp``),
+        ``lm_head_weight`` is the target's shard and the logits are gathered. ``tp``: the group the
+        head's own weights (decoder layers, own embedding) are sharded over; ``SINGLE`` keeps them
+        whole on every rank (``--speculative-draft-tp replicate``).
         """
         super().__init__()
         self.config = config
         self.tp = tp
-        # the logits' group: a token map's rows are whole on every rank
-        self.logits_tp = SINGLE if hot_token_ids is not None else tp
+        # the logits' group: a token map's rows are whole on every rank, the target's lm_head is cut
+        self.logits_tp = SINGLE if hot_token_ids is not None else (target_tp or tp)
         h = config.hidden_size
         if own_embedding:
             self.embed_tokens = make_embedding(config.vocab_size, h, tp, dtype=dtype, device=device)

@@ -68,17 +68,22 @@ class Eagle3DraftModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: Any = "cpu",
         tp: TPGroup = SINGLE,
+        target_tp: TPGroup | None = None,
     ) -> None:
         """``aux_hidden_layers``: the target capture indices this head was trained on (see llama.py).
         ``lm_head_weight``: share the target's lm_head instead of owning one (then the draft vocab
         is the full vocab). ``own_embedding``: use a checkpoint embedding instead of the target's.
-        ``tp``: shard the layer and the lm_head as the target's are (``specdec.models.parallel``);
-        ``fc``, the norms and the token maps stay whole on every rank."""
+        ``tp``: shard the layer and the own lm_head as the target's are (``specdec.models.parallel``);
+        ``SINGLE`` keeps them whole on every rank (``--speculative-draft-tp replicate``). ``fc``, the
+        norms and the token maps stay whole either way. ``target_tp`` (default ``tp``): the group a
+        shared ``lm_head_weight``'s rows are cut over (the target's)."""
         super().__init__()
         if config.num_hidden_layers != 1:
             raise ValueError(f"EAGLE-3 draft: num_hidden_layers={config.num_hidden_layers} is not supported (only 1)")
         self.config = config
         self.tp = tp
+        # the logits' group: the own lm_head's (tp), or the shared target lm_head's
+        self.logits_tp = tp if lm_head_weight is None else (target_tp or tp)
         h, vocab = config.hidden_size, config.vocab_size
         self.draft_vocab_size = int(draft_vocab_size or vocab)
         if lm_head_weight is not None and self.draft_vocab_size != vocab:
@@ -146,4 +151,5 @@ class Eagle3DraftModel(nn.Module):
         if batch.num_tokens > 0:
             h, residual = self.midlayer(batch.positions, e, h, batch)
         normed, h = self.norm.forward_add(h, residual)  # h: the layer's output, the next step's input
-        return logits_and_hidden(normed, h, self.lm_head_weight, batch, tp=self.tp, vocab_size=self.draft_vocab_size)
+        return logits_and_hidden(normed, h, self.lm_head_weight, batch, tp=self.logits_tp,
+                                 vocab_size=self.draft_vocab_size)

@@ -18,7 +18,7 @@ from specdec.models.eagle import EagleDraftModel
 from specdec.models.eagle3 import Eagle3DraftModel
 from specdec.models.gguf_loader import load_gguf_target, read_gguf_config, read_gguf_num_layers
 from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_layers
-from specdec.models.parallel import SINGLE, TPGroup, shard_state_dict
+from specdec.models.parallel import SINGLE, TPGroup, draft_head_group, shard_state_dict
 from specdec.models.registry import build_target, config_from_hf
 from specdec.models.weights import (
     assign_weights, random_state, read_config, read_state_dict, unpermute_rope, weight_names,
@@ -245,6 +245,7 @@ def load_draft_head(
     token_map: str | Path | None = None,
     load_format: str = "auto",
     seed: int = 0,
+    draft_tp: str = "auto",
 ) -> DraftModel:
     """An EAGLE-1/2 or EAGLE-3 head from a checkpoint directory, sharing ``target``'s weights.
 
@@ -254,8 +255,11 @@ def load_draft_head(
     head's draft vocabulary being the first ``draft_vocab_size`` target ids.
 
     Under the target's tensor parallelism the head is sharded as the target is (its layers' heads
-    and MLP, its lm_head over the draft vocabulary); what stays whole (fc, norms, token maps) is
-    the same on every rank, dummy weights included (one seed for all ranks).
+    and MLP, its lm_head over the draft vocabulary), or replicated whole on every rank, as
+    ``draft_tp`` (--speculative-draft-tp: auto, shard, replicate; ``parallel.draft_head_group``)
+    says; what stays whole (fc, norms, token maps; everything when replicated) is the same on every
+    rank, dummy weights included (one seed for all ranks). The target's shared embedding and
+    lm_head stay cut as the target's are either way.
     """
     check_load_format(load_format)
     path = Path(path)
@@ -277,8 +281,7 @@ def load_draft_head(
     if config.hidden_size == tc.hidden_size:
         for field in ("num_attention_heads", "num_key_value_heads", "head_dim"):
             _check(path, field, getattr(config, field), getattr(tc, field))
-    tp = target.tp
-    tp.check(config)
+    tp = draft_head_group(draft_tp, config, target.tp)  # the head's own weights' group
     own_embedding = "embed_tokens.weight" in state
     if not own_embedding and config.hidden_size != tc.hidden_size:
         raise ValueError(f"draft head {path}: hidden_size differs from the target's and it has no embed_tokens.weight")
@@ -290,19 +293,19 @@ def load_draft_head(
         if hot is None:
             lm_head = target.lm_head_weight  # this rank's rows: the logits are gathered
         else:  # a token map's rows, whole on every rank
-            full = target.lm_head_weight if tp.size == 1 else target.full_lm_head_weight()
+            full = target.lm_head_weight if target.tp.size == 1 else target.full_lm_head_weight()
             lm_head = full[hot.to(full.device)]
         with torch.device("meta"):
             model: DraftModel = EagleDraftModel(
                 config, embed_tokens=target.embed_tokens, lm_head_weight=lm_head,
                 own_embedding=own_embedding, fc_bias=True, dtype=dtype, device="meta",
                 hot_token_ids=None if hot is None else hot.to(device),  # a real tensor: not in state
-                tp=tp,
+                tp=tp, target_tp=target.tp,
             )
     else:
         if token_map is not None:
             raise ValueError("--speculative-token-map applies to EAGLE heads; an EAGLE-3 head carries its own d2t map")
-        model = _build_eagle3(path, cfg, config, state, target, own_embedding, dtype)
+        model = _build_eagle3(path, cfg, config, state, target, own_embedding, dtype, tp)
     if dummy:
         state = random_state(model, seed=seed, dtype=dtype, device=device, given=state)
     else:
@@ -323,7 +326,7 @@ def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
 
 def _build_eagle3(
     path: Path, cfg: dict[str, Any], config: LlamaConfig, state: dict[str, torch.Tensor],
-    target: LlamaForCausalLM, own_embedding: bool, dtype: torch.dtype,
+    target: LlamaForCausalLM, own_embedding: bool, dtype: torch.dtype, tp: TPGroup,
 ) -> Eagle3DraftModel:
     expected = eagle3_aux_hidden_layers(cfg, target.config.num_hidden_layers)
     _check(path, "aux_hidden_layers", expected, target.aux_hidden_layers)
@@ -343,7 +346,7 @@ def _build_eagle3(
             draft_vocab_size=draft_vocab, target_hidden_size=cfg.get("target_hidden_size"),
             lm_head_weight=target.lm_head_weight if shared_head else None,
             own_embedding=own_embedding, fc_bias=bool(cfg.get("bias", False)), dtype=dtype, device="meta",
-            tp=target.tp,
+            tp=tp, target_tp=target.tp,
         )
 
 

@@ -1,6 +1,8 @@
 """Tensor parallelism on two GPUs (NCCL): greedy speculative output with --tp-size 2 equals plain
 decoding with --tp-size 2, and plain --tp-size 2 equals --tp-size 1, under CUDA graphs and overlap
-scheduling (the CUDA defaults), for each backend, a fixed chain and adaptive speculation.
+scheduling (the CUDA defaults), for each backend, a fixed chain and adaptive speculation; the
+one-shot all-reduce (the default on two GPUs of one host) gives the same tokens as NCCL's, and the
+draft head sharded or replicated (--speculative-draft-tp) stays lossless.
 
 bf16: the shards sum their partial products in another order than one GPU does, and a verify
 forward rounds differently from a decode forward, so "equal" is the near-tie rule of
@@ -88,3 +90,32 @@ def test_gpu_tp2_speculative_equals_plain(checkpoint, reference, plain_outputs, 
         assert_no_leak(engine)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs the triton backend")
+def test_gpu_tp2_custom_all_reduce_on_and_off(checkpoint, reference, plain_outputs):
+    """Two ranks sum a + b once, the same bits through the one-shot kernel or NCCL: tp 2 output with
+    --disable-custom-all-reduce equals the default's token for token, plain (against the fixture's
+    run) and speculative with the head sharded; the head replicated equals plain under the near-tie rule."""
+    prompts, plain = plain_outputs
+    path, head = checkpoint
+    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head, max_running_requests=8,
+                **SPECS["chain-3x1x4"])
+    nccl = {"disable_custom_all_reduce": True}
+    runs = {}
+    for name, flags in [("plain-nccl", nccl), ("spec-shard", {**spec, "speculative_draft_tp": "shard"}),
+                        ("spec-shard-nccl", {**spec, "speculative_draft_tp": "shard", **nccl}),
+                        ("spec-replicate", {**spec, "speculative_draft_tp": "replicate"})]:
+        engine = Engine(path, device="cuda", attention_backend="triton", tp_size=2, **flags)
+        try:
+            want = "torch.distributed" if "disable_custom_all_reduce" in flags else "one-shot"
+            assert engine.target_model.tp.all_reduce_name == want, name
+            assert engine.draft_model is None or engine.draft_model.tp.size == (1 if "replicate" in name else 2)
+            runs[name] = _generate(engine, prompts)
+            assert_no_leak(engine)
+        finally:
+            engine.shutdown()
+    assert runs["plain-nccl"] == plain["triton"]
+    assert runs["spec-shard-nccl"] == runs["spec-shard"]
+    for name in ("spec-shard", "spec-replicate"):
+        assert_equal_or_near_tie(reference, prompts, runs[name], plain["triton"])

@@ -63,16 +63,13 @@ def test_tp2_equals_tp1_plain_and_eagle3(checkpoint):
 
 
 def test_tp2_shards_the_draft_head_and_stays_lossless(checkpoint, tmp_path):
-    """The draft head is sharded as the target is: each rank holds half its query heads, MLP and
-    lm_head rows (EAGLE-3 over its own draft vocabulary; EAGLE-1 on the target's lm_head shard, or,
-    with a token map, on whole hot rows), and greedy output still equals tp 1 plain decoding."""
+    """--speculative-draft-tp shard: the draft head is sharded as the target is: each rank holds half
+    its query heads, MLP and lm_head rows (EAGLE-3 over its own draft vocabulary; EAGLE-1 on the
+    target's lm_head shard, or, with a token map, on whole hot rows), and greedy output still equals
+    tp 1 plain decoding."""
     path, head3 = checkpoint
     plain = _outputs(Engine(path))
-    head1 = tmp_path / "eagle1"
-    target = load_target(path)
-    config = dataclasses.replace(target.config, num_hidden_layers=1, qk_norm=False)  # an EAGLE-1 head is Llama
-    save_draft_head(randomize_(EagleDraftModel(config, embed_tokens=target.embed_tokens,
-                                               lm_head_weight=target.lm_head_weight), 3), head1)
+    head1, target = _eagle1_head(path, tmp_path), load_target(path)
     token_map = tmp_path / "hot.pt"
     torch.save(torch.arange(0, 60, 2), token_map)  # 30 hot tokens
     # (algorithm, head, extra flags, lm_head rows on this rank): draft vocab 80 -> 40 a rank;
@@ -82,7 +79,7 @@ def test_tp2_shards_the_draft_head_and_stays_lossless(checkpoint, tmp_path):
              ("EAGLE3", head3, {"speculative_draft_model_quantization": "fp8"}, 40)]  # each rank's shard
     heads = target.config.num_attention_heads
     for algorithm, head, extra, rows in cases:
-        eng = Engine(path, tp_size=2, speculative_draft_model_path=str(head),
+        eng = Engine(path, tp_size=2, speculative_draft_model_path=str(head), speculative_draft_tp="shard",
                      **{**SPEC, "speculative_algorithm": algorithm, **extra})
         try:
             draft = eng.draft_model
@@ -94,6 +91,40 @@ def test_tp2_shards_the_draft_head_and_stays_lossless(checkpoint, tmp_path):
             assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
         finally:
             eng.shutdown()
+
+
+def _eagle1_head(path, tmp_path):
+    head1 = tmp_path / "eagle1"
+    target = load_target(path)
+    config = dataclasses.replace(target.config, num_hidden_layers=1, qk_norm=False)  # an EAGLE-1 head is Llama
+    save_draft_head(randomize_(EagleDraftModel(config, embed_tokens=target.embed_tokens,
+                                               lm_head_weight=target.lm_head_weight), 3), head1)
+    return head1
+
+
+@pytest.mark.parametrize("choice", ["auto", "replicate", "replicate-eagle1"])
+def test_tp2_replicates_a_small_draft_head_and_stays_lossless(checkpoint, choice, tmp_path):
+    """--speculative-draft-tp replicate, and auto for a head this small (hidden 64 < 4096): every
+    rank holds the whole head (all its heads and KV heads; EAGLE-3: all its draft-vocabulary rows;
+    EAGLE-1: still the target's lm_head shard, gathered over the target's group), and greedy output
+    equals tp 1 plain decoding."""
+    path, head = checkpoint
+    plain = _outputs(Engine(path))
+    algorithm, rows = "EAGLE3", 80
+    if choice.endswith("eagle1"):
+        algorithm, rows, head = "EAGLE", 49, str(_eagle1_head(path, tmp_path))
+    eng = Engine(path, tp_size=2, speculative_draft_model_path=head, speculative_draft_tp=choice.split("-")[0],
+                 **{**SPEC, "speculative_algorithm": algorithm})
+    try:
+        draft, config = eng.draft_model, eng.draft_model.config
+        attn = (draft.midlayer if algorithm == "EAGLE3" else draft.layers[0]).self_attn
+        assert draft.tp.size == 1 and attn.layer.num_heads == config.num_attention_heads
+        assert draft.kv_layout.num_kv_heads == config.num_key_value_heads and draft.lm_head_weight.shape[0] == rows
+        out = eng.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in out] == plain
+        assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
+    finally:
+        eng.shutdown()
 
 
 def test_tp2_adaptive_speculation(checkpoint, tmp_path):

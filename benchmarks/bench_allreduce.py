@@ -1,0 +1,110 @@
+"""All-reduce latency on two GPUs by message size: NCCL's ring against the one-shot kernel over peer
+memory (specdec.models.all_reduce), each replayed from a CUDA graph of back-to-back calls, as a
+decode step replays them. Tells where the one-shot path stops paying (ONE_SHOT_MAX_BYTES).
+
+    python benchmarks/bench_allreduce.py --output out/allreduce.json   # writes allreduce.md beside it
+
+bf16 messages of 1 KiB to 16 MiB (an 8B model's decode step all-reduces bs x 4096 x 2 bytes: 8 KiB
+at bs 1, 1 MiB at bs 128; its verify step N times that); per size the median over --reps replays of
+--calls calls, per call, on rank 0. "saved per 8B step" = 65 all-reduces a step (two a layer, one
+for the embedding) x (NCCL - one-shot) at the decode sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from common import metadata_line, run_metadata
+from specdec.bench.device_timing import graph_us
+from specdec.models.all_reduce import ONE_SHOT_MAX_BYTES, DistAllReduce, choose_all_reduce
+
+SIZES = [1 << k for k in range(10, 25)]  # 1 KiB .. 16 MiB
+HIDDEN, CALLS_PER_STEP = 4096, 65  # Llama-3.1-8B
+
+
+def measure(rank: int, args) -> list[dict]:
+    """Per size: microseconds per call, NCCL and one-shot (the one-shot buffer as large as the largest size)."""
+    one_shot = choose_all_reduce(None, f"cuda:{rank}", size=2, enabled=True, single_host=True, peers=[0, 1],
+                                 max_bytes=max(SIZES))
+    if one_shot.name != "one-shot":
+        raise RuntimeError("the one-shot all-reduce is unavailable here (the warning above says why)")
+    nccl = DistAllReduce()
+    args.fused_copy = one_shot.fused
+    rows = []
+    for size in SIZES:
+        x = torch.randn(size // 2, device="cuda").to(torch.bfloat16)
+        row = {"bytes": size, "dtype": "bfloat16"}
+        for name, reduce in (("nccl", nccl), ("one_shot", one_shot)):
+            # as a layer calls them: NCCL in place (the values grow to inf, which costs it nothing),
+            # one-shot out of place
+            row[f"{name}_us"] = graph_us(lambda: reduce(x), reps=args.reps, calls=args.calls)
+        row["one_shot_over_nccl"] = row["one_shot_us"] / row["nccl_us"]
+        if size % (2 * HIDDEN) == 0 and size // (2 * HIDDEN) <= 256:
+            row["decode_bs_8b"] = size // (2 * HIDDEN)
+            row["saved_us_per_8b_step"] = CALLS_PER_STEP * (row["nccl_us"] - row["one_shot_us"])
+        rows.append(row)
+        if rank == 0:
+            print(f"{size:>9} B  nccl {row['nccl_us']:7.2f} us  one-shot {row['one_shot_us']:7.2f} us  "
+                  f"({row['one_shot_over_nccl']:.2f}x)", flush=True)
+    return rows
+
+
+def rank_main(rank: int, port: int, args) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator, before any capture
+    rows = measure(rank, args)
+    if rank == 0:
+        write(rows, args)
+    gc.collect()  # NOTE: no graph that captured NCCL may outlive the process group (pytorch/pytorch#115388)
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write(rows: list[dict], args) -> None:
+    slower = [r["bytes"] for r in rows if r["one_shot_us"] >= r["nccl_us"]]
+    result = {**run_metadata(), "world_size": 2, "calls_per_graph": args.calls, "reps": args.reps,
+              "fused_copy": args.fused_copy,
+              "one_shot_max_bytes": ONE_SHOT_MAX_BYTES, "first_size_one_shot_not_faster": min(slower, default=None),
+              "rows": rows}
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    lines = [f"# All-reduce latency, 2 GPUs, bf16, graph-replayed\n\n{metadata_line(result)}\n",
+             "| bytes | 8B decode bs | NCCL us | one-shot us | one-shot / NCCL | saved us per 8B step |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        saved = f"{r['saved_us_per_8b_step']:.0f}" if "saved_us_per_8b_step" in r else ""
+        lines.append(f"| {r['bytes']} | {r.get('decode_bs_8b', '')} | {r['nccl_us']:.2f} | {r['one_shot_us']:.2f} | "
+                     f"{r['one_shot_over_nccl']:.2f} | {saved} |")
+    lines.append(f"\nOne-shot threshold in use: {ONE_SHOT_MAX_BYTES} bytes; first size where one-shot is not "
+                 f"faster: {result['first_size_one_shot_not_faster']}.")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", required=True, help="JSON file (a markdown table is written beside it)")
+    parser.add_argument("--reps", type=int, default=20, help="graph replays timed per size and path")
+    parser.add_argument("--calls", type=int, default=32, help="all-reduces per captured graph")
+    args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        raise SystemExit("bench_allreduce needs two GPUs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rank_main, args=(port, args), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main()

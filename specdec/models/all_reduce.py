@@ -1,0 +1,184 @@
+"""How a tensor-parallel group sums its partial outputs (``TPGroup.all_reduce``), chosen once per
+group at start-up (``choose_all_reduce``) and then called blindly from every row-parallel layer.
+
+    DistAllReduce      torch.distributed.all_reduce: NCCL on CUDA, gloo on CPU. NCCL's ring costs
+                       ~6 us a call on two H200s for the decode step's small messages (bs x hidden
+                       bf16: 8 KB - 1 MB for an 8B model), 11-20 % of a tp-2 decode step.
+    OneShotAllReduce   messages up to ``max_bytes`` over peer memory (torch's symmetric memory:
+                       buffers of one size on every GPU of the host, each rank's mapped into the
+                       others' address space through CUDA IPC). One kernel per call: copy this
+                       rank's message into its own buffer, meet the other ranks at a barrier, read
+                       every rank's buffer and sum (``torch.ops.symm_mem.one_shot_all_reduce_copy``).
+                       Larger messages, other dtypes and misaligned views go to NCCL.
+
+Equality: every rank sums ranks 0, 1, ..., tp-1 in that order, so all ranks hold the same bits.
+With two ranks the one sum a + b is the same float as NCCL's (addition commutes exactly); with
+more, the order of roundings can differ from NCCL's ring, within bf16 rounding.
+
+CUDA graphs: the buffers are allocated and exchanged (``rendezvous``, a collective) here, before any
+capture; a call only looks its buffer up on the host and launches one kernel, whose barrier flags
+reset themselves, so a captured call replays as often as needed. The ranks must call in the same
+order, which tensor parallelism already guarantees (every rank runs the same forwards).
+
+NOTE: NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, set here before the first
+allocation): the one-shot kernel reads peers' buffers through their unicast mappings only, never
+the multicast address (no ``multimem_*`` op), and creating multicast objects can take a shared
+host's GPUs out of service.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "ONE_SHOT_MAX_BYTES", "choose_all_reduce",
+           "one_shot_unavailable"]
+
+# Messages up to this size take the one-shot path. 1 MiB covers an 8B model's decode step up to
+# bs 128 (128 x 4096 x 2 bytes) and its verify step up to 128 tree tokens; past ~1 MB the one-shot
+# kernel's 24 blocks read peer memory slower than NCCL's ring moves it (benchmarks/bench_allreduce.py
+# measures the crossover). The buffer is this size too: the largest message a decode, verify or
+# draft graph all-reduces (bs_max x num_tokens x hidden) is at least this for every model served
+# on a GPU (256 x 2048 x 2 bytes), and anything larger goes to NCCL anyway.
+ONE_SHOT_MAX_BYTES = 1 << 20
+# torch's one-shot kernel dispatches on these (AT_DISPATCH_FLOAT_AND_BFLOAT16)
+ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
+_ALIGN = 16  # bytes: the kernel's widest vector; the fused copy needs message and view aligned to it
+_MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+class DistAllReduce:
+    """torch.distributed's all-reduce, in place."""
+
+    name = "torch.distributed"
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(x, group=self.group)
+        return x
+
+
+class OneShotAllReduce:
+    """Small messages over peer memory, NCCL (``fallback``) for the rest; see the module docstring.
+    ``buffers``: per dtype, [max_bytes / itemsize] allocated by ``symm_mem.empty`` and rendezvoused
+    over the group (``choose_all_reduce`` builds them)."""
+
+    name = "one-shot"
+
+    def __init__(self, group_name: str, buffers: dict[torch.dtype, torch.Tensor], *, fallback: AllReduce,
+                 max_bytes: int, ops: Any = None) -> None:
+        """``ops``: the namespace holding ``one_shot_all_reduce(_copy)`` (default ``torch.ops.symm_mem``)."""
+        self.group_name, self.buffers, self.fallback, self.max_bytes = group_name, buffers, fallback, max_bytes
+        self.device = next(iter(buffers.values())).device
+        self.ops = ops if ops is not None else torch.ops.symm_mem
+        # the fused copy-in (torch >= 2.8); without it every message is staged by a copy kernel first
+        self.fused = hasattr(self.ops, "one_shot_all_reduce_copy")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, a new tensor (``x`` is left as it was); NCCL's in place beyond the limits."""
+        buf = self.buffers.get(x.dtype)
+        size = x.element_size()
+        if buf is None or x.numel() * size > self.max_bytes or not x.is_contiguous() or x.device != self.device:
+            return self.fallback(x)
+        n = x.numel()
+        if self.fused and (n * size) % _ALIGN == 0 and (x.storage_offset() * size) % _ALIGN == 0:
+            return self.ops.one_shot_all_reduce_copy(buf[:n], x.view(-1), "sum", self.group_name).view_as(x)
+        # an odd size (or no fused op): stage it, and reduce up to the next aligned length (the tail
+        # is never read)
+        padded = -(-n * size // _ALIGN) * _ALIGN // size
+        buf[:n].copy_(x.view(-1))
+        return self.ops.one_shot_all_reduce(buf[:padded], "sum", self.group_name)[:n].view_as(x)
+
+
+def one_shot_unavailable(device: Any, *, size: int, single_host: bool, peers: list[int]) -> str | None:
+    """Why the one-shot path cannot run on this rank (None: it can). ``peers``: the CUDA device
+    indices of the group's ranks on this host."""
+    device = torch.device(device)
+    if size < 2:
+        return "one rank"
+    if device.type != "cuda":
+        return "not on CUDA (gloo)"
+    if not single_host:
+        return "ranks on several nodes: peer memory reaches the GPUs of one host only"
+    try:
+        importlib.import_module("torch.distributed._symmetric_memory")
+    except ImportError:
+        return f"torch {torch.__version__} has no symmetric memory"
+    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
+        return f"torch {torch.__version__} has no symm_mem.one_shot_all_reduce"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "GPU older than sm_80 (bf16 adds)"
+    me = device.index if device.index is not None else torch.cuda.current_device()
+    blocked = [p for p in peers if p != me and not torch.cuda.can_device_access_peer(me, p)]
+    if blocked:
+        return f"cuda:{me} cannot access the memory of cuda:{blocked[0]} (no peer access)"
+    return None
+
+
+def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, single_host: bool,
+                      peers: list[int], max_bytes: int = ONE_SHOT_MAX_BYTES) -> AllReduce:
+    """The group's all-reduce: one-shot where every rank can run it, else torch.distributed's (with
+    a warning saying why). Call on every rank at once, after the process group exists and before any
+    CUDA graph is captured. The ranks agree over NCCL after each step that can fail on its own (the
+    checks, the allocations, the rendezvous), so no rank waits in a collective that the others skip."""
+    fallback = DistAllReduce(group)
+    if not enabled or size < 2 or torch.device(device).type != "cuda":
+        return fallback  # the same on every rank: nothing to agree on
+    if max_bytes <= 0 or max_bytes % _ALIGN:
+        raise ValueError(f"custom all-reduce: max_bytes={max_bytes} must be a positive multiple of {_ALIGN}")
+    import torch.distributed as dist
+
+    group_name = (group or dist.group.WORLD).group_name
+    reason = one_shot_unavailable(device, size=size, single_host=single_host, peers=peers)
+    buffers: dict[torch.dtype, torch.Tensor] = {}
+    for step in (_allocate, _rendezvous):
+        if reason is None:
+            try:
+                step(buffers, group_name, torch.device(device), max_bytes)
+            except RuntimeError as e:
+                reason = f"symmetric memory failed: {e}"
+        if not _every_rank(reason is None, group, device):
+            warnings.warn(f"custom all-reduce off ({reason or 'another rank cannot run it'}): NCCL all-reduces "
+                          "every message", stacklevel=2)
+            return fallback
+    return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
+
+
+def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: int) -> None:
+    """This rank's buffers (local: may fail on one rank alone)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    os.environ[_MULTICAST_ENV] = "1"  # NOTE: before the first allocation; see the module docstring
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:  # needed by older torch, a deprecated no-op in newer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            enable(group_name)
+    for dtype in ONE_SHOT_DTYPES:
+        buffers[dtype] = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
+
+
+def _rendezvous(buffers: dict, group_name: str, device: torch.device, max_bytes: int) -> None:
+    """Exchange the buffers' handles with the other ranks (collective)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    for buf in buffers.values():
+        symm_mem.rendezvous(buf, group_name)
+
+
+def _every_rank(ok: bool, group: Any, device: Any) -> bool:
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())

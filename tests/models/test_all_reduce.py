@@ -1,0 +1,123 @@
+"""The all-reduce strategies without GPUs: which path a message takes (one-shot, staged one-shot,
+NCCL), when the one-shot path is off, and --speculative-draft-tp's rule. The kernels themselves
+run in tests/e2e/test_gpu_custom_all_reduce.py (two GPUs)."""
+
+import pytest
+import torch
+
+from specdec.models.all_reduce import DistAllReduce, OneShotAllReduce, choose_all_reduce, one_shot_unavailable
+from specdec.models.config import LlamaConfig
+from specdec.models.parallel import SINGLE, TPGroup, draft_head_group
+
+MAX_BYTES = 1024
+
+
+class TwoRanks:
+    """Stands in for torch.ops.symm_mem on two ranks holding the same message: the sum is 2x; records
+    each call's op name and the number of elements it reduced."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def one_shot_all_reduce_copy(self, buf, local, op, group):
+        assert op == "sum" and group == "g" and buf.numel() == local.numel()
+        buf.copy_(local)
+        self.calls.append(("copy", buf.numel()))
+        return buf * 2
+
+    def one_shot_all_reduce(self, buf, op, group):
+        assert buf.numel() * buf.element_size() % 16 == 0  # the kernel's alignment
+        self.calls.append(("staged", buf.numel()))
+        return buf * 2
+
+
+class Fallback:
+    name = "nccl"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x.mul_(2)
+
+
+def _one_shot():
+    buffers = {d: torch.full((MAX_BYTES // d.itemsize,), float("nan"), dtype=d)
+               for d in (torch.bfloat16, torch.float32)}
+    ops, fallback = TwoRanks(), Fallback()
+    return OneShotAllReduce("g", buffers, fallback=fallback, max_bytes=MAX_BYTES, ops=ops), ops, fallback
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("numel", [1, 3, 7, 8, 17, 100, 256])
+def test_one_shot_routes_by_size_and_alignment(dtype, numel):
+    reduce, ops, fallback = _one_shot()
+    x = torch.randn(numel, dtype=dtype)
+    want = x * 2
+    limit = MAX_BYTES // dtype.itemsize
+    got = reduce(x.clone())
+    assert torch.equal(got, want) and got.shape == x.shape
+    if numel > limit:
+        assert fallback.calls == 1 and not ops.calls
+    elif numel * dtype.itemsize % 16 == 0:
+        assert ops.calls == [("copy", numel)]
+    else:  # staged, reduced up to the next 16 bytes; the NaN tail never reaches the result
+        assert ops.calls == [("staged", -(-numel * dtype.itemsize // 16) * 16 // dtype.itemsize)]
+
+
+def test_one_shot_leaves_other_messages_to_nccl():
+    reduce, ops, fallback = _one_shot()
+    cases = [torch.randn(8, dtype=torch.float16),  # no one-shot kernel for fp16
+             torch.randn(16, 4)[:, 0],  # not contiguous
+             torch.randn(20)[1:9]]  # an offset that breaks the fused copy's alignment: staged, not NCCL
+    for x in cases[:2]:
+        assert torch.equal(reduce(x), x)  # NCCL's sums in place
+    assert fallback.calls == 2 and not ops.calls
+    x = cases[2]
+    assert torch.equal(reduce(x), x * 2) and ops.calls == [("staged", 8)]
+
+
+def test_cpu_and_disabled_groups_use_torch_distributed():
+    for enabled, device, size in [(True, "cpu", 2), (False, "cuda:0", 2), (True, "cuda:0", 1)]:
+        reducer = choose_all_reduce(None, device, size=size, enabled=enabled, single_host=True, peers=[0, 1])
+        assert isinstance(reducer, DistAllReduce)
+    assert TPGroup(rank=0, size=2).all_reduce_name == "torch.distributed"
+    assert TPGroup(rank=0, size=2, reducer=_one_shot()[0]).all_reduce_name == "one-shot"
+    assert one_shot_unavailable("cpu", size=2, single_host=True, peers=[]) == "not on CUDA (gloo)"
+    assert "several nodes" in one_shot_unavailable("cuda:0", size=2, single_host=False, peers=[0, 1])
+
+
+def test_tp_group_runs_its_reducer():
+    seen = []
+    tp = TPGroup(rank=0, size=2, reducer=lambda x: seen.append(x) or x + 1)
+    x = torch.zeros(3)
+    assert torch.equal(tp.all_reduce(x), torch.ones(3)) and seen == [x]
+    assert TPGroup(rank=0, size=1, reducer=lambda x: 1 / 0).all_reduce(x) is x  # one rank: nothing to sum
+
+
+def _head(hidden: int, heads: int = 32, kv: int = 8, inter: int | None = None) -> LlamaConfig:
+    return LlamaConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=inter or 3 * hidden, num_hidden_layers=1,
+                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=hidden // heads)
+
+
+def test_draft_head_group_rule():
+    tp2 = TPGroup(rank=1, size=2)
+    assert draft_head_group("auto", _head(4096), tp2) is tp2  # an 8B model's head: sharded
+    assert draft_head_group("auto", _head(2048, 16), tp2) is SINGLE  # too small to pay for the collectives
+    assert draft_head_group("auto", _head(4096, 33, 3), tp2) is SINGLE  # heads do not split two ways
+    assert draft_head_group("replicate", _head(4096), tp2) is SINGLE
+    assert draft_head_group("shard", _head(64, 4, 2), tp2) is tp2
+    assert draft_head_group("shard", _head(4096), SINGLE) is SINGLE
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        draft_head_group("shard", _head(4096, 33, 3), tp2)
+    with pytest.raises(ValueError, match="expected one of"):
+        draft_head_group("split", _head(4096), tp2)
+
+
+def test_draft_tp_flag_refuses_a_draft_without_head():
+    from specdec.engine.args import EngineArgs
+
+    with pytest.raises(ValueError, match="no draft head"):
+        EngineArgs(model_path="m", device="cpu", speculative_algorithm="NGRAM", speculative_draft_tp="shard")
+    assert EngineArgs(model_path="m", device="cpu").disable_custom_all_reduce is False  # on by default

@@ -18,7 +18,13 @@
 #                                            HumanEval and MT-bench second turns at 1 and 32 requests (default RUNS:
 #                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5")
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
-#                                            (default RUNS: "specdec:plain vllm:plain")
+#                                            (default RUNS: "specdec:plain vllm:plain"; rows llama-3.1-8b-decode)
+#   bash scripts/gpu_peer.sh gemma RUNS      a second architecture: Gemma-3-270M's own config.json (Gemma3ForCausalLM,
+#                                            sliding windows; specdec/bench/synthetic_settings.py HF_CONFIGS) with
+#                                            random bf16 weights, plain decode ms a step at GEMMA_POINTS (bs:ctx,
+#                                            default 1:1024,16:1024,64:1024,128:1024); rows gemma-3-270m-decode;
+#                                            each run cut at RUN_TIMEOUT (here 280 s: both fit one call). specdec
+#                                            runs it on torch_native without CUDA graphs (--attention-backend auto)
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
 #                                            `specdec bench-serving --backend openai`, MT-bench at 1-128 requests
 #   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
@@ -41,13 +47,13 @@ vllm_env() {
 run_one() {  # run_one WORKLOAD ENGINE:CONFIG MODEL [args...]: one engine process, its log under $OUT
   local workload=$1 run=$2 model=$3; shift 3
   local engine=${run%%:*} config=${run#*:}
-  echo "== $workload $engine $config ($(date -u +%T))"
+  local log="$OUT/${LOG_TAG:-$workload}-$engine-$config.log"
+  echo "== ${LOG_TAG:-$workload} $engine $config ($(date -u +%T))"
   timeout "${RUN_TIMEOUT:-420}" python3 benchmarks/peer/offline.py --engine "$engine" --config "$config" \
-    --workload "$workload" --model "$model" --head "$HEAD" --out "$OUT/rows.jsonl" "$@" \
-    > "$OUT/$workload-$engine-$config.log" 2>&1
+    --workload "$workload" --model "$model" --head "$HEAD" --out "$OUT/rows.jsonl" "$@" > "$log" 2>&1
   local rc=$?
-  tail -4 "$OUT/$workload-$engine-$config.log"
-  [ $rc -eq 0 ] || echo "!! $workload $engine $config exited $rc"
+  tail -4 "$log"
+  [ $rc -eq 0 ] || echo "!! ${LOG_TAG:-$workload} $engine $config exited $rc"
 }
 
 case "$what" in
@@ -98,6 +104,13 @@ case "$what" in
     for run in ${1:-specdec:plain vllm:plain}; do
       run_one decode "$run" /tmp/ck/llama-3.1-8b-target ${DECODE_ARGS:-}
     done ;;
+  gemma)  # the decode workload on a second architecture (its rows named after the checkpoint: gemma-3-270m-decode)
+    vllm_env
+    python3 -c "from specdec.bench.synthetic_settings import write_dummy_config as w; from pathlib import Path; w('gemma-3-270m', Path('/tmp/ck'))" || exit 1
+    for run in ${1:-specdec:plain vllm:plain}; do
+      LOG_TAG=gemma RUN_TIMEOUT=${RUN_TIMEOUT:-280} run_one decode "$run" /tmp/ck/gemma-3-270m-target \
+        --points "${GEMMA_POINTS:-1:1024,16:1024,64:1024,128:1024}" ${GEMMA_ARGS:-}
+    done ;;
   serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai` (not yet run on a GPU)
     vllm_env
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
@@ -129,7 +142,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|serve|bench"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|gemma|serve|bench"; exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20
 exit 0

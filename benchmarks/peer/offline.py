@@ -7,7 +7,7 @@
     python benchmarks/peer/offline.py --engine vllm --config ngram-k5 --workload lookup \
         --model /tmp/smollm2-bf16 --turn1-cache /tmp/turn1.json --out rows.jsonl
     python benchmarks/peer/offline.py --engine vllm --config plain --workload decode \
-        --model /tmp/llama-3.1-8b --out rows.jsonl
+        --model /tmp/ck/llama-3.1-8b-target --out rows.jsonl
 
 Both engines run with their defaults (specdec: ``specdec.Engine(path)``, speculation through
 ``speculative_algorithm="EAGLE3"``, adaptive by default; vLLM: ``vllm.LLM(path)``, EAGLE-3 through
@@ -27,7 +27,10 @@ Workloads:
   answers, made once by the first run and shared through ``--turn1-cache``), each at every
   ``--concurrency`` (default 1 and 32), rows as ``chat``'s.
 - ``decode``: ``--load-format dummy`` weights; ``bs`` requests of ``ctx`` random tokens, prefilled,
-  then the ms of one decode step over ``--steps`` steps (all requests still decoding).
+  then the ms of one decode step over ``--steps`` steps (all requests still decoding). Rows are tagged
+  ``<shape>-decode``, the shape being the checkpoint directory's name less ``-target`` (as
+  ``write_dummy_checkpoint`` / ``write_dummy_config`` name it): ``llama-3.1-8b-decode``,
+  ``gemma-3-270m-decode``.
 """
 
 from __future__ import annotations
@@ -297,7 +300,12 @@ def profile_host(fn, title: str) -> None:
         f.write(f"===== {title}\n{text.getvalue()}\n")
 
 
-def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int, emit) -> None:
+def decode_workload(model: str) -> str:
+    """The decode rows' workload name: the checkpoint's shape (its directory less ``-target``) + ``-decode``."""
+    return Path(model).absolute().name.removesuffix("-target") + "-decode"
+
+
+def run_decode(engine, points: list[tuple[int, int]], *, workload: str, steps: int, vocab: int, emit) -> None:
     """ms a decode step at each (bs, ctx): ``bs`` requests of ``ctx`` random tokens."""
     import random
 
@@ -317,7 +325,7 @@ def run_decode(engine, points: list[tuple[int, int]], *, steps: int, vocab: int,
         assert not any(engine.progress(r)[1] for r in rids), "a request finished inside the timed steps"
         engine.abort(rids)
         engine.forget(rids)
-        emit({"workload": "llama-3.1-8b-decode", "concurrency": bs, "ctx": ctx, "ms_per_step": ms,
+        emit({"workload": workload, "concurrency": bs, "ctx": ctx, "ms_per_step": ms,
               "tok_s": 1e3 * bs / ms})
         print(f"bs={bs} ctx={ctx}: {ms:.2f} ms a step", file=sys.stderr, flush=True)
 
@@ -370,7 +378,7 @@ def main() -> None:
     else:
         vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
         points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]
-        run_decode(engine, points, steps=args.steps, vocab=vocab, emit=emit)
+        run_decode(engine, points, workload=decode_workload(args.model), steps=args.steps, vocab=vocab, emit=emit)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 ``SyntheticSettings`` holds the sweep's flags (validated on construction; the engine's flags are
 ``EngineArgs``, those the sweep takes listed in ``ENGINE_FLAGS``); ``SHAPES`` are the targets of a
 real model's shape, written as config-only checkpoints (``write_dummy_checkpoint``) that the engine
-loads with random weights. The sweep itself is ``specdec.bench.synthetic``.
+loads with random weights. The sweep itself is ``specdec.bench.synthetic``. ``HF_CONFIGS`` are other
+architectures' published ``config.json`` files, field for field, for the side-by-side runs beside vLLM
+(``benchmarks/peer``; ``write_dummy_config``): both engines load them with random weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,28 @@ SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
 }
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
+_GEMMA3_270M_LAYERS = 18
+HF_CONFIGS = {
+    # google/gemma-3-270m's config.json (Gemma3ForCausalLM, text only: 18 layers, hidden 640, MQA 4/1 of
+    # head_dim 256, every 6th layer global, the others a 512-token window; vocab 262144, tied embeddings,
+    # no softcapping), as transcribed in decoderesearch/circuit-tracer @ 6f93ef4ae2c4436698c90436b8a73c662d85d234
+    # : tests/test_attributions_gemma3_nnsight.py (its _name_or_path, "openai-community/gpt2", left out);
+    # the same fields as the fine-tunes' exports on the Hub (e.g. mariocde/functiongemma-270m-onnx).
+    "gemma-3-270m": {
+        "_sliding_window_pattern": 6, "architectures": ["Gemma3ForCausalLM"], "attention_bias": False,
+        "attention_dropout": 0.0, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+        "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 640, "initializer_range": 0.02, "intermediate_size": 2048,
+        "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                        for i in range(_GEMMA3_270M_LAYERS)],
+        "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": _GEMMA3_270M_LAYERS, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0,
+        "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 512, "torch_dtype": "bfloat16",
+        "transformers_version": "4.55.0.dev0", "use_bidirectional_attention": False, "use_cache": True,
+        "vocab_size": 262144,
+    },
+}
 CONFIGS = [(3, 1, 4), (5, 4, 8), (6, 8, 32)]
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
@@ -156,3 +180,19 @@ def write_dummy_checkpoint(shape: str, root: Path) -> tuple[str, str]:
     head_cfg |= {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": DRAFT_VOCAB[shape]}
     (head / "config.json").write_text(json.dumps(head_cfg))
     return str(target), str(head)
+
+
+def write_dummy_config(name: str, root: Path, **overrides: object) -> str:
+    """``root/<name>-target`` holding only ``HF_CONFIGS[name]`` as ``config.json`` (with ``overrides``,
+    for tests at a smaller scale): specdec's ``Engine(path, load_format="dummy")`` and vLLM's
+    ``LLM(path, load_format="dummy")`` load it with random weights. A changed ``num_hidden_layers``
+    without ``layer_types`` keeps the model's rule (every ``_sliding_window_pattern``-th layer global)."""
+    config = dict(HF_CONFIGS[name]) | overrides
+    if "layer_types" in config and "layer_types" not in overrides:
+        pattern = config["_sliding_window_pattern"]
+        config["layer_types"] = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                                 for i in range(config["num_hidden_layers"])]
+    target = root / f"{name}-target"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return str(target)

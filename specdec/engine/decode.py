@@ -124,6 +124,9 @@ class DecodeLauncher:
         self.spec_shape_steps: collections.Counter[str] = collections.Counter()
         # the step plan of the running requests, rebuilt only when they change
         self.plan: Memo[StepPlan] = Memo(self._plan)
+        # n-gram drafting under overlap: whether the next launch's choice reads the last step
+        # first (``needs_read``); None: not asked since the last launch
+        self._read_first: bool | None = None
 
     # ------------------------------------------------------------ plan
     def _plan(self, reqs: list[Request]) -> StepPlan:
@@ -148,6 +151,16 @@ class DecodeLauncher:
     def needs_processing(self, reqs: list[Request]) -> bool:
         """Whether a request of ``reqs`` runs logits processors (no overlap for such a step)."""
         return self.plan(reqs).needs_processing
+
+    def needs_read(self, reqs: list[Request]) -> bool:
+        """Whether the next step of ``reqs`` must wait until the step in flight is read: an n-gram
+        worker's lookup drafts from the tokens that step commits, its plain steps need nothing of
+        it. NOTE: this makes the n-gram step's choice (once), which the next ``launch`` takes."""
+        if self.token_table is None:
+            return False
+        spec = [part for part in self.plan(reqs).parts if part.speculative]
+        self._read_first = bool(spec) and self.worker.needs_last_step_read([r.row for r in spec[0].reqs])
+        return self._read_first
 
     # ------------------------------------------------------------ KV
     def pages_needed(self, reqs: list[Request], previous: LaunchedStep | None) -> int:
@@ -199,7 +212,11 @@ class DecodeLauncher:
             self._reserve(reqs, _grown_lens(part, plan, previous, extra=tokens))
         sampling = BatchSampling(reqs, self.device, self.generator, self.runner.vocab_size, statics=part.statics)
         if speculative and self.token_table is not None:
-            self.token_table.sync(reqs)
+            if previous is None:
+                self.token_table.sync(reqs)
+            elif self._read_first is not False:  # NOTE: a lookup past an unread step drafts from stale tokens
+                raise RuntimeError("an n-gram step launched past an unread step without a plain choice (needs_read)")
+            self._read_first = None
         kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)
         if self.worker is None:
             pending = self._launch_plain(rows, seq_lens, last, sampling, **kw)

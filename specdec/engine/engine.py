@@ -190,7 +190,6 @@ class Engine:
         # NOTE: not by default with speculation on a backend that plans on the host (FlashInfer): it
         # needs the lengths an unread step decides, so its graphs could not replay
         overlap = str(device).startswith("cuda") and not (self.spec_config and backend.plans_on_host)
-        overlap = overlap and self.ngram_config is None  # NGRAM drafts from the last step's committed tokens
         if overlap_schedule is not None:
             overlap = bool(overlap_schedule)
         graph_sizes = graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,

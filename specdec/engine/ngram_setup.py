@@ -54,9 +54,6 @@ def ngram_configs(args: EngineArgs, *, draft_model=None) -> tuple[SpecConfig, Ng
                           "it has no draft KV cache")
     if draft_model is not None:
         raise ConfigError("--speculative-algorithm NGRAM takes no draft model")
-    if args.overlap_schedule:
-        raise ConfigError("overlap scheduling does not apply to --speculative-algorithm NGRAM: a step drafts from "
-                          "the tokens the last one committed")
 
     def get(name: str, default):
         value = getattr(args, "speculative_ngram_" + name)

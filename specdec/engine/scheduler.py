@@ -298,12 +298,15 @@ class Scheduler:
         if batch:
             self.new_token_ratio.decay()
         # NOTE: logits processors read a request's committed tokens (penalty counts, grammar
-        # state), which an unread step would leave stale: such batches run without overlap
-        if not self.overlap or self.decoder.needs_processing(batch):
+        # state), which an unread step would leave stale: such batches run without overlap. An
+        # n-gram lookup step reads the step in flight first and is then left in flight itself
+        sync = not self.overlap or self.decoder.needs_processing(batch)
+        if sync or self.decoder.needs_read(batch):
             finished += self._read_launched()
             batch = [r for r in batch if not r.finished]
             if batch:
                 self.launched = self.decoder.launch(batch, previous=None)
+            if sync:
                 finished += self._read_launched()
             return finished
         previous, self.launched = self.launched, None

@@ -13,10 +13,17 @@ draft probabilities are one-hot and tree sampling's target-only rule is exactly 
 tokens are distinct by construction). A request whose lookup finds nothing drafts no node: its row
 verifies only its root, which is a plain decode step for that request.
 
-The host provides each request's tokens (``specdec.host.TokenHistory``), current before each
-step, so a step reads the tokens the last step committed: no overlap scheduling
-(``slots_reserved`` is refused). Each verify size replays the host's target-verify CUDA graphs
+The host provides each request's tokens (``specdec.host.TokenHistory``). A lookup drafts from the
+tokens the last step committed, so it needs that step read; a plain step does not. Under overlap
+scheduling the host therefore asks first (``needs_last_step_read``, which makes the step's choice
+before the step in flight is read): a plain choice launches past the unread step, a lookup reads
+it first and brings the history up to date. Either way the host has reserved the step's slots
+(``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
 (``verify_graph_sizes``); the worker itself captures nothing.
+
+Step times under that mixed pipeline (``LaunchClock``): a step's time runs from its choice to the
+next step's choice, so a lookup's wait for the step before it is the lookup's cost, and a lookup
+that finds nothing (``MISS``: it waited and looked up for a plain step) is timed as neither choice.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ from specdec.ngram.budget import DraftBudget
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.policy import NgramPolicy, size_name
 from specdec.ngram.tree import pack_trees
+
+# a step the policy chose to look up for that found no match: it decodes plainly, but after the
+# wait and the lookups of a lookup step, so its time is handed to the policy as neither choice
+MISS = "lookup-miss"
 
 # from this batch size on, chains are looked up and trees packed for the whole batch at once
 # (numpy over the batch); below it per request, where numpy's per-call cost is the larger one
@@ -77,6 +88,9 @@ class NgramWorker:
         self.budget = DraftBudget(ngram, max_reqs)
         self.policy = NgramPolicy(ngram, self.budget.sizes, max_reqs) if ngram.adaptive and learn_step_times else None
         self._clock = LaunchClock()
+        # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
+        # verify size (0: plain) and when it was made
+        self._choice: tuple[int, float] | None = None
         # one verifier per verify size n: its accepted path is at most n - 1 nodes deep
         self.verifiers = {
             n: TreeVerifier(dataclasses.replace(config, num_steps=n - 1, num_draft_tokens=n),
@@ -113,11 +127,21 @@ class NgramWorker:
         if self.policy is not None:
             self.policy.reset(rows)
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
+        self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
 
     # ------------------------------------------------------------ decode
     def decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
         return self.launch_decode(req_pool_indices, seq_lens, verified_ids, sampling, **kw).result()
+
+    def needs_last_step_read(self, rows_cpu: list[int]) -> bool:
+        """Choose the next decode step of ``rows_cpu`` now, before the step in flight is read:
+        True for a lookup (it drafts from the tokens that step commits: read it first), False for
+        a plain step (it may launch past it). The next ``launch_decode`` takes this choice."""
+        chosen_at = time.perf_counter()
+        rows = np.asarray(rows_cpu, dtype=np.int64)
+        self._choice = (self._choose(rows), chosen_at)
+        return self._choice[0] > 0
 
     def launch_decode(
         self,
@@ -131,21 +155,28 @@ class NgramWorker:
         slots_reserved: bool = False,
     ) -> PendingDecode:
         """Draft, verify and commit one step, or decode plainly where lookups do not pay;
-        ``result()`` reads it and frees the rejected slots."""
-        if slots_reserved:
-            raise ValueError("NGRAM drafts from the tokens the last step committed: no overlap scheduling")
-        launched = time.perf_counter()  # the step's host work (the lookups) is part of its cost
+        ``result()`` reads it and frees the rejected slots (unless ``slots_reserved``: the host
+        reserved positions seq_len .. seq_len + N - 1 and keeps them).
+        NOTE: a lookup reads the history, so it must come after the last step was read."""
         rows = np.asarray(rows_cpu if rows_cpu is not None else req_pool_indices.tolist(), dtype=np.int64)
-        plan = self._plan(rows)
-        self._time_launch(PLAIN if plan is None else size_name(plan[0]), len(rows), launched)
+        if self._choice is None:
+            launched = time.perf_counter()  # the step's host work (the lookups) is part of its cost
+            max_size = self._choose(rows)
+        else:  # chosen ahead: the step's time runs from its choice (the wait for the last step its own)
+            (max_size, launched), self._choice = self._choice, None
+            max_size = min(max_size, self._max_size(len(rows)))  # the batch may have lost finished requests
+        plan = self._plan(rows, max_size)
+        self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
         if plan is None:
             return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling,
-                                      seq_lens_cpu=seq_lens_cpu, rows_cpu=rows.tolist())
+                                      seq_lens_cpu=seq_lens_cpu, rows_cpu=rows.tolist(), slots_reserved=slots_reserved)
         n, trees, drafted = plan
         lengths = self.history.num_tokens[rows]
         roots = self.history.token_ids[rows, lengths - 1].astype(np.int64)
         tree = device_tree(self._host_trees(trees, roots, n), n, verified_ids, seq_lens)
-        if seq_lens_cpu is not None:
+        if slots_reserved:
+            tree_slots = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, n)
+        elif seq_lens_cpu is not None:
             tree_slots = self.memory.alloc_extend(rows.tolist(), seq_lens_cpu, [n] * len(rows))
         else:
             tree_slots = self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, n))
@@ -168,7 +199,8 @@ class NgramWorker:
             host = host_view()
             old_lens, accepted = [r[0] for r in host], [r[1] for r in host]
             new_lens = [s + k + 1 for s, k in zip(old_lens, accepted)]
-            self.memory.truncate(rows.tolist(), [s + n for s in old_lens], new_lens)
+            if not slots_reserved:
+                self.memory.truncate(rows.tolist(), [s + n for s in old_lens], new_lens)
             self.budget.observe(rows.tolist(), drafted.tolist(), accepted)
             if self.policy is not None:
                 self.policy.observe_accepts(rows, drafted, np.asarray(accepted, dtype=np.int64))
@@ -177,16 +209,24 @@ class NgramWorker:
 
         return PendingDecode(seq_lens + accept + 1, next_tokens, read)
 
-    def _plan(self, rows: np.ndarray) -> tuple[int, BatchTrees, np.ndarray] | None:
-        """This step's verify size n, the rows' trees and each one's drafted depth within n - 1
-        nodes ([bs]); None: a plain step (the policy's choice, no room for a tree, or no match)."""
-        bs = len(rows)
+    def _max_size(self, bs: int) -> int:
+        """The largest verify size (nodes a request, root included) allowed at ``bs``; 0: none."""
         cap = self.budget.node_cap(bs)
-        max_size = cap + 1 if cap else 0
+        return cap + 1 if cap else 0
+
+    def _choose(self, rows: np.ndarray) -> int:
+        """The largest verify size this step of ``rows`` may take (the policy's choice); 0: plain."""
+        max_size = self._max_size(len(rows))
         if self.policy is not None and max_size:
-            max_size = self.policy.choose(rows, bs, max_size)
+            max_size = self.policy.choose(rows, len(rows), max_size)
+        return max_size
+
+    def _plan(self, rows: np.ndarray, max_size: int) -> tuple[int, BatchTrees, np.ndarray] | None:
+        """This step's verify size n, the rows' trees and each one's drafted depth within n - 1
+        nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match)."""
         if not max_size:
             return None
+        bs = len(rows)
         trees = self._trees(rows, np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64))
         depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
         if self.policy is not None:
@@ -218,7 +258,7 @@ class NgramWorker:
     def _time_launch(self, name: str, bs: int, launched: float) -> None:
         """Hand the policy the last step's served time where ``LaunchClock`` may time it."""
         timed = self._clock.launch(name, bs, now=launched)
-        if timed is not None and self.policy is not None:
+        if timed is not None and self.policy is not None and timed[0] != MISS:
             last_name, last_bs, _, ms = timed
             self.policy.observe_step(last_name, last_bs, ms)
 

@@ -29,6 +29,7 @@ def ngram_engine(target, *, page_size=1, **kw) -> Engine:
     kw.setdefault("max_running_requests", 16)
     for key, value in SMALL.items():
         kw.setdefault(key, value)
+    kw.setdefault("overlap_schedule", True)
     return Engine(target_model=target, page_size=page_size, speculative_algorithm="NGRAM", **kw)
 
 
@@ -165,7 +166,6 @@ def test_sampling_follows_the_target_distribution():
     (dict(speculative_ngram_min_match_window_size=5), "--speculative-ngram-min-match-window-size"),
     (dict(speculative_ngram_min_bfs_breadth=0), "--speculative-ngram-min-bfs-breadth"),
     (dict(speculative_ngram_match_type="LRU"), "--speculative-ngram-match-type"),
-    (dict(overlap_schedule=True), "overlap"),
 ])
 def test_flags_that_do_not_apply_are_refused_by_name(flags, name):
     target, _ = make_pair("EAGLE", "random")

@@ -1,0 +1,182 @@
+"""NGRAM under overlap scheduling (issue #42): the policy's plain steps launch past the unread
+step like plain decoding's, its lookup steps read that step first. Greedy output equals plain
+decoding whatever the choices, with page size 1 and 16, chunked prefill, retraction and the
+prefix cache; no KV slot leaks; a lookup never launches past an unread step; step times run
+from each step's choice.
+
+The choices are forced (``policy.choose`` replaced by a fixed pattern), so that plain and lookup
+steps alternate in runs of every length, at every transition.
+"""
+
+import itertools
+
+import pytest
+
+from specdec.eagle import served
+from specdec.eagle.served import PLAIN
+from specdec.ngram import worker as ngram_worker
+
+from .helpers import assert_no_leak, prompts_of
+from .test_ngram import _ids, make_pair, ngram_engine, plain_engine, repetitive_prompts
+
+# a step's choice: 1 looks up (up to the largest verify size), 0 decodes plainly. Runs of 1-3 of
+# each, so every transition (plain -> lookup, lookup -> plain, lookup -> lookup, plain -> plain) occurs
+PATTERN = [0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0]
+
+
+class Recorder:
+    """Wraps an engine's launcher: forces the policy's choices and records each speculative
+    launch as (choice, whether it launched past an unread step)."""
+
+    def __init__(self, eng, pattern=PATTERN):
+        self.choices = itertools.cycle(pattern)
+        self.launches: list[tuple[int, bool]] = []
+        eng.worker.policy.choose = self._choose
+        decoder = eng.scheduler.decoder
+        launch = decoder.launch
+
+        def recorded(reqs, previous):
+            pending = eng.worker._choice
+            if pending is not None:
+                self.launches.append((pending[0], previous is not None))
+            return launch(reqs, previous)
+
+        decoder.launch = recorded
+
+    def _choose(self, rows, bs, max_size):
+        return max_size if next(self.choices) else 0
+
+
+def _engine(target, **kw):
+    kw.setdefault("speculative_adaptive", "on")  # the policy, on CPU too
+    return ngram_engine(target, overlap_schedule=True, **kw)
+
+
+def _prompts(target, seed):
+    return repetitive_prompts(target.config.vocab_size, seed=seed) + prompts_of([4, 17], target.config.vocab_size)
+
+
+def _check_pipeline(rec: Recorder) -> None:
+    """Plain choices launched past unread steps (overlapped), lookups never did."""
+    assert any(size == 0 and past for size, past in rec.launches)
+    assert not any(size > 0 and past for size, past in rec.launches)
+    assert any(size > 0 for size, _ in rec.launches)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("breadth", [1, 3], ids=["chain", "tree"])
+def test_alternating_choices_equal_plain_decoding(page_size, breadth):
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = _prompts(target, seed=0)
+    params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in (30, 9, 25, 1, 40, 16, 22)]
+    expected = plain_engine(target, page_size=page_size).generate(input_ids=prompts, sampling_params=params)
+    eng = _engine(target, page_size=page_size, speculative_ngram_max_bfs_breadth=breadth)
+    assert eng.scheduler.overlap
+    rec = Recorder(eng)
+    got = eng.generate(input_ids=prompts, sampling_params=params)
+    assert _ids(got) == _ids(expected)
+    _check_pipeline(rec)
+    assert max(k for o in got for k in o["meta_info"]["spec_accept_lengths"]) >= 2
+    assert_no_leak(eng)
+
+
+@pytest.mark.parametrize("pattern", [[0], [1], [0, 1]], ids=["plain", "lookup", "alternate"])
+def test_chunked_prefill_and_graph_path(pattern):
+    """Prompts prefilled in 8-token chunks between decode steps, the padded static path run eagerly."""
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = repetitive_prompts(target.config.vocab_size, seed=1)
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
+    eng = _engine(target, speculative_ngram_max_bfs_breadth=2, chunked_prefill_size=8)
+    eng.capture_cuda_graphs([2, 8], use_graphs=False)
+    rec = Recorder(eng, pattern)
+    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
+    assert not any(size > 0 and past for size, past in rec.launches)
+    assert_no_leak(eng)
+
+
+def test_retraction_under_a_small_kv_pool():
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = repetitive_prompts(target.config.vocab_size, seed=2) + prompts_of([12, 20, 7], 97, seed=15)
+    params = {"temperature": 0, "max_new_tokens": 50, "ignore_eos": True}
+    expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
+    eng = _engine(target, max_total_tokens=160, page_size=16, max_running_requests=8, schedule_conservativeness=0.05)
+    rec = Recorder(eng)
+    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
+    assert eng.cache_stats()["num_retracted_reqs"] > 0
+    _check_pipeline(rec)
+    assert_no_leak(eng)
+
+
+def test_prefix_cache_and_a_second_run():
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = _prompts(target, seed=4)
+    params = {"temperature": 0, "max_new_tokens": 14, "ignore_eos": True}
+    expected = _ids(plain_engine(target).generate(input_ids=prompts, sampling_params=params))
+    eng = _engine(target, page_size=16)
+    rec = Recorder(eng, [1, 0, 0])
+    first = eng.generate(input_ids=prompts, sampling_params=params)
+    second = eng.generate(input_ids=prompts, sampling_params=params)
+    assert _ids(first) == _ids(second) == expected
+    assert sum(o["meta_info"]["cached_tokens"] for o in second) > 0
+    _check_pipeline(rec)
+    assert_no_leak(eng)
+
+
+def test_learned_policy_under_overlap():
+    """The policy's own choices (not forced) on the mixed pipeline: still plain decoding's output."""
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = _prompts(target, seed=6)
+    params = {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True}
+    expected = _ids(plain_engine(target).generate(input_ids=prompts, sampling_params=params))
+    eng = _engine(target)
+    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == expected
+    assert eng.worker.policy.chosen
+    assert_no_leak(eng)
+
+
+def test_a_lookup_past_an_unread_step_is_refused():
+    """The launcher's guard: a lookup choice must read the step in flight first."""
+    target, _ = make_pair("EAGLE", "mixed")
+    eng = _engine(target)
+    Recorder(eng, [1])
+    sched = eng.scheduler
+    eng.add_request(eng.make_request(input_ids=_prompts(target, 0)[0],
+                                     sampling_params={"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}))
+    eng.step()  # prefill
+    eng.step()  # a lookup step, left in flight
+    batch = [r for r in sched.running if not r.finished]
+    assert sched.launched is not None and sched.decoder.needs_read(batch)
+    with pytest.raises(RuntimeError, match="without a plain choice"):
+        sched.decoder.launch(batch, sched.launched)
+
+
+def test_step_times_run_from_each_choice(monkeypatch):
+    """A step's time runs from its choice to the next step's choice, so a lookup's wait for the
+    step in flight (here 0.5 s a read) is its own; a lookup that finds nothing (``MISS``) is timed
+    as neither choice. Steps at t = 1, 2, 4, 7, 11, 16 s choose plain, plain, lookup, plain, ..."""
+    now = [0.0]
+    monkeypatch.setattr(ngram_worker.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])
+    target, _ = make_pair("EAGLE", "mixed")
+    eng = _engine(target)
+    worker, sched, seen = eng.worker, eng.scheduler, []
+    Recorder(eng, [0, 0, 1])
+    worker.policy.observe_step = lambda name, bs, ms: seen.append((name, round(ms, 6)))
+    worker.budget.limits = lambda rows, bs: [0] * len(rows)  # every lookup finds nothing
+    read = sched._read_launched
+
+    def slow_read():
+        now[0] += 0.5
+        return read()
+
+    sched._read_launched = slow_read
+    eng.add_request(eng.make_request(input_ids=_prompts(target, 0)[0],
+                                     sampling_params={"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}))
+    eng.step()  # prefill
+    for t in (1, 2, 4, 7, 11, 16):
+        now[0] = t
+        eng.step()
+    # plain at 2 ends at the lookup's choice (4, not 4.5); plain at 7 follows the miss: untimed
+    assert seen == [(PLAIN, 2000.0), (PLAIN, 5000.0)]
+    assert eng.scheduler.spec_shape_steps == {"plain": 5}  # the sixth still in flight

@@ -184,9 +184,9 @@ class EngineArgs:
         "NGRAM: BFS (children by recency) or PROB (by frequency, nodes by path probability) (default BFS)",
         group=SPEC, choices=["BFS", "PROB"]))
     speculative_ngram_branch_length: int | None = dataclasses.field(default=None, metadata=flag(
-        "SGLang's cross-request n-gram cache (not in specdec: refused)", group=SPEC))
+        "NGRAM: longest window of a finished request the cross-request cache stores (default 18)", group=SPEC))
     speculative_ngram_capacity: int | None = dataclasses.field(default=None, metadata=flag(
-        "SGLang's cross-request n-gram cache (not in specdec: refused)", group=SPEC))
+        "NGRAM: tokens the cross-request cache of finished requests holds, LRU (default: no cache)", group=SPEC))
     # benchmark-only: commit a drawn number of tokens per verify step (bench --synthetic)
     speculative_simulate_accept_length: float | None = dataclasses.field(default=None, metadata=flag(
         "simulated mean committed tokens per verify step (benchmarks only)", group=SPEC, cli=False))

@@ -10,7 +10,7 @@ import numpy as np
 from specdec.config import ConfigError, SpecAlgorithm, SpecConfig
 from specdec.engine.args import EngineArgs
 from specdec.ngram.config import (
-    DEFAULT_MAX_BFS_BREADTH, DEFAULT_MAX_MATCH_WINDOW, DEFAULT_MIN_BFS_BREADTH, DEFAULT_MIN_MATCH_WINDOW, NgramConfig,
+    DEFAULT_BRANCH_LENGTH, DEFAULT_MAX_BFS_BREADTH, DEFAULT_MAX_MATCH_WINDOW, DEFAULT_MIN_BFS_BREADTH, DEFAULT_MIN_MATCH_WINDOW, NgramConfig,
 )
 
 NGRAM_FLAGS = (
@@ -28,8 +28,6 @@ NOT_FOR_NGRAM = {
     "speculative_adaptive_profile": "NGRAM's adaptive rule needs no step-cost profile",
     "speculative_simulate_accept_length": "simulated acceptance is for EAGLE benchmarks",
     "speculative_simulate_acceptance_model": "simulated acceptance is for EAGLE benchmarks",
-    "speculative_ngram_branch_length": "specdec's NGRAM drafts from each request's own tokens (no cross-request cache)",
-    "speculative_ngram_capacity": "specdec's NGRAM drafts from each request's own tokens (no cross-request cache)",
 }
 
 
@@ -60,12 +58,16 @@ def ngram_configs(args: EngineArgs, *, draft_model=None) -> tuple[SpecConfig, Ng
         return default if value is None else value
 
     max_window = get("max_match_window_size", DEFAULT_MAX_MATCH_WINDOW)
+    if args.speculative_ngram_branch_length is not None and args.speculative_ngram_capacity is None:
+        raise ConfigError("--speculative-ngram-branch-length needs --speculative-ngram-capacity "
+                          "(specdec's cross-request cache is off without a capacity)")
     ngram = NgramConfig(
         num_draft_tokens=args.speculative_num_draft_tokens or max_window,
         min_match_window=get("min_match_window_size", DEFAULT_MIN_MATCH_WINDOW), max_match_window=max_window,
         min_bfs_breadth=get("min_bfs_breadth", DEFAULT_MIN_BFS_BREADTH),
         max_bfs_breadth=get("max_bfs_breadth", DEFAULT_MAX_BFS_BREADTH), match_type=get("match_type", "BFS"),
         adaptive=args.speculative_adaptive != "off", max_verify_rows=args.speculative_adaptive_max_verify_rows,
+        cache_capacity=get("capacity", 0), cache_branch_length=get("branch_length", DEFAULT_BRANCH_LENGTH),
     )
     n = ngram.num_draft_tokens
     spec = SpecConfig(

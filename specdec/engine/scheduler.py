@@ -78,6 +78,8 @@ class Scheduler:
         # KV positions a decode step may hold beyond the committed ones (a whole draft tree)
         self.tree_tokens = tree_tokens
         self.overlap = overlap
+        # the n-gram worker's cross-request cache takes each leaving request's tokens
+        self._on_release = getattr(worker, "finish_request", None)
         self.prefiller = Prefiller(runner, memory, worker=worker, generator=generator)
         self.decoder = DecodeLauncher(runner, memory, worker=worker, tree_tokens=tree_tokens, overlap=overlap,
                                       generator=generator, tokenizer=tokenizer, token_table=token_table)
@@ -159,6 +161,8 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         """Hand a leaving request's KV to the prefix cache (which frees what it does not keep)
         and free its row."""
+        if self._on_release is not None and req.finish_reason is not None:
+            self._on_release(list(req.prompt_ids) + list(req.output_ids))
         self.cache.release_request(req.row, fill_ids(req), req.kv_len, req.kv_alloc)
         self.memory.free_req(req.row)
         req.row = -1

@@ -10,6 +10,10 @@
     num_draft_tokens (N)                  tree nodes verified per request, root included
                                           (``--speculative-num-draft-tokens``; default: the
                                           largest match window, as SGLang's)
+    cache_capacity                        tokens the cross-request cache holds (``cache.py``;
+                                          ``--speculative-ngram-capacity``; 0: no cache)
+    cache_branch_length                   longest window of a finished request it stores, key
+                                          and continuation (``--speculative-ngram-branch-length``)
 
 The config is frozen and validates itself (messages name the flag).
 """
@@ -26,6 +30,7 @@ DEFAULT_MIN_MATCH_WINDOW = 1
 DEFAULT_MAX_MATCH_WINDOW = 12
 DEFAULT_MIN_BFS_BREADTH = 1
 DEFAULT_MAX_BFS_BREADTH = 10
+DEFAULT_BRANCH_LENGTH = 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +46,10 @@ class NgramConfig:
     adaptive: bool = True
     # a step verifies at most this many rows (bs x nodes); 0: no limit (adaptive only)
     max_verify_rows: int = 512
+    # the cross-request cache (specdec.ngram.cache): off unless given a capacity. NOTE: SGLang's
+    # default is 10 M trie nodes; held as Python tuples that would cost GBs, so specdec asks for it
+    cache_capacity: int = 0
+    cache_branch_length: int = DEFAULT_BRANCH_LENGTH
 
     def __post_init__(self) -> None:
         ints = (("--speculative-num-draft-tokens", self.num_draft_tokens, 2),
@@ -48,7 +57,9 @@ class NgramConfig:
                 ("--speculative-ngram-max-match-window-size", self.max_match_window, 1),
                 ("--speculative-ngram-min-bfs-breadth", self.min_bfs_breadth, 1),
                 ("--speculative-ngram-max-bfs-breadth", self.max_bfs_breadth, 1),
-                ("--speculative-adaptive-max-verify-rows", self.max_verify_rows, 0))
+                ("--speculative-adaptive-max-verify-rows", self.max_verify_rows, 0),
+                ("--speculative-ngram-capacity", self.cache_capacity, 0),
+                ("--speculative-ngram-branch-length", self.cache_branch_length, 2))
         for flag, value, low in ints:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{flag} must be an integer >= {low}, got {value!r}")

@@ -3,7 +3,8 @@
     prefill   target EXTEND -> sample the first token                    (no draft model, no draft KV)
     decode    plain or lookup, and the largest verify size (``policy.py``: served step times; or
               ``budget.py`` alone) -> each request's draft tree from n-gram matches in its own
-              tokens (host, ``tree.py`` / ``batch.py``) -> the step's verify size (the smallest
+              tokens (host, ``tree.py`` / ``batch.py``; short ones from ``cache.py``'s finished
+              requests, when on) -> the step's verify size (the smallest
               holding the largest tree) -> target TARGET_VERIFY over bs x n nodes
               -> accept (greedy, or lossless sampling) -> move accepted K/V into place, free the rest
               or, when no request has a match, one plain decode step
@@ -44,6 +45,7 @@ from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory
 from specdec.eagle.served import PLAIN, LaunchClock
 from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, pack_batch
 from specdec.ngram.budget import DraftBudget
+from specdec.ngram.cache import NgramCache, with_cache_drafts
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.policy import NgramPolicy, size_name
 from specdec.ngram.tree import pack_trees
@@ -88,6 +90,10 @@ class NgramWorker:
         self.budget = DraftBudget(ngram, max_reqs)
         self.policy = NgramPolicy(ngram, self.budget.sizes, max_reqs) if ngram.adaptive and learn_step_times else None
         self._clock = LaunchClock()
+        # finished requests' windows, for rows whose own tokens draft less than their budget
+        self.cache = NgramCache(capacity=ngram.cache_capacity, branch_length=ngram.cache_branch_length,
+                                min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
+            if ngram.cache_capacity else None
         # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
         # verify size (0: plain) and when it was made
         self._choice: tuple[int, float] | None = None
@@ -129,6 +135,11 @@ class NgramWorker:
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
+
+    def finish_request(self, tokens: list[int]) -> None:
+        """A request left (its prompt + output ``tokens``): the cross-request cache keeps its windows."""
+        if self.cache is not None:
+            self.cache.insert(tokens)
 
     # ------------------------------------------------------------ decode
     def decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
@@ -241,8 +252,12 @@ class NgramWorker:
         lengths = self.history.num_tokens[rows]
         history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
         if self.ngram.is_chain and len(rows) >= BATCH_PATH_MIN_BS:
-            return build_trees_batch(history, lengths, self.ngram, limits)
-        return build_trees_ref(history, lengths, self.ngram, limits)
+            trees = build_trees_batch(history, lengths, self.ngram, limits)
+        else:
+            trees = build_trees_ref(history, lengths, self.ngram, limits)
+        if self.cache is not None:
+            trees = with_cache_drafts(trees, self.cache, history, lengths, limits)
+        return trees
 
     def _host_trees(self, trees: BatchTrees, roots: np.ndarray, n: int) -> np.ndarray:
         """[bs, 4n + n*n] int64: tokens, depth, next_token, next_sibling and the mask, cut to n - 1 nodes."""

@@ -160,8 +160,9 @@ def test_sampling_follows_the_target_distribution():
     (dict(speculative_eagle_topk=4), "--speculative-eagle-topk"),
     (dict(speculative_num_steps=3), "--speculative-num-steps"),
     (dict(speculative_token_map="/some/map"), "--speculative-token-map"),
-    (dict(speculative_ngram_capacity=100), "--speculative-ngram-capacity"),
-    (dict(speculative_ngram_branch_length=8), "--speculative-ngram-branch-length"),
+    (dict(speculative_ngram_capacity=-1), "--speculative-ngram-capacity"),
+    (dict(speculative_ngram_capacity=100, speculative_ngram_branch_length=1), "--speculative-ngram-branch-length"),
+    (dict(speculative_ngram_branch_length=8), "--speculative-ngram-branch-length needs --speculative-ngram-capacity"),
     (dict(speculative_draft_kv_cache_dtype="fp8_e4m3"), "--speculative-draft-kv-cache-dtype"),
     (dict(speculative_ngram_min_match_window_size=5), "--speculative-ngram-min-match-window-size"),
     (dict(speculative_ngram_min_bfs_breadth=0), "--speculative-ngram-min-bfs-breadth"),
@@ -180,6 +181,48 @@ def test_ngram_flags_without_ngram_are_refused():
                speculative_ngram_max_bfs_breadth=3)
     with pytest.raises(ConfigError, match="takes no draft model"):
         Engine(target_model=target, draft_model=draft, speculative_algorithm="NGRAM")
+
+
+def _cross_request_prompts(target):
+    """An earlier request whose output is the fixture target's chain from 11, and a later one with
+    distinct tokens of its own ending in 11: its continuation appears only in the earlier output."""
+    chain = chain_of(target, 11, 40)
+    others = [t for t in range(3, target.config.vocab_size) if t not in chain]
+    return [others[:6] + [11], others[6:14] + [11]]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("cache", [True, False])
+def test_cross_request_cache_drafts_from_finished_requests(cache, overlap):
+    target, _ = make_pair("EAGLE", "perfect")
+    first, second = _cross_request_prompts(target)
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    plain = plain_engine(target)
+    flags = dict(speculative_ngram_capacity=5000, speculative_ngram_branch_length=8) if cache else {}
+    eng = ngram_engine(target, overlap_schedule=overlap, speculative_ngram_max_bfs_breadth=1, **flags)
+    for prompt in (first, second):
+        got = eng.generate(input_ids=prompt, sampling_params=params)
+        assert got["output_ids"] == plain.generate(input_ids=prompt, sampling_params=params)["output_ids"]
+    accepted = got["meta_info"]["spec_accept_lengths"]
+    if cache:  # the first request finished: its windows draft the second's continuation
+        assert max(accepted) >= 3 and got["meta_info"]["spec_verify_ct"] < 24
+    else:
+        assert max(accepted, default=0) == 0
+    assert_no_leak(eng)
+
+
+def test_cross_request_cache_greedy_equals_plain_decoding():
+    """Trees and a small cache (evicting) over a batch and a second round: output equals plain decoding."""
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = repetitive_prompts(target.config.vocab_size, seed=4) + prompts_of([5, 13], target.config.vocab_size)
+    params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
+    expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
+    eng = ngram_engine(target, speculative_ngram_max_bfs_breadth=3, speculative_ngram_capacity=300,
+                       speculative_ngram_branch_length=6)
+    for _ in range(2):
+        assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
+    assert 0 < eng.worker.cache.size <= 300
+    assert_no_leak(eng)
 
 
 def test_logprobs_penalties_and_seeds_under_ngram():

@@ -34,70 +34,11 @@ import torch
 
 from specdec.engine.engine import Engine
 from specdec.engine.request import Request
-from specdec.engine.sampling import SamplingParams
 from specdec.engine.tp_worker import TPWorkerError
 from specdec.server.metrics import EngineMetrics
+from specdec.server.stream import EngineUnavailable, Event, InvalidRequest, RequestStream
 
 logger = logging.getLogger(__name__)
-
-
-class InvalidRequest(ValueError):
-    """The engine rejected a request (HTTP 400); the message names the field."""
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine is draining or stopped (HTTP 503)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    token_ids: list[int]  # tokens committed since the previous Event (may be empty)
-    finished: bool = False
-    meta_info: dict | None = None  # on the last Event of a request that ran to its end
-    error: str | None = None  # on the last Event of a request the server aborted
-    status: int = 200  # with error: 503 (shutdown) or 500 (engine failure), as an HTTP status
-    # with logprobs requested: per token of token_ids its logprob and [(token id, logprob)] list
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    # prompt tokens the prefix cache supplied (Request.cached_tokens), on every Event after the
-    # prefill: streamed chunks report it before the request's meta_info exists
-    cached_tokens: int = 0
-
-
-class RequestStream:
-    """The asyncio side of one request: iterate for Events; ``cancel()`` when the client leaves."""
-
-    def __init__(self, owner: "AsyncEngine", rid: str, events: asyncio.Queue, prompt_ids: list[int],
-                 params: SamplingParams | None = None) -> None:
-        self.owner = owner
-        self.rid = rid
-        self.prompt_ids = prompt_ids
-        self.prompt_tokens = len(prompt_ids)
-        self.wants_logprobs = params is not None and params.wants_logprobs
-        self.top_logprobs_num = params.top_logprobs_num if params is not None else 0
-        self._events = events
-        self.finished = False
-
-    async def next_event(self) -> Event:
-        event = await self._events.get()
-        self.finished = self.finished or event.finished
-        return event
-
-    async def __aiter__(self):
-        while not self.finished:
-            yield await self.next_event()
-
-    def close(self) -> None:
-        """Stop reading: abort in the engine (frees its KV) unless it already finished."""
-        if not self.finished:
-            self.owner.abort(self.rid, self._events)
-            self.finished = True
-
-    def cancel(self, reason: str = "client disconnected") -> None:
-        """Abort in the engine (frees its KV) and end this stream with an error Event."""
-        if not self.finished:
-            self.owner.abort(self.rid, self._events)
-            self._events.put_nowait(Event([], finished=True, error=reason, status=499))
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from specdec.engine.chat import render_messages
 from specdec.engine.stop_strings import stop_search_start, trim_at_stop
-from specdec.server.async_engine import RequestStream
+from specdec.server.stream import RequestStream
 
 FALLBACK_CHAT_TEMPLATE = "<role>: <content>\\n per message, then assistant:"
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",

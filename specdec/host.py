@@ -64,6 +64,26 @@ def table_slots(
     return req_to_token[req_pool_indices[:, None], positions].flatten().long()
 
 
+def step_slots(
+    memory: KVMemory,
+    req_pool_indices: torch.Tensor,  # [bs]
+    seq_lens: torch.Tensor,  # [bs]
+    tokens: int,
+    *,
+    seq_lens_cpu: list[int] | None = None,
+    rows_cpu: list[int] | None = None,
+    reserved: bool = False,
+) -> torch.Tensor:  # [bs * tokens] int64, request by request
+    """KV slots for a step's ``tokens`` new positions per request: the ones the host reserved ahead
+    (``reserved``: read from the table, no host sync), else allocated now, from the host's copies of
+    the rows and lengths when it has them (the allocator then reads nothing from the device)."""
+    if reserved:
+        return table_slots(memory.req_to_token, req_pool_indices, seq_lens, tokens)
+    if seq_lens_cpu is not None and rows_cpu is not None:
+        return memory.alloc_extend(rows_cpu, seq_lens_cpu, [tokens] * len(rows_cpu))
+    return memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
+
+
 @runtime_checkable
 class TargetKVCache(Protocol):
     def move(self, src_locs: torch.Tensor, dst_locs: torch.Tensor) -> None:

@@ -45,7 +45,7 @@ from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import TreeMaskMode, build_tree
 from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
-from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, table_slots
+from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, step_slots
 
 
 class EAGLEWorker:
@@ -220,10 +220,8 @@ class EAGLEWorker:
         if bs > self.max_batch_size:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
         # the step's slots come first, while the device may be idle (the host allocator may sync)
-        if slots_reserved:
-            tree_slots = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, n)
-        else:
-            tree_slots = self._alloc(req_pool_indices, seq_lens, n, seq_lens_cpu, rows_cpu)
+        tree_slots = step_slots(self.memory, req_pool_indices, seq_lens, n, seq_lens_cpu=seq_lens_cpu,
+                                rows_cpu=rows_cpu, reserved=slots_reserved)
         with maybe_phase(self.timer, "draft"):
             self.inputs.place_root(self.draft_kv, req_pool_indices, tree_slots.view(bs, n)[:, 0])
             parent_list, top_index, draft_tokens = self._expand(req_pool_indices, seq_lens, seq_lens_cpu)
@@ -303,10 +301,8 @@ class EAGLEWorker:
         ``launch_decode``, for one position per request.
         """
         bs = int(req_pool_indices.shape[0])
-        if slots_reserved:
-            out_cache_loc = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, 1)
-        else:
-            out_cache_loc = self._alloc(req_pool_indices, seq_lens, 1, seq_lens_cpu, rows_cpu)
+        out_cache_loc = step_slots(self.memory, req_pool_indices, seq_lens, 1, seq_lens_cpu=seq_lens_cpu,
+                                   rows_cpu=rows_cpu, reserved=slots_reserved)
         self.inputs.place_root(self.draft_kv, req_pool_indices, out_cache_loc)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
@@ -329,12 +325,6 @@ class EAGLEWorker:
         return pending
 
     # ---------------------------------------------------------------- phases
-    def _alloc(self, req_pool_indices, seq_lens, tokens: int, seq_lens_cpu, rows_cpu) -> torch.Tensor:
-        """KV slots for ``tokens`` new positions per request, from host copies when there are any."""
-        if seq_lens_cpu is not None and rows_cpu is not None:
-            return self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [tokens] * len(rows_cpu))
-        return self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, tokens))
-
     def _expand(self, req_pool_indices, seq_lens, seq_lens_cpu) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bs = int(req_pool_indices.shape[0])
         seq_lens, seq_lens_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)

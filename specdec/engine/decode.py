@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token
-from specdec.engine.batch_flags import BatchFlags, BatchStatics, Memo
+from specdec.engine.batch_flags import BatchStatics, Memo
 from specdec.engine.batch_sampling import BatchSampling
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.request import Request
 from specdec.forward import ForwardBatch
-from specdec.host import table_slots
+from specdec.host import step_slots
 
 
 @dataclasses.dataclass
@@ -247,10 +247,8 @@ class DecodeLauncher:
 
     def _launch_plain(self, rows, seq_lens, last, sampling: BatchSampling, *, seq_lens_cpu, rows_cpu) -> PendingDecode:
         """One target token per request (no speculation configured)."""
-        if self.overlap:  # reserved by _reserve
-            out_cache_loc = table_slots(self.memory.req_to_token, rows, seq_lens, 1)
-        else:
-            out_cache_loc = self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [1] * len(rows_cpu))
+        out_cache_loc = step_slots(self.memory, rows, seq_lens, 1, seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu,
+                                   reserved=self.overlap)  # under overlap reserved by _reserve
         batch = ForwardBatch.decode(
             last, seq_lens, out_cache_loc, rows,
             req_to_token=self.memory.req_to_token, kv_cache=self.runner.kv_cache,

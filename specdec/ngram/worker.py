@@ -41,7 +41,7 @@ from specdec.eagle.tree import BuiltTree
 from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
 from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
-from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, table_slots
+from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.eagle.served import PLAIN, LaunchClock
 from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, pack_batch
 from specdec.ngram.budget import DraftBudget
@@ -185,12 +185,8 @@ class NgramWorker:
         lengths = self.history.num_tokens[rows]
         roots = self.history.token_ids[rows, lengths - 1].astype(np.int64)
         tree = device_tree(self._host_trees(trees, roots, n), n, verified_ids, seq_lens)
-        if slots_reserved:
-            tree_slots = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, n)
-        elif seq_lens_cpu is not None:
-            tree_slots = self.memory.alloc_extend(rows.tolist(), seq_lens_cpu, [n] * len(rows))
-        else:
-            tree_slots = self.memory.alloc_extend(req_pool_indices, seq_lens, torch.full_like(seq_lens, n))
+        tree_slots = step_slots(self.memory, req_pool_indices, seq_lens, n, seq_lens_cpu=seq_lens_cpu,
+                                rows_cpu=rows.tolist(), reserved=slots_reserved)
         logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
                                   tree, tree_slots, num_draft_tokens=n)
         if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
@@ -297,12 +293,8 @@ class NgramWorker:
         slots_reserved: bool = False,
     ) -> PendingDecode:
         """One target token per request (its DECODE graph replays); nothing of the drafter changes."""
-        if slots_reserved:
-            out_cache_loc = table_slots(self.memory.req_to_token, req_pool_indices, seq_lens, 1)
-        elif seq_lens_cpu is not None and rows_cpu is not None:
-            out_cache_loc = self.memory.alloc_extend(rows_cpu, seq_lens_cpu, [1] * len(rows_cpu))
-        else:
-            out_cache_loc = self.memory.alloc_extend(req_pool_indices, seq_lens, torch.ones_like(seq_lens))
+        out_cache_loc = step_slots(self.memory, req_pool_indices, seq_lens, 1, seq_lens_cpu=seq_lens_cpu,
+                                   rows_cpu=rows_cpu, reserved=slots_reserved)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,

@@ -15,11 +15,11 @@ import torch
 
 from specdec.config import ConfigError
 from specdec.engine.engine import Engine
+from specdec.engine.sampling import SamplingParams
 
 from .helpers import assert_no_leak, make_pair, prompts_of
-from .test_sampling_distribution import LENGTH, PROMPT, VOCAB, chi_square_p, exact_distribution, flat_pair, \
+from .test_sampling_distribution import LENGTH, PROMPT, chi_square_p, exact_distribution, flat_pair, \
     sample_counts
-from specdec.engine.sampling import SamplingParams
 
 SMALL = dict(speculative_ngram_max_match_window_size=4, speculative_num_draft_tokens=6)
 

@@ -32,7 +32,6 @@ import triton.language as tl
 from specdec.attention.triton_kernels.common import (
     LOG2E,
     attend_tile,
-    check_device,
     dot_precision,
     head_dim_block,
     launch_config,

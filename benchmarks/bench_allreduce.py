@@ -1,8 +1,10 @@
-"""All-reduce latency on two GPUs by message size: NCCL's ring against the one-shot kernel over peer
-memory (specdec.models.all_reduce), each replayed from a CUDA graph of back-to-back calls, as a
-decode step replays them. Tells where the one-shot path stops paying (ONE_SHOT_MAX_BYTES).
+"""All-reduce latency on two or more GPUs (--world-size) by message size: NCCL's ring against the
+one-shot kernel over peer memory (specdec.models.all_reduce), each replayed from a CUDA graph of
+back-to-back calls, as a decode step replays them. Tells where the one-shot path stops paying
+(ONE_SHOT_MAX_BYTES).
 
     python benchmarks/bench_allreduce.py --output out/allreduce.json   # writes allreduce.md beside it
+    python benchmarks/bench_allreduce.py --world-size 4 --output out/allreduce_tp4.json
 
 bf16 messages of 1 KiB to 16 MiB (an 8B model's decode step all-reduces bs x 4096 x 2 bytes: 8 KiB
 at bs 1, 1 MiB at bs 128; its verify step N times that); per size the median over --reps replays of
@@ -32,8 +34,8 @@ HIDDEN, CALLS_PER_STEP = 4096, 65  # Llama-3.1-8B
 
 def measure(rank: int, args) -> list[dict]:
     """Per size: microseconds per call, NCCL and one-shot (the one-shot buffer as large as the largest size)."""
-    one_shot = choose_all_reduce(None, f"cuda:{rank}", size=2, enabled=True, single_host=True, peers=[0, 1],
-                                 max_bytes=max(SIZES))
+    one_shot = choose_all_reduce(None, f"cuda:{rank}", size=args.world_size, enabled=True, single_host=True,
+                                 peers=list(range(args.world_size)), max_bytes=max(SIZES))
     if one_shot.name != "one-shot":
         raise RuntimeError("the one-shot all-reduce is unavailable here (the warning above says why)")
     nccl = DistAllReduce()
@@ -59,7 +61,7 @@ def measure(rank: int, args) -> list[dict]:
 
 def rank_main(rank: int, port: int, args) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.world_size)
     dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator, before any capture
     rows = measure(rank, args)
     if rank == 0:
@@ -72,14 +74,14 @@ def rank_main(rank: int, port: int, args) -> None:
 
 def write(rows: list[dict], args) -> None:
     slower = [r["bytes"] for r in rows if r["one_shot_us"] >= r["nccl_us"]]
-    result = {**run_metadata(), "world_size": 2, "calls_per_graph": args.calls, "reps": args.reps,
+    result = {**run_metadata(), "world_size": args.world_size, "calls_per_graph": args.calls, "reps": args.reps,
               "fused_copy": args.fused_copy,
               "one_shot_max_bytes": ONE_SHOT_MAX_BYTES, "first_size_one_shot_not_faster": min(slower, default=None),
               "rows": rows}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    lines = [f"# All-reduce latency, 2 GPUs, bf16, graph-replayed\n\n{metadata_line(result)}\n",
+    lines = [f"# All-reduce latency, {args.world_size} GPUs, bf16, graph-replayed\n\n{metadata_line(result)}\n",
              "| bytes | 8B decode bs | NCCL us | one-shot us | one-shot / NCCL | saved us per 8B step |",
              "|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -97,13 +99,14 @@ def main() -> None:
     parser.add_argument("--output", required=True, help="JSON file (a markdown table is written beside it)")
     parser.add_argument("--reps", type=int, default=20, help="graph replays timed per size and path")
     parser.add_argument("--calls", type=int, default=32, help="all-reduces per captured graph")
+    parser.add_argument("--world-size", type=int, default=2, help="GPUs (ranks), one process each")
     args = parser.parse_args()
-    if torch.cuda.device_count() < 2:
-        raise SystemExit("bench_allreduce needs two GPUs")
+    if not 2 <= args.world_size <= torch.cuda.device_count():
+        raise SystemExit(f"--world-size {args.world_size}: this host has {torch.cuda.device_count()} GPUs (2 at least)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(port, args), nprocs=2, join=True)
+    mp.spawn(rank_main, args=(port, args), nprocs=args.world_size, join=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,13 @@
 #                                            default 1:1024,16:1024,64:1024,128:1024); rows gemma-3-270m-decode;
 #                                            each run cut at RUN_TIMEOUT (here 280 s: both fit one call). specdec
 #                                            runs it on torch_native without CUDA graphs (--attention-backend auto)
+#   bash scripts/gpu_peer.sh scale-decode    the decode workload on the 8B shape at each tp size (SCALE_TP, default
+#                                            "1 2 4"), both engines (rows with flags tp_size / tensor_parallel_size);
+#                                            vLLM at tp >= 4 with VLLM_ALLREDUCE_USE_SYMM_MEM=0 (see vllm_env)
+#   bash scripts/gpu_peer.sh dp              `specdec serve --dp-size D --tp-size T` (the replicas behind sglang-router;
+#                                            carry .peer/router, its wheel and orjson's) on the 8B shape, random
+#                                            prompts through `specdec bench-serving`: throughput at DP_POINTS
+#                                            ("DxT:concurrency ...", default 2x1:128 1x2:128 4x1:256 2x2:256 1x4:256)
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
 #                                            `specdec bench-serving --backend openai`, MT-bench at 1-128 requests
 #   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
@@ -44,13 +51,25 @@ vllm_env() {
   export PYTHONPATH="$PYTHONPATH:/tmp/site" VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
+vllm_tp_env() {  # vllm_tp_env TP: vLLM's all-reduce at TP ranks without NVLink multicast
+  # NOTE: vLLM 0.26's default all-reduce on Hopper (torch symmetric memory) calls multimem_all_reduce_ at 4, 6
+  # and 8 ranks, which needs NVLink multicast: off on the device (it can take the host's GPUs out of service;
+  # the device README). There vLLM runs its custom all-reduce over CUDA IPC instead (its default before 0.10).
+  # At 2 ranks its default (symmetric memory's two-shot, peer reads only) stays.
+  if [ "$1" -ge 4 ]; then export VLLM_ALLREDUCE_USE_SYMM_MEM=0; else unset VLLM_ALLREDUCE_USE_SYMM_MEM; fi
+}
+
+checkpoint_8b() {
+  python3 -c "from specdec.bench.synthetic import write_dummy_checkpoint as w; from pathlib import Path; w('llama-3.1-8b', Path('/tmp/ck'))"
+}
+
 run_one() {  # run_one WORKLOAD ENGINE:CONFIG MODEL [args...]: one engine process, its log under $OUT
   local workload=$1 run=$2 model=$3; shift 3
   local engine=${run%%:*} config=${run#*:}
   local log="$OUT/${LOG_TAG:-$workload}-$engine-$config.log"
   echo "== ${LOG_TAG:-$workload} $engine $config ($(date -u +%T))"
   timeout "${RUN_TIMEOUT:-420}" python3 benchmarks/peer/offline.py --engine "$engine" --config "$config" \
-    --workload "$workload" --model "$model" --head "$HEAD" --out "$OUT/rows.jsonl" "$@" > "$log" 2>&1
+    --workload "$workload" --model "$model" --head "$HEAD" --out "${ROWS:-$OUT/rows.jsonl}" "$@" > "$log" 2>&1
   local rc=$?
   tail -4 "$log"
   [ $rc -eq 0 ] || echo "!! ${LOG_TAG:-$workload} $engine $config exited $rc"
@@ -100,9 +119,36 @@ case "$what" in
     done ;;
   decode)
     vllm_env
-    python3 -c "from specdec.bench.synthetic import write_dummy_checkpoint as w; from pathlib import Path; w('llama-3.1-8b', Path('/tmp/ck'))"
+    checkpoint_8b
     for run in ${1:-specdec:plain vllm:plain}; do
       run_one decode "$run" /tmp/ck/llama-3.1-8b-target ${DECODE_ARGS:-}
+    done ;;
+  scale-decode)  # rows llama-3.1-8b-decode with flags {"tp_size": N} (specdec) / {"tensor_parallel_size": N} (vLLM)
+    vllm_env
+    checkpoint_8b
+    for tp in ${SCALE_TP:-1 2 4}; do
+      vllm_tp_env "$tp"
+      ROWS=$OUT/scale_rows.jsonl LOG_TAG=decode-tp$tp run_one decode specdec:plain /tmp/ck/llama-3.1-8b-target \
+        --points "${SCALE_POINTS:-1:1024,16:1024,64:1024,128:1024}" --engine-arg tp_size="$tp"
+      ROWS=$OUT/scale_rows.jsonl LOG_TAG=decode-tp$tp run_one decode vllm:plain /tmp/ck/llama-3.1-8b-target \
+        --points "${SCALE_POINTS:-1:1024,16:1024,64:1024,128:1024}" --engine-arg tensor_parallel_size="$tp"
+    done ;;
+  dp)  # results $OUT/dp<D>_tp<T>_c<C>.json (bench-serving's), logs beside
+    vllm_env
+    checkpoint_8b
+    for point in ${DP_POINTS:-2x1:128 1x2:128 4x1:256 2x2:256 1x4:256}; do
+      shape=${point%%:*}; c=${point#*:}; dp=${shape%x*}; tp=${shape#*x}; tag="dp${dp}_tp${tp}_c$c"
+      echo "== $tag ($(date -u +%T))"
+      python3 -m specdec.cli serve --model-path /tmp/ck/llama-3.1-8b-target --load-format dummy --dp-size "$dp" \
+        --tp-size "$tp" --port 30000 > "$OUT/$tag-server.log" 2>&1 &
+      pid=$!
+      for _ in $(seq "${DP_START_TIMEOUT:-240}"); do curl -sf localhost:30000/health >/dev/null && break; sleep 1; done
+      timeout "${DP_BENCH_TIMEOUT:-150}" python3 -m specdec.cli.bench bench-serving --base-url http://127.0.0.1:30000 \
+        --dataset random --random-input-len "${DP_INPUT:-512}" --max-new-tokens "${DP_OUTPUT:-256}" \
+        --num-prompts $((2 * c)) --concurrency "$c" --disable-tqdm --output "$OUT/$tag.json" 2>&1 \
+        | tee "$OUT/$tag.log" | grep -E "^(Successful|Benchmark duration|Throughput)"
+      kill "$pid"; wait "$pid" 2>/dev/null
+      tail -3 "$OUT/$tag-server.log"
     done ;;
   gemma)  # the decode workload on a second architecture (its rows named after the checkpoint: gemma-3-270m-decode)
     vllm_env
@@ -142,7 +188,8 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|gemma|serve|bench"; exit 2 ;;
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|scale-decode|dp|gemma|serve|bench"
+     exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20
 exit 0

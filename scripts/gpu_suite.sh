@@ -18,14 +18,16 @@
 #   prefix     the prefix cache on the 8B synthetic target: MT-bench-like multi-turn conversations, cache off
 #              and on (prefill tokens saved, TTFT, throughput, KV bytes per token); its GPU tests run in
 #              scripts/gpu_backends.sh (PYTEST_ARGS=tests/e2e/test_gpu_prefix_cache.py), which has FlashInfer
-#   tp         tensor parallelism on two GPUs: its GPU tests, then the 8B sweep with --tp-size 1 and 2
-#              (plain, the chain 3x1x4 and adaptive speculation, bs 1-128, ctx TP_CTX), each profiled at the
-#              smallest and largest batch size for the share of a step in NCCL kernels (all-reduce, all-gather)
-#   tp-allreduce  the custom all-reduce on two GPUs, ~7 min (limit 9.8): its GPU tests (one-shot = NCCL bit for bit,
-#              eager and in CUDA graphs; tp 2 output with it on = off; draft head sharded / replicated), then
-#              benchmarks/bench_allreduce.py (NCCL vs one-shot latency by size), then the 8B sweep at tp 1, tp 2
-#              (one-shot) and tp 2 --disable-custom-all-reduce (plain, AR_CONFIGS, adaptive; bs AR_BS), each
-#              with --profile-device for the collectives' share of a step
+#   tp         tensor parallelism on every GPU of the host (two or four), in parts (TP_PARTS, default
+#              "tests allreduce sweep"; each part fits one call):
+#              tests      tests/e2e/test_gpu_tensor_parallel.py and test_gpu_custom_all_reduce.py at tp 2 and, on
+#                         four GPUs, tp 4 (~6 min on four); SIDE_TESTS="paths..." runs single-GPU tests at the same
+#                         time on the last GPU (correctness only: nothing timed shares the call)
+#              allreduce  benchmarks/bench_allreduce.py (NCCL vs one-shot latency by size) at 2 and 4 ranks
+#              sweep      the 8B sweep at each of TP_SIZES (default 1, 2 and, on four GPUs, 4): plain, TP_CONFIGS
+#                         and adaptive, bs TP_BS, ctx TP_CTX, each with --profile-device for the collectives'
+#                         share of a step (smallest and largest bs); TP_NCCL=1 adds every tp > 1 with
+#                         --disable-custom-all-reduce (NCCL only). benchmarks/scale_report.py makes scale.json
 # A/B of source variants (a branch's files against the tree) in whole decode steps: scripts/gpu_ab.sh.
 # The commit being measured is read from .commit (carry it: `git rev-parse --short HEAD > .commit`).
 set -uo pipefail
@@ -94,35 +96,46 @@ if [ "$what" = prefix ]; then
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = tp ]; then
-  if [ "${TP_TESTS:-1}" != 0 ]; then
-    timeout "${TP_TESTS_TIMEOUT:-300}" python3 -m pytest -m gpu -p no:cacheprovider -rs --durations=8 -o faulthandler_timeout=150 \
-      tests/e2e/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
-    status=${PIPESTATUS[0]}
-  fi
-  for tp in ${TP_SIZES-1 2}; do  # TP_SIZES= (empty): the tests only
-    timeout "${TP_SWEEP_TIMEOUT:-300}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --tp-size "$tp" \
-      --context-len "${TP_CTX:-1024}" --batch-sizes "${TP_BS:-1,2,4,8,16,32,64,128}" --configs "${TP_CONFIGS:-3,1,4;5,4,8}" \
-      --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 --profile-device "$OUT/device_profile_tp$tp.txt" \
-      ${SYNTHETIC_ARGS:-} --output "$OUT/synthetic_tp$tp.json" 2>&1 | tee "$OUT/synthetic_tp$tp.log" \
-      | grep -E "^(plain|[0-9]|adaptive|Speedup|  bs)"
-  done
-fi
-if [ "$what" = tp-allreduce ]; then
-  # budget (600 s a call): tests <= 200 s (fixture 2 engines + 4 engines + the 2-rank check), bench <= 90 s,
-  # three sweeps <= 100 s each (3 policies x 3 batch sizes, 16 steps; tp 1 needs no worker processes)
-  timeout "${AR_TESTS_TIMEOUT:-200}" python3 -m pytest -m gpu -p no:cacheprovider -rs --durations=8 \
-    -o faulthandler_timeout=150 -k "${AR_TESTS_K:-custom_all_reduce or one_shot}" \
-    tests/e2e/test_gpu_custom_all_reduce.py tests/e2e/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_allreduce_tests.log" | tail -30
-  status=${PIPESTATUS[0]}
-  (cd benchmarks && timeout "${AR_BENCH_TIMEOUT:-90}" python3 bench_allreduce.py --output "$OUT/allreduce.json") 2>&1 \
-    | tee "$OUT/allreduce.log" | tail -20
-  for run in tp1 tp2 tp2_nccl; do
-    tp=${run:2:1}; extra=""; [ "$run" = tp2_nccl ] && extra="--disable-custom-all-reduce"
-    timeout "${AR_SWEEP_TIMEOUT:-100}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --tp-size "$tp" $extra \
-      --context-len 1024 --batch-sizes "${AR_BS:-1,16,128}" --configs "${AR_CONFIGS:-3,1,4}" \
-      --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 --profile-device "$OUT/device_profile_$run.txt" \
-      ${SYNTHETIC_ARGS:-} --output "$OUT/synthetic_$run.json" 2>&1 | tee "$OUT/synthetic_$run.log" \
-      | grep -E "^(plain|[0-9]|adaptive|Speedup|  bs)"
+  gpus=$(nvidia-smi -L | wc -l)
+  default_tp="1 2"; [ "$gpus" -ge 4 ] && default_tp="1 2 4"
+  for part in ${TP_PARTS:-tests allreduce sweep}; do
+    case $part in
+      tests)
+        side=""
+        if [ -n "${SIDE_TESTS:-}" ]; then  # single-GPU tests beside, on the last GPU
+          CUDA_VISIBLE_DEVICES=$((gpus - 1)) timeout "${SIDE_TESTS_TIMEOUT:-540}" python3 -m pytest -m gpu \
+            -p no:cacheprovider -rs --durations=10 $SIDE_TESTS > "$OUT/gpu_side_tests.log" 2>&1 &
+          side=$!
+        fi
+        timeout "${TP_TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -p no:cacheprovider -rs --durations=12 \
+          -o faulthandler_timeout=200 tests/e2e/test_gpu_custom_all_reduce.py tests/e2e/test_gpu_tensor_parallel.py \
+          2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
+        status=${PIPESTATUS[0]}
+        if [ -n "$side" ]; then
+          wait "$side" || status=1
+          echo "side tests:"; tail -25 "$OUT/gpu_side_tests.log"
+        fi ;;
+      allreduce)
+        for n in 2 4; do
+          [ "$n" -le "$gpus" ] || continue
+          (cd benchmarks && timeout "${AR_BENCH_TIMEOUT:-90}" python3 bench_allreduce.py --world-size "$n" \
+            --output "$OUT/allreduce_tp$n.json") 2>&1 | tee "$OUT/allreduce_tp$n.log" | tail -18
+        done ;;
+      sweep)
+        runs=""
+        for tp in ${TP_SIZES:-$default_tp}; do
+          runs="$runs tp$tp"; [ "$tp" -gt 1 ] && [ "${TP_NCCL:-0}" = 1 ] && runs="$runs tp${tp}_nccl"
+        done
+        for run in $runs; do
+          tp=${run#tp}; tp=${tp%_nccl}; extra=""; [ "$run" != "${run%_nccl}" ] && extra="--disable-custom-all-reduce"
+          timeout "${TP_SWEEP_TIMEOUT:-300}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --tp-size "$tp" $extra \
+            --context-len "${TP_CTX:-1024}" --batch-sizes "${TP_BS:-1,2,4,8,16,32,64,128}" \
+            --configs "${TP_CONFIGS:-3,1,4;5,4,8}" --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 \
+            --profile-device "$OUT/device_profile_$run.txt" ${SYNTHETIC_ARGS:-} --output "$OUT/synthetic_$run.json" \
+            2>&1 | tee "$OUT/synthetic_$run.log" | grep -E "^(plain|[0-9]|adaptive|Speedup|  bs)"
+        done ;;
+      *) echo "TP_PARTS: tests, allreduce or sweep, not $part"; status=2 ;;
+    esac
   done
 fi
 if [ "$what" = graphs ]; then

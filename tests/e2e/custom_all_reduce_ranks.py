@@ -1,11 +1,13 @@
-"""Two ranks, one GPU each (NCCL): the one-shot all-reduce against NCCL's on the same random
+"""N ranks, one GPU each (NCCL): the one-shot all-reduce against NCCL's on the same random
 messages, eagerly and replayed from a captured CUDA graph. Run by test_gpu_custom_all_reduce.py:
 
-    python tests/e2e/custom_all_reduce_ranks.py --output result.json
+    python tests/e2e/custom_all_reduce_ranks.py --world-size 2 --output result.json
 
 Writes rank 0's record: which all-reduce the group chose, and per case (dtype, elements, eager or
-graph) whether the sums equal NCCL's bit for bit and the largest difference. Two ranks sum a + b
-once, in either order the same float, so "equal" is exact.
+graph) whether the sums equal NCCL's bit for bit, whether every rank holds the same bits, and the
+largest difference from the exact sum (fp64) against a bound of rounding. Two ranks sum a + b once,
+in either order the same float, so "equal" is exact there; more ranks round in another order than
+NCCL's ring, so there the sum must be within ``ranks`` roundings of the exact one.
 """
 
 from __future__ import annotations
@@ -30,9 +32,31 @@ def _message(n: int, dtype: torch.dtype, rank: int, seed: int) -> torch.Tensor:
     return (torch.randn(n, generator=gen, device="cuda") * 3).to(dtype)
 
 
-def _case(got: torch.Tensor, want: torch.Tensor, **what) -> dict:
-    diff = (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
-    return {**what, "equal": bool(torch.equal(got, want)), "max_abs_diff": diff}
+def _same_on_every_rank(x: torch.Tensor) -> bool:
+    gathered = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, x.contiguous())
+    return all(torch.equal(g, gathered[0]) for g in gathered)
+
+
+def _case(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor, **what) -> dict:
+    """``exact``: the sum in fp64; ``magnitude``: the sum of |message| over ranks (fp64), which bounds
+    each partial sum, so ranks - 1 additions round off at most (ranks - 1) x eps x magnitude, plus the
+    final rounding to the dtype."""
+    eps = torch.finfo(got.dtype).eps
+    error = (got.double() - exact).abs()
+    bound = dist.get_world_size() * eps * magnitude + 1e-30
+    return {**what, "equal": bool(torch.equal(got, want)), "same_on_every_rank": _same_on_every_rank(got),
+            "max_abs_diff": float((got.float() - want.float()).abs().max()) if got.numel() else 0.0,
+            "within_rounding": bool((error <= bound).all()),
+            "max_error_over_bound": float((error / bound).max()) if got.numel() else 0.0}
+
+
+def _exact(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sum over ranks in fp64, and the sum of magnitudes."""
+    exact, magnitude = x.double(), x.double().abs()
+    dist.all_reduce(exact)
+    dist.all_reduce(magnitude)
+    return exact, magnitude
 
 
 def _eager_cases(reducer, rank: int) -> list[dict]:
@@ -43,7 +67,7 @@ def _eager_cases(reducer, rank: int) -> list[dict]:
             x = _message(n, dtype, rank, n)
             want = x.clone()
             dist.all_reduce(want)
-            cases.append(_case(reducer(x.clone()), want, dtype=str(dtype), numel=n, mode="eager"))
+            cases.append(_case(reducer(x.clone()), want, *_exact(x), dtype=str(dtype), numel=n, mode="eager"))
     return cases
 
 
@@ -67,20 +91,22 @@ def _graph_cases(reducer, rank: int) -> list[dict]:
             graph.replay()
             want_a = static.clone()
             dist.all_reduce(want_a)
-            want_b = want_a * 0.5 + static
+            want_b = a * 0.5 + static  # NOTE: from the graph's own first sum, so each case checks one all-reduce
+            exact_b = _exact(want_b)
             dist.all_reduce(want_b)
-            for name, got, want in (("first", a, want_a), ("second", b, want_b)):
-                cases.append(_case(got, want, dtype=str(dtype), numel=n, mode=f"graph-{name}-{trial}"))
+            for name, got, want, exact in (("first", a, want_a, _exact(static)), ("second", b, want_b, exact_b)):
+                cases.append(_case(got, want, *exact, dtype=str(dtype), numel=n, mode=f"graph-{name}-{trial}"))
     return cases
 
 
-def rank_main(rank: int, port: int, output: str) -> None:
+def rank_main(rank: int, port: int, world_size: int, output: str) -> None:
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator, before any capture
-    reducer = choose_all_reduce(None, f"cuda:{rank}", size=2, enabled=True, single_host=True, peers=[0, 1])
-    record = {"reducer": reducer.name, "fused_copy": getattr(reducer, "fused", None), "torch": torch.__version__,
-              "cases": _eager_cases(reducer, rank) + _graph_cases(reducer, rank)}
+    reducer = choose_all_reduce(None, f"cuda:{rank}", size=world_size, enabled=True, single_host=True,
+                                peers=list(range(world_size)))
+    record = {"world_size": world_size, "reducer": reducer.name, "fused_copy": getattr(reducer, "fused", None),
+              "torch": torch.__version__, "cases": _eager_cases(reducer, rank) + _graph_cases(reducer, rank)}
     torch.cuda.synchronize()
     if rank == 0:
         with open(output, "w") as f:
@@ -92,11 +118,12 @@ def rank_main(rank: int, port: int, output: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True)
+    parser.add_argument("--world-size", type=int, default=2)
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(port, args.output), nprocs=2, join=True)
+    mp.spawn(rank_main, args=(port, args.world_size, args.output), nprocs=args.world_size, join=True)
 
 
 if __name__ == "__main__":

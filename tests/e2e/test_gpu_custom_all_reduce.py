@@ -1,7 +1,8 @@
-"""The one-shot all-reduce over peer memory (specdec.models.all_reduce) on two GPUs: its sums equal
-NCCL's bit for bit (two ranks add a + b once) for bf16 and fp32 messages from 1 element to the
-threshold, eagerly and replayed from a captured CUDA graph; past the threshold NCCL takes over.
-The ranks run in their own processes (custom_all_reduce_ranks.py), so a hang ends in a timeout."""
+"""The one-shot all-reduce over peer memory (specdec.models.all_reduce) on two and four GPUs, for
+bf16 and fp32 messages from 1 element to the threshold, eagerly and replayed from a captured CUDA
+graph (past the threshold NCCL takes over): every rank holds the same bits, within rounding of the
+exact sum; on two GPUs the sums equal NCCL's bit for bit (two ranks add a + b once). The ranks run
+in their own processes (custom_all_reduce_ranks.py), so a hang ends in a timeout."""
 
 from __future__ import annotations
 
@@ -21,15 +22,19 @@ RANKS = Path(__file__).with_name("custom_all_reduce_ranks.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_one_shot_all_reduce_equals_nccl(tmp_path):
+@pytest.mark.parametrize("world_size", [n for n in (2, 4) if torch.cuda.device_count() >= n])
+def test_one_shot_all_reduce_equals_nccl(tmp_path, world_size):
     output = tmp_path / "all_reduce.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(RANKS), "--output", str(output)], env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run([sys.executable, str(RANKS), "--world-size", str(world_size), "--output", str(output)],
+                          env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(output.read_text())
     assert record["reducer"] == "one-shot", proc.stderr[-3000:]  # the warning says why it fell back
     cases = record["cases"]
     assert len(cases) > 60 and any(c["mode"].startswith("graph") for c in cases)
-    wrong = [c for c in cases if not c["equal"]]
-    assert not wrong, wrong[:10]
+    diverged = [c for c in cases if not (c["same_on_every_rank"] and c["within_rounding"])]
+    assert not diverged, diverged[:10]
+    if world_size == 2:
+        wrong = [c for c in cases if not c["equal"]]
+        assert not wrong, wrong[:10]

@@ -185,3 +185,31 @@ def batch_invariant(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         set_batch_invariant(saved)
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``torch.tensor(values, dtype=dtype, device=device)`` without waiting for the device.
+
+    NOTE: a copy from pageable host memory waits for the stream to drain (on CUDA every
+    ``torch.tensor(list, device=...)`` does); from pinned memory it is queued behind the work.
+    """
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def deliberate_sync() -> Iterator[None]:
+    """Marks a wait for the device that is meant (a step's one read of its results): torch's sync
+    debug mode is off inside, so a check of everything else (``specdec.bench.sync_debug``,
+    tests/e2e/test_gpu_host_syncs.py) sees only the waits nobody meant.
+    NOTE: the mode is process-wide; this assumes one thread drives the device."""
+    mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+    if mode:
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        if mode:
+            torch.cuda.set_sync_debug_mode(mode)

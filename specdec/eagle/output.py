@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from specdec.eagle.acceptance import PathObservations
+from specdec.forward import deliberate_sync
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +62,9 @@ def pending_one_token(seq_lens: torch.Tensor, next_ids: torch.Tensor) -> Pending
     return PendingDecode(seq_lens + 1, next_ids, read)
 
 
-def copy_to_host_async(values: torch.Tensor) -> Callable[[], list[list[int]]]:
-    """Start copying ``values`` ([bs, m] int64) to the host; returns a function that waits for the
-    copy and gives the rows as lists. On CUDA the copy is ordered after the work queued so far
+def copy_to_host_async(values: torch.Tensor) -> Callable[[], list]:
+    """Start copying ``values`` (e.g. [bs, m] int64) to the host; returns a function that waits for
+    the copy and gives them as (nested) lists. On CUDA the copy is ordered after the work queued so far
     only: work queued later keeps the device busy while the host waits."""
     if values.device.type != "cuda":
         rows = values.tolist()
@@ -73,8 +74,9 @@ def copy_to_host_async(values: torch.Tensor) -> Callable[[], list[list[int]]]:
     done = torch.cuda.Event()
     done.record()
 
-    def wait() -> list[list[int]]:
-        done.synchronize()
+    def wait() -> list:
+        with deliberate_sync():
+            done.synchronize()
         return host.tolist()
 
     return wait

@@ -19,11 +19,13 @@ Worked example, verify with prefix 2 and a 3-node tree (root 0 with children 1 a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+import numpy as np
 import torch
 
-from specdec.forward import ForwardBatch, ForwardMode
-from specdec.kernels import create_kv_layout
+from specdec.forward import ForwardBatch, ForwardMode, to_device
+from specdec.kernels import create_kv_indices, create_kv_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +50,28 @@ class RaggedLayout:
 
 
 def _indptr(lens: list[int], device: torch.device) -> torch.Tensor:
-    out = torch.zeros(len(lens) + 1, dtype=torch.int64, device=device)
-    if lens:
-        out[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64, device=device), 0)
-    return out
+    """[len(lens) + 1] int64 offsets, summed on the host and copied without waiting for the device."""
+    return to_device(list(itertools.accumulate(lens, initial=0)), torch.int64, device)
+
+
+def _packed_kv(batch: ForwardBatch, prefix_lens: list[int], extend_lens: list[int], kv_lens: list[int],
+               kv_indptr: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[sum(kv_lens)] int64: each request's prefix slots (gathered from ``req_to_token`` on the
+    device), then its new tokens' slots. Reads nothing from the device: the host knows the lengths.
+
+    Example, prefix_lens [2, 1], extend_lens [1, 2]: kv_indptr [0, 3, 6] and
+    [r2t[row0, 0] r2t[row0, 1] own0 | r2t[row1, 0] own1 own2], own at entries [2, 4, 5].
+    """
+    kv_indices = torch.empty(sum(kv_lens), dtype=torch.int64, device=device)
+    if not kv_lens:
+        return kv_indices
+    prefix_dev = to_device(prefix_lens, torch.int64, device)
+    create_kv_indices(batch.req_to_token, batch.req_pool_indices, prefix_dev, kv_indptr, None, kv_indices)
+    starts = np.cumsum([0] + kv_lens[:-1]) + np.asarray(prefix_lens)  # [bs] first own entry
+    extend = np.asarray(extend_lens)
+    own = np.repeat(starts - (np.cumsum(extend) - extend), extend) + np.arange(int(extend.sum()))
+    kv_indices[to_device(own.tolist(), torch.int64, device)] = batch.out_cache_loc.to(torch.int64)
+    return kv_indices
 
 
 def _prefix_slots(batch: ForwardBatch, rows: torch.Tensor, lens: list[int]) -> list[torch.Tensor]:
@@ -66,17 +86,15 @@ def build_ragged_layout(batch: ForwardBatch) -> RaggedLayout:
     if batch.draft_ancestors is not None:
         return _draft_layout(batch, prefix_lens, extend_lens, device)
 
-    prefixes = _prefix_slots(batch, batch.req_pool_indices, prefix_lens)
-    own = torch.split(batch.out_cache_loc.to(torch.int64), extend_lens)
-    kv_lists = [torch.cat([p, o]) for p, o in zip(prefixes, own)]
     kv_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    kv_indptr = _indptr(kv_lens, device)
     mask = mask_indptr = None
     if batch.forward_mode == ForwardMode.TARGET_VERIFY:
         mask, mask_indptr = _verify_mask(batch, prefix_lens, extend_lens, device)
     return RaggedLayout(
         qo_indptr=_indptr(extend_lens, device),
-        kv_indptr=_indptr(kv_lens, device),
-        kv_indices=torch.cat(kv_lists) if kv_lists else torch.zeros(0, dtype=torch.int64, device=device),
+        kv_indptr=kv_indptr,
+        kv_indices=_packed_kv(batch, prefix_lens, extend_lens, kv_lens, kv_indptr, device),
         mask=mask,
         mask_indptr=mask_indptr,
         q_lens=list(extend_lens),

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.forward import CaptureHiddenMode
+from specdec.forward import CaptureHiddenMode, to_device
 
 
 class ExtendInputs(NamedTuple):
@@ -59,7 +59,7 @@ class ShiftedInputs:
         rows: torch.Tensor,  # [bs] request rows
     ) -> ExtendInputs:
         """Each request's tokens shifted left by one, the next token last."""
-        ends = torch.tensor(extend_lens, device=input_ids.device).cumsum(0) - 1
+        ends = to_device(extend_lens, torch.int64, input_ids.device).cumsum(0) - 1
         shifted = torch.roll(input_ids, -1)
         shifted[ends] = next_ids
         return ExtendInputs(shifted, features, positions, out_cache_loc, extend_lens)
@@ -105,9 +105,11 @@ class AlignedInputs:
         """
         device = input_ids.device
         bs, total = len(extend_lens), int(input_ids.shape[0])
-        lens = torch.tensor(extend_lens, device=device)
+        lens = to_device(extend_lens, torch.int64, device)
         ends = lens.cumsum(0) + torch.arange(bs, device=device)  # [bs] where each next token goes
-        dest = torch.arange(total, device=device) + torch.repeat_interleave(torch.arange(bs, device=device), lens)
+        # NOTE: output_size: without it repeat_interleave reads the sum of ``lens`` from the device
+        dest = torch.arange(total, device=device) + torch.repeat_interleave(torch.arange(bs, device=device), lens,
+                                                                            output_size=total)
         last = positions[lens.cumsum(0) - 1]  # [bs] each request's last new position
         ids, pos, loc = (torch.empty(total + bs, dtype=torch.int64, device=device) for _ in range(3))
         for out, body, tail in ((ids, input_ids, next_ids), (pos, positions, last + 1),

@@ -44,7 +44,7 @@ from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer, maybe_phase
 from specdec.eagle.tree import TreeMaskMode, build_tree
 from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
-from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
+from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, to_device
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, step_slots
 
 
@@ -175,7 +175,7 @@ class EAGLEWorker:
             batch = dataclasses.replace(batch, capture_hidden_mode=self.inputs.target_hidden)
         out = self.target.forward(batch)
         extend_lens = batch.host_extend_lens()
-        ends = torch.tensor(extend_lens, device=batch.input_ids.device).cumsum(0) - 1
+        ends = to_device(extend_lens, torch.int64, batch.input_ids.device).cumsum(0) - 1
         logits = out.next_token_logits
         if batch.logits_mode == LogitsMode.ALL:  # the host asked for every position (prompt logprobs)
             sampling.record_prompt_logprobs(logits, batch.input_ids, extend_lens)
@@ -385,10 +385,10 @@ def sample_after_prefill(
     drawn by ``sampling``, which covers just those requests, in order (None: all sample)."""
     if next_tokens is None:
         return sampling.sample(logits)
-    out = torch.tensor(next_tokens, dtype=torch.int64, device=logits.device)
+    out = to_device(next_tokens, torch.int64, logits.device)
     sampled = [b for b, t in enumerate(next_tokens) if t < 0]
     if sampled:
-        rows = torch.tensor(sampled, dtype=torch.int64, device=logits.device)
+        rows = to_device(sampled, torch.int64, logits.device)
         out[rows] = sampling.sample(logits[rows]).to(torch.int64)
     return out
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from specdec.eagle.output import copy_to_host_async
 from specdec.engine.batch_flags import BatchStatics
 from specdec.engine.logits_process import ProcessorBatch, apply_processors
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
@@ -75,7 +76,8 @@ class BatchSampling:
         self.wants_prompt_logprobs = prompt_logprobs is not None
         self._seeded = flags.seeded
         self._grammar = flags.grammar
-        self._recorded: tuple[torch.Tensor, ...] | None = None
+        # the recorded logprobs' host copies under way (``record_logprobs``)
+        self._recorded: tuple[Callable[[], list], ...] | None = None
 
     @property
     def batch(self) -> SamplingBatch:
@@ -168,7 +170,8 @@ class BatchSampling:
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # [bs, m, V]
         token = logprobs.gather(2, tokens.long()[:, :, None]).squeeze(2)  # [bs, m]
         top_lp, top_ids = logprobs.topk(self.top_logprobs_num or 0, dim=-1)  # [bs, m, k]
-        self._recorded = (token, top_ids, top_lp)
+        # copied while later work runs: under overlap the next step is queued before this one is read
+        self._recorded = tuple(copy_to_host_async(x) for x in (token, top_ids, top_lp))
 
     def record_prompt_logprobs(self, logits: torch.Tensor, input_ids: torch.Tensor, lens: list[int]) -> None:
         """Every position's logits [sum(lens), V] of a prefill step: the host's prompt logprobs."""
@@ -178,7 +181,7 @@ class BatchSampling:
         """The recorded logprobs as host lists, each request's top list cut to its own k."""
         if self._recorded is None:
             return None
-        token, top_ids, top_lp = (x.tolist() for x in self._recorded)
+        token, top_ids, top_lp = (read() for read in self._recorded)
         self._recorded = None
         # NOTE: tokens a processor forbids (-inf: a grammar, min_new_tokens) are left out of the
         # top lists; JSON has no -inf

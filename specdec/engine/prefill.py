@@ -20,7 +20,7 @@ from specdec.engine.batch_sampling import BatchSampling, StepLogprobs
 from specdec.engine.memory import PagedKVMemory, host_to_device
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prompt_logprobs import PromptLogprobs
-from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
+from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, deliberate_sync
 
 
 class Prefiller:
@@ -49,8 +49,8 @@ class Prefiller:
         prompt_logprobs = PromptLogprobs.of(chunks)
         batch = ForwardBatch(
             forward_mode=ForwardMode.EXTEND,
-            input_ids=torch.tensor([t for c in chunks for t in c.tokens[c.start:c.end]], dtype=torch.int64,
-                                   device=device),
+            input_ids=host_to_device(torch.tensor([t for c in chunks for t in c.tokens[c.start:c.end]],
+                                                  dtype=torch.int64), device),
             positions=torch.cat([torch.arange(c.start, c.end, device=device) for c in chunks]),
             out_cache_loc=out_cache_loc,
             req_pool_indices=columns[0],
@@ -74,6 +74,7 @@ class Prefiller:
             logits = self.runner.forward(batch).next_token_logits
             if prompt_logprobs is not None:
                 prompt_logprobs.record(logits)
-                logits = logits[torch.tensor(lens, device=device).cumsum(0) - 1]
+                logits = logits[host_to_device(torch.tensor(lens), device).cumsum(0) - 1]
             next_ids = sample_after_prefill(logits, sampling, next_known)
-        return next_ids.tolist(), sampling.take_logprobs()
+        with deliberate_sync():  # the prefill's one read: the requests' next tokens
+            return next_ids.tolist(), sampling.take_logprobs()

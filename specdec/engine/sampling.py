@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from specdec.forward import to_device
 from specdec.models.ops.topk import argmax
 
 # SGLang treats temperatures below this as greedy.
@@ -267,7 +268,7 @@ class SamplingBatch:
         greedy = [p.is_greedy for p in params]
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(values, dtype, device)  # built when requests join: no wait for the step in flight
 
         return cls(
             temperatures=tensor(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import hashlib
 import json
 import statistics
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 
 PROFILE: str | None = None  # --profile: where profile_host appends
+SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
 
@@ -272,7 +274,8 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
     for c in concurrencies:
         work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
         before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
-        row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
+        with sync_debug(SYNC_DEBUG and c == max(concurrencies), f"{workload} c={c}"):
+            row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
         if PROFILE is not None and c == max(concurrencies):  # the host's work, in a separate untimed pass
             profile_host(lambda: closed_loop(engine, work, c, tag=f"prof-{workload}-c{c}", max_tokens=max_tokens),
                          f"{workload} c={c} {type(engine).__name__}")
@@ -282,6 +285,22 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
         emit({"workload": workload, "concurrency": c, "ctx": None, **row})
         print(f"{workload} c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, steps by choice {row.get('choices')}",
               file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def sync_debug(enabled: bool, title: str):
+    """With ``enabled``: torch's sync debug mode ("warn") over the block, its warnings counted per
+    call site and the top 15 printed to the log (the step's deliberate read is let through:
+    ``specdec.forward.deliberate_sync``). NOTE: the timed figures of that pass include the warnings'
+    own cost."""
+    if not enabled:
+        yield
+        return
+    from specdec.bench.sync_debug import SyncRecorder
+
+    with SyncRecorder() as recorder:
+        yield
+    print(f"sync debug, {title}: {recorder.summary(15)}", file=sys.stderr, flush=True)
 
 
 def profile_host(fn, title: str) -> None:
@@ -355,9 +374,13 @@ def main() -> None:
                              "e.g. max_running_requests=1")
     parser.add_argument("--profile", help="append a cProfile of the host over one more (untimed) pass of the "
                         "largest concurrency to this file")
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="after the warm-up, run the timed pass of the largest concurrency under torch's sync "
+                             "debug mode and log the calls that wait for the GPU, by call site (top 15)")
     args = parser.parse_args()
-    global PROFILE
+    global PROFILE, SYNC_DEBUG
     PROFILE = args.profile
+    SYNC_DEBUG = args.sync_debug
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",
                                   **flags)

@@ -55,6 +55,10 @@ class PartPlan:
     offset: int
     # the most KV tokens a step of this part adds to each of its requests
     step_tokens: int
+    # [bs] the requests' rows of req_to_token, on the host and (copied once per plan) on the device:
+    # a request keeps its row while it runs
+    rows: list[int]
+    rows_device: torch.Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +147,9 @@ class DecodeLauncher:
         parts, order, growth = [], [], {}
         for group, speculative in groups:
             step_tokens = self.max_step_tokens if speculative else 1
-            parts.append(PartPlan(group, speculative, BatchStatics(group), len(order), step_tokens))
+            rows = [r.row for r in group]
+            rows_device = host_to_device(torch.tensor(rows, dtype=torch.int64), self.device)
+            parts.append(PartPlan(group, speculative, BatchStatics(group), len(order), step_tokens, rows, rows_device))
             order += group
             growth.update((id(r), step_tokens) for r in group)
         return StepPlan(parts, order, growth, needs_processing=any(p.statics.flags.needs_processing for p in parts))
@@ -201,7 +207,7 @@ class DecodeLauncher:
 
     def _launch_part(self, part: PartPlan, plan: StepPlan, previous: LaunchedStep | None) -> DecodePart:
         reqs, speculative = part.reqs, part.speculative
-        rows_cpu = [r.row for r in reqs]
+        rows_cpu = part.rows
         # the host knows the lengths unless the unread step speculated for one of these requests
         seq_lens_cpu = _grown_lens(part, plan, previous) if _exact(part, plan, previous) else None
         rows, seq_lens, last = self._inputs(part, plan, previous)
@@ -233,17 +239,16 @@ class DecodeLauncher:
         reqs = part.reqs
         if previous is None:
             columns = host_to_device(torch.tensor(
-                [[r.row for r in reqs], [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
+                [part.rows, [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
                 self.device)
             return columns[0], columns[1], columns[2]
         if previous.plan is plan:  # the same requests in the same order: the part's own rows
             end = part.offset + len(reqs)
-            rows = host_to_device(torch.tensor([r.row for r in reqs], dtype=torch.int64), self.device)
-            return rows, previous.next_seq_lens[part.offset:end], previous.next_tokens[part.offset:end]
+            return part.rows_device, previous.next_seq_lens[part.offset:end], previous.next_tokens[part.offset:end]
         where = {id(r): i for i, r in enumerate(previous.reqs)}
         index = [where[id(r)] for r in reqs]
-        columns = host_to_device(torch.tensor([[r.row for r in reqs], index], dtype=torch.int64), self.device)
-        return columns[0], previous.next_seq_lens[columns[1]], previous.next_tokens[columns[1]]
+        index = host_to_device(torch.tensor(index, dtype=torch.int64), self.device)
+        return part.rows_device, previous.next_seq_lens[index], previous.next_tokens[index]
 
     def _launch_plain(self, rows, seq_lens, last, sampling: BatchSampling, *, seq_lens_cpu, rows_cpu) -> PendingDecode:
         """One target token per request (no speculation configured)."""

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 __all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "ONE_SHOT_MAX_BYTES", "choose_all_reduce",
-           "one_shot_unavailable"]
+           "one_shot_unavailable", "register_group"]
 
 # Messages up to this size take the one-shot path. 1 MiB covers an 8B model's decode step up to
 # bs 128 (128 x 4096 x 2 bytes) and its verify step up to 128 tree tokens; past ~1 MB the one-shot
@@ -159,13 +159,29 @@ def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: i
     import torch.distributed._symmetric_memory as symm_mem
 
     os.environ[_MULTICAST_ENV] = "1"  # NOTE: before the first allocation; see the module docstring
-    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-    if enable is not None:  # needed by older torch, a deprecated no-op in newer
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            enable(group_name)
+    register_group(symm_mem, group_name)
     for dtype in ONE_SHOT_DTYPES:
         buffers[dtype] = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
+
+
+def register_group(symm_mem: Any, group_name: str) -> None:
+    """Register the group for symmetric memory where torch needs it: older torch rendezvouses through a
+    registration made once per process and group name (``enable_symm_mem_for_group``); newer torch
+    resolves the live group itself and deprecates the call.
+
+    NOTE: the deprecated call still registers (until the process ends, by name, with the group's
+    store), and every engine's group is named "0" (torch names the default group so): the next
+    tensor-parallel engine of the same process would rendezvous through the first engine's store and
+    wait for ever (seen on four H200s: every engine after the first hung at start-up). So it is never
+    made where deprecated; where it is needed, a name already registered means an earlier group of
+    this process, and the caller falls back to NCCL (``RuntimeError``)."""
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is None or hasattr(enable, "__deprecated__"):
+        return
+    if symm_mem.is_symm_mem_enabled_for_group(group_name):
+        raise RuntimeError(f"group {group_name!r} is registered to an earlier process group of this process "
+                           f"(torch {torch.__version__} keeps the first registration)")
+    enable(group_name)
 
 
 def _rendezvous(buffers: dict, group_name: str, device: torch.device, max_bytes: int) -> None:

@@ -5,7 +5,8 @@ run in tests/e2e/test_gpu_custom_all_reduce.py (two GPUs)."""
 import pytest
 import torch
 
-from specdec.models.all_reduce import DistAllReduce, OneShotAllReduce, choose_all_reduce, one_shot_unavailable
+from specdec.models.all_reduce import (DistAllReduce, OneShotAllReduce, choose_all_reduce, one_shot_unavailable,
+                                       register_group)
 from specdec.models.config import LlamaConfig
 from specdec.models.parallel import SINGLE, TPGroup, draft_head_group
 
@@ -99,6 +100,38 @@ def test_tp_group_runs_its_reducer():
 def _head(hidden: int, heads: int = 32, kv: int = 8, inter: int | None = None) -> LlamaConfig:
     return LlamaConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=inter or 3 * hidden, num_hidden_layers=1,
                        num_attention_heads=heads, num_key_value_heads=kv, head_dim=hidden // heads)
+
+
+class SymmMem:
+    """Stands in for torch.distributed._symmetric_memory: its registry, and the registration deprecated or not."""
+
+    def __init__(self, deprecated: bool) -> None:
+        self.registered: list[str] = []
+
+        def enable_symm_mem_for_group(name: str) -> None:
+            self.registered.append(name)
+
+        if deprecated:
+            enable_symm_mem_for_group.__deprecated__ = "no need to call this function anymore"
+        self.enable_symm_mem_for_group = enable_symm_mem_for_group
+
+    def is_symm_mem_enabled_for_group(self, name: str) -> bool:
+        return name in self.registered
+
+
+def test_group_registered_only_where_torch_needs_it():
+    """A deprecated registration is never made (it outlives the group: the next engine of the process,
+    whose group has the same name, hung on four H200s); a needed one is made once, and a second group
+    of the same name is refused, so choose_all_reduce falls back to NCCL instead of waiting for ever."""
+    newer = SymmMem(deprecated=True)
+    register_group(newer, "0")
+    register_group(newer, "0")  # the next engine's group
+    assert newer.registered == []
+    older = SymmMem(deprecated=False)
+    register_group(older, "0")
+    assert older.registered == ["0"]
+    with pytest.raises(RuntimeError, match="earlier process group"):
+        register_group(older, "0")
 
 
 def test_draft_head_group_rule():

@@ -13,9 +13,9 @@ Reads what ``scripts/gpu_suite.sh tp`` and ``scripts/gpu_peer.sh scale-decode|dp
 
 ``scale.json`` is a list of ``{"tp", "dp", "bs", "engine", "config", "ms_per_step", "tok_s",
 "collective_share"}`` plus ``workload`` (``synthetic``: the sweep; ``decode``: the side-by-side
-driver; ``serve``: the server at ``bs`` concurrent requests). ``scale.md`` holds the tables and the
-goals: plain decode at bs 1 against its weight floor per tp size, speculation's speedup at tp N
-against tp 1's, and specdec over vLLM per tp and batch size.
+driver; ``serve``: the server at ``bs`` concurrent requests) and, on synthetic rows, ``all_reduce``.
+``scale.md`` holds the tables and the goals: plain decode at bs 1 against its weight floor per tp
+size, speculation's speedup at tp N against tp 1's, and specdec over vLLM per tp and batch size.
 """
 
 from __future__ import annotations
@@ -35,19 +35,20 @@ def _row(workload: str, tp: int, dp: int, bs: int, engine: str, config: str, ms:
 
 
 def synthetic_rows(path: Path) -> list[dict]:
-    """A sweep's points; config "plain", the shape's name ("3x1x4") or "adaptive" (+ "-nccl" for a
-    run with --disable-custom-all-reduce)."""
+    """A sweep's points; config "plain", the shape's name ("3x1x4") or "adaptive"; ``all_reduce``:
+    "one-shot" (the default past one GPU), "nccl" (a ``synthetic_tp<N>_nccl.json`` run, with
+    --disable-custom-all-reduce) or None (tp 1)."""
     data = json.loads(path.read_text())
     tp = int(data["setup"].get("tp_size", 1))
-    suffix = "-nccl" if path.stem.endswith("_nccl") else ""
+    reducer = None if tp == 1 else "nccl" if path.stem.endswith("_nccl") else "one-shot"
     shares = {(config, p["batch_size"]): p["collective_share"]
               for config, points in data.get("device_profile", {}).items() for p in points}
     series = {"plain": data["plain"], **data.get("speculative", {}), "adaptive": data.get("adaptive", [])}
     rows = []
     for config, points in series.items():
         for p in points:
-            rows.append(_row("synthetic", tp, 1, p["batch_size"], "specdec", config + suffix, p["step_ms"],
-                             p["tokens_per_s"], shares.get((config, p["batch_size"]))))
+            rows.append(_row("synthetic", tp, 1, p["batch_size"], "specdec", config, p["step_ms"], p["tokens_per_s"],
+                             shares.get((config, p["batch_size"]))) | {"all_reduce": reducer})
     return rows
 
 
@@ -84,39 +85,45 @@ def _fmt(x, spec=".2f") -> str:
 
 def floor_table(out: Path) -> list[str]:
     """Plain decode at each tp's smallest batch size against its weight floor (bytes a GPU reads / copy bandwidth)."""
-    lines = ["| tp | bs | ms a step | weight floor ms | floor / step | collectives' share |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| tp | bs | ms a step | weight floor ms | floor / step | collectives' share |",
+             "|---|---:|---:|---:|---:|---:|"]
     for path in sorted(out.glob("synthetic_tp*.json")):
         data = json.loads(path.read_text())
         p = min(data["plain"], key=lambda q: q["batch_size"])
         share = next((q["collective_share"] for q in data.get("device_profile", {}).get("plain", [])
                       if q["batch_size"] == p["batch_size"]), None)
-        lines.append(f"| {data['setup'].get('tp_size', 1)}{' (NCCL)' if path.stem.endswith('_nccl') else ''} | "
+        tp = data["setup"].get("tp_size", 1)
+        lines.append(f"| {_tp_label(tp, None if tp == 1 else 'nccl' if path.stem.endswith('_nccl') else 'one-shot')} | "
                      f"{p['batch_size']} | {p['step_ms']:.2f} | {p['weight_floor_ms']:.2f} | "
                      f"{100 * p['floor_share']:.0f} % | {_fmt(share and 100 * share, '.0f')} % |")
     return lines
 
 
+def _tp_label(tp: int, reducer: str | None) -> str:
+    return f"{tp} ({reducer})" if reducer else str(tp)
+
+
 def speedup_table(rows: list[dict]) -> list[str]:
-    """Speculation over plain at each tp and batch size (synthetic); beside it at tp > 1, the speedup as a
-    share of tp 1's at the same batch size (the goal: >= 80 % at bs 1), and the share of tp 1's gain
-    (speedup - 1) kept."""
-    synth = [r for r in rows if r["workload"] == "synthetic" and not r["config"].endswith("-nccl")]
-    plain = {(r["tp"], r["bs"]): r["tok_s"] for r in synth if r["config"] == "plain"}
+    """Speculation over plain at each tp (and all-reduce) and batch size (synthetic); beside it at tp > 1,
+    the speedup as a share of tp 1's at the same batch size (the goal: >= 80 % at bs 1), and the share
+    of tp 1's gain (speedup - 1) kept."""
+    synth = [r for r in rows if r["workload"] == "synthetic"]
+    plain = {(r["tp"], r["all_reduce"], r["bs"]): r["tok_s"] for r in synth if r["config"] == "plain"}
     configs = sorted({r["config"] for r in synth} - {"plain"})
-    speedup = {(r["tp"], r["bs"], r["config"]): r["tok_s"] / plain[r["tp"], r["bs"]]
-               for r in synth if r["config"] != "plain" and (r["tp"], r["bs"]) in plain}
+    speedup = {(r["tp"], r["all_reduce"], r["bs"], r["config"]): r["tok_s"] / plain[r["tp"], r["all_reduce"], r["bs"]]
+               for r in synth if r["config"] != "plain" and (r["tp"], r["all_reduce"], r["bs"]) in plain}
     lines = ["| tp | bs | " + " | ".join(f"{c}: speedup (of tp 1's; gain kept)" for c in configs) + " |",
-             "|---:|---:|" + "---:|" * len(configs)]
-    for tp, bs in sorted(plain):
+             "|---|---:|" + "---:|" * len(configs)]
+    for tp, reducer, bs in sorted(plain, key=lambda k: (k[0], k[1] or "", k[2])):
         cells = []
         for c in configs:
-            s, base = speedup.get((tp, bs, c)), speedup.get((1, bs, c))
+            s, base = speedup.get((tp, reducer, bs, c)), speedup.get((1, None, bs, c))
             kept = ""
             if s and base and tp > 1:
                 gain = f"{100 * (s - 1) / (base - 1):.0f} %" if base > 1.05 else "—"
                 kept = f" ({100 * s / base:.0f} %; {gain})"
             cells.append(f"{_fmt(s)}x{kept}" if s else "—")
-        lines.append(f"| {tp} | {bs} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_tp_label(tp, reducer)} | {bs} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -152,11 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     dest = args.output_dir or args.out
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "scale.json").write_text(json.dumps(rows, indent=1))
-    text = ["## Plain decode against the weight floor (8B synthetic, ctx 1024)", "", *floor_table(args.out), "",
-            "## Speculation's speedup by tp size (8B synthetic)", "", *speedup_table(rows), "",
-            "## specdec beside vLLM: plain decode, 8B random weights (offline driver)", "", *peer_table(rows), "",
-            "## Throughput through the server: data- and tensor-parallel layouts", "", *serve_table(rows)]
-    (dest / "scale.md").write_text("\n".join(text) + "\n")
+    sections = {"Plain decode against the weight floor (8B synthetic, ctx 1024)": floor_table(args.out),
+                "Speculation's speedup by tp size (8B synthetic)": speedup_table(rows),
+                "specdec beside vLLM: plain decode, 8B random weights (offline driver)": peer_table(rows),
+                "Throughput through the server: data- and tensor-parallel layouts": serve_table(rows)}
+    text = []
+    for title, table in sections.items():  # a table of headers only: not measured in this run
+        text += [f"## {title}", "", *(table if len(table) > 2 else ["Not measured in this run."]), ""]
+    (dest / "scale.md").write_text("\n".join(text))
     print("\n".join(text))
 
 

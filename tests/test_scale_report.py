@@ -53,6 +53,6 @@ def test_tables_state_the_goals_figures(tmp_path):
     _write_run(tmp_path)
     report.main([str(tmp_path)])
     text = (tmp_path / "scale.md").read_text()
-    assert "| 2 | 1 | 2.50 | 1.90 | 76 % | 12 % |" in text  # 1.9 / 2.5 of the floor, 0.3 / 2.5 in collectives
-    assert "| 2 | 1 | 1.60x (80 %; 60 %) |" in text  # 1.6 / 2.0 of tp 1's speedup; 0.6 of its 1.0 gain
+    assert "| 2 (one-shot) | 1 | 2.50 | 1.90 | 76 % | 12 % |" in text  # 1.9 / 2.5 of the floor, 0.3 / 2.5 in collectives
+    assert "| 2 (one-shot) | 1 | 1.60x (80 %; 60 %) |" in text  # 1.6 / 2.0 of tp 1's speedup; 0.6 of its 1.0 gain
     assert "| 2 | 1 | 2.50 | 3.00 | 1.20x |" in text  # vLLM's 3.0 ms over specdec's 2.5

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing.connection
+from multiprocessing.reduction import ForkingPickler
 import sys
 import threading
 import time
@@ -133,6 +134,10 @@ class TPWorkers:
         self._error: TPWorkerError | None = None
         self._lost = False  # a rank's connection closed
         self._listeners: list[Callable[[TPWorkerError], None]] = []
+        # the monitor thread watches every rank's connection and process (from ``wait_ready`` on)
+        self._watching = False
+        # argument-less calls (``step``), pickled once
+        self._encoded: dict[str, bytes] = {}
 
     @classmethod
     def start(cls, args: Any, engine_cls: type) -> tuple["TPWorkers", TPGroup]:
@@ -260,8 +265,9 @@ class TPWorkers:
         return causes or [f"tensor-parallel rank 0 failed: {error!r}"]
 
     def check(self) -> None:
-        """Raise ``TPWorkerError`` if a rank has reported an error or ended."""
-        if self._error is not None or self._gone():
+        """Raise ``TPWorkerError`` if a rank has reported an error or ended. Once the monitor thread
+        watches the ranks (``wait_ready``), its verdict is read; before, every rank is polled."""
+        if self._error is not None or (not self._watching and self._gone()):
             raise self.failure(None)
 
     # ------------------------------------------------------------ calls
@@ -277,12 +283,21 @@ class TPWorkers:
             if kind != "ready":
                 raise self.failure(None) if kind == "error" else TPWorkerError(f"unexpected message {kind!r}")
         threading.Thread(target=self._watch, name="tp-monitor", daemon=True).start()
+        self._watching = True
 
     def send(self, name: str, *args: Any) -> None:
+        """Run ``name(*args)`` on every worker's scheduler. NOTE: this is on every decode step's
+        path: the call is pickled once (an argument-less one, such as ``step``, once per engine)
+        and the same bytes go to each rank, as ``Connection.send`` would pickle them."""
         self.check()
+        payload = self._encoded.get(name) if not args else None
+        if payload is None:
+            payload = bytes(ForkingPickler.dumps((name, args)))
+            if not args:
+                self._encoded[name] = payload
         try:
             for conn in self.conns.values():
-                conn.send((name, args))
+                conn.send_bytes(payload)
         except (BrokenPipeError, OSError) as e:
             raise self.failure(e) from e
 

@@ -31,6 +31,8 @@ def test_tiny_sweep_reports_every_point(tmp_path):
     for name, points in res["speculative"].items():
         for p in points:
             assert p["speedup"] > 0 and set(p["phases_ms"]) == {"draft", "verify", "commit", "draft_extend", "other"}
+            host = p["host_ms"]  # rank 0's host: its wait for the reads (none on CPU) and its own work
+            assert 0 <= host["read_wait"] < 1.0 and host["busy"] + host["read_wait"] == pytest.approx(p["step_ms"])
             assert 1.0 <= p["committed_per_request_step"] <= 4.0
             assert p["shapes"] == {name: p["decode_steps"]}  # a fixed shape speculates every step
             # timed over the tokens plain decoding commits in its 4 steps, in no more steps than it

@@ -23,9 +23,10 @@ policy's fewer, so that every policy is timed over the same contexts (timed over
 of steps, a speculative policy would attend over longer ones: 3x2x4 at bs 64 grows each context
 2.4 tokens a step). Per-phase GPU times come from CUDA events, no syncs in between. The report
 gives tok/s, ms per step and per phase (draft, verify, commit, draft extend, other = host time and
-gaps), the speedup over plain decoding at the same batch size, the shapes adaptive speculation
-chose, and the plain step's share of the weight-bandwidth floor (one rank's weight bytes /
-measured device copy bandwidth).
+gaps), rank 0's host time a speculative step (its wait for the step's read, and the rest: its own
+work; a host that hardly waits bounds the step, and the device idles as "other"), the speedup over
+plain decoding at the same batch size, the shapes adaptive speculation chose, and the plain step's
+share of the weight-bandwidth floor (one rank's weight bytes / measured device copy bandwidth).
 ``--profile-device`` adds, at the smallest and largest batch size, the kernels by GPU time and the
 share of a step spent in collectives (NCCL's kernels and the one-shot all-reduce's).
 """
@@ -131,6 +132,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
         elapsed = time.perf_counter() - t0
     produced = sum(len(r.output_ids) for r in reqs) - before
     phases = {k: v / steps for k, v in timer.summary().items()}
+    read_wait = timer.host_summary().get("read_wait", 0.0) / steps
     shapes = dict(engine.scheduler.spec_shape_steps - shapes_before) if spec else None
     if spec:
         engine.worker.timer = None
@@ -146,6 +148,8 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
              "step_ms_spread": spread, "gc": gc_pauses.to_json()}
     if shapes is not None:
         point["shapes"] = shapes
+    if spec:  # rank 0's host: its wait for each step's read, and the rest of the step (its own work)
+        point["host_ms"] = {"read_wait": read_wait, "busy": step_ms - read_wait}
     return point
 
 
@@ -317,6 +321,8 @@ def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_
               flush=True)
         for p in points:
             shapes = f"  shapes {p['shapes']}" if "shapes" in p else ""
+            if "host_ms" in p:
+                shapes += f"  host busy={p['host_ms']['busy']:.2f} read_wait={p['host_ms']['read_wait']:.2f}"
             spread = p["step_ms_spread"]
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
                   f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}  gc {p['gc']['collections']}  "

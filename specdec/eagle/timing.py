@@ -2,6 +2,8 @@
 
 On CUDA each phase is a pair of events recorded on the current stream; the times are read once,
 when ``summary`` is called after the run. On CPU work is synchronous and wall time is exact.
+``host`` phases are host wall time, kept apart (``host_summary``): the host's wait for a step's read
+tells a device-bound step (the host waits) from a host-bound one (it does not).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class PhaseTimer:
         self.cuda = torch.device(device).type == "cuda"
         self._events: list[tuple[str, object, object]] = []
         self._cpu_ms: collections.Counter[str] = collections.Counter()
+        self._host_ms: collections.Counter[str] = collections.Counter()
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -32,6 +35,16 @@ class PhaseTimer:
             yield
             self._cpu_ms[name] += (time.perf_counter() - t0) * 1e3
 
+    @contextlib.contextmanager
+    def host(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self._host_ms[name] += (time.perf_counter() - t0) * 1e3
+
+    def host_summary(self) -> dict[str, float]:
+        """Total host milliseconds per ``host`` phase since the last ``reset``."""
+        return dict(self._host_ms)
+
     def summary(self) -> dict[str, float]:
         """Total milliseconds per phase since the last ``reset``."""
         totals = collections.Counter(self._cpu_ms)
@@ -44,6 +57,7 @@ class PhaseTimer:
     def reset(self) -> None:
         self._events.clear()
         self._cpu_ms.clear()
+        self._host_ms.clear()
 
 
 @contextlib.contextmanager
@@ -52,4 +66,13 @@ def maybe_phase(timer: PhaseTimer | None, name: str):
         yield
     else:
         with timer.phase(name):
+            yield
+
+
+@contextlib.contextmanager
+def maybe_host(timer: PhaseTimer | None, name: str):
+    if timer is None:
+        yield
+    else:
+        with timer.host(name):
             yield

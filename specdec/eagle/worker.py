@@ -41,7 +41,7 @@ from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async
 from specdec.eagle.replay import load_replay
 from specdec.eagle.simulate import rank_probs
 from specdec.eagle.state import DraftResources
-from specdec.eagle.timing import PhaseTimer, maybe_phase
+from specdec.eagle.timing import PhaseTimer, maybe_host, maybe_phase
 from specdec.eagle.tree import TreeMaskMode, build_tree
 from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, to_device
@@ -257,7 +257,8 @@ class EAGLEWorker:
 
         def read() -> DecodeOutput:
             # the step's one read of the device; the draft extend keeps running meanwhile
-            host = host_view()
+            with maybe_host(self.timer, "read_wait"):
+                host = host_view()
             width = cfg.num_steps + 1
             rows, old_lens, accept_host, tokens_host = _unpack([r[: 3 + width] for r in host])
             new_lens = [s + k + 1 for s, k in zip(old_lens, accept_host)]

@@ -54,14 +54,17 @@ def error_flag_for(n: int, device: torch.device, error_flag: torch.Tensor | None
     return error_flag
 
 
-def raise_on_cpu(error_flag: torch.Tensor, describe: Callable[[int, int], str]) -> None:
-    """On CPU, raise ValueError(describe(first_bad_item, code)) if any flag is set.
+def raise_on_cpu(error_flag: torch.Tensor, describe: Callable[[int, int], str], *, first: int = 0) -> None:
+    """On CPU, raise ValueError(describe(first_bad_item, code)) if any flag is set; items whose
+    code has a bit of ``first`` set are reported before the others.
 
     NOTE: on CUDA this returns at once; reading the flag would synchronise with the host.
     """
     if error_flag.device.type != "cpu":
         return
-    bad = torch.nonzero(error_flag).flatten()
+    bad = torch.nonzero(error_flag & first if first else error_flag).flatten()
+    if not bad.numel() and first:
+        bad = torch.nonzero(error_flag).flatten()
     if bad.numel():
         i = int(bad[0])
         raise ValueError(describe(i, int(error_flag[i])))

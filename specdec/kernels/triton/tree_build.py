@@ -155,9 +155,7 @@ def build_tree_kernel_efficient(
         node, kind = code >> 4, code & 15
         return f"invalid draft tree: request {b} node {node} {_BUILD_ERRORS[kind]}"
 
-    if flag.device.type == "cpu" and bool((flag & _MASK_OVERFLOW).any()):  # the ref checks this first
-        raise ValueError(describe(0, _MASK_OVERFLOW))
-    raise_on_cpu(flag, describe)
+    raise_on_cpu(flag, describe, first=_MASK_OVERFLOW)  # the ref checks the overflow first
 
 
 @triton.jit

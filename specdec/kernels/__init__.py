@@ -2,7 +2,8 @@
 
 Each op validates its inputs and runs its Triton kernel (``specdec.kernels.triton``) on CUDA
 tensors, and on CPU tensors when TRITON_INTERPRET=1; else its torch reference ``<op>_ref`` (the
-specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker,
+specification, any device). ``cache_ops`` holds the KV-slot bookkeeping ops of the EAGLE worker, ``commit``
+what a verified step derives from its accepted paths,
 ``kv_indices`` the KV lists and page tables attention reads from the request rows, ``frontier``
 the draft's selections (a step's next frontier, the tree's nodes), ``simulate`` the synthetic
 benchmark's drawn target predictions, ``replay`` its replay of recorded draft trees and ``row_kv``
@@ -19,6 +20,7 @@ from specdec.kernels.cache_ops import (
     move_kv_slots,
     move_kv_slots_ref,
 )
+from specdec.kernels.commit import CommitOutputs, commit_step, commit_step_ref
 from specdec.kernels.common import TreeMaskMode
 from specdec.kernels.dispatch import TRITON_IMPLS
 from specdec.kernels.frontier import select_draft_nodes, select_draft_nodes_ref, select_frontier, select_frontier_ref
@@ -58,9 +60,12 @@ from specdec.kernels.verify import (
 
 __all__ = [
     "TRITON_IMPLS",
+    "CommitOutputs",
     "TreeMaskMode",
     "assign_req_to_token",
     "assign_req_to_token_ref",
+    "commit_step",
+    "commit_step_ref",
     "compact_accepted_kv_locs",
     "compact_accepted_kv_locs_ref",
     "create_kv_indices",

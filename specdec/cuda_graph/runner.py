@@ -11,7 +11,8 @@ buffer per input (the largest size's buffer; smaller sizes use its first rows). 
 
 An input is passed as a tensor, copied into its buffer's first rows, or as a writer: a function
 that fills those rows itself (``writer(rows_view)``, e.g. an ``index_select(..., out=rows_view)``),
-which saves the copy of an intermediate tensor.
+which saves the copy of an intermediate tensor. A caller that fills several inputs in one launch
+writes into ``rows(name, bs)`` first and passes ``WRITTEN`` for them.
 
 Pad values must make the padding requests harmless (e.g. a KV slot reserved for padding, a
 prefix length of 0). ``prepare(padded_bs, views, host)``, when given, runs on the host after the
@@ -41,6 +42,10 @@ class StaticInput:
     dtype: torch.dtype
     trailing: tuple[int, ...] = ()
     pad_value: int | float | bool = 0
+
+
+def WRITTEN(rows: torch.Tensor) -> None:
+    """The writer of an input whose rows the caller already filled (through ``rows``)."""
 
 
 def default_batch_sizes(max_bs: int) -> list[int]:
@@ -103,6 +108,10 @@ class CudaGraphRunner:
         if not self.can_run(bs):
             raise ValueError(f"{self.name}: batch of {bs} outside the captured sizes 1..{self.max_bs}")
         return self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+
+    def rows(self, name: str, bs: int) -> torch.Tensor:
+        """Input ``name``'s rows of a ``bs``-request call, to write before passing ``WRITTEN``."""
+        return self.buffers[name][: bs * self.inputs[name].rows_per_request]
 
     def _views(self, bs: int) -> dict[str, torch.Tensor]:
         return {name: buf[: bs * self.inputs[name].rows_per_request] for name, buf in self.buffers.items()}

@@ -45,6 +45,7 @@ class ShiftedInputs:
     """EAGLE / EAGLE-3 heads: token p + 1 and the target's feature p at draft position p."""
 
     needs_features = True
+    park_base = -1  # no parking slots (``specdec.kernels.commit_step``: a shifted draft)
     target_hidden = CaptureHiddenMode.FULL  # what the target's prefill captures
     decode_hidden = CaptureHiddenMode.LAST  # what a plain decode step captures
 

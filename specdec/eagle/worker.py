@@ -32,6 +32,7 @@ import torch
 from specdec.attention import create_attention_backend
 from specdec.attention.kv_dtype import KV_CACHE_DTYPES, is_fp8
 from specdec.config import ConfigError, SpecConfig
+from specdec.cuda_graph import WRITTEN
 from specdec.eagle.acceptance import observe_paths
 from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
@@ -43,9 +44,11 @@ from specdec.eagle.simulate import rank_probs
 from specdec.eagle.state import DraftResources
 from specdec.eagle.timing import PhaseTimer, maybe_host, maybe_phase
 from specdec.eagle.tree import TreeMaskMode, build_tree
-from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
+from specdec.eagle.verify_step import TreeVerifier, target_verify
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode, to_device
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, step_slots
+from specdec.kernels import CommitOutputs, commit_step
+from specdec.kernels.commit import host_width
 
 
 class EAGLEWorker:
@@ -235,25 +238,21 @@ class EAGLEWorker:
             if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
                 logits = sampling.process(logits.float(), tree)
             result = self.verifier(tree, logits, sampling, seq_lens)
+        extend_graph = self._extend_graph(bs, seq_lens_cpu)
         with maybe_phase(self.timer, "commit"):
-            slots, _ = commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices,
-                                          seq_lens, result, num_draft_tokens=n, topk=cfg.topk)
-            nodes = result.accept_index.clamp(min=0)  # [bs, S+1] accepted path, the root past k
-            tokens = result.predicts[nodes]  # [bs, S+1] committed tokens, padding past k
+            out = self._commit_outputs(bs, extend_graph)
+            commit_step(self.memory.req_to_token, req_pool_indices, seq_lens, result.accept_index,
+                        result.accept_length, result.predicts, tree.retrive_next_token, tree.retrive_next_sibling,
+                        out, num_draft_tokens=n, pad_slot=self.pad_slot, park_base=self.inputs.park_base)
+            # NOTE: a chain's node t sits at position seq_len + t, so its accepted nodes are in place
+            if cfg.topk > 1:
+                self.target.kv_cache.move(out.src_locs, out.dst_locs)  # [bs, S+1]: padding is src == dst
             if getattr(sampling, "top_logprobs_num", None) is not None:
-                sampling.record_logprobs(logits[nodes], tokens)  # each token under its node's logits
-            accept = result.accept_length  # [bs]
-            next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
-            next_seq_lens = seq_lens + accept + 1  # [bs]
-            columns = [req_pool_indices[:, None], seq_lens[:, None], accept[:, None], tokens]
-            if self.observe_paths:  # the accepted path as local node indices, and the tree's links
-                local = result.accept_index - (torch.arange(bs, device=tokens.device) * n)[:, None]
-                columns += [torch.where(result.accept_index >= 0, local, -1), tree.retrive_next_token,
-                            tree.retrive_next_sibling]
-            host_view = copy_to_host_async(torch.cat(columns, 1))
+                sampling.record_logprobs(logits[out.nodes], out.tokens)  # each token under its node's logits
+            host_view = copy_to_host_async(out.host)
         with maybe_phase(self.timer, "draft_extend"):
-            self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu, result.accept_length, nodes,
-                                         tokens, features, slots)
+            self._draft_extend_verified(req_pool_indices, seq_lens, seq_lens_cpu, result.accept_length, out,
+                                        features, extend_graph)
 
         def read() -> DecodeOutput:
             # the step's one read of the device; the draft extend keeps running meanwhile
@@ -277,7 +276,7 @@ class EAGLEWorker:
                 paths=paths,
             )
 
-        return PendingDecode(next_seq_lens, next_tokens, read)
+        return PendingDecode(out.next_seq_lens, out.next_tokens, read)
 
     def decode_plain(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
         """One plain decode step, waited for: ``launch_decode_plain(...).result()``."""
@@ -336,11 +335,61 @@ class EAGLEWorker:
         return self.draft.expand(topk_p[:, :k], topk_index[:, :k], hidden, req_pool_indices=req_pool_indices,
                                  seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu)
 
+    def _extend_graph(self, bs: int, seq_lens_cpu: list[int] | None) -> EAGLEDraftExtendCudaGraphRunner | None:
+        """The draft-extend graph a step of ``bs`` requests replays, if any."""
+        graph = self.draft_extend_graph  # (its prefix lengths are on the host where seq_lens_cpu is)
+        return graph if graph is not None and graph.can_run(bs, seq_lens_cpu) else None
+
+    def _commit_outputs(self, bs: int, extend_graph: EAGLEDraftExtendCudaGraphRunner | None) -> CommitOutputs:
+        """``commit_step``'s outputs for ``bs`` requests: one fresh allocation, and the draft
+        extend's inputs straight in the graph's buffers where it replays. NOTE: the lengths and
+        tokens a step hands on are fresh (the next step reads them while this one's buffers are
+        rewritten)."""
+        cfg = self.config
+        w = cfg.num_steps + 1
+        host = host_width(cfg.num_steps, cfg.num_draft_tokens, observe=self.observe_paths)
+        in_graph = extend_graph is not None
+        sizes = [bs * w] * 3 + [bs] * 2 + [bs * host] + ([] if in_graph else [bs * w] * 3 + [bs])
+        parts = torch.empty(sum(sizes), dtype=torch.int64, device=self.device).split(sizes)
+        src, dst, nodes, next_tokens, next_seq_lens, host_rows = parts[:6]
+        if in_graph:
+            rows = extend_graph.runner.rows
+            tokens, positions, slots, committed = (rows(name, bs) for name in
+                                                   ("input_ids", "positions", "out_cache_loc", "num_committed"))
+        else:
+            tokens, positions, slots, committed = parts[6:]
+        return CommitOutputs(src.view(bs, w), dst.view(bs, w), nodes.view(bs, w), tokens.view(bs, w), next_tokens,
+                             next_seq_lens, positions.view(bs, w), slots.view(bs, w), committed,
+                             host_rows.view(bs, host))
+
+    def _draft_extend_verified(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
+                               out: CommitOutputs, features, graph: EAGLEDraftExtendCudaGraphRunner | None) -> None:
+        """Draft extend over a verified step's S + 1 tokens per request, its inputs written by
+        ``commit_step`` (into the graph's buffers where ``graph`` replays)."""
+        bs, width = out.tokens.shape
+        prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
+        needs = self.inputs.needs_features
+        if graph is not None:
+            graph(seq_lens_cpu=prefix_cpu, input_ids=WRITTEN, positions=WRITTEN, out_cache_loc=WRITTEN,
+                  num_committed=WRITTEN, req_pool_indices=req_pool_indices, seq_lens=prefix,
+                  state_rows=req_pool_indices,
+                  features=(lambda rows: torch.index_select(features, 0, out.nodes.flatten(), out=rows))
+                  if needs else (lambda rows: None))
+            return
+        topk_p, topk_index, hidden = self.draft.extend(
+            input_ids=out.tokens.flatten(), features=features[out.nodes.flatten()] if needs else None,
+            positions=out.positions.flatten(), out_cache_loc=out.slots.flatten(), req_pool_indices=req_pool_indices,
+            prefix_lens=prefix, extend_lens_cpu=[width] * bs, prefix_lens_cpu=prefix_cpu,
+            output_rows=torch.arange(bs, device=prefix.device) * width + accept_length,
+        )
+        self.state.store(req_pool_indices, topk_p, topk_index, hidden)
+
     def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
                                 nodes, tokens, features, slots) -> None:
-        """Draft extend over S + 1 tokens per request: the committed ones (accept_length + 1, [bs]),
-        then padding; replays the draft-extend graph where one is captured for the batch, whose
-        inputs are computed straight into its buffers and which stores the new root expansions.
+        """A plain step's draft extend over S + 1 tokens per request: the committed one
+        (accept_length + 1, [bs]), then padding; replays the draft-extend graph where one is
+        captured for the batch, whose inputs are computed straight into its buffers and which
+        stores the new root expansions.
         ``features`` (None for a standalone draft) are read by EAGLE heads only."""
         bs, width = tokens.shape
         device = tokens.device

@@ -10,10 +10,10 @@ one by one, each costing ~5-20 µs of host time. ``OpCounter`` counts them while
     graphs    CUDA-graph replays (a captured runner's whole function counts as one)
 
 by phase of the step (``phase``; the worker's ``maybe_phase`` names: draft, verify, commit,
-draft_extend; see ``count_decode_steps`` for the others). Inside a graph runner's function and a Triton launch nothing else is
-counted (they are one launch each on a GPU). Triton kernels run under the interpreter
-(the graphs' functions on torch's references), whose CPU-only error-flag reads are not counted
-either.
+draft_extend; see ``count_decode_steps`` for the others). Inside a graph runner's function and a
+Triton launch nothing else is counted (they are one launch each on a GPU). Triton kernels run under
+the interpreter (the graphs' functions on torch's references), whose CPU-only error-flag reads are
+not counted either.
 
 tests/eagle/test_op_count.py pins the counts per step of EAGLE-3 workers at 64 requests (tiny
 random models, overlap on, adaptive on with the shape forced, the graph path run eagerly); run it

@@ -144,7 +144,8 @@ class EAGLEWorker:
         extend, which plain steps run too, is captured at every size).
         """
         if max(batch_sizes) > self.max_batch_size:
-            raise ValueError(f"--cuda-graph-max-bs={max(batch_sizes)} exceeds max_running_requests={self.max_batch_size}")
+            raise ValueError(f"--cuda-graph-max-bs={max(batch_sizes)} exceeds "
+                             f"max_running_requests={self.max_batch_size}")
         common = dict(max_seq_len=max_seq_len, device=self.device, use_graphs=use_graphs, pool=pool)
         self.draft_graph = EAGLEDraftCudaGraphRunner(self.draft, self.state,
                                                      batch_sizes=draft_batch_sizes or batch_sizes, **common)

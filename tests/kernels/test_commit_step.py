@@ -88,7 +88,8 @@ def test_reference_equals_the_torch_chain_it_replaces(bs, n, w, park_base):
     nodes = accept.long().clamp(min=0)
     tokens = predicts.long()[nodes]
     inputs = ShiftedInputs() if park_base < 0 else AlignedInputs(park_base)
-    slots = inputs.committed_slots(dst, ks, rows, torch.tensor(pad), torch.arange(w), out=torch.empty(bs, w, dtype=torch.long))
+    slots = inputs.committed_slots(dst, ks, rows, torch.tensor(pad), torch.arange(w),
+                                   out=torch.empty(bs, w, dtype=torch.long))
     prefix, _ = inputs.draft_lens(seq_lens, None)
     local = accept.long() - (torch.arange(bs) * n)[:, None]
     host = torch.cat([rows[:, None], seq_lens[:, None], ks[:, None], tokens, torch.where(accept >= 0, local, -1),

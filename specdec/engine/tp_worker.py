@@ -264,6 +264,10 @@ class TPWorkers:
                 causes.append(f"tensor-parallel worker {rank} died (exit code {proc.exitcode}) before it joined")
         return causes or [f"tensor-parallel rank 0 failed: {error!r}"]
 
+    def failed(self) -> bool:
+        """A rank has failed or gone: the monitor's verdict, else a poll of every rank."""
+        return self._error is not None or self._gone()
+
     def check(self) -> None:
         """Raise ``TPWorkerError`` if a rank has reported an error or ended. Once the monitor thread
         watches the ranks (``wait_ready``), its verdict is read; before, every rank is polled."""
@@ -358,7 +362,11 @@ class MirroredScheduler:
             self._workers.send(name, *args)
             try:
                 return attr(*args)
-            except RuntimeError as e:  # a collective failed: a worker is the likelier culprit
-                raise self._workers.failure(e) from e
+            except Exception as e:
+                # a collective failed, or the monitor thread tore the group down under this call
+                # (torch then raises ValueError): a worker is the likelier culprit
+                if isinstance(e, RuntimeError) or self._workers.failed():
+                    raise self._workers.failure(e) from e
+                raise
 
         return mirrored

@@ -59,6 +59,20 @@ vllm_tp_env() {  # vllm_tp_env TP: vLLM's all-reduce at TP ranks without NVLink 
   if [ "$1" -ge 4 ]; then export VLLM_ALLREDUCE_USE_SYMM_MEM=0; else unset VLLM_ALLREDUCE_USE_SYMM_MEM; fi
 }
 
+wait_http() {  # wait_http URL SECONDS: until URL answers 200 (python's urllib: the device image may lack curl)
+  python3 - "$1" "$2" <<'PY'
+import sys, time, urllib.request
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=2)
+        sys.exit(0)
+    except OSError:
+        time.sleep(1)
+sys.exit(f"{sys.argv[1]} did not answer within {sys.argv[2]} s")
+PY
+}
+
 checkpoint_8b() {
   python3 -c "from specdec.bench.synthetic import write_dummy_checkpoint as w; from pathlib import Path; w('llama-3.1-8b', Path('/tmp/ck'))"
 }
@@ -142,7 +156,7 @@ case "$what" in
       python3 -m specdec.cli serve --model-path /tmp/ck/llama-3.1-8b-target --load-format dummy --dp-size "$dp" \
         --tp-size "$tp" --port 30000 > "$OUT/$tag-server.log" 2>&1 &
       pid=$!
-      for _ in $(seq "${DP_START_TIMEOUT:-240}"); do curl -sf localhost:30000/health >/dev/null && break; sleep 1; done
+      wait_http http://127.0.0.1:30000/health "${DP_START_TIMEOUT:-240}"
       timeout "${DP_BENCH_TIMEOUT:-150}" python3 -m specdec.cli.bench bench-serving --base-url http://127.0.0.1:30000 \
         --dataset random --random-input-len "${DP_INPUT:-512}" --max-new-tokens "${DP_OUTPUT:-256}" \
         --num-prompts $((2 * c)) --concurrency "$c" --disable-tqdm --output "$OUT/$tag.json" 2>&1 \
@@ -172,7 +186,7 @@ case "$what" in
                           --speculative-config "$spec_vllm" > "$log" 2>&1 & ;;
       esac
       pid=$!
-      for _ in $(seq 300); do curl -sf localhost:30000/v1/models >/dev/null && break; sleep 1; done
+      wait_http http://127.0.0.1:30000/v1/models 300
       for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
         n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
         timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \

@@ -89,10 +89,11 @@ def rowwise_attention(
     sm_scale: float,
     max_kv_len: int,
 ) -> None:
-    """torch_native's deterministic attention: softmax(q k^T * sm_scale) v per row over its list, in
-    fp32, one row at a time, so each row's arithmetic depends on its list alone. The same arithmetic
-    as ``triton_kernels.row_attention_ref``, kept here so that torch_native runs where triton is not
-    installed (that module imports it). ``max_kv_len`` does not change the result."""
+    """torch_native's deterministic attention, and the specification of the triton backend's
+    ``row_attention`` (its ``row_attention_ref``): softmax(q k^T * sm_scale) v per row over its list,
+    in fp32, one row at a time (no splits: equal to the kernel up to summation order), so each row's
+    arithmetic depends on its list alone. Query head h reads KV head ``h // (num_heads //
+    num_kv_heads)``; ``max_kv_len`` does not change the result."""
     group = q.shape[1] // k_buffer.shape[1]
     lists, lens = row_list.tolist(), row_lens.tolist()
     for r in range(q.shape[0]):

@@ -18,10 +18,7 @@ pytest.importorskip("transformers")
 
 from specdec.engine.engine import Engine  # noqa: E402
 from specdec.engine.tp_worker import TPWorkerError  # noqa: E402
-from specdec.models import load_target  # noqa: E402
-from specdec.models.config import default_eagle3_layers  # noqa: E402
 
-from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint  # noqa: E402
 from ..serve_process import wait_healthy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,11 +30,8 @@ TIMEOUT = 30  # --dist-timeout where every node is started
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nodes")
-    _, path = write_hf_checkpoint("qwen3", root / "target", seed=7, num_key_value_heads=1)
-    target = load_target(path, aux_hidden_layers=default_eagle3_layers(2))
-    return str(path), str(write_eagle3_head(target, root / "head", draft_vocab_size=80))
+def checkpoint(qwen3_tp_checkpoint):
+    return qwen3_tp_checkpoint
 
 
 def _addr() -> str:

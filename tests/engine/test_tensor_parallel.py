@@ -16,11 +16,9 @@ pytest.importorskip("transformers")
 from specdec.engine.engine import Engine  # noqa: E402
 from specdec.engine.tp_worker import TPWorkerError  # noqa: E402
 from specdec.models import load_target, save_draft_head  # noqa: E402
-from specdec.models.config import default_eagle3_layers  # noqa: E402
 from specdec.models.eagle import EagleDraftModel  # noqa: E402
 
 from ..builders import randomize_  # noqa: E402
-from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint  # noqa: E402
 
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60], [2, 33, 71, 14, 52, 8, 95, 11, 4]]
 GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
@@ -29,13 +27,8 @@ SPEC = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """Qwen3 (q/k norms) with one KV head: tp 2 replicates it; vocab 97 splits 49 + 48 (+1 padding row)."""
-    root = tmp_path_factory.mktemp("tp")
-    _, path = write_hf_checkpoint("qwen3", root / "target", seed=7, num_key_value_heads=1)
-    target = load_target(path, aux_hidden_layers=default_eagle3_layers(2))
-    head = write_eagle3_head(target, root / "head", draft_vocab_size=80)
-    return str(path), str(head)
+def checkpoint(qwen3_tp_checkpoint):
+    return qwen3_tp_checkpoint
 
 
 def _outputs(engine, params=GREEDY):

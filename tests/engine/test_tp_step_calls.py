@@ -9,6 +9,7 @@ import collections
 import json
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,10 +22,6 @@ from specdec.eagle.policy import PLAIN, StepCosts, candidate_shapes  # noqa: E40
 from specdec.engine import tp_worker  # noqa: E402
 from specdec.engine.engine import Engine  # noqa: E402
 from specdec.engine.sampling import SamplingParams  # noqa: E402
-from specdec.models import load_target  # noqa: E402
-from specdec.models.config import default_eagle3_layers  # noqa: E402
-
-from ..models.hf_checkpoints import write_eagle3_head, write_hf_checkpoint  # noqa: E402
 
 STEPS, TOPK, TOKENS = 3, 2, 5
 SPEC = dict(speculative_algorithm="EAGLE3", speculative_num_steps=STEPS, speculative_eagle_topk=TOPK,
@@ -36,12 +33,10 @@ TIMED_STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tp_calls")
-    _, path = write_hf_checkpoint("qwen3", root / "target", seed=7, num_key_value_heads=1)
-    target = load_target(path, aux_hidden_layers=default_eagle3_layers(2))
-    head = write_eagle3_head(target, root / "head", draft_vocab_size=80)
-    return str(path), str(head), target.config.num_hidden_layers
+def checkpoint(qwen3_tp_checkpoint):
+    path, head = qwen3_tp_checkpoint
+    layers = json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"]
+    return path, head, layers
 
 
 def _flat_costs(tmp_path) -> str:

@@ -39,6 +39,7 @@ from specdec.attention.triton_kernels.common import (
     store_rows,
     tile_dtype,
 )
+from specdec.attention.rowwise import rowwise_attention
 from specdec.attention.triton_kernels.decode import check_qkv
 from specdec.kernels.common import check_tensor
 
@@ -181,27 +182,5 @@ def row_attention(
     )
 
 
-def row_attention_ref(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    kv_table: torch.Tensor,
-    row_list: torch.Tensor,
-    row_lens: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    sm_scale: float,
-    max_kv_len: int,
-) -> None:
-    """Specification of ``row_attention``: softmax(q k^T * sm_scale) v per row over its list, in
-    fp32, one row at a time (no splits: equal to the kernel up to summation order). Query head h
-    reads KV head ``h // (num_heads // num_kv_heads)``; ``max_kv_len`` does not change the result.
-    torch_native's deterministic attention (``specdec.attention.rowwise``) is the same arithmetic."""
-    group = q.shape[1] // k_buffer.shape[1]
-    lists, lens = row_list.tolist(), row_lens.tolist()
-    for r in range(q.shape[0]):
-        slots = kv_table[lists[r], : lens[r]].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,khd->hk", q[r].float(), k) * sm_scale
-        out[r] = torch.einsum("hk,khd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
+# the specification: torch_native's own deterministic attention (no triton needed there)
+row_attention_ref = rowwise_attention

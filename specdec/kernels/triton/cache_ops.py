@@ -72,9 +72,12 @@ def assign_req_to_token(req_to_token, req_pool_indices, start_offsets, end_offse
 
 # --------------------------------------------------------------------------- compact_accepted_kv_locs
 @triton.jit
-def _compact_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_length_ptr, src_ptr, dst_ptr,
-                    pos_ptr, error_ptr, max_reqs, ctx, n, num_spec, BLOCK: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+def accepted_path(rows_ptr, seq_lens_ptr, accept_index_ptr, accept_length_ptr, b, max_reqs, ctx, n, num_spec,
+                  BLOCK: tl.constexpr):
+    """Request ``b``'s accepted path, checked (``compact_accepted_kv_locs`` and ``commit_step`` read it
+    so): its row, seq_len, accept length k, error code (1: row outside req_to_token; 2: seq_len + n
+    or k out of range; 4: an accepted entry not one of its n nodes), the lanes, which lanes are
+    accepted (none on an error) and each accepted lane's node within the request (0 elsewhere)."""
     row = tl.load(rows_ptr + b).to(tl.int64)
     base = tl.load(seq_lens_ptr + b).to(tl.int64)
     k = tl.load(accept_length_ptr + b).to(tl.int64)
@@ -88,6 +91,15 @@ def _compact_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_
     bad_node = accepted & ((node < 0) | (node >= n))
     err = tl.where(err != 0, err, tl.where(tl.max(bad_node.to(tl.int32)) > 0, 4, 0))
     accepted = i <= tl.where(err == 0, k, -1)
+    return row, base, k, err, i, accepted, tl.where(accepted, node, 0)
+
+
+@triton.jit
+def _compact_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_length_ptr, src_ptr, dst_ptr,
+                    pos_ptr, error_ptr, max_reqs, ctx, n, num_spec, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row, base, k, err, i, accepted, node = accepted_path(rows_ptr, seq_lens_ptr, accept_index_ptr, accept_length_ptr,
+                                                         b, max_reqs, ctx, n, num_spec, BLOCK)
     row_ptr = table_ptr + row * ctx + base
     home = tl.load(row_ptr, mask=err == 0, other=-1).to(tl.int64)
     src = tl.load(row_ptr + node, mask=accepted, other=0).to(tl.int64)

@@ -1,7 +1,7 @@
 """Triton ``commit_step`` (``specdec.kernels.commit``): one program per request, W lanes.
 
-Error codes (``error_flag[b]``, 0 = fine): 1 = row outside req_to_token, 2 = seq_len or k out
-of range, 4 = an accepted entry that is not one of the request's nodes (as ``cache_ops``).
+Error codes (``error_flag[b]``, 0 = fine): those of ``cache_ops.accepted_path``, which both read a
+request's accepted path through.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from specdec.kernels.triton._common import custom_op, error_flag_for, next_pow2, raise_on_cpu
+from specdec.kernels.triton.cache_ops import accepted_path
 
 _ERRORS = {
     1: "req_pool_indices: request {b} has a row outside req_to_token",
@@ -26,24 +27,13 @@ def _commit_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_l
                    max_reqs, ctx, n, w, host_w, pad_slot, park_base,
                    SHIFT: tl.constexpr, OBSERVE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    row = tl.load(rows_ptr + b).to(tl.int64)
-    base = tl.load(seq_lens_ptr + b).to(tl.int64)
-    k = tl.load(accept_length_ptr + b).to(tl.int64)
-    err = tl.where((row < 0) | (row >= max_reqs), 1,
-                   tl.where((base < 0) | (base + n > ctx) | (k < 0) | (k >= w), 2, 0))
-    # NOTE: request-level conditions enter masks as integer bounds (i < limit), never as a scalar
-    # bool & a vector: Triton's interpreter mis-types that mask (see cache_ops).
-    i = tl.arange(0, BLOCK_W)
-    accepted = i <= tl.where(err == 0, k, -1)
-    node = tl.load(accept_index_ptr + b * w + i, mask=accepted, other=0).to(tl.int64)
-    bad = accepted & ((node < b * n) | (node >= b * n + n))
-    err = tl.where(err != 0, err, tl.where(tl.max(bad.to(tl.int32)) > 0, 4, 0))
-    accepted = i <= tl.where(err == 0, k, -1)
+    row, base, k, err, i, accepted, local = accepted_path(rows_ptr, seq_lens_ptr, accept_index_ptr,
+                                                          accept_length_ptr, b, max_reqs, ctx, n, w, BLOCK_W)
     k = tl.where(err == 0, k, 0)
-    node = tl.where(accepted, node, 0)
+    node = tl.where(accepted, local + b * n, 0)  # a verify row; padding: node 0
     row_ptr = table_ptr + tl.where(err == 0, row, 0) * ctx + tl.where(err == 0, base, 0)
     home = tl.load(row_ptr, mask=err == 0, other=0).to(tl.int64)
-    src = tl.load(row_ptr + node - b * n, mask=accepted, other=0).to(tl.int64)
+    src = tl.load(row_ptr + local, mask=accepted, other=0).to(tl.int64)
     dst = tl.load(row_ptr + i, mask=accepted, other=0).to(tl.int64)
     token = tl.load(predicts_ptr + node).to(tl.int64)
     if SHIFT:
@@ -68,7 +58,7 @@ def _commit_kernel(table_ptr, rows_ptr, seq_lens_ptr, accept_index_ptr, accept_l
     tl.store(host + 2, k)
     tl.store(host + 3 + i, token, mask=lane)
     if OBSERVE:
-        tl.store(host + 3 + w + i, tl.where(accepted, node - b * n, -1), mask=lane)
+        tl.store(host + 3 + w + i, tl.where(accepted, local, -1), mask=lane)
         j = tl.arange(0, BLOCK_N)
         links = j < n
         tl.store(host + 3 + 2 * w + j, tl.load(next_token_ptr + b * n + j, mask=links, other=0), mask=links)

@@ -304,7 +304,8 @@ def sync_debug(enabled: bool, title: str):
 
 
 def profile_host(fn, title: str) -> None:
-    """Append the host's top functions by own time over ``fn()`` to ``--profile``."""
+    """Append the host's top functions over ``fn()`` to ``--profile``: by own time (any code), then
+    specdec's by cumulative time (where a step's host time goes: prefill against decode steps...)."""
     import cProfile
     import io
     import pstats
@@ -315,6 +316,7 @@ def profile_host(fn, title: str) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats("specdec/", 50)
     with open(PROFILE, "a") as f:
         f.write(f"===== {title}\n{text.getvalue()}\n")
 

@@ -91,6 +91,18 @@ class EngineArgs:
         "up to --cuda-graph-max-bs)", group=MODEL, type=int, nargs="+", metavar="BS"))
     disable_cuda_graph: bool = dataclasses.field(default=False, metadata=flag(
         "run every forward eagerly (CUDA graphs are used on CUDA with the triton backend)", group=MODEL))
+    disable_piecewise_cuda_graph: bool = dataclasses.field(default=False, metadata=flag(
+        "run prefill forwards eagerly (SGLang's flag). By default on CUDA a prefill of up to "
+        "--piecewise-cuda-graph-max-tokens tokens replays CUDA graphs of the model's pieces between attention "
+        "calls, captured per token count (attention runs eagerly between them): a few launches a layer "
+        "instead of a dozen", group=MODEL))
+    piecewise_cuda_graph_max_tokens: int | None = dataclasses.field(default=None, metadata=flag(
+        "largest prefill, in tokens, that replays piecewise CUDA graphs (default: --chunked-prefill-size, at "
+        "most 8192)", group=MODEL))
+    piecewise_cuda_graph_tokens: tuple[int, ...] | None = dataclasses.field(default=None, metadata=flag(
+        "the token counts captured (default: 8, 16, 24, 32, then steps of about x1.5 up to "
+        "--piecewise-cuda-graph-max-tokens); a prefill is padded to the next one", group=MODEL, type=int, nargs="+",
+        metavar="TOKENS"))
     # NOTE: None = the engine decides (on by default on CUDA); the flag can only turn it off
     overlap_schedule: bool | None = dataclasses.field(default=None, metadata=flag(
         "read each decode step before launching the next (overlap scheduling, the default on CUDA, launches "
@@ -221,6 +233,14 @@ class EngineArgs:
             raise ValueError(f"--load-format={self.load_format!r}: choose auto or dummy")
         if not self.schedule_conservativeness > 0:
             raise ValueError(f"--schedule-conservativeness={self.schedule_conservativeness}: expected > 0")
+        if self.piecewise_cuda_graph_max_tokens is not None and self.piecewise_cuda_graph_max_tokens < 1:
+            raise ValueError(f"--piecewise-cuda-graph-max-tokens={self.piecewise_cuda_graph_max_tokens}: expected >= 1")
+        if self.piecewise_cuda_graph_tokens is not None:
+            counts = tuple(sorted(set(self.piecewise_cuda_graph_tokens)))
+            if not counts or counts[0] < 1:
+                raise ValueError(f"--piecewise-cuda-graph-tokens={list(self.piecewise_cuda_graph_tokens)}: "
+                                 "expected token counts >= 1")
+            object.__setattr__(self, "piecewise_cuda_graph_tokens", counts)
         if self.cuda_graph_bs is not None:
             sizes = tuple(sorted(set(self.cuda_graph_bs)))
             if not sizes or sizes[0] < 1 or sizes[-1] > self.max_running_requests:
@@ -245,6 +265,18 @@ class EngineArgs:
         """Most prompt tokens per prefill step (None: no limit)."""
         size = self.chunked_prefill_size or DEFAULT_CHUNKED_PREFILL_SIZE
         return None if size == -1 else size
+
+    @property
+    def prefill_graph_tokens(self) -> list[int]:
+        """The token counts whose prefill forwards replay piecewise CUDA graphs (on CUDA; [] if off)."""
+        from specdec.cuda_graph.piecewise import default_token_counts  # NOTE: imports torch
+
+        if self.disable_piecewise_cuda_graph or self.disable_cuda_graph:
+            return []
+        if self.piecewise_cuda_graph_tokens is not None:
+            return list(self.piecewise_cuda_graph_tokens)
+        most = self.piecewise_cuda_graph_max_tokens or min(self.prefill_chunk_tokens or 8192, 8192)
+        return default_token_counts(most)
 
     @property
     def attention(self) -> str:

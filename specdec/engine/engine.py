@@ -20,6 +20,7 @@ from specdec.engine.args import EngineArgs
 from specdec.engine.deterministic import deterministic_args
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.ngram_setup import TokenTable, ngram_configs
+from specdec.engine.prefill import prefill_hidden_mode
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
@@ -76,6 +77,11 @@ class Engine:
             TPGroup(rank=0, size=args.tp_size).check(read_target_config(args.model_path))
             self._tp_workers, tp_group = TPWorkers.start(args, type(self))
             args = dataclasses.replace(args, device=rank_device(args.device, 0))
+        device = torch.device(args.device)
+        if device.type == "cuda" and device.index is not None:
+            # NOTE: Triton launches on the current device; tensors on another GPU fail as "cpu tensor?"
+            # (a data-parallel replica on cuda:1 failed every request so)
+            torch.cuda.set_device(device)
         try:
             self._load(args, target_model, draft_model, tokenizer, tp_group or TPGroup())
             if self._tp_workers is not None:
@@ -195,10 +201,11 @@ class Engine:
         graph_sizes = graph_batch_sizes(device, backend, cuda_graph_max_bs, cuda_graph_bs,
                                               disable_cuda_graph, max_running_requests)
         max_running_requests = running_cap(graph_sizes, max_running_requests)
+        prefill_tokens = self.args.prefill_graph_tokens if str(device).startswith("cuda") else []
         draft_kv = self.spec_config.draft_kv_cache_dtype if self.spec_config else "auto"
         num_slots = int(max_total_tokens or default_kv_tokens(
             device, target_model, draft_model, graph_sizes, tree, max_running_requests * max_context_len,
-            draft_kv=draft_kv))
+            draft_kv=draft_kv, prefill_graph_tokens=max(prefill_tokens, default=0)))
         num_slots = -(-num_slots // page_size) * page_size
         self.memory = PagedKVMemory(
             num_slots=num_slots, page_size=page_size, max_reqs=max_running_requests + 1,
@@ -234,6 +241,8 @@ class Engine:
         self.cuda_graph_bytes = 0
         if graph_sizes:
             self.cuda_graph_bytes = self.capture_cuda_graphs(graph_sizes)
+        if prefill_tokens:
+            self.cuda_graph_bytes += self.capture_prefill_graphs(prefill_tokens)
         args = self.args
         # an EAGLE head's KV at p saw token p + 1 (pair keys); a standalone draft LM's, like the target's, did not
         pair_keys = draft_model is not None and not getattr(draft_model, "standalone", False)
@@ -280,6 +289,13 @@ class Engine:
             max_seq_len=bound, decode_hidden=self._decode_hidden(),
             verify_sizes=self.worker.verify_graph_sizes(batch_sizes) if spec else {}, pool=pool, use_graphs=use_graphs)
         return total + runner_graphs
+
+    def capture_prefill_graphs(self, token_counts: list[int], *, use_graphs: bool = True) -> int:
+        """Capture the target's piecewise prefill graphs (``specdec.cuda_graph.piecewise``) at
+        ``token_counts``; returns the bytes they hold. ``use_graphs=False``: the same padded path,
+        run eagerly (CPU tests)."""
+        return self.runner.capture_prefill_graphs(token_counts, hidden=prefill_hidden_mode(self.worker),
+                                                  use_graphs=use_graphs)
 
     def _decode_hidden(self) -> CaptureHiddenMode:
         """What a plain decode step captures: the draft head's input (EAGLE), nothing (NGRAM, plain)."""

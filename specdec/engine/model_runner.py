@@ -2,11 +2,15 @@
 
 With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
 TARGET_VERIFY batches (logits in the model dtype: ``ForwardBatch.logits_dtype`` None) replay a
-graph per padded batch size; anything else (prefill, batches larger than the largest captured
-size) runs eagerly. Padding requests read nothing (prefix 0) and write their K/V into
+graph per padded batch size. Padding requests read nothing (prefix 0) and write their K/V into
 ``pad_slot``, a KV slot the allocator never hands out. A backend that plans on the host
 (FlashInfer) is planned from the batch's host lengths before each replay; a batch without them
 runs eagerly.
+
+With ``capture_prefill_graphs``, a prefill (EXTEND) forward of up to
+``--piecewise-cuda-graph-max-tokens`` tokens replays the model body as pieces between its attention
+calls, which run eagerly (``specdec.cuda_graph.piecewise``); its logits are computed eagerly after.
+Anything else (longer prefills, batches past the largest captured size) runs eagerly.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from specdec.attention import KVCache
 from specdec.attention.base import StaticPlan
 from specdec.cuda_graph import CudaGraphRunner, StaticInput, padded_lengths
+from specdec.cuda_graph.piecewise import PiecewiseGraphRunner
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 
 
@@ -30,6 +35,8 @@ class ModelRunner:
         self.aux_hidden_layers = getattr(model, "aux_hidden_layers", None) or None
         # (forward_mode, capture_hidden_mode, tokens per request) -> captured runner
         self.graphs: dict[tuple[ForwardMode, CaptureHiddenMode, int], CudaGraphRunner] = {}
+        # prefill forwards' piecewise graphs (None: prefill runs eagerly)
+        self.prefill_graphs: PiecewiseGraphRunner | None = None
 
     @property
     def embed_weight(self) -> torch.Tensor:
@@ -45,6 +52,8 @@ class ModelRunner:
         if graph is not None:
             return self._replay(graph, batch)
         self.attn_backend.init_forward_metadata(batch)
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            return self.model.forward_head(*self.prefill_graphs(batch, self.attn_backend), batch)
         return self.model(batch)
 
     # ------------------------------------------------------------ CUDA graphs
@@ -79,11 +88,25 @@ class ModelRunner:
             self.graphs[(mode, hidden, tokens)] = runner
         return total
 
+    @torch.inference_mode()
+    def capture_prefill_graphs(self, token_counts: list[int], *, hidden: CaptureHiddenMode, pool=None,
+                               use_graphs: bool = True) -> int:
+        """Capture piecewise graphs of prefill forwards of up to ``max(token_counts)`` tokens that
+        capture ``hidden``; returns their bytes. ``use_graphs=False``: the same padded path, eager."""
+        runner = PiecewiseGraphRunner(self.model, token_counts, hidden_mode=hidden, device=self.kv_cache.device,
+                                      use_graphs=use_graphs, pool=pool)
+        runner.capture()
+        self.prefill_graphs = runner
+        return runner.memory_bytes
+
     def release_cuda_graphs(self) -> None:
         """Destroy the captured graphs; forwards run eagerly from now on."""
         for runner in self.graphs.values():
             runner.release()
         self.graphs.clear()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.release()
+            self.prefill_graphs = None
 
     def _static_forward(self, mode, hidden, tokens, req_to_token, max_seq_len):
         logits_mode, logits_dtype = _graph_logits(mode)

@@ -56,10 +56,11 @@ def running_cap(graph_sizes: list[int], max_running_requests: int) -> int:
 
 
 def default_kv_tokens(device, target_model, draft_model, graph_sizes: list[int], tree: int, most_needed: int,
-                      draft_kv: str = "auto") -> int:
+                      draft_kv: str = "auto", prefill_graph_tokens: int = 0) -> int:
     """KV slots: a fixed default on CPU; on a GPU what fits in 85% of the free memory after
     the weights and an estimate of the CUDA graphs' memory, at most what the requests can use.
-    ``draft_kv``: the draft's KV cache dtype flag (``--speculative-draft-kv-cache-dtype``)."""
+    ``draft_kv``: the draft's KV cache dtype flag (``--speculative-draft-kv-cache-dtype``);
+    ``prefill_graph_tokens``: the largest prefill captured as piecewise graphs (0: none)."""
     if not str(device).startswith("cuda"):
         return DEFAULT_CPU_KV_TOKENS
     per_token = 0
@@ -71,6 +72,8 @@ def default_kv_tokens(device, target_model, draft_model, graph_sizes: list[int],
     c = target_model.config
     rows = max(graph_sizes, default=1) * tree
     graph_bytes = 2 * rows * (4 * c.vocab_size + 2 * (3 * c.intermediate_size + 8 * c.hidden_size)) + (256 << 20)
+    # piecewise prefill graphs: one layer's activations at the largest count, every count's outputs
+    graph_bytes += 2 * prefill_graph_tokens * (3 * c.intermediate_size + 20 * c.hidden_size)
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     fits = int((0.85 * free - graph_bytes) // per_token)
     if fits < 1:

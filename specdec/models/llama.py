@@ -178,6 +178,12 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        return self.forward_head(*self.forward_body(batch), batch)
+
+    def forward_body(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every token through the layers: ([T, H] the final norm's output, which the lm_head reads;
+        [T, F] what a draft head conditions on, or None). A prefill's piecewise CUDA graphs capture
+        this part (``specdec.cuda_graph.piecewise``)."""
         x = self.embed(batch.input_ids)  # [T, H]
         residual: torch.Tensor | None = None  # the stream is x + residual (see llama_layers)
         capture = batch.capture_hidden_mode != CaptureHiddenMode.NULL and self.aux_hidden_layers is not None
@@ -195,5 +201,9 @@ class LlamaForCausalLM(nn.Module):
             hidden = torch.cat([streams.get(i, h) for i in self.aux_hidden_layers], dim=-1)  # [T, len * H]
         else:
             hidden = None
+        return normed, hidden
+
+    def forward_head(self, normed: torch.Tensor, hidden: torch.Tensor | None, batch: ForwardBatch) -> LogitsOutput:
+        """The logits (and captured hidden states) the batch asks for, from ``forward_body``'s outputs."""
         return logits_and_hidden(normed, hidden, self.lm_head_weight, batch, tp=self.tp,
                                  vocab_size=self.config.vocab_size)

@@ -55,6 +55,7 @@ def engine(target, draft=None, *, algorithm=None, shape=None, page_size=1, **kw)
     kw.setdefault("max_total_tokens", 8192)
     kw.setdefault("max_running_requests", 16)
     kw.setdefault("cuda_graph_max_bs", 4)  # on CUDA with triton: capture 1..4 (and decode at most 4 at once)
+    kw.setdefault("piecewise_cuda_graph_max_tokens", 512)  # on CUDA: prefills up to 512 tokens replay pieces
     return Engine(target_model=target, draft_model=draft, page_size=page_size, **spec, **kw)
 
 

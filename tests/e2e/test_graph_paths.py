@@ -7,6 +7,8 @@ The GPU tests replay the same path as real graphs (tests/e2e/test_gpu_cuda_graph
 
 import pytest
 
+from specdec.forward import ForwardMode
+
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 
 SIZES = [2, 8]
@@ -98,4 +100,29 @@ def test_simulated_acceptance_commits_the_first_path():
     steps = sum(g["meta_info"]["spec_verify_ct"] for g in got)
     tokens = sum(len(g["output_ids"]) - 1 for g in got)  # the first token comes from prefill
     assert abs(tokens / steps - 3.5) < 0.35, tokens / steps  # 1 + Binomial(3, 5/6), ~110 steps
+    assert_no_leak(spec)
+
+
+@pytest.mark.parametrize("chunk", [None, 16], ids=["whole", "chunked16"])
+@pytest.mark.parametrize("algorithm", [None, "EAGLE", "EAGLE3"], ids=lambda a: a or "plain")
+def test_piecewise_prefill_path_is_lossless(algorithm, chunk):
+    """Prefill forwards through the piecewise path (the body over padded static rows, attention
+    between the pieces over the real rows) give the same tokens as eager prefills: whole prompts
+    padded to 64 tokens, 16-token chunks (each after a cached prefix), a batch past 64 tokens eager."""
+    target, draft = make_pair(algorithm or "EAGLE", "mixed")
+    prompts = prompts_of(LENGTHS + [40, 31], target.config.vocab_size, seed=5)
+    params = _params() + [{"temperature": 0, "max_new_tokens": 7, "ignore_eos": True}] * 2
+    kw = dict(chunked_prefill_size=chunk) if chunk else {}
+    expected = engine(target, **kw).generate(input_ids=prompts, sampling_params=params)
+    spec = engine(target, draft if algorithm else None, algorithm=algorithm, shape=(3, 1, 4), **kw)
+    spec.capture_prefill_graphs([8, 16, 24, 64], use_graphs=False)
+    eager = spec.runner.model.forward
+    eager_tokens = []
+    spec.runner.model.forward = lambda batch: (batch.forward_mode == ForwardMode.EXTEND
+                                               and eager_tokens.append(batch.num_tokens)) or eager(batch)
+    got = spec.generate(input_ids=prompts[:7], sampling_params=params[:7])  # 60 prompt tokens: one padded prefill
+    got += spec.generate(input_ids=prompts[7:], sampling_params=params[7:])  # 71 tokens whole, or chunks of 16
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert spec.runner.prefill_graphs.num_calls > 0
+    assert eager_tokens == ([] if chunk else [71])
     assert_no_leak(spec)

@@ -35,14 +35,15 @@ def test_gpu_piecewise_prefill_equals_eager(algorithm, backend, chunk):
     eager = engine(target, disable_piecewise_cuda_graph=True, **kw)
     pieces = engine(target, **kw)
     assert eager.runner.prefill_graphs is None and pieces.runner.prefill_graphs.use_graphs
+    expected = [eager.generate(input_ids=prompts[:7], sampling_params=params[:7]),
+                eager.generate(input_ids=prompts[7:], sampling_params=params[7:])]
+    # NOTE: after the eager engine's run: both engines run the same target module
     forward, eager_tokens = pieces.runner.model.forward, []
     pieces.runner.model.forward = lambda batch: (batch.forward_mode == ForwardMode.EXTEND
                                                  and eager_tokens.append(batch.num_tokens)) or forward(batch)
-    expected = [eager.generate(input_ids=prompts[:7], sampling_params=params[:7]),
-                eager.generate(input_ids=prompts[7:], sampling_params=params[7:])]
     got = [pieces.generate(input_ids=prompts[:7], sampling_params=params[:7]),
            pieces.generate(input_ids=prompts[7:], sampling_params=params[7:])]
     assert [[g["output_ids"] for g in part] for part in got] == [[e["output_ids"] for e in part] for part in expected]
     assert pieces.runner.prefill_graphs.num_calls > 0
-    assert all(t > 256 for t in eager_tokens)  # only prefills past the largest count run eagerly
+    assert all(t > 256 for t in eager_tokens), eager_tokens  # only prefills past the largest count run eagerly
     assert_no_leak(pieces)

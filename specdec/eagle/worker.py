@@ -99,6 +99,7 @@ class EAGLEWorker:
         self.resources = resources
         self.inputs = draft_inputs(config.is_standalone, resources.park_base)  # what the draft reads where
         self.decode_hidden = self.inputs.decode_hidden  # what a plain decode step captures
+        self.prefill_hidden = self.inputs.target_hidden  # what the target's prefill captures
         self.pad_slot = resources.pad_slot
         self.draft_kv = resources.kv
         self.state = resources.state

@@ -20,7 +20,6 @@ from specdec.engine.args import EngineArgs
 from specdec.engine.deterministic import deterministic_args
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.ngram_setup import TokenTable, ngram_configs
-from specdec.engine.prefill import prefill_hidden_mode
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
@@ -294,8 +293,14 @@ class Engine:
         """Capture the target's piecewise prefill graphs (``specdec.cuda_graph.piecewise``) at
         ``token_counts``; returns the bytes they hold. ``use_graphs=False``: the same padded path,
         run eagerly (CPU tests)."""
-        return self.runner.capture_prefill_graphs(token_counts, hidden=prefill_hidden_mode(self.worker),
-                                                  use_graphs=use_graphs)
+        return self.runner.capture_prefill_graphs(token_counts, hidden=self._prefill_hidden(), use_graphs=use_graphs)
+
+    def _prefill_hidden(self) -> CaptureHiddenMode:
+        """What the target's prefill forward captures: EAGLE's every token's hidden state, nothing for a
+        standalone draft model, NGRAM or plain decoding."""
+        if self.worker is None:
+            return CaptureHiddenMode.NULL
+        return getattr(self.worker, "base", self.worker).prefill_hidden
 
     def _decode_hidden(self) -> CaptureHiddenMode:
         """What a plain decode step captures: the draft head's input (EAGLE), nothing (NGRAM, plain)."""

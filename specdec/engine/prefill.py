@@ -23,12 +23,6 @@ from specdec.engine.prompt_logprobs import PromptLogprobs
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, deliberate_sync
 
 
-def prefill_hidden_mode(worker) -> CaptureHiddenMode:
-    """What a prefill forward captures: every token's hidden state for a speculative worker's
-    draft extend, nothing without one."""
-    return CaptureHiddenMode.FULL if worker is not None else CaptureHiddenMode.NULL
-
-
 class Prefiller:
     """Runs a prefill step's forward over chunks the scheduler admitted and gave KV slots."""
 
@@ -67,7 +61,7 @@ class Prefiller:
             attn_backend=self.runner.attn_backend,
             # every position's logits only when a request asks for prompt logprobs
             logits_mode=LogitsMode.ALL if prompt_logprobs is not None else LogitsMode.LAST,
-            capture_hidden_mode=prefill_hidden_mode(self.worker),
+            capture_hidden_mode=CaptureHiddenMode.FULL if self.worker else CaptureHiddenMode.NULL,
             prefix_lens_cpu=starts,
             extend_lens_cpu=lens,
         )

@@ -63,6 +63,7 @@ BATCH_PATH_MIN_BS = 8
 class NgramWorker:
     # the hidden states its plain decode step asks for (the host captures its decode graphs so)
     decode_hidden = CaptureHiddenMode.NULL
+    prefill_hidden = CaptureHiddenMode.NULL  # what the target's prefill captures (lookups need none)
 
     def __init__(
         self,
@@ -121,7 +122,7 @@ class NgramWorker:
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
                 next_tokens: list[int] | None = None) -> torch.Tensor:
         """Target EXTEND; returns the token after each request's new ones: [bs] (as ``EAGLEWorker.prefill``)."""
-        out = self.target.forward(dataclasses.replace(batch, capture_hidden_mode=CaptureHiddenMode.NULL))
+        out = self.target.forward(dataclasses.replace(batch, capture_hidden_mode=self.prefill_hidden))
         extend_lens = batch.host_extend_lens()
         logits = out.next_token_logits
         if batch.logits_mode == LogitsMode.ALL:  # the host asked for every position (prompt logprobs)

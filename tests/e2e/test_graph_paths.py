@@ -7,7 +7,9 @@ The GPU tests replay the same path as real graphs (tests/e2e/test_gpu_cuda_graph
 
 import pytest
 
-from specdec.forward import ForwardMode
+from specdec.forward import CaptureHiddenMode, ForwardMode
+
+from ..builders import make_random_target, tiny_llama_config
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 
@@ -103,23 +105,34 @@ def test_simulated_acceptance_commits_the_first_path():
     assert_no_leak(spec)
 
 
+def _piecewise_engine(algorithm, target, draft, **kw):
+    if algorithm == "NGRAM":
+        return engine(target, speculative_algorithm="NGRAM", speculative_num_draft_tokens=6, **kw)
+    if algorithm == "STANDALONE":
+        draft = make_random_target(tiny_llama_config(vocab_size=target.config.vocab_size, num_hidden_layers=1), 5)
+    return engine(target, draft if algorithm else None, algorithm=algorithm, shape=(3, 1, 4), **kw)
+
+
 @pytest.mark.parametrize("chunk", [None, 16], ids=["whole", "chunked16"])
-@pytest.mark.parametrize("algorithm", [None, "EAGLE", "EAGLE3"], ids=lambda a: a or "plain")
-def test_piecewise_prefill_path_is_lossless(algorithm, chunk):
+@pytest.mark.parametrize("algorithm, hidden", [(None, "NULL"), ("EAGLE", "FULL"), ("EAGLE3", "FULL"),
+                                               ("STANDALONE", "NULL"), ("NGRAM", "NULL")],
+                         ids=["plain", "EAGLE", "EAGLE3", "STANDALONE", "NGRAM"])
+def test_piecewise_prefill_path_is_lossless(algorithm, hidden, chunk):
     """Prefill forwards through the piecewise path (the body over padded static rows, attention
     between the pieces over the real rows) give the same tokens as eager prefills: whole prompts
-    padded to 64 tokens, 16-token chunks (each after a cached prefix), a batch past 64 tokens eager."""
-    target, draft = make_pair(algorithm or "EAGLE", "mixed")
+    padded to 64 tokens, 16-token chunks (each after a cached prefix), a batch past 64 tokens eager.
+    The pieces capture what the target's prefill captures for the worker (EAGLE: every hidden state)."""
+    target, draft = make_pair("EAGLE3" if algorithm == "EAGLE3" else "EAGLE", "mixed")
     prompts = prompts_of(LENGTHS + [40, 31], target.config.vocab_size, seed=5)
     params = _params() + [{"temperature": 0, "max_new_tokens": 7, "ignore_eos": True}] * 2
     kw = dict(chunked_prefill_size=chunk) if chunk else {}
     expected = engine(target, **kw).generate(input_ids=prompts, sampling_params=params)
-    spec = engine(target, draft if algorithm else None, algorithm=algorithm, shape=(3, 1, 4), **kw)
+    spec = _piecewise_engine(algorithm, target, draft, **kw)
     spec.capture_prefill_graphs([8, 16, 24, 64], use_graphs=False)
-    eager = spec.runner.model.forward
-    eager_tokens = []
+    assert spec.runner.prefill_graphs.hidden_mode == CaptureHiddenMode[hidden]
+    forward, eager_tokens = spec.runner.model.forward, []
     spec.runner.model.forward = lambda batch: (batch.forward_mode == ForwardMode.EXTEND
-                                               and eager_tokens.append(batch.num_tokens)) or eager(batch)
+                                               and eager_tokens.append(batch.num_tokens)) or forward(batch)
     got = spec.generate(input_ids=prompts[:7], sampling_params=params[:7])  # 60 prompt tokens: one padded prefill
     got += spec.generate(input_ids=prompts[7:], sampling_params=params[7:])  # 71 tokens whole, or chunks of 16
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]

@@ -196,6 +196,8 @@ case "$what" in
       kill $pid; wait $pid 2>/dev/null
     done ;;
   bench)
+    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
+      || { tail "$OUT/export.log"; exit 1; }
     for i in 1 2; do
       python3 -m specdec.cli bench --model-path $SMOL --speculative-algorithm EAGLE3 --speculative-draft-model-path $HEAD \
         --dataset mt_bench --num-prompts 8 --max-running-requests 1 --max-new-tokens 256 \

@@ -20,6 +20,21 @@ capture; a call only looks its buffer up on the host and launches one kernel, wh
 reset themselves, so a captured call replays as often as needed. The ranks must call in the same
 order, which tensor parallelism already guarantees (every rank runs the same forwards).
 
+NOTE [one store-exchange sequence per process]: torch's CUDA symmetric memory meets the other ranks
+in a rendezvous through the group's store, under keys "CUDASymmetricMemory/<seq>/<rank>", where seq
+counts the exchanges this *process* has made (a static ``StoreExchange`` in CUDASymmetricMemory.cu,
+``++seq_id_`` in CUDASymmetricMemoryUtils.hpp; pytorch#196082), not the group's. Rank 0 lives as long
+as the user's process, its workers are new processes per engine: for the second tensor-parallel
+engine of a process rank 0 wrote and waited at seq 4 while the fresh workers waited at seq 0, each
+for keys the other never wrote, until the store's timeout (seen on two H200s, torch 2.11: every
+engine after the first hung at start-up; a new group name cannot help, the keys hold no name). So
+the ranks first compare how many rendezvous their processes have made (``_LEDGER``) and a rank
+behind catches up by rendezvousing scratch blocks alone (a group of itself); and a rendezvous that
+still does not meet gives up after ``RENDEZVOUS_TIMEOUT`` and the group falls back to NCCL. Each
+buffer is a block of its own (not torch's implicit pool, which packs buffers into shared blocks and
+serves a later engine a block it rendezvoused for an earlier group of the same name), so every
+rendezvous makes the same exchanges on every rank.
+
 NOTE: NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, set here before the first
 allocation): the one-shot kernel reads peers' buffers through their unicast mappings only, never
 the multicast address (no ``multimem_*`` op), and creating multicast objects can take a shared
@@ -28,15 +43,17 @@ host's GPUs out of service.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "ONE_SHOT_MAX_BYTES", "choose_all_reduce",
-           "one_shot_unavailable", "register_group"]
+__all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "ONE_SHOT_MAX_BYTES", "RENDEZVOUS_TIMEOUT",
+           "choose_all_reduce", "exchanges_behind", "one_shot_unavailable", "register_group", "store_timeout"]
 
 # Messages up to this size take the one-shot path. 1 MiB covers an 8B model's decode step up to
 # bs 128 (128 x 4096 x 2 bytes) and its verify step up to 128 tree tokens; past ~1 MB the one-shot
@@ -49,6 +66,19 @@ ONE_SHOT_MAX_BYTES = 1 << 20
 ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
 _ALIGN = 16  # bytes: the kernel's widest vector; the fused copy needs message and view aligned to it
 _MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
+# how long a rendezvous may wait for the other ranks' keys (it takes well under a second once they
+# have met at the all-reduce before it); then the group falls back to NCCL
+RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+class _Ledger:
+    """The rendezvous this process has made (every one on a fresh block: the same store exchanges on
+    every rank); None once one failed midway (how far torch's sequence got is unknown)."""
+
+    count: int | None = 0
+
+
+_LEDGER = _Ledger()  # NOTE: per process, as torch's sequence is; see the module docstring
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -130,7 +160,8 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
     """The group's all-reduce: one-shot where every rank can run it, else torch.distributed's (with
     a warning saying why). Call on every rank at once, after the process group exists and before any
     CUDA graph is captured. The ranks agree over NCCL after each step that can fail on its own (the
-    checks, the allocations, the rendezvous), so no rank waits in a collective that the others skip."""
+    checks, the allocations, the catching up, the rendezvous), so no rank waits in a collective that
+    the others skip; a rendezvous that does not meet gives up after ``RENDEZVOUS_TIMEOUT``."""
     fallback = DistAllReduce(group)
     if not enabled or size < 2 or torch.device(device).type != "cuda":
         return fallback  # the same on every rank: nothing to agree on
@@ -138,14 +169,18 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
         raise ValueError(f"custom all-reduce: max_bytes={max_bytes} must be a positive multiple of {_ALIGN}")
     import torch.distributed as dist
 
-    group_name = (group or dist.group.WORLD).group_name
+    group = group or dist.group.WORLD
+    group_name, device = group.group_name, torch.device(device)
     reason = one_shot_unavailable(device, size=size, single_host=single_host, peers=peers)
     buffers: dict[torch.dtype, torch.Tensor] = {}
-    for step in (_allocate, _rendezvous):
+    steps = (lambda: _allocate(buffers, group_name, device, max_bytes),
+             lambda: _align_exchanges(group, device),  # NOTE: a collective first, run by every rank
+             lambda: _rendezvous(buffers, group, group_name))
+    for step in steps:
         if reason is None:
             try:
-                step(buffers, group_name, torch.device(device), max_bytes)
-            except RuntimeError as e:
+                step()
+            except (RuntimeError, ValueError) as e:  # torch's errors, DistStoreError among them
                 reason = f"symmetric memory failed: {e}"
         if not _every_rank(reason is None, group, device):
             warnings.warn(f"custom all-reduce off ({reason or 'another rank cannot run it'}): NCCL all-reduces "
@@ -161,7 +196,15 @@ def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: i
     os.environ[_MULTICAST_ENV] = "1"  # NOTE: before the first allocation; see the module docstring
     register_group(symm_mem, group_name)
     for dtype in ONE_SHOT_DTYPES:
-        buffers[dtype] = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
+        buffers[dtype] = _fresh_block(max_bytes // dtype.itemsize, dtype, device)
+
+
+def _fresh_block(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A symmetric tensor in a block of its own, freed with it (not from torch's implicit pool; see
+    the module docstring)."""
+    from torch._C._distributed_c10d import _SymmetricMemory
+
+    return _SymmetricMemory.empty_strided_p2p((numel,), (1,), dtype, device)
 
 
 def register_group(symm_mem: Any, group_name: str) -> None:
@@ -184,12 +227,78 @@ def register_group(symm_mem: Any, group_name: str) -> None:
     enable(group_name)
 
 
-def _rendezvous(buffers: dict, group_name: str, device: torch.device, max_bytes: int) -> None:
-    """Exchange the buffers' handles with the other ranks (collective)."""
+def _rendezvous(buffers: dict, group: Any, group_name: str) -> None:
+    """Exchange the buffers' handles with the other ranks (collective), waiting at most
+    ``RENDEZVOUS_TIMEOUT`` for them."""
+    import torch.distributed as dist
+
+    with store_timeout(dist.distributed_c10d._get_process_group_store(group), RENDEZVOUS_TIMEOUT):
+        for buf in buffers.values():
+            try:
+                _counted_rendezvous(buf, group_name)
+            except dist.DistStoreError as e:
+                raise RuntimeError(
+                    f"the ranks did not meet in the rendezvous within {RENDEZVOUS_TIMEOUT.total_seconds():g} s "
+                    f"(torch numbers its store exchanges per process, pytorch#196082: has this process "
+                    f"rendezvoused for another group outside specdec?): {e}") from e
+
+
+def _counted_rendezvous(buf: torch.Tensor, group_name: str) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
-    for buf in buffers.values():
-        symm_mem.rendezvous(buf, group_name)
+    done, _LEDGER.count = _LEDGER.count, None  # unknown until it returns
+    symm_mem.rendezvous(buf, group_name)
+    _LEDGER.count = None if done is None else done + 1
+
+
+def exchanges_behind(counts: list[int], rank: int) -> int:
+    """How many rendezvous ``rank``'s process must make alone to reach the process that has made
+    the most (``counts``: each rank's ``_LEDGER.count``, -1 for unknown). Worked example, the second
+    tp-2 engine of a process: rank 0 made 2 for the first engine, its new worker none:
+    counts [2, 0] -> rank 0: 0, rank 1: 2."""
+    unknown = [r for r, c in enumerate(counts) if c < 0]
+    if unknown:
+        raise RuntimeError(f"an earlier rendezvous of rank {unknown[0]}'s process failed midway, so its place "
+                           "in torch's store-exchange sequence is unknown")
+    return max(counts) - counts[rank]
+
+
+def _align_exchanges(group: Any, device: torch.device) -> None:
+    """Bring every rank's process to the same place in torch's store-exchange sequence (collective;
+    see the module docstring): a rank behind rendezvouses scratch blocks on a group of its own."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    mine = torch.tensor([-1 if _LEDGER.count is None else _LEDGER.count], dtype=torch.int64, device=device)
+    counts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(counts, mine, group=group)
+    behind = exchanges_behind([int(c.item()) for c in counts], dist.get_rank(group))
+    if not behind:
+        return
+    alone = dist.new_group([dist.get_rank()], use_local_synchronization=True)
+    try:
+        register_group(symm_mem, alone.group_name)
+        for _ in range(behind):
+            _counted_rendezvous(_fresh_block(_ALIGN, torch.uint8, device), alone.group_name)
+    finally:
+        dist.destroy_process_group(alone)
+
+
+@contextlib.contextmanager
+def store_timeout(store: Any, timeout: datetime.timedelta) -> Iterator[None]:
+    """``store`` and the stores under it (a PrefixStore wraps the group's TCPStore) wait at most
+    ``timeout`` for a key inside the block; their own timeouts after it."""
+    chain = [store]
+    while hasattr(chain[-1], "underlying_store"):
+        chain.append(chain[-1].underlying_store)
+    before = [s.timeout for s in chain]
+    try:
+        for s in chain:
+            s.set_timeout(timeout)
+        yield
+    finally:
+        for s, t in zip(reversed(chain), reversed(before)):
+            s.set_timeout(t)
 
 
 def _every_rank(ok: bool, group: Any, device: Any) -> bool:

@@ -5,8 +5,8 @@ run in tests/e2e/test_gpu_custom_all_reduce.py (two GPUs)."""
 import pytest
 import torch
 
-from specdec.models.all_reduce import (DistAllReduce, OneShotAllReduce, choose_all_reduce, one_shot_unavailable,
-                                       register_group)
+from specdec.models.all_reduce import (DistAllReduce, OneShotAllReduce, choose_all_reduce, exchanges_behind,
+                                       one_shot_unavailable, register_group, store_timeout)
 from specdec.models.config import LlamaConfig
 from specdec.models.parallel import SINGLE, TPGroup, draft_head_group
 
@@ -154,3 +154,104 @@ def test_draft_tp_flag_refuses_a_draft_without_head():
     with pytest.raises(ValueError, match="no draft head"):
         EngineArgs(model_path="m", device="cpu", speculative_algorithm="NGRAM", speculative_draft_tp="shard")
     assert EngineArgs(model_path="m", device="cpu").disable_custom_all_reduce is False  # on by default
+
+
+# ---------------------------------------------------------------- torch's store-exchange sequence
+def test_exchanges_behind_worked_example():
+    """The second tp-2 engine of a process: rank 0's process rendezvoused twice for the first engine
+    (bf16 and fp32 buffers), its new worker never."""
+    assert [exchanges_behind([2, 0], r) for r in (0, 1)] == [0, 2]
+    assert [exchanges_behind([4, 4, 1], r) for r in (0, 1, 2)] == [0, 0, 3]
+    with pytest.raises(RuntimeError, match="rank 1's process failed midway"):
+        exchanges_behind([2, -1], 0)
+
+
+def test_rendezvous_ledger_counts_and_forgets_on_failure(monkeypatch):
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from specdec.models import all_reduce
+
+    monkeypatch.setattr(all_reduce._LEDGER, "count", 0)
+    monkeypatch.setattr(symm_mem, "rendezvous", lambda buf, name: None)
+    all_reduce._counted_rendezvous(torch.zeros(1), "0")
+    all_reduce._counted_rendezvous(torch.zeros(1), "0")
+    assert all_reduce._LEDGER.count == 2
+
+    def fails(buf, name):
+        raise RuntimeError("store timeout")
+
+    monkeypatch.setattr(symm_mem, "rendezvous", fails)
+    with pytest.raises(RuntimeError):
+        all_reduce._counted_rendezvous(torch.zeros(1), "0")
+    assert all_reduce._LEDGER.count is None  # how far torch's sequence got is unknown
+
+
+def test_store_timeout_bounds_a_wait_then_restores():
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    inner = dist.HashStore()
+    store = dist.PrefixStore("0/", dist.PrefixStore("default_pg/", inner))
+    before = store.timeout
+    start = time.monotonic()
+    with store_timeout(store, datetime.timedelta(milliseconds=200)):
+        with pytest.raises(dist.DistStoreError):
+            store.multi_get(["CUDASymmetricMemory/4/1"])  # a key no rank writes
+    assert time.monotonic() - start < 30
+    assert store.timeout == before and inner.timeout == before
+
+
+def _peer(port: int, done: int, out) -> None:
+    """Rank 1, a new process per group (as a tensor-parallel worker is): catches up with rank 0."""
+    import torch.distributed as dist
+
+    from specdec.models import all_reduce
+
+    made = []
+    all_reduce._fresh_block = lambda numel, dtype, device: torch.empty(numel, dtype=dtype)
+    all_reduce._counted_rendezvous = lambda buf, name: made.append(name)
+    all_reduce._LEDGER.count = done
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    try:
+        all_reduce._align_exchanges(dist.group.WORLD, torch.device("cpu"))
+        dist.barrier()
+        out.put((len(made), len(set(made)), dist.group.WORLD.group_name))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_second_group_of_a_process_catches_new_ranks_up(monkeypatch):
+    """Two process groups one after the other in this process (rank 0), each with a new rank-1
+    process: both groups are named "0", and the second group's new rank makes the two rendezvous
+    this process made for the first group, alone (a group of its own), before the group's own."""
+    import socket
+
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from specdec.models import all_reduce
+
+    monkeypatch.setattr(all_reduce, "_LEDGER", all_reduce._Ledger())
+    ctx = mp.get_context("spawn")
+    seen = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        out = ctx.Queue()
+        peer = ctx.Process(target=_peer, args=(port, 0, out), daemon=True)
+        peer.start()
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+        try:
+            all_reduce._align_exchanges(dist.group.WORLD, torch.device("cpu"))  # rank 0 is never behind
+            dist.barrier()
+            seen.append(out.get(timeout=60))
+        finally:
+            dist.destroy_process_group()
+            peer.join(30)
+        all_reduce._LEDGER.count += 2  # this group's rendezvous: the bf16 and the fp32 buffer
+    assert seen[0] == (0, 0, "0")
+    made, names, group_name = seen[1]
+    assert (made, names, group_name) == (2, 1, "0")

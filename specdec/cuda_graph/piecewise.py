@@ -22,20 +22,25 @@ attention, K/V stores and the lm_head (``forward_head``, eager after the pieces)
 rows. The pieces of every token count share the static rows (sized for the largest count) and
 one memory pool; they are captured largest first and never run at the same time.
 
-The model provides ``forward_body(batch) -> (normed [T, H], hidden [T, F] | None)``; its layers
-call ``batch.attn_backend.forward(q, k, v, layer, batch)`` once each. Without CUDA (or with
-``use_graphs=False``) the same padded path runs eagerly, which is how the CPU tests check it.
+The runner takes the body as ``body(input_ids [T], positions [T], attention) -> (normed [T, H],
+hidden [T, F] | None)``, which runs the model with ``attention`` as its attention backend: each layer
+calls ``attention.forward(q, k, v, layer, batch)`` once. A call passes the real attention as
+``attend(q, k, v, layer) -> out``. Without CUDA (or with ``use_graphs=False``) the same padded path
+runs eagerly, which is how the CPU tests check it.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode
+# (input_ids [T], positions [T], attention) -> (normed [T, H], hidden [T, F] or None)
+Body = Callable[[torch.Tensor, torch.Tensor, object], tuple[torch.Tensor, torch.Tensor | None]]
+# (q [T, Hq * D], k [T, Hkv * D], v [T, Hkv * D], layer) -> [T, Hq * D], over the real rows
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], torch.Tensor]
 
 
 def default_token_counts(max_tokens: int) -> list[int]:
@@ -63,14 +68,13 @@ class _Pieces:
 class _Splitter:
     """Stands in for the attention backend while the body runs over the static rows: each call
     copies q/k/v into the static rows and returns the static output rows. Capturing, it also ends
-    the piece being captured and begins the next; eager (``backend`` given), it runs attention
-    over the real rows itself."""
+    the piece being captured and begins the next; eager (``attend`` given), it runs attention over
+    the real rows itself."""
 
-    def __init__(self, runner: "PiecewiseGraphRunner", *, pool=None, backend=None, batch=None) -> None:
+    def __init__(self, runner: "PiecewiseGraphRunner", *, pool=None, attend: Attend | None = None) -> None:
         self.runner = runner
         self.pool = pool
-        self.backend = backend
-        self.batch = batch
+        self.attend = attend
         self.layers: list = []
         self.graphs: list[torch.cuda.CUDAGraph] = []
 
@@ -79,7 +83,7 @@ class _Splitter:
         graph.capture_begin(pool=self.pool)
         self.graphs.append(graph)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer, batch) -> torch.Tensor:
         rows = q.shape[0]
         sq, sk, sv, out = self.runner.static_rows(q, k, v)
         sq[:rows].copy_(q)
@@ -89,28 +93,26 @@ class _Splitter:
         if self.pool is not None:  # capturing: this piece ends here, the next begins
             self.graphs[-1].capture_end()
             self.begin_piece()
-        elif self.backend is not None:  # eager: attention over the real rows now
-            self.runner.attend(self.backend, layer, self.batch)
+        elif self.attend is not None:  # eager: attention over the real rows now
+            self.runner.attend(self.attend, layer)
         return out[:rows]
 
 
 class PiecewiseGraphRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        body: Body,
         token_counts: Sequence[int],
         *,
-        hidden_mode: CaptureHiddenMode,
         device: torch.device | str,
         use_graphs: bool = True,
         pool=None,
     ) -> None:
         if not token_counts or min(token_counts) < 1:
             raise ValueError(f"piecewise CUDA graphs: token counts must be non-empty and >= 1, got {list(token_counts)}")
-        self.model = model
+        self.body = body
         self.token_counts = sorted(set(int(t) for t in token_counts))
         self.max_tokens = self.token_counts[-1]
-        self.hidden_mode = hidden_mode
         self.device = torch.device(device)
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.pool = pool
@@ -125,9 +127,8 @@ class PiecewiseGraphRunner:
         self.num_calls = 0
 
     # ------------------------------------------------------------------ sizes
-    def can_run(self, batch: ForwardBatch) -> bool:
-        return (batch.forward_mode == ForwardMode.EXTEND and batch.capture_hidden_mode == self.hidden_mode
-                and 1 <= batch.num_tokens <= self.max_tokens)
+    def can_run(self, tokens: int) -> bool:
+        return 1 <= tokens <= self.max_tokens
 
     def padded_count(self, tokens: int) -> int:
         return self.token_counts[bisect.bisect_left(self.token_counts, tokens)]
@@ -143,19 +144,15 @@ class PiecewiseGraphRunner:
             raise ValueError(f"piecewise CUDA graphs: every layer's q/k/v must have the same widths, got {widths}")
         return self._qkv_out
 
-    def attend(self, backend, layer, batch: ForwardBatch) -> None:
+    def attend(self, attend: Attend, layer) -> None:
         """One layer's attention over the real rows, written into the static output rows."""
         rows = self._real_rows
         q, k, v, out = self._qkv_out
-        out[:rows].copy_(backend.forward(q[:rows], k[:rows], v[:rows], layer, batch))
+        out[:rows].copy_(attend(q[:rows], k[:rows], v[:rows], layer))
 
-    def _body_batch(self, tokens: int, splitter: _Splitter) -> ForwardBatch:
-        """The batch the body reads under capture: the static inputs' first ``tokens`` rows."""
-        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
-        return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, input_ids=self.input_ids[:tokens], positions=self.positions[:tokens],
-            out_cache_loc=empty, req_pool_indices=empty, prefix_lens=empty, extend_lens=empty,
-            req_to_token=None, kv_cache=None, attn_backend=splitter, capture_hidden_mode=self.hidden_mode)
+    def _run_body(self, tokens: int, splitter: _Splitter) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The body over the static inputs' first ``tokens`` rows."""
+        return self.body(self.input_ids[:tokens], self.positions[:tokens], splitter)
 
     # ---------------------------------------------------------------- capture
     def capture(self) -> None:
@@ -171,10 +168,10 @@ class PiecewiseGraphRunner:
             for tokens in reversed(self.token_counts):
                 # NOTE: eager runs first, so that Triton compiles and cuBLAS takes its workspace outside the capture
                 for _ in range(2):
-                    self.model.forward_body(self._body_batch(tokens, _Splitter(self)))
+                    self._run_body(tokens, _Splitter(self))
                 splitter = _Splitter(self, pool=pool)
                 splitter.begin_piece()
-                outputs = self.model.forward_body(self._body_batch(tokens, splitter))
+                outputs = self._run_body(tokens, splitter)
                 splitter.graphs[-1].capture_end()
                 self._pieces[tokens] = _Pieces(splitter.graphs, splitter.layers, outputs)
         torch.cuda.current_stream(self.device).wait_stream(stream)
@@ -190,19 +187,22 @@ class PiecewiseGraphRunner:
         self.memory_bytes = 0
 
     # ----------------------------------------------------------------- replay
-    def __call__(self, batch: ForwardBatch, backend) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``model.forward_body(batch)`` through the pieces of the smallest count >= its tokens;
-        ``backend`` (its metadata already planned for ``batch``) computes attention. Returns views
-        valid until the next call."""
-        if not self.can_run(batch):
-            raise ValueError(f"piecewise CUDA graphs: cannot run a {batch.forward_mode.name} batch of "
-                             f"{batch.num_tokens} tokens (captured up to {self.max_tokens})")
-        rows = batch.num_tokens
+    def __call__(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        attend: Attend,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # ([T, H], [T, F] or None): views valid until the next call
+        """The body over these tokens through the pieces of the smallest count >= T; ``attend``
+        computes each layer's attention over the real rows."""
+        rows = input_ids.shape[0]
+        if not self.can_run(rows):
+            raise ValueError(f"piecewise CUDA graphs: cannot run {rows} tokens (captured 1..{self.max_tokens})")
         padded = self.padded_count(rows)
         self.num_calls += 1
         self._real_rows = rows
-        self.input_ids[:rows].copy_(batch.input_ids)
-        self.positions[:rows].copy_(batch.positions)
+        self.input_ids[:rows].copy_(input_ids)
+        self.positions[:rows].copy_(positions)
         if self.use_graphs:
             pieces = self._pieces.get(padded)
             if pieces is None:
@@ -210,9 +210,8 @@ class PiecewiseGraphRunner:
             for i, graph in enumerate(pieces.graphs):
                 graph.replay()
                 if i < len(pieces.layers):
-                    self.attend(backend, pieces.layers[i], batch)
+                    self.attend(attend, pieces.layers[i])
             normed, hidden = pieces.outputs
         else:
-            normed, hidden = self.model.forward_body(
-                self._body_batch(padded, _Splitter(self, backend=backend, batch=batch)))
+            normed, hidden = self._run_body(padded, _Splitter(self, attend=attend))
         return normed[:rows], None if hidden is None else hidden[:rows]

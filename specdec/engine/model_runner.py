@@ -35,8 +35,9 @@ class ModelRunner:
         self.aux_hidden_layers = getattr(model, "aux_hidden_layers", None) or None
         # (forward_mode, capture_hidden_mode, tokens per request) -> captured runner
         self.graphs: dict[tuple[ForwardMode, CaptureHiddenMode, int], CudaGraphRunner] = {}
-        # prefill forwards' piecewise graphs (None: prefill runs eagerly)
+        # prefill forwards' piecewise graphs, for EXTEND batches that capture ``prefill_hidden`` (None: eager)
         self.prefill_graphs: PiecewiseGraphRunner | None = None
+        self.prefill_hidden = CaptureHiddenMode.NULL
 
     @property
     def embed_weight(self) -> torch.Tensor:
@@ -52,9 +53,17 @@ class ModelRunner:
         if graph is not None:
             return self._replay(graph, batch)
         self.attn_backend.init_forward_metadata(batch)
-        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
-            return self.model.forward_head(*self.prefill_graphs(batch, self.attn_backend), batch)
+        if self._pieces_for(batch):
+            def attend(q, k, v, layer):
+                return self.attn_backend.forward(q, k, v, layer, batch)
+
+            return self.model.forward_head(*self.prefill_graphs(batch.input_ids, batch.positions, attend), batch)
         return self.model(batch)
+
+    def _pieces_for(self, batch: ForwardBatch) -> bool:
+        """Whether ``batch`` replays the piecewise prefill graphs."""
+        return (self.prefill_graphs is not None and batch.forward_mode == ForwardMode.EXTEND
+                and batch.capture_hidden_mode == self.prefill_hidden and self.prefill_graphs.can_run(batch.num_tokens))
 
     # ------------------------------------------------------------ CUDA graphs
     @torch.inference_mode()
@@ -93,11 +102,23 @@ class ModelRunner:
                                use_graphs: bool = True) -> int:
         """Capture piecewise graphs of prefill forwards of up to ``max(token_counts)`` tokens that
         capture ``hidden``; returns their bytes. ``use_graphs=False``: the same padded path, eager."""
-        runner = PiecewiseGraphRunner(self.model, token_counts, hidden_mode=hidden, device=self.kv_cache.device,
+        runner = PiecewiseGraphRunner(self._prefill_body(hidden), token_counts, device=self.kv_cache.device,
                                       use_graphs=use_graphs, pool=pool)
         runner.capture()
-        self.prefill_graphs = runner
+        self.prefill_graphs, self.prefill_hidden = runner, hidden
         return runner.memory_bytes
+
+    def _prefill_body(self, hidden: CaptureHiddenMode):
+        """The model body over a prefill's tokens, with the piecewise runner's stand-in attention."""
+        empty = torch.zeros(0, dtype=torch.int64, device=self.kv_cache.device)
+
+        def body(input_ids, positions, attention):
+            return self.model.forward_body(ForwardBatch(
+                forward_mode=ForwardMode.EXTEND, input_ids=input_ids, positions=positions, out_cache_loc=empty,
+                req_pool_indices=empty, prefix_lens=empty, extend_lens=empty, req_to_token=None, kv_cache=None,
+                attn_backend=attention, capture_hidden_mode=hidden))
+
+        return body
 
     def release_cuda_graphs(self) -> None:
         """Destroy the captured graphs; forwards run eagerly from now on."""

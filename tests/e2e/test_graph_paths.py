@@ -129,7 +129,7 @@ def test_piecewise_prefill_path_is_lossless(algorithm, hidden, chunk):
     expected = engine(target, **kw).generate(input_ids=prompts, sampling_params=params)
     spec = _piecewise_engine(algorithm, target, draft, **kw)
     spec.capture_prefill_graphs([8, 16, 24, 64], use_graphs=False)
-    assert spec.runner.prefill_graphs.hidden_mode == CaptureHiddenMode[hidden]
+    assert spec.runner.prefill_hidden == CaptureHiddenMode[hidden]
     forward, eager_tokens = spec.runner.model.forward, []
     spec.runner.model.forward = lambda batch: (batch.forward_mode == ForwardMode.EXTEND
                                                and eager_tokens.append(batch.num_tokens)) or forward(batch)

@@ -8,6 +8,10 @@ most requests stop long before ``max_new_tokens``. ``ratio`` starts at 0.7 x
 runs out of KV anyway the scheduler retracts a request (its KV is freed or cached and it is
 recomputed later) and the ratio goes back up. A request whose worst case exceeds the whole pool
 is refused at submission, so a request running alone always fits and progress is guaranteed.
+Alone means no request holds KV: under overlap a finished request holds its pages until the step
+launched with it is read. The pool's room counts cached pages no request uses (evicted on
+demand); a request admitted on such a prefix locks it, so it is charged those pages too (issue
+#40: both overfilled the pool in the adaptive profile's dummy batches).
 
 Chunked prefill (``--chunked-prefill-size``): a prefill step computes at most that many prompt
 tokens. The request cut short stays *chunked* and continues in the next prefill step; decode

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.radix_cache import RadixCache, _Node
@@ -51,6 +52,14 @@ def token_keys(tokens: Sequence[int]) -> list[int]:
 def pair_keys(tokens: Sequence[int]) -> list[int]:
     """One key per position p < len(tokens) - 1: (token p, token p + 1) (target + draft KV)."""
     return [(a << _PAIR_SHIFT) | b for a, b in zip(tokens[:-1], tokens[1:])]
+
+
+class PrefixHit(NamedTuple):
+    """What a request would take from the cache if admitted now."""
+
+    tokens: int  # positions its cached prefix supplies
+    # pages of that prefix no request uses: reclaimable until the request locks them
+    unlocked_pages: int
 
 
 @dataclasses.dataclass
@@ -74,8 +83,8 @@ class NoPrefixCache:
         self.memory = memory
         self.stats = CacheStats()
 
-    def lookup(self, tokens: Sequence[int]) -> int:
-        return 0
+    def lookup(self, tokens: Sequence[int]) -> PrefixHit:
+        return PrefixHit(0, 0)
 
     def acquire(self, row: int, tokens: Sequence[int]) -> int:
         self.stats.queried_tokens += len(tokens)
@@ -125,9 +134,10 @@ class RadixPrefixCache:
         self._held: dict[int, tuple[_Node, int]] = {}
 
     # ------------------------------------------------------------ admission
-    def lookup(self, tokens: Sequence[int]) -> int:
-        """Tokens of ``tokens`` a request would take from the cache now (nothing is locked)."""
-        return len(self._match(tokens)) * self.page_size
+    def lookup(self, tokens: Sequence[int]) -> PrefixHit:
+        """The prefix of ``tokens`` a request would take from the cache now (nothing is locked)."""
+        match = self._match(tokens)
+        return PrefixHit(len(match) * self.page_size, self.tree.unlocked_pages(match.node))
 
     def acquire(self, row: int, tokens: Sequence[int]) -> int:
         """Lock the longest cached prefix of ``tokens`` and map it into ``row``; returns its tokens."""

@@ -134,6 +134,15 @@ class RadixCache:
             node.lock_ref += 1
             node = node.parent
 
+    def unlocked_pages(self, node: _Node) -> int:
+        """Pages of the prefix ending at ``node`` that no request locks: what ``lock(node)`` takes
+        out of ``evictable_pages``."""
+        pages = 0
+        while node is not self.root and node.lock_ref == 0:  # a locked node's ancestors are locked
+            pages += len(node.pages)
+            node = node.parent
+        return pages
+
     def unlock(self, node: _Node) -> None:
         while node is not self.root:
             if node.lock_ref <= 0:

@@ -216,6 +216,9 @@ class Scheduler:
         budget = self.chunked_prefill_size or float("inf")
         ratio = self.new_token_ratio.value
         decoding = [r for r in self.running if not r.finished]
+        # NOTE: not ``not decoding``: under overlap a finished request keeps its KV until the step
+        # launched with it is read, after this plan; an engine holding it is not idle
+        idle = not self.running
         # KV tokens not yet promised to anyone: reclaimable pages less the running requests' futures
         room = self.cache.reclaimable_pages() * self.memory.page_size
         room -= sum(self.promise.future_tokens(r, ratio) for r in decoding)
@@ -226,8 +229,8 @@ class Scheduler:
         if self.chunked is not None:
             req = self.chunked
             chunk = chunk_request(req, fill_ids(req), req.kv_len, budget)
-            if room < 0 and decoding:
-                return []  # decode first: it may finish requests or retract this one
+            if room < 0 and not idle:
+                return []  # decode first: it may finish or release requests, or retract this one
             self.chunked = req if not chunk.is_last else None
             chunks.append(chunk)
             budget -= chunk.length
@@ -237,9 +240,12 @@ class Scheduler:
             tokens = fill_ids(req)
             if self._twin_in(chunks, tokens):
                 break  # next step it takes the twin's KV from the prefix cache
-            extend = len(tokens) - self.cache.lookup(cacheable_tokens(req, tokens))
-            need = self.promise.admission_tokens(req, extend, ratio)
-            if need > room and (decoding or chunks):
+            hit = self.cache.lookup(cacheable_tokens(req, tokens))
+            # NOTE: ``room`` counts cached pages no request uses as reclaimable; once this request
+            # locks its prefix they are not, so they are part of what it takes
+            need = self.promise.admission_tokens(req, len(tokens) - hit.tokens, ratio) \
+                + hit.unlocked_pages * self.memory.page_size
+            if need > room and (chunks or not idle):
                 break  # wait for KV (an idle engine admits anyway: a request alone always fits)
             self.waiting.popleft()
             chunk = chunk_request(req, tokens, self._admit(req, tokens), budget)

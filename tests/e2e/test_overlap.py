@@ -47,6 +47,24 @@ def test_overlapped_plain_decoding_matches(page_size):
     assert_no_leak(overlapped)
 
 
+@pytest.mark.parametrize("algorithm", [None, "EAGLE"])
+def test_a_request_waiting_for_kv_is_not_admitted_while_a_finished_one_still_holds_it(algorithm):
+    """Issue #40: A (64 + 300 tokens) fills most of a 512-token pool, so B (200 + 100) waits. A
+    finishes in a step read after the next one was launched with it, and keeps its KV until that
+    one is read: admission took the engine for idle (nothing decoding) and admitted B, whose
+    prefill then did not fit ("KV pool: 200 pages needed, ... reclaimable"). B now waits for A's
+    release."""
+    target, draft = make_pair("EAGLE", "mixed")
+    spec = dict(algorithm="EAGLE", shape=(3, 1, 4)) if algorithm else {}
+    a, b = prompts_of([64, 200], target.config.vocab_size, seed=3)
+    params = _greedy([300, 100])
+    expected = _outputs(engine(target, draft if algorithm else None, **spec), [a, b], params)
+    eng = engine(target, draft if algorithm else None, max_total_tokens=512, overlap_schedule=True, **spec)
+    assert _outputs(eng, [a, b], params) == expected
+    assert eng.scheduler.num_retracted == 0
+    assert_no_leak(eng)
+
+
 def test_results_lag_one_step_and_finished_requests_release_after_the_step_past_their_end():
     target, draft = make_pair("EAGLE", "perfect")  # every draft accepted: 4 tokens a step
     spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4), overlap_schedule=True)

@@ -210,3 +210,27 @@ def test_hit_rate_and_eviction_under_a_small_pool():
     assert 0 < on["cache_hit_rate"] < 1 and on["cached_prompt_tokens"] > 0
     assert on["prefill_tokens"] + on["cached_prompt_tokens"] == stats[True]["prefill_tokens"]
     assert stats[True]["cache_hit_rate"] == 0
+
+
+@pytest.mark.parametrize("algorithm, shape", [CONFIGS[0], CONFIGS[2]], ids=["plain", "eagle-5x4x8"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_admission_charges_the_cached_prefix_a_request_locks(algorithm, shape, page_size):
+    """Issue #40: 10 prompts cached (most of the pool, unused, so reclaimable), then the same 10 and
+    10 fresh ones. Admitting a cached prompt locks its prefix, which room had counted as
+    reclaimable: charged only its uncached tail, too many were admitted at once and their prefill
+    did not fit ("KV pool: 1610 pages needed, 458 reclaimable", as in the adaptive profile, which
+    decodes the same prompts for every shape). Admission now charges the locked pages; outputs
+    equal the uncached engine's."""
+    cached, fresh = prompts_of([160] * 10, 97, seed=11), prompts_of([160] * 10, 97, seed=12)
+    outs = {}
+    for disable in (True, False):
+        eng = build(algorithm, shape, page_size=page_size, max_total_tokens=2048, max_running_requests=32,
+                    disable_radix_cache=disable)
+        eng.generate(input_ids=cached, sampling_params=[greedy(1)] * len(cached))
+        if not disable:  # every cached page reclaimable, and most of the pool cached
+            assert eng.scheduler.cache.reclaimable_pages() * page_size == 2048
+            assert eng.scheduler.cache.cached_pages * page_size >= 1400
+        out = eng.generate(input_ids=cached + fresh, sampling_params=[greedy(4)] * 20)
+        outs[disable] = [r["output_ids"] for r in out]
+        assert_no_leak(eng)
+    assert outs[False] == outs[True]

@@ -58,6 +58,21 @@ def test_locked_prefix_is_never_evicted_and_unlock_balances():
         tree.unlock(node)
 
 
+def test_unlocked_pages_are_what_a_lock_takes_from_the_evictable():
+    """root ── [a b] (0) ──┬── [c d] (1)      "abxy" locked: locking "abcd" takes only page 1
+                           └── [x y] (2)"""
+    tree = RadixCache(page_size=2)
+    tree.insert(keys("abcd"), [0, 1])
+    tree.insert(keys("abxy"), [0, 2])
+    abcd, abxy = tree.match(keys("abcd")).node, tree.match(keys("abxy")).node
+    assert tree.unlocked_pages(abcd) == 2 and tree.unlocked_pages(tree.root) == 0
+    tree.lock(abxy)
+    assert tree.unlocked_pages(abcd) == 1 and tree.unlocked_pages(abxy) == 0
+    before = tree.evictable_pages
+    tree.lock(abcd)
+    assert before - tree.evictable_pages == 1
+
+
 def test_eviction_is_least_recently_used_first():
     tree = RadixCache(page_size=1)
     for text, page in (("a", 0), ("b", 1), ("c", 2)):

@@ -91,7 +91,8 @@ def graph_batch_sizes(shape: SpecShape, batch_sizes: list[int], max_verify_rows:
 
 def _interpolate(points: dict[int, float], bs: int) -> float:
     """``points`` (by batch size) at ``bs``: linear between measured sizes; past the largest, the last
-    segment's per-request cost continues; below the smallest, the smallest's."""
+    segment's per-request cost continues (never falling: timing noise can make it negative); below the
+    smallest, the smallest's."""
     sizes = sorted(points)
     i = bisect.bisect_left(sizes, bs)
     if i < len(sizes) and sizes[i] == bs:
@@ -100,7 +101,7 @@ def _interpolate(points: dict[int, float], bs: int) -> float:
         return points[sizes[0]]
     if i == len(sizes):
         lo, hi = (sizes[-2], sizes[-1]) if len(sizes) > 1 else (0, sizes[-1])
-        per_req = (points[hi] - points.get(lo, 0.0)) / (hi - lo)
+        per_req = max((points[hi] - points.get(lo, 0.0)) / (hi - lo), 0.0)
         return points[hi] + per_req * (bs - hi)
     lo, hi = sizes[i - 1], sizes[i]
     return points[lo] + (points[hi] - points[lo]) * (bs - lo) / (hi - lo)

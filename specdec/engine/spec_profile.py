@@ -174,14 +174,21 @@ def measure_step_costs(engine, batch_sizes: list[int], *, steps: int = STEPS_PER
     slope_far: dict[str, dict[int, float]] = {name: {} for name, _ in choices}
     base_ctx = min(base_ctx, room)
     try:
-        for bs in batch_sizes:
+        for bs in sorted(batch_sizes):
+            # KV positions each of bs requests can have (its tree and a page of rounding each side aside)
+            fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
+            if fits < base_ctx and table[PLAIN]:
+                # NOTE: such a batch would run with requests waiting or retracted, not as bs at once, and
+                # time something else; larger batches extrapolate from the ones measured (StepCosts)
+                logger.info("adaptive speculation: profile stops at %d requests (the KV cache holds %d tokens)",
+                            max(table[PLAIN]), engine.memory.capacity)
+                break
             live = [(name, shape) for name, shape in choices if bs <= worker.max_batch.get(name, bs)]
             point = functools.partial(_time_choices, engine, live, bs, new_tokens=new_tokens, steps=steps,
                                       warmup=warmup)
             base = point(base_ctx)
             for name, ms in base.items():
                 table[name][bs] = ms
-            fits = engine.memory.capacity // bs - new_tokens - engine.scheduler.tree_tokens - 2 * engine.memory.page_size
             ctx = min(long_ctx, room, fits)
             if ctx < 2 * base_ctx:
                 continue

@@ -185,6 +185,22 @@ def test_profile_measures_the_far_slope_where_it_fits(tmp_path):
     assert_no_leak(spec)
 
 
+def test_profile_stops_at_the_batch_the_kv_cache_holds(tmp_path):
+    """A batch whose requests cannot all hold their KV at once is not timed (it would run part
+    waiting or retracted): the profile stops there and larger batches extrapolate."""
+    from specdec.engine.spec_profile import measure_step_costs
+
+    target, draft = make_pair("EAGLE", "mixed")
+    shapes = candidate_shapes(SpecConfig.from_flags("EAGLE", speculative_num_steps=3, speculative_eagle_topk=2,
+                                                    speculative_num_draft_tokens=5))
+    spec = engine(target, draft, algorithm="EAGLE", shape=(3, 2, 5), speculative_adaptive="on", max_total_tokens=1024,
+                  speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=1.0))
+    costs = measure_step_costs(spec, [1, 2, 64], steps=1, warmup=1, base_ctx=8, long_ctx=24, far_ctx=48)
+    assert all(set(by_bs) == {1, 2} for by_bs in costs.table.values())
+    assert costs.step_ms(PLAIN, 64, 8) >= costs.step_ms(PLAIN, 2, 8) > 0  # extrapolated past 2, never falling
+    assert_no_leak(spec)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size,overlap", [(1, True), (16, False)])
 def test_gpu_choices_replaying_graphs_are_lossless(page_size, overlap, tmp_path):

@@ -255,6 +255,8 @@ def test_step_costs_interpolate_and_extrapolate():
     assert costs.step_ms(PLAIN, 32, 64) == pytest.approx(8.0 + 0.5 * 16)
     assert costs.step_ms(PLAIN, 8, 1064) == pytest.approx(4.0 + 0.001 * 8 * 1000)
     assert StepCosts.from_json(costs.to_json()) == costs
+    noisy = StepCosts({PLAIN: {1: 3.1, 2: 3.0}}, slope={}, base_ctx=64)  # timing noise: 2 below 1
+    assert noisy.step_ms(PLAIN, 64, 64) == pytest.approx(3.0)  # past the largest: never falling
 
 
 def test_step_costs_take_the_far_slope_past_long_ctx():

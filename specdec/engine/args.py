@@ -101,8 +101,8 @@ class EngineArgs:
         "most 8192)", group=MODEL))
     piecewise_cuda_graph_tokens: tuple[int, ...] | None = dataclasses.field(default=None, metadata=flag(
         "the token counts captured (default: 8, 16, 24, 32, then steps of about x1.5 up to "
-        "--piecewise-cuda-graph-max-tokens); a prefill is padded to the next one", group=MODEL, type=int, nargs="+",
-        metavar="TOKENS"))
+        "--piecewise-cuda-graph-max-tokens; given, those up to it where it is given too); a prefill is padded to "
+        "the next one", group=MODEL, type=int, nargs="+", metavar="TOKENS"))
     # NOTE: None = the engine decides (on by default on CUDA); the flag can only turn it off
     overlap_schedule: bool | None = dataclasses.field(default=None, metadata=flag(
         "read each decode step before launching the next (overlap scheduling, the default on CUDA, launches "
@@ -237,9 +237,11 @@ class EngineArgs:
             raise ValueError(f"--piecewise-cuda-graph-max-tokens={self.piecewise_cuda_graph_max_tokens}: expected >= 1")
         if self.piecewise_cuda_graph_tokens is not None:
             counts = tuple(sorted(set(self.piecewise_cuda_graph_tokens)))
-            if not counts or counts[0] < 1:
+            most = self.piecewise_cuda_graph_max_tokens
+            if not counts or counts[0] < 1 or (most is not None and counts[0] > most):
                 raise ValueError(f"--piecewise-cuda-graph-tokens={list(self.piecewise_cuda_graph_tokens)}: "
-                                 "expected token counts >= 1")
+                                 "expected token counts >= 1" + (f", some up to {most} "
+                                 "(--piecewise-cuda-graph-max-tokens)" if most is not None else ""))
             object.__setattr__(self, "piecewise_cuda_graph_tokens", counts)
         if self.cuda_graph_bs is not None:
             sizes = tuple(sorted(set(self.cuda_graph_bs)))
@@ -274,7 +276,8 @@ class EngineArgs:
         if self.disable_piecewise_cuda_graph or self.disable_cuda_graph:
             return []
         if self.piecewise_cuda_graph_tokens is not None:
-            return list(self.piecewise_cuda_graph_tokens)
+            most = self.piecewise_cuda_graph_max_tokens
+            return [t for t in self.piecewise_cuda_graph_tokens if most is None or t <= most]
         most = self.piecewise_cuda_graph_max_tokens or min(self.prefill_chunk_tokens or 8192, 8192)
         return default_token_counts(most)
 

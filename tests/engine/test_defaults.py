@@ -49,3 +49,21 @@ def test_graphs_cover_every_running_batch_by_default():
     assert capped[-1] == 64 and running_cap(capped, 256) == 64
     assert graph_batch_sizes("cpu", _GraphBackend(), None, None, False, 256) == []
     assert running_cap([], 256) == 256  # eager engines (CPU, --disable-cuda-graph) keep their setting
+
+
+def test_prefill_graph_token_counts():
+    """--piecewise-cuda-graph-*: the default counts up to the chunk size (at most 8192), an explicit
+    list (up to the max where both are given), off with either disable flag; bad values name the flag."""
+    assert EngineArgs(device="cuda").prefill_graph_tokens[-3:] == [4096, 6144, 8192]
+    assert EngineArgs(device="cuda", chunked_prefill_size=1000).prefill_graph_tokens[-2:] == [768, 1000]
+    assert EngineArgs(device="cuda", chunked_prefill_size=-1).prefill_graph_tokens[-1] == 8192
+    assert EngineArgs(device="cuda", piecewise_cuda_graph_max_tokens=100).prefill_graph_tokens[-2:] == [96, 100]
+    assert EngineArgs(device="cuda", piecewise_cuda_graph_tokens=(64, 16, 512)).prefill_graph_tokens == [16, 64, 512]
+    assert EngineArgs(device="cuda", piecewise_cuda_graph_tokens=(16, 64, 512),
+                      piecewise_cuda_graph_max_tokens=100).prefill_graph_tokens == [16, 64]
+    assert EngineArgs(device="cuda", disable_piecewise_cuda_graph=True).prefill_graph_tokens == []
+    assert EngineArgs(device="cuda", disable_cuda_graph=True).prefill_graph_tokens == []
+    with pytest.raises(ValueError, match="--piecewise-cuda-graph-max-tokens=0"):
+        EngineArgs(device="cuda", piecewise_cuda_graph_max_tokens=0)
+    with pytest.raises(ValueError, match="--piecewise-cuda-graph-tokens=.*--piecewise-cuda-graph-max-tokens"):
+        EngineArgs(device="cuda", piecewise_cuda_graph_tokens=(512,), piecewise_cuda_graph_max_tokens=100)

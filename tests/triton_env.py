@@ -33,6 +33,14 @@ def import_kernels(module: str) -> ModuleType:
 
 
 
+def kernel_devices(kernel) -> list:
+    """The devices a kernel's tests run on: the CPU where ``kernel`` was imported interpreted (else
+    skipped), and CUDA (a GPU test)."""
+    interpreted = type(kernel).__name__ == "InterpretedFunction"
+    return [pytest.param("cpu", marks=pytest.mark.skipif(not interpreted, reason="triton was imported compiled")),
+            pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
 def rand(*shape: int, dtype=torch.float32, device="cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     """A seeded standard-normal tensor (times ``scale``), drawn on the CPU: the same values on any device."""
     gen = torch.Generator().manual_seed(seed)

@@ -60,19 +60,11 @@ class PhaseTimer:
         self._host_ms.clear()
 
 
-@contextlib.contextmanager
-def maybe_phase(timer: PhaseTimer | None, name: str):
-    if timer is None:
-        yield
-    else:
-        with timer.phase(name):
-            yield
+def maybe_phase(timer: PhaseTimer | None, name: str) -> contextlib.AbstractContextManager:
+    """``timer.phase(name)``, or nothing without a timer."""
+    return timer.phase(name) if timer is not None else contextlib.nullcontext()
 
 
-@contextlib.contextmanager
-def maybe_host(timer: PhaseTimer | None, name: str):
-    if timer is None:
-        yield
-    else:
-        with timer.host(name):
-            yield
+def maybe_host(timer: PhaseTimer | None, name: str) -> contextlib.AbstractContextManager:
+    """``timer.host(name)``, or nothing without a timer."""
+    return timer.host(name) if timer is not None else contextlib.nullcontext()

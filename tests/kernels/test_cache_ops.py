@@ -12,17 +12,13 @@ import random
 import pytest
 import torch
 
-from ..triton_env import import_kernels
+from ..triton_env import import_kernels, kernel_devices
 
 triton_cache_ops = import_kernels("specdec.kernels.triton.cache_ops")
 
 from specdec import kernels as K  # noqa: E402
 
-_INTERPRETED = type(triton_cache_ops._assign_kernel).__name__ == "InterpretedFunction"
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+DEVICES = kernel_devices(triton_cache_ops._assign_kernel)
 POISON = -7
 
 

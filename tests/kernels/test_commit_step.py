@@ -9,18 +9,14 @@ import random
 import pytest
 import torch
 
-from ..triton_env import import_kernels
+from ..triton_env import import_kernels, kernel_devices
 
 triton_commit = import_kernels("specdec.kernels.triton.commit")
 
 from specdec import kernels as K  # noqa: E402
 from specdec.kernels.commit import host_width  # noqa: E402
 
-_INTERPRETED = type(triton_commit._commit_kernel).__name__ == "InterpretedFunction"
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+DEVICES = kernel_devices(triton_commit._commit_kernel)
 POISON = -7
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")

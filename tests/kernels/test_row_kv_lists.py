@@ -7,17 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ..triton_env import import_kernels
+from ..triton_env import import_kernels, kernel_devices
 
 triton_row_kv = import_kernels("specdec.kernels.triton.row_kv")
 
 from specdec import kernels as K  # noqa: E402
 
-_INTERPRETED = type(triton_row_kv._row_kv_kernel).__name__ == "InterpretedFunction"
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+DEVICES = kernel_devices(triton_row_kv._row_kv_kernel)
 POISON = -7
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 

@@ -17,7 +17,7 @@ import torch
 
 from specdec.kernels import residual as residual_draw
 
-from ..triton_env import import_kernels
+from ..triton_env import import_kernels, kernel_devices
 
 triton_verify = import_kernels("specdec.kernels.triton.verify")
 triton_tree_build = import_kernels("specdec.kernels.triton.tree_build")
@@ -28,11 +28,7 @@ import_kernels("specdec.kernels.triton.replay")
 from specdec import kernels as K  # noqa: E402
 from specdec.kernels.dispatch import TRITON_IMPLS, select_impl  # noqa: E402
 
-_INTERPRETED = type(triton_tree_build._build_tree_kernel).__name__ == "InterpretedFunction"
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+DEVICES = kernel_devices(triton_tree_build._build_tree_kernel)
 POISON = -7
 
 

@@ -10,6 +10,7 @@
 #                                    greedy, 256 tokens, 8 prompts one at a time and 80 at once, default and
 #                                    deterministic
 #   *.log                            each step's output
+# PATHS (default "paths-bs1 paths-bs8 paths-det-bs8") picks the diagnosis runs; EXACT_CONCURRENCY (default "1 80")
 # Needs the SmolLM2 GGUF put and installed first (scripts/gpu_peer.sh put .peer/p-0N ...; install), as for
 # gpu_peer.sh chat: it exports the GGUF once to /tmp/smollm2-bf16. About 3-5 minutes on an H200.
 #   bash scripts/bf16_exact.sh
@@ -27,10 +28,14 @@ paths() {  # paths NAME ARGS...: one diagnosis run
     --context 300 --num-tokens 4 --json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 || echo "!! $name exited $?"
   grep -E "^\[|first differing" "$OUT/$name.log" | head -8
 }
-paths paths-bs1 --batch-size 1
-paths paths-bs8 --batch-size 8
-paths paths-det-bs8 --batch-size 8 --enable-deterministic-inference
-timeout 420 python3 benchmarks/bf16_exact.py --model $SMOL --device cuda --dtype bfloat16 --concurrency 1 80 \
+for name in ${PATHS-paths-bs1 paths-bs8 paths-det-bs8}; do  # PATHS="": no diagnosis
+  case $name in
+    paths-bs1) paths paths-bs1 --batch-size 1 ;;
+    paths-bs8) paths paths-bs8 --batch-size 8 ;;
+    paths-det-bs8) paths paths-det-bs8 --batch-size 8 --enable-deterministic-inference ;;
+  esac
+done
+timeout 420 python3 benchmarks/bf16_exact.py --model $SMOL --device cuda --dtype bfloat16 --concurrency ${EXACT_CONCURRENCY:-1 80} \
   --num-prompts 8 --max-new-tokens 256 --modes default deterministic --json "$OUT/exact.json" \
   > "$OUT/exact.log" 2>&1 || echo "!! bf16_exact exited $?"
 grep -E "identical" "$OUT/exact.log"

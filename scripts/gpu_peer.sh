@@ -25,6 +25,9 @@
 #                                            default 1:1024,16:1024,64:1024,128:1024); rows gemma-3-270m-decode;
 #                                            each run cut at RUN_TIMEOUT (here 280 s: both fit one call). specdec
 #                                            runs it on torch_native without CUDA graphs (--attention-backend auto)
+#   bash scripts/gpu_peer.sh det-cost        the decode workload (DET_POINTS, default 1:1024,64:1024,128:1024) with and
+#                                            without each engine's deterministic mode (specdec
+#                                            --enable-deterministic-inference, vLLM VLLM_BATCH_INVARIANT=1; issue #41)
 #   bash scripts/gpu_peer.sh scale-decode    the decode workload on the 8B shape at each tp size (SCALE_TP, default
 #                                            "1 2 4"), both engines (rows with flags tp_size / tensor_parallel_size);
 #                                            vLLM at tp >= 4 with VLLM_ALLREDUCE_USE_SYMM_MEM=0 (see vllm_env)
@@ -137,6 +140,19 @@ case "$what" in
     for run in ${1:-specdec:plain vllm:plain}; do
       run_one decode "$run" /tmp/ck/llama-3.1-8b-target ${DECODE_ARGS:-}
     done ;;
+  det-cost)  # issue #41: deterministic inference's cost beside vLLM's batch-invariant mode, the 8B decode step:
+    # rows $OUT/det_rows.jsonl (specdec with flags {"enable_deterministic_inference": true}), vLLM's with
+    # VLLM_BATCH_INVARIANT=1 in $OUT/det_rows_vllm_bi.jsonl (an environment variable: the rows cannot say it)
+    vllm_env
+    checkpoint_8b
+    points="${DET_POINTS:-1:1024,64:1024,128:1024}"
+    for run in specdec:plain vllm:plain; do
+      ROWS=$OUT/det_rows.jsonl LOG_TAG=det run_one decode "$run" /tmp/ck/llama-3.1-8b-target --points "$points"
+    done
+    ROWS=$OUT/det_rows.jsonl LOG_TAG=det-on run_one decode specdec:plain /tmp/ck/llama-3.1-8b-target --points "$points" \
+      --engine-arg enable_deterministic_inference=true
+    VLLM_BATCH_INVARIANT=1 ROWS=$OUT/det_rows_vllm_bi.jsonl LOG_TAG=det-on run_one decode vllm:plain \
+      /tmp/ck/llama-3.1-8b-target --points "$points" ;;
   scale-decode)  # rows llama-3.1-8b-decode with flags {"tp_size": N} (specdec) / {"tensor_parallel_size": N} (vLLM)
     vllm_env
     checkpoint_8b
@@ -204,7 +220,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|scale-decode|dp|gemma|serve|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|det-cost|scale-decode|dp|gemma|serve|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

@@ -9,6 +9,16 @@ each branch's ancestors; it needs no slot list. Otherwise one query row per sequ
 (DECODE, a one-token DRAFT_EXTEND) runs the split-KV decode kernel, and everything else the extend
 kernel (prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, passed as it is).
 
+TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): over its own KV list
+(prefix, ancestors, itself; built on the device) with the split plan of the decode batch of as many
+requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
+graphs; eagerly unless the plans' bounds differ), so bf16 speculation changes greedy answers only
+through the GEMMs' row count. It reads the prefix once per node instead of once per request (from L2
+for the nodes after the first), so it runs while the batch has at most ``verify_as_decode_max_rows``
+nodes (VERIFY_AS_DECODE_MAX_ROWS: a tree of 8 at 8 requests, a chain of 4 at 16); larger verify
+batches, and one whose requests have trees of different sizes, run the extend kernel under the tree
+mask.
+
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose
 grids and split plans are sized by that bound so that one captured graph serves every length.
@@ -35,6 +45,7 @@ from specdec.attention.layout import build_ragged_layout, build_static_layout
 from specdec.attention.rowwise import RowKV, plan_row_kv
 from specdec.attention.triton_kernels import (
     decode_attention,
+    decode_attention_rows,
     draft_decode_attention,
     extend_attention,
     row_attention,
@@ -42,6 +53,8 @@ from specdec.attention.triton_kernels import (
 )
 from specdec.attention.triton_kernels.common import check_device
 from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled
+
+VERIFY_AS_DECODE_MAX_ROWS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +78,15 @@ class TritonMetadata:
 
 
 @dataclasses.dataclass(frozen=True)
+class VerifyRowsMetadata:
+    # every verify node's own KV list (prefix, ancestors by depth, itself), as deterministic mode's
+    rows: RowKV
+    # the decode batch whose split plan the rows take: its requests and longest KV list (host ints)
+    plan_seqs: int
+    plan_max_kv_len: int
+
+
+@dataclasses.dataclass(frozen=True)
 class DraftStepMetadata:
     # [bs] table row and cached tokens of each request
     req_pool_indices: torch.Tensor
@@ -81,11 +103,15 @@ class TritonBackend(AttentionBackend):
     supports_fp8_kv_cache = True
     supports_deterministic = True
 
-    def __init__(self, *, num_splits: int | None = None) -> None:
-        """``num_splits`` forces the split-KV count (default: planned from the grid and lengths)."""
+    def __init__(self, *, num_splits: int | None = None,
+                 verify_as_decode_max_rows: int = VERIFY_AS_DECODE_MAX_ROWS) -> None:
+        """``num_splits`` forces the split-KV count (default: planned from the grid and lengths);
+        ``verify_as_decode_max_rows``: the most tree nodes a verify batch runs as decode steps
+        (module docstring; 0: always the extend kernel)."""
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits={num_splits}: expected >= 1 or None")
         self.num_splits = num_splits
+        self.verify_as_decode_max_rows = verify_as_decode_max_rows
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_device(batch.input_ids.device)
@@ -100,6 +126,10 @@ class TritonBackend(AttentionBackend):
             return
         if batch_invariant_enabled():  # eager or under a CUDA graph: planned on the device alone
             batch.attn_metadata = plan_row_kv(batch)
+            return
+        if (batch.forward_mode == ForwardMode.TARGET_VERIFY and batch.num_tokens <= self.verify_as_decode_max_rows
+                and _same_tree_size(batch)):
+            batch.attn_metadata = _plan_verify_rows(batch)
             return
         if batch.static_max_seq_len is not None:
             batch.attn_metadata = self._plan_static(batch)
@@ -143,7 +173,7 @@ class TritonBackend(AttentionBackend):
         layer: AttentionLayer,
         batch: ForwardBatch,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
-        md: TritonMetadata | DraftStepMetadata | RowKV = batch.attn_metadata
+        md: TritonMetadata | VerifyRowsMetadata | DraftStepMetadata | RowKV = batch.attn_metadata
         hq, d = layer.num_heads, layer.head_dim
         k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
         store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
@@ -153,6 +183,9 @@ class TritonBackend(AttentionBackend):
             draft_decode_attention(q3, k_buf, v_buf, batch.req_to_token, md.req_pool_indices, md.prefix_lens,
                                    md.ancestors, out, sm_scale=layer.scaling, max_prefix_len=md.max_prefix_len,
                                    num_splits=self.num_splits)
+        elif isinstance(md, VerifyRowsMetadata):
+            decode_attention_rows(q3, k_buf, v_buf, md.rows.kv_table, md.rows.row_lens, out, sm_scale=layer.scaling,
+                                  max_kv_len=md.plan_max_kv_len, plan_seqs=md.plan_seqs, num_splits=self.num_splits)
         elif isinstance(md, RowKV):
             row_attention(q3, k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out, sm_scale=layer.scaling,
                           max_kv_len=md.max_kv_len)
@@ -165,6 +198,24 @@ class TritonBackend(AttentionBackend):
                              md.mask_indptr, out, sm_scale=layer.scaling, max_q_len=md.max_q_len,
                              max_prefix_len=md.max_prefix_len, num_splits=self.num_splits)
         return out.view(-1, hq * d)
+
+
+def _same_tree_size(batch: ForwardBatch) -> bool:
+    """Every request verifies as many nodes (as the workers' verify does; a batch that does not runs
+    the extend kernel). Always so for a captured batch."""
+    return batch.static_max_seq_len is not None or len(set(batch.host_extend_lens())) <= 1
+
+
+def _plan_verify_rows(batch: ForwardBatch) -> VerifyRowsMetadata:
+    """A verify batch's rows as decode steps: each over its own list (``plan_row_kv``; on the device
+    alone), split as the decode batch of as many requests over the same prefixes plus one token.
+    Under a CUDA graph that is the decode graph's plan (the captured bound plus one: bit for bit);
+    eagerly the longest prefix plus one (the plan of the decode step after the root)."""
+    if batch.static_max_seq_len is not None:
+        bound = batch.static_max_seq_len
+    else:
+        bound = max(batch.host_prefix_lens(), default=0)
+    return VerifyRowsMetadata(rows=plan_row_kv(batch), plan_seqs=batch.batch_size, plan_max_kv_len=bound + 1)
 
 
 def _tree_mask(

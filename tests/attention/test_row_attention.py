@@ -8,6 +8,8 @@ program; the same tests run compiled on a GPU (splits of 256)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -99,11 +101,14 @@ def _forward(backend, batch, q, k, v):
     return backend.forward(q, k, v, layer, batch)
 
 
-def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype = torch.float32):
+def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype = torch.float32, *,
+                       deterministic: bool = True, **backend_kw):
     """(verify output, decode output): decode row i rebuilds verify node i's context in a request of
     its own, every slot different (prefix and ancestors copied to fresh slots), then attends from the
-    node's query, key and value."""
-    backend, n = create_attention_backend(backend_name), len(TREES[0])
+    node's query, key and value. Deterministic: one decode batch of every node; default: a batch a
+    node index (node i of each request), as many requests as the verify batch, as plain decoding
+    of those requests would run."""
+    backend, n = create_attention_backend(backend_name, **backend_kw), len(TREES[0])
     gen = torch.Generator().manual_seed(0)
     cache = kv_cache(2000, dtype)
     k_buf, v_buf = cache.get_kv(0)
@@ -115,9 +120,10 @@ def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype
     mask = torch.tensor([[j in ancestors(t, i) for j in range(n)] for t in TREES for i in range(n)], device=DEVICE)
     node_slots = slots[300 : 300 + 2 * n].tolist()
     positions = [PREFIXES[r // n] + depth[r] for r in range(2 * n)]
+    mode = batch_invariant if deterministic else contextlib.nullcontext
     verify = _batch(ForwardMode.TARGET_VERIFY, positions, node_slots, [0, 1], PREFIXES, [n, n], table, cache, backend,
                     tree_mask=mask.flatten(), static=static)
-    with batch_invariant():
+    with mode():
         out_verify = _forward(backend, verify, q, k, v)
     fresh = iter(slots[400:].tolist())
     for r in range(2 * n):  # table row 2 + r: node r's prefix and ancestors at fresh slots
@@ -127,10 +133,13 @@ def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype
         for pos, src in enumerate(context):
             dst = next(fresh)
             k_buf[dst], v_buf[dst], table[2 + r, pos] = k_buf[src], v_buf[src], dst
-    decode = _batch(ForwardMode.DECODE, positions, [next(fresh) for _ in range(2 * n)], list(range(2, 2 + 2 * n)),
-                    positions, [1] * (2 * n), table, cache, backend, static=static)
-    with batch_invariant():
-        out_decode = _forward(backend, decode, q, k, v)
+    out_decode = torch.full_like(out_verify, float("nan"))
+    for rows in [list(range(2 * n))] if deterministic else [[i, n + i] for i in range(n)]:
+        decode = _batch(ForwardMode.DECODE, [positions[r] for r in rows], [next(fresh) for _ in rows],
+                        [2 + r for r in rows], [positions[r] for r in rows], [1] * len(rows), table, cache, backend,
+                        static=static)
+        with mode():
+            out_decode[rows] = _forward(backend, decode, q[rows], k[rows], v[rows])
     return out_verify, out_decode
 
 
@@ -145,6 +154,27 @@ def test_verify_node_equals_decode_step_bit_for_bit(backend, dtype):
     if backend == "triton":  # the CUDA-graph plan (device-built lists, grid from the bound) gives the same bits
         graph_verify, graph_decode = verify_then_decode(backend, 200, dtype)
         assert torch.equal(graph_verify, out_verify) and torch.equal(graph_decode, out_decode)
+
+
+# The default path (no batch invariance): the triton backend runs each verify node as a decode step
+# planned for the verify's requests, so a node equals the decode step of its token in a batch of as
+# many requests, split or not, eagerly and under the CUDA-graph plan
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_default_verify_node_equals_decode_step_bit_for_bit(dtype, num_splits):
+    for static in (None, 200):
+        out_verify, out_decode = verify_then_decode("triton", static, dtype, deterministic=False,
+                                                    num_splits=num_splits)
+        assert torch.equal(out_verify, out_decode), f"static={static}"
+
+
+def test_default_verify_through_extend_kernel_differs_from_decode():
+    """The check above can fail: through the extend kernel (``verify_as_decode_max_rows=0``, 3 splits)
+    the same nodes differ from the decode steps in fp32 (summation order), within rounding."""
+    out_verify, out_decode = verify_then_decode("triton", None, deterministic=False, num_splits=3,
+                                                verify_as_decode_max_rows=0)
+    assert not torch.equal(out_verify, out_decode)
+    torch.testing.assert_close(out_verify, out_decode, rtol=1e-5, atol=1e-5)
 
 
 def test_backends_agree_up_to_summation_order():

@@ -141,7 +141,7 @@ def make_problem(sc: Scenario, *, page_size: int, dtype: torch.dtype, hq: int = 
     batch = ForwardBatch(
         forward_mode=sc.mode,
         input_ids=torch.zeros(n, dtype=torch.int64, device=device),
-        positions=torch.zeros(n, dtype=torch.int64, device=device),
+        positions=positions(sc).to(device),
         out_cache_loc=out_cache_loc.to(device),
         req_pool_indices=rows.to(device),
         prefix_lens=torch.tensor(sc.prefix, device=device),
@@ -156,6 +156,14 @@ def make_problem(sc: Scenario, *, page_size: int, dtype: torch.dtype, hq: int = 
     layer = AttentionLayer(layer_id=0, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=d**-0.5)
     return Problem(batch, layer, cache, _rand((n, hq * d), gen, dtype, device),
                    _rand((n, hkv * d), gen, dtype, device), _rand((n, hkv * d), gen, dtype, device))
+
+
+def positions(sc: Scenario) -> torch.Tensor:
+    """[num_tokens] the prefix, plus each verify node's depth or each new token's index."""
+    if sc.trees is not None:
+        return torch.cat([p + tree_mask(t).sum(1) - 1 for p, t in zip(sc.prefix, sc.trees)])
+    return torch.cat([p + torch.arange(0 if sc.depth else e) for p, e in zip(sc.prefix, sc.extend)]
+                     + [torch.zeros(sum(sc.extend) if sc.depth else 0, dtype=torch.int64)])
 
 
 def _copy_cache(cache: KVCache, dtype: torch.dtype) -> KVCache:
@@ -237,7 +245,14 @@ def test_matches_torch_native(name, page_size, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("name", ["extend_prefix", "decode_bs5", "verify_mixed", "draft_decode_k3"])
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith("verify")])
+def test_verify_through_extend_kernel_matches_torch_native(name, dtype):
+    """``verify_as_decode_max_rows=0``: the tree nodes through the extend kernel under the tree mask."""
+    check_against_torch(make_problem(SCENARIOS[name], page_size=16, dtype=dtype, seed=2), verify_as_decode_max_rows=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["extend_prefix", "decode_bs5", "verify_chain", "verify_mixed", "draft_decode_k3"])
 def test_split_kv_matches_torch_native(name, dtype):
     """Forced splits: prefixes cut into 16-entry chunks, some empty, merged by log-sum-exp."""
     check_against_torch(make_problem(SCENARIOS[name], page_size=16, dtype=dtype, seed=1), num_splits=3)
@@ -725,3 +740,19 @@ def test_gpu_engine_lossless(shape, algorithm, kind, bs, page_size):
                           speculative_eagle_topk=topk, speculative_num_draft_tokens=ntok)
     results = spec.generate(input_ids=prompts, sampling_params=_greedy(max_new))
     assert [r["output_ids"] for r in results] == expected
+
+
+def test_verify_runs_as_decode_steps_up_to_the_row_cap():
+    """Tree nodes run as decode steps up to ``verify_as_decode_max_rows`` nodes a batch (and trees of one
+    size); larger batches and mixed tree sizes take the extend kernel."""
+    from specdec.attention.triton_backend import TritonMetadata, VerifyRowsMetadata
+
+    def plan(name, **kw):
+        batch = dataclasses.replace(make_problem(SCENARIOS[name], page_size=1, dtype=torch.float32).batch)
+        create_attention_backend("triton", **kw).init_forward_metadata(batch)
+        return type(batch.attn_metadata)
+
+    assert plan("verify_chain") is VerifyRowsMetadata  # 2 requests x 5 nodes
+    assert plan("verify_chain", verify_as_decode_max_rows=9) is TritonMetadata
+    assert plan("verify_chain", verify_as_decode_max_rows=10) is VerifyRowsMetadata
+    assert plan("verify_mixed") is TritonMetadata  # trees of 7 and 12 nodes

@@ -1,6 +1,7 @@
 """Triton attention kernels over the paged KV cache (GQA, fp32 accumulation).
 
-* ``decode.py`` — one query row per sequence, split-KV (flash-decoding) over the sequence's slots.
+* ``decode.py`` — one query row per sequence, split-KV (flash-decoding) over the sequence's slots;
+  ``decode_attention_rows`` runs a verify tree's rows through it, each over its own KV list.
 * ``draft_decode.py`` — one draft step: a request's branches together over its shared prefix
   (read from the request-to-token table), then each branch's own ancestors.
 * ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
@@ -17,7 +18,12 @@ both are per token, so any page size works. This package imports nothing else of
 except ``specdec.kernels`` (input checks).
 """
 
-from specdec.attention.triton_kernels.decode import decode_attention, decode_attention_ref
+from specdec.attention.triton_kernels.decode import (
+    decode_attention,
+    decode_attention_ref,
+    decode_attention_rows,
+    decode_attention_rows_ref,
+)
 from specdec.attention.triton_kernels.draft_decode import draft_decode_attention, draft_decode_attention_ref
 from specdec.attention.triton_kernels.extend import extend_attention, extend_attention_ref
 from specdec.attention.triton_kernels.merge import (
@@ -32,6 +38,8 @@ from specdec.attention.triton_kernels.store_kv import store_kv, store_kv_ref
 __all__ = [
     "decode_attention",
     "decode_attention_ref",
+    "decode_attention_rows",
+    "decode_attention_rows_ref",
     "draft_decode_attention",
     "draft_decode_attention_ref",
     "extend_attention",

@@ -44,20 +44,24 @@ from specdec.kernels.common import check_tensor
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, O, LSE, kv_indptr, kv_indices, sm_scale_log2,
+    Q, K, V, O, LSE, kv_indptr, kv_indices, row_lens, kv_row_stride, sm_scale_log2,
     stride_qs, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
     stride_os, stride_oh, stride_osplit,
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_TABLE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    kv_start = tl.load(kv_indptr + seq)
-    kv_len = tl.load(kv_indptr + seq + 1) - kv_start
+    if ROW_TABLE:  # sequence s lists its slots in row s of a [num_seqs, kv_row_stride] table
+        kv_start = seq.to(tl.int64) * kv_row_stride
+        kv_len = tl.load(row_lens + seq)
+    else:
+        kv_start = tl.load(kv_indptr + seq)
+        kv_len = tl.load(kv_indptr + seq + 1) - kv_start
     chunk_len = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
     lo = split * chunk_len
     hi = tl.minimum(lo + chunk_len, kv_len)
@@ -126,31 +130,63 @@ def decode_attention(
     ``max_kv_len`` (a host int, no sync) sizes the split plan; ``num_splits`` forces a split count.
     """
     _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
+    if kv_indptr.shape[0] != q.shape[0] + 1:
+        raise ValueError(f"kv_indptr: expected {q.shape[0] + 1} entries, got {kv_indptr.shape[0]}")
+    _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, kv_indptr, 0, out, sm_scale=sm_scale,
+            max_kv_len=max_kv_len, plan_seqs=q.shape[0], num_splits=num_splits, row_table=False)
+
+
+def decode_attention_rows(
+    q: torch.Tensor,  # [num_rows, num_heads, head_dim]
+    k_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    v_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    kv_table: torch.Tensor,  # [num_rows, stride] int32 KV slots of row r in position order
+    row_lens: torch.Tensor,  # [num_rows] int32 entries of row r's list
+    out: torch.Tensor,  # [num_rows, num_heads, head_dim] (written)
+    *,
+    sm_scale: float,
+    max_kv_len: int,
+    plan_seqs: int,
+    num_splits: int | None = None,
+) -> None:
+    """Each query row as a decode step over its own list, planned (split count, tiles) as the decode
+    batch of ``plan_seqs`` sequences whose longest is ``max_kv_len``: a verify node of a tree and the
+    decode step of the same token in a batch of as many requests run the same arithmetic, bit for bit."""
+    check_qkv(q, k_buffer, v_buffer, out)
+    check_tensor("kv_table", kv_table, dtype=torch.int32, dim=2, device=q.device)
+    check_tensor("row_lens", row_lens, dtype=torch.int32, shape=(q.shape[0],), device=q.device)
+    if kv_table.shape[0] != q.shape[0] or kv_table.stride(1) != 1:
+        raise ValueError(f"kv_table: expected {q.shape[0]} rows with unit last stride, got {tuple(kv_table.shape)}")
+    _launch(q, k_buffer, v_buffer, row_lens, kv_table, row_lens, kv_table.stride(0), out, sm_scale=sm_scale,
+            max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, row_table=True)
+
+
+def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, out, *, sm_scale, max_kv_len,
+            plan_seqs, num_splits, row_table) -> None:
+    """The decode grid (sequence, KV head, split), planned for ``plan_seqs`` sequences."""
     num_seqs, hq, d = q.shape
     hkv = k_buffer.shape[1]
-    if kv_indptr.shape[0] != num_seqs + 1:
-        raise ValueError(f"kv_indptr: expected {num_seqs + 1} entries, got {kv_indptr.shape[0]}")
     if num_seqs == 0:
         return
     block_h = max(16, triton.next_power_of_2(hq // hkv))
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
-    splits, _ = plan_num_splits(num_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
+    splits, _ = plan_num_splits(plan_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
                                 num_splits=num_splits)
-    if is_streaming_grid(q.device, num_seqs * hkv, splits):
+    if is_streaming_grid(q.device, plan_seqs * hkv, splits):
         cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)
     group = hq // hkv
     _decode_kernel[(num_seqs, hkv, splits)](
-        q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, sm_scale * LOG2E,
+        q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, row_lens, row_stride, sm_scale * LOG2E,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
         BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-        DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device),
+        DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device), ROW_TABLE=row_table,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:
@@ -182,3 +218,24 @@ def decode_attention_ref(
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,khd->hk", q[s].float(), k) * sm_scale
         out[s] = torch.einsum("hk,khd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
+
+
+def decode_attention_rows_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    kv_table: torch.Tensor,
+    row_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    sm_scale: float,
+    max_kv_len: int,
+    plan_seqs: int,
+    num_splits: int | None = None,
+) -> None:
+    """Specification of ``decode_attention_rows``: ``decode_attention_ref`` over the rows' lists (the
+    plan arguments do not change the result)."""
+    lens = row_lens.tolist()
+    indices = torch.cat([kv_table[r, :n] for r, n in enumerate(lens)]) if lens else kv_table.new_zeros(0)
+    indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+    decode_attention_ref(q, k_buffer, v_buffer, indptr, indices, out, sm_scale=sm_scale, max_kv_len=max_kv_len)

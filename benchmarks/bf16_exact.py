@@ -49,11 +49,21 @@ def chat_ids(tokenizer, count: int) -> list[list[int]]:
     return [ids[i % len(ids)] for i in range(count)]
 
 
-def generate(engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> list[list[int]]:
+def generate(engine, prompts: list[list[int]], concurrency: int, max_new_tokens: int, *,
+             top2: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Each prompt's greedy output ids and, with ``top2``, the gap in nats between the two most likely
+    tokens at each output position (how near a tie the choice was)."""
     params = {"temperature": 0, "max_new_tokens": max_new_tokens}
+    if top2:
+        params["top_logprobs_num"] = 2
     if concurrency == 1:
-        return [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
-    return [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=params)]
+        results = [engine.generate(input_ids=p, sampling_params=params) for p in prompts]
+    else:
+        results = engine.generate(input_ids=prompts, sampling_params=params)
+    gaps = None
+    if top2:
+        gaps = [[top[0][1] - top[1][1] for top in r["meta_info"]["output_top_logprobs"]] for r in results]
+    return [r["output_ids"] for r in results], gaps
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -75,13 +85,14 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
         if getattr(args, name) is not None:
             spec[name] = getattr(args, name)
     path = model_path(args.model)
-    outputs, seconds = {}, {}
+    outputs, seconds, gaps = {}, {}, {}
     for kind, extra in (("plain", {}), ("spec", spec)):
         engine = specdec.Engine(path, **flags, **extra)
         for c in args.concurrency:
             prompts = chat_ids(engine.tokenizer, args.num_prompts if c == 1 else c)
             t0 = time.time()
-            outputs[kind, c] = generate(engine, prompts, c, args.max_new_tokens)
+            outputs[kind, c], gaps[kind, c] = generate(engine, prompts, c, args.max_new_tokens,
+                                                       top2=kind == "plain" and args.gaps)
             seconds[kind, c] = round(time.time() - t0, 1)
         engine.shutdown()
     rows = []
@@ -89,11 +100,14 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
         diffs = [first_difference(a, b) for a, b in zip(outputs["plain", c], outputs["spec", c])]
         rows.append({"mode": mode, "workload": "smollm2-mtbench", "concurrency": c,
                      "identical": sum(d is None for d in diffs), "total": len(diffs),
-                     "first_difference": diffs, "max_new_tokens": args.max_new_tokens,
+                     "first_difference": diffs,
+                     # plain decoding's top-2 logprob gap where the answers part (near 0: a near-tie)
+                     "gap_at_first_difference": None if gaps["plain", c] is None else
+                     [None if d is None or d >= len(g) else round(g[d], 5) for d, g in zip(diffs, gaps["plain", c])], "max_new_tokens": args.max_new_tokens,
                      "seconds": {"plain": seconds["plain", c], "spec": seconds["spec", c]},
                      "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend})
         print(f"{mode:13s} c={c:3d}: identical {rows[-1]['identical']}/{rows[-1]['total']}  first differences "
-              f"{[d for d in diffs if d is not None]}  (plain {seconds['plain', c]} s, spec {seconds['spec', c]} s)",
+              f"{[d for d in diffs if d is not None]}  gaps {rows[-1]['gap_at_first_difference']}  (plain {seconds['plain', c]} s, spec {seconds['spec', c]} s)",
               flush=True)
     return rows
 
@@ -113,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speculative-eagle-topk", type=int, default=None)
     ap.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     ap.add_argument("--disable-cuda-graph", action="store_true")
+    ap.add_argument("--gaps", action="store_true", help="record plain decoding's top-2 logprob gap where the "
+                    "answers part (a near-tie or not)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rows = [row for mode in args.modes for row in run_mode(args, mode)]

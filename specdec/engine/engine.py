@@ -243,10 +243,7 @@ class Engine:
         if prefill_tokens:
             self.cuda_graph_bytes += self.capture_prefill_graphs(prefill_tokens)
         args = self.args
-        # an EAGLE head's KV at p saw token p + 1 (pair keys); a standalone draft LM's, like the target's, did not
-        pair_keys = draft_model is not None and not getattr(draft_model, "standalone", False)
-        cache = NoPrefixCache(self.memory) if args.disable_radix_cache else \
-            RadixPrefixCache(self.memory, with_draft=pair_keys)
+        cache = NoPrefixCache(self.memory) if args.disable_radix_cache else RadixPrefixCache(self.memory)
         self.scheduler = Scheduler(self.runner, self.memory, worker=worker,
                                    max_running_requests=max_running_requests, tree_tokens=tree,
                                    overlap=overlap, generator=self.generator, prefix_cache=cache,

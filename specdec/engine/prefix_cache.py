@@ -12,13 +12,20 @@ cache uses the host's slot indices (``specdec.host``). The two depend on differe
     draft KV at position p    depends on tokens 0 .. p + 1   (the draft input at p is the token
                               p + 1 with the target feature of p: EAGLE's shift by one)
 
-So with a draft head a position's key is the *pair* (token p, token p + 1): a cached path then
-fixes every token its KV depends on, and a draft entry is reused only by a request whose next
-token is the one it was computed with. Without a draft head the key is token p alone. Example,
-page_size 1, request A = "a b c d" (KV of positions 0..2 when it ends, "d" the last output):
+So a position's key is the *pair* (token p, token p + 1): a cached path then fixes every token its
+KV depends on, and a draft entry is reused only by a request whose next token is the one it was
+computed with. Example, page_size 1, request A = "a b c d" (KV of positions 0..2 when it ends, "d"
+the last output):
 
-    token keys   a, b, c           a request "a b c x" reuses 3 positions
+    token keys   a, b, c           a request "a b c x" would reuse 3 positions
     pair keys    ab, bc, cd        a request "a b c x" reuses 2: the draft KV at "c" saw "d", not "x"
+
+Every engine keys by pairs, with a draft head or not (plain decoding, NGRAM, a standalone draft LM:
+one position fewer reused than token keys would give). A prompt then takes the same cached prefix
+whatever the algorithm, so its prefill starts at the same position, splits into the same forwards
+and computes the same bits: with token keys plain decoding's prefill started one token later than
+EAGLE's after every partial hit, and in bf16 that alone parted greedy answers (H200, SmolLM2,
+MT-bench one prompt at a time after the first: 1 of 8 equal with the decode paths equal bit for bit).
 
 A position is *final*, and may enter the tree, once its key is known: the request's KV holds it
 and (pair keys) the next token exists. A request always computes at least its last token (its
@@ -122,12 +129,10 @@ class RadixPrefixCache:
 
     enabled = True
 
-    def __init__(self, memory: PagedKVMemory, *, with_draft: bool) -> None:
-        """``with_draft``: pages also hold an EAGLE head's KV, so positions are keyed by token pairs (a
-        standalone draft LM's KV, like the target's, depends on tokens 0 .. p only: token keys)."""
+    def __init__(self, memory: PagedKVMemory) -> None:
         self.memory = memory
         self.page_size = memory.page_size
-        self.keys_of = pair_keys if with_draft else token_keys
+        self.keys_of = pair_keys  # every engine (module docstring)
         self.tree = RadixCache(memory.page_size)
         self.stats = CacheStats()
         # request row -> (locked node, tokens of the row that the tree holds)

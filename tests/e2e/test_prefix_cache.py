@@ -128,11 +128,12 @@ def _diverging_prefixes(vocab: int) -> tuple[list[int], list[int]]:
     return p + [5, 6, 7, 8], p + [9, 10, 11]
 
 
-@pytest.mark.parametrize("algorithm, shape", CONFIGS[1:], ids=CONFIG_IDS[1:])
+@pytest.mark.parametrize("algorithm, shape", CONFIGS, ids=CONFIG_IDS)
 def test_cached_prefix_kv_equals_a_fresh_prefill(algorithm, shape):
     """B reuses A's KV up to where their *pairs* of tokens agree: 12 positions (the draft entry at
-    position 12 saw A's next token). Its target KV, draft KV and root expansion then equal those
-    of an engine that never saw A."""
+    position 12 saw A's next token), with a draft head or not, so B's prefill starts at the same
+    position in every engine. Its target KV, draft KV and root expansion then equal those of an
+    engine that never saw A."""
     a, b = _diverging_prefixes(97)
     cached = build(algorithm, shape)
     cached.generate(input_ids=a, sampling_params=greedy(10))

@@ -160,11 +160,30 @@ def test_dispatch_takes_the_kernel(kernel_on_cpu, m, n):
     w = rand(n, 64, dtype=dt, seed=3, scale=0.125)
     gemv.linear(x, w, b)
     assert kernel_on_cpu == [gemv._config(gemv._bucket(m), n, 64)] and kernel_on_cpu[0] is not None
-    assert kernel_on_cpu[0].use_dot == (m > 2)
+    assert kernel_on_cpu[0].use_dot
     with pytest.raises(ValueError, match="bias"):
         gemv.linear(x, w, b[:-1])
     logits = gemv.linear(x, w, b, out_dtype=torch.float32)  # the lm_head's logits: the same kernel
     assert logits.dtype == torch.float32 and len(kernel_on_cpu) == 2 and kernel_on_cpu[1] == kernel_on_cpu[0]
+
+
+@pytest.mark.parametrize("n", [16, 4096, 28672, 40000])
+def test_one_tiling_from_1_to_8_tokens(n):
+    """A decode step (1 token a request) and a verify of up to 8 rows take the same tiling, of 16
+    token rows whatever M: a token's row then does the same arithmetic in both (next test)."""
+    configs = {gemv._config(gemv._bucket(m), n, 4096) for m in range(1, 9)}
+    assert len(configs) == 1 and next(iter(configs)).block_m_for(1) == next(iter(configs)).block_m_for(8) == 16
+
+
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+def test_a_tokens_row_is_the_same_bits_at_1_and_8_tokens():
+    """Decode's M = 1 and a verify's M = 8 under the table's tiling: row 0 equal bit for bit."""
+    x = rand(8, 64, dtype=torch.bfloat16, seed=1, scale=2.0)
+    weight = rand(40, 64, dtype=torch.bfloat16, seed=2, scale=0.125)
+    config = gemv._config(1, 40, 64)
+    assert config == gemv._config(8, 40, 64)
+    one, eight = gk.gemv(x[:1], weight, None, config), gk.gemv(x, weight, None, config)
+    assert torch.equal(one[0], eight[0])
 
 
 @pytest.mark.parametrize("m", [33, 48, 64])

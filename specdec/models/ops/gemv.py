@@ -120,11 +120,11 @@ def _config(m: int, n: int, k: int):
 
     H100, Llama-3.1-8B shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336,
     lm_head 128256x4096, EAGLE-3 head 6144x8192 / 32000x4096), CUDA-graph replays with PDL:
-      M = 1     elementwise, 4 rows x 1024 (N >= 6144), or 8 x 512 with the next chunk prefetched
-                (N = 4096: more bytes in flight for the few programs); 4-22% faster than cuBLAS
-      M = 2     elementwise, 4 x 512 (prefetching loses 10-30% here: registers)
-      M = 3-32  tensor cores, 32 x 256, 4 stages. Timed alone, cuBLAS is up to 4% faster on
-                gate_up-sized N at M >= 8 and about as fast on the layers at M = 17-32; inside a
+      M = 1-32  tensor cores, 32 x 256, 4 stages: one tiling from 1 to 16 rows, so a token's row
+                of the result does the same arithmetic whatever M is (a decode step and the same
+                token among a verify's rows agree bit for bit; see below). Timed alone, cuBLAS is
+                up to 4% faster on gate_up-sized N at M >= 8 and about as fast on the layers at
+                M = 17-32; inside a
                 decode step the Triton kernels overlap their neighbours (PDL) and cuBLAS's do not,
                 and the whole step is faster: plain 8B decode 7.00 -> 6.46 ms at bs 8, 7.38 -> 7.01
                 ms at bs 16, the chain 3x1x4 8.82 -> 8.65 ms at bs 8, against the table that left
@@ -138,6 +138,12 @@ def _config(m: int, n: int, k: int):
                 (cuBLAS -> this at 48 tokens: gate_up 87.6 -> 83.6 µs, lm_head 384.2 -> 356.6), 64 x
                 128, 5 stages for N = 6144 (qkv 21.3 -> 20.6). o and down stay with cuBLAS, which
                 was as fast or up to 4% faster (2026-11-26-h100-wide-verify)
+
+    M = 1 and 2 ran an elementwise kernel until 2026-11-29 (4 x 1024 rows, or 8 x 512 prefetched; 4-22%
+    faster than cuBLAS on the H100): its sums differ in the last bits from the tensor cores' sums
+    of the verify's rows, which alone parted bf16 greedy answers with speculation at one request
+    at a time. The tensor-core tiling at M = 1 cost 2% of the 8B plain decode step at bs 1 on an
+    H200 (4.55 -> 4.64 ms; bs 8 and speculative steps unchanged: benchmarks/results/2026-11-29-h200-bf16-agreement).
     """
     cfg = _kernels().GemvConfig
     if m > MAX_TOKENS:
@@ -146,10 +152,6 @@ def _config(m: int, n: int, k: int):
         if n >= 16384:
             return cfg(128, 128, num_warps=8, num_stages=3, use_dot=True, swap_ab=True)
         return cfg(64, 128, num_warps=4, num_stages=5, use_dot=True, swap_ab=True)
-    if m == 1:
-        return cfg(4, 1024) if n >= WIDE_N else cfg(8, 512, prefetch=True)
-    if m == 2:
-        return cfg(4, 512)
     if m >= 16 and n >= 16384:
         return cfg(128, 128, num_warps=4, num_stages=4, use_dot=True, swap_ab=True)
     if m >= 16 and n >= WIDE_N:

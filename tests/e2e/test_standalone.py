@@ -155,13 +155,13 @@ def test_chunked_prefill_retraction_and_the_prefix_cache():
     assert _ids(spec.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
     assert spec.cache_stats()["num_retracted_reqs"] > 0
     assert_no_leak(spec)
-    # a prompt sharing 20 tokens takes their target and draft KV from the cache: keyed by token, as the
-    # draft KV at p saw tokens 0..p only (an EAGLE head's saw p + 1, so its pair keys would give 19)
+    # a prompt sharing 20 tokens takes 19 positions' target and draft KV from the cache: every engine keys
+    # by token pairs (specdec.engine.prefix_cache), so its prefill starts where plain decoding's does
     cached = standalone(target, draft, (3, 2, 6))
     cached.generate(input_ids=prompts[1], sampling_params=params)
     branch = prompts[1][:20] + [(prompts[1][20] + 1) % 97] + prompts[1][21:25]
     again = cached.generate(input_ids=branch, sampling_params=params)
-    assert again["meta_info"]["cached_tokens"] == 20
+    assert again["meta_info"]["cached_tokens"] == 19
     assert again["output_ids"] == engine(target).generate(input_ids=branch, sampling_params=params)["output_ids"]
     assert cached.kv_bytes_per_token["draft"] > 0
     assert_no_leak(cached)

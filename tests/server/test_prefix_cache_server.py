@@ -51,12 +51,12 @@ def _stop_in(text: str) -> str:
     return next(text[j:j + 2] for j in range(3, len(text) - 1) if text.index(text[j:j + 2]) == j)
 
 
-def _expected_cached(ids: list[int], history: list[int], *, pair: bool, page: int) -> int:
+def _expected_cached(ids: list[int], history: list[int], *, page: int) -> int:
     """Prompt tokens ``ids`` takes from a request whose KV covers ``history`` (its last token
-    aside): the positions where they agree, one less with pair keys (the draft KV there saw the
-    next token), at least the last one computed, in whole pages."""
+    aside): the positions where they agree, one less (every engine keys by token pairs: an EAGLE
+    head's KV there saw the next token), at least the last one computed, in whole pages."""
     agree = next((i for i, (a, b) in enumerate(zip(ids, history)) if a != b), min(len(ids), len(history)))
-    return min(agree - pair, len(ids) - 1) // page * page
+    return min(agree - 1, len(ids) - 1) // page * page
 
 
 @pytest.mark.parametrize("algorithm, shape", [(None, None), ("EAGLE", (5, 4, 8)), ("EAGLE3", (4, 8, 32))],
@@ -95,8 +95,7 @@ def test_turns_cut_at_stop_strings_report_their_cached_prefix(algorithm, shape, 
                 meta["cached_tokens"] = got["usage"]["prompt_tokens_details"]["cached_tokens"]
             assert got_text == kept and meta["finish_reason"] == "stop"
             assert out_ids == free["output_ids"][: len(kept) + 2]  # the output ends with the stop string
-            want = 0 if disable or history is None else _expected_cached(ids, history, pair=algorithm is not None,
-                                                                          page=4)
+            want = 0 if disable or history is None else _expected_cached(ids, history, page=4)
             assert meta["cached_tokens"] == want
             assert disable or history is None or want >= len(previous) // 4 * 4  # the history's prompt at least
             previous, history = ids, ids + out_ids

@@ -120,12 +120,12 @@ def _config(m: int, n: int, k: int):
 
     H100, Llama-3.1-8B shapes (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336,
     lm_head 128256x4096, EAGLE-3 head 6144x8192 / 32000x4096), CUDA-graph replays with PDL:
-      M = 1-32  tensor cores, 32 x 256, 4 stages: one tiling from 1 to 16 rows, so a token's row
-                of the result does the same arithmetic whatever M is (a decode step and the same
-                token among a verify's rows agree bit for bit; see below). Timed alone, cuBLAS is
-                up to 4% faster on gate_up-sized N at M >= 8 and about as fast on the layers at
-                M = 17-32; inside a
-                decode step the Triton kernels overlap their neighbours (PDL) and cuBLAS's do not,
+      M = 1-32  tensor cores, 32 x 256, 4 stages: one tiling from 1 to 8 rows (16 below WIDE_N),
+                so a token's row of the result does the same arithmetic whatever M is (a decode
+                step and the same token among a verify's rows agree bit for bit; see below). Timed
+                alone, cuBLAS is up to 4% faster on gate_up-sized N at M >= 8 and about as fast on
+                the layers at M = 17-32; inside a decode step the Triton kernels overlap their
+                neighbours (PDL) and cuBLAS's do not,
                 and the whole step is faster: plain 8B decode 7.00 -> 6.46 ms at bs 8, 7.38 -> 7.01
                 ms at bs 16, the chain 3x1x4 8.82 -> 8.65 ms at bs 8, against the table that left
                 them to cuBLAS (2026-11-26-h100-gemm-dispatch)

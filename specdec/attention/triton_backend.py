@@ -12,16 +12,17 @@ kernel (prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, p
 TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): over its own KV list
 (prefix, ancestors, itself; built on the device) with the split plan of the decode batch of as many
 requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
-graphs; eagerly unless the plans' bounds differ), so bf16 speculation changes greedy answers only
-through the GEMMs' row count. It reads the prefix once per node instead of once per request (from L2
-for the nodes after the first), so it runs while the batch has at most ``verify_as_decode_max_rows``
-nodes (VERIFY_AS_DECODE_MAX_ROWS: a tree of 8 at 8 requests, a chain of 4 at 16); larger verify
-batches, and one whose requests have trees of different sizes, run the extend kernel under the tree
-mask. Measured on an H200 (8B shape, context 1 k, whole steps, against the extend kernel): no cost at
-bs 1 (tree 5x4x8 6.26 against 6.30 ms, chain 5.62 against 5.63), +12% at bs 8 with the 8-node tree
-(7.95 against 7.10 ms) and +3% with the chain (6.39 against 6.20); with it SmolLM2's bf16 greedy
-answers with EAGLE-3 equal plain decoding's in 80 of 80 at 8 requests at once, against 12-13 of 80
-through the extend kernel (benchmarks/results/2026-11-29-h200-bf16-agreement).
+graphs; eagerly unless the plans' bounds differ), and with the linear layers' one tiling for 1-8
+rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. It reads
+the prefix once per node instead of once per request (from L2 for the nodes after the first), so it
+runs while the batch has at most ``verify_as_decode_max_rows`` nodes (VERIFY_AS_DECODE_MAX_ROWS: a
+tree of 8 at 8 requests, a chain of 4 at 16); larger verify batches, and one whose requests have
+trees of different sizes, run the extend kernel under the tree mask. Measured on an H200 (8B shape,
+context 1 k, whole steps, against the extend kernel): no cost at bs 1 (tree 5x4x8 6.26 against 6.30
+ms, chain 5.62 against 5.63), +12% at bs 8 with the 8-node tree (7.95 against 7.10 ms) and +3% with
+the chain (6.39 against 6.20); with it SmolLM2's bf16 greedy answers with EAGLE-3 equal plain
+decoding's in 80 of 80 at 8 requests at once, against 12-13 of 80 through the extend kernel
+(benchmarks/results/2026-11-29-h200-bf16-agreement).
 
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose

@@ -21,6 +21,8 @@ The lists are built on the device (``specdec.kernels.build_row_kv_lists``) and t
 tensor ops, so a plan under ``static_max_seq_len`` reads nothing on the host and can be captured in a
 CUDA graph (the table is then sized by that bound). The triton backend runs the rows through
 ``triton_kernels.row_attention`` (fixed position splits); torch_native through ``rowwise_attention``.
+Without the flag the triton backend plans small verify batches here too and runs each node as a
+decode step (``triton_kernels.decode_attention_rows``; see ``specdec.attention.triton_backend``).
 """
 
 from __future__ import annotations

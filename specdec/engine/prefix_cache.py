@@ -51,11 +51,6 @@ from specdec.engine.radix_cache import RadixCache, _Node
 _PAIR_SHIFT = 32
 
 
-def token_keys(tokens: Sequence[int]) -> list[int]:
-    """One key per position: the token (target KV only)."""
-    return list(tokens)
-
-
 def pair_keys(tokens: Sequence[int]) -> list[int]:
     """One key per position p < len(tokens) - 1: (token p, token p + 1) (target + draft KV)."""
     return [(a << _PAIR_SHIFT) | b for a, b in zip(tokens[:-1], tokens[1:])]

@@ -18,7 +18,12 @@ from ..triton_env import import_kernels, rand
 import_kernels("specdec.attention.triton_backend")
 
 from specdec.attention import AttentionLayer, KVCache, create_attention_backend  # noqa: E402
-from specdec.attention.triton_kernels import row_attention, row_attention_ref  # noqa: E402
+from specdec.attention.triton_kernels import (  # noqa: E402
+    decode_attention_rows,
+    decode_attention_rows_ref,
+    row_attention,
+    row_attention_ref,
+)
 from specdec.forward import ForwardBatch, ForwardMode, batch_invariant  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -52,6 +57,28 @@ def test_kernel_matches_reference(dtype):
     lens = [1, 31, 32, 33, 64, 65, 97, 130]  # split edges (32), folded splits (> 64 at two programs)
     ours, _, _ = run_rows(lens, dtype=dtype)
     ref, _, _ = run_rows(lens, dtype=dtype, op=row_attention_ref)
+    tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def decode_rows(op, plan_seqs: int, num_splits: int | None = None):
+    """``op`` (``decode_attention_rows`` or its reference) in ``run_rows``'s calling convention (each
+    row reads its own table row, so the row list is not passed)."""
+    def run(q, k, v, table, _row_list, lens, out, *, sm_scale, max_kv_len):
+        extra = {} if num_splits is None else {"num_splits": num_splits}
+        op(q, k, v, table, lens, out, sm_scale=sm_scale, max_kv_len=max_kv_len, plan_seqs=plan_seqs, **extra)
+    return run
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("plan_seqs, num_splits", [(1, None), (8, None), (2, 3)])
+def test_decode_rows_match_reference(dtype, plan_seqs, num_splits):
+    """``decode_attention_rows`` (the default path's verify nodes as decode steps) against its
+    reference, whatever the plan it is given (a split count and tiles, not the result)."""
+    lens = [1, 15, 16, 17, 40, 97]
+    ours, _, _ = run_rows(lens, dtype=dtype, op=decode_rows(decode_attention_rows, plan_seqs, num_splits))
+    ref, _, _ = run_rows(lens, dtype=dtype, op=decode_rows(decode_attention_rows_ref, plan_seqs))
     tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
     torch.testing.assert_close(ours.float(), ref.float(), rtol=tol, atol=tol)
 

@@ -132,6 +132,7 @@ def decode_attention(
     _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
     if kv_indptr.shape[0] != q.shape[0] + 1:
         raise ValueError(f"kv_indptr: expected {q.shape[0] + 1} entries, got {kv_indptr.shape[0]}")
+    # NOTE: row_lens and the row stride are not read without ROW_TABLE (kv_indptr stands in)
     _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, kv_indptr, 0, out, sm_scale=sm_scale,
             max_kv_len=max_kv_len, plan_seqs=q.shape[0], num_splits=num_splits, row_table=False)
 
@@ -157,13 +158,15 @@ def decode_attention_rows(
     check_tensor("row_lens", row_lens, dtype=torch.int32, shape=(q.shape[0],), device=q.device)
     if kv_table.shape[0] != q.shape[0] or kv_table.stride(1) != 1:
         raise ValueError(f"kv_table: expected {q.shape[0]} rows with unit last stride, got {tuple(kv_table.shape)}")
+    # NOTE: kv_indptr is not read under ROW_TABLE (row_lens stands in)
     _launch(q, k_buffer, v_buffer, row_lens, kv_table, row_lens, kv_table.stride(0), out, sm_scale=sm_scale,
             max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, row_table=True)
 
 
 def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, out, *, sm_scale, max_kv_len,
             plan_seqs, num_splits, row_table) -> None:
-    """The decode grid (sequence, KV head, split), planned for ``plan_seqs`` sequences."""
+    """The decode grid (sequence, KV head, split), planned for ``plan_seqs`` sequences; a sequence's
+    slots come from ``kv_indptr`` or (``row_table``) from ``row_lens`` and the table's row stride."""
     num_seqs, hq, d = q.shape
     hkv = k_buffer.shape[1]
     if num_seqs == 0:

@@ -5,7 +5,8 @@
 #
 # Here, once (network): bash ../shared/tools/vllm_wheels.sh .vllm 12   (git-ignored; 13 parts, 150 MB)
 #                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
-# On the device, calls back to back (the machine stays warm ~30 s and /tmp survives):
+# On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); carry
+# .peer/triton-cache.tgz where an earlier call handed one back (below):
 #   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
 #   bash scripts/gpu_peer.sh install [DIR..] the parts put (and DIR...) joined, checked, installed to /tmp/site
 #                                            (only the GGUF and the gguf wheel: a specdec-only run)
@@ -49,6 +50,20 @@ GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 SMOL=/tmp/smollm2-bf16
 HEAD=specdec/data/smollm2/eagle3_head
 what="${1:-}"; shift || true
+# Triton's compiled kernels travel between machines (a fresh machine spends minutes compiling specdec's):
+# carried in as .peer/triton-cache.tgz (an earlier call's $OUT/triton-cache.tgz), handed back when it grew
+export TRITON_CACHE_DIR=/tmp/triton-cache
+if [ -f .peer/triton-cache.tgz ] && [ ! -d $TRITON_CACHE_DIR ]; then
+  mkdir -p $TRITON_CACHE_DIR && tar xzf .peer/triton-cache.tgz -C $TRITON_CACHE_DIR
+fi
+cache_before=$(du -sk $TRITON_CACHE_DIR 2>/dev/null | cut -f1)
+
+return_triton_cache() {  # $OUT/triton-cache.tgz where the cache grew and fits what a call hands back (16 MiB)
+  [ -d $TRITON_CACHE_DIR ] && [ "$(du -sk $TRITON_CACHE_DIR | cut -f1)" != "$cache_before" ] || return 0
+  tar czf /tmp/triton-cache.tgz -C $TRITON_CACHE_DIR . || return 0
+  if [ "$(stat -c %s /tmp/triton-cache.tgz)" -le $((16 * 1024 * 1024)) ]; then cp /tmp/triton-cache.tgz "$OUT/"
+  else echo "Triton cache $(du -h /tmp/triton-cache.tgz | cut -f1): over 16 MiB, not handed back"; fi
+}
 
 vllm_env() {
   export PYTHONPATH="$PYTHONPATH:/tmp/site" VLLM_USE_FLASHINFER_SAMPLER=0
@@ -224,4 +239,5 @@ case "$what" in
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20
+[ "$what" = put ] || return_triton_cache
 exit 0

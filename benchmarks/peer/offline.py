@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 
 PROFILE: str | None = None  # --profile: where profile_host appends
+TRACE: str | None = None  # --trace: where trace_device appends
+FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagle3)
 SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
@@ -90,6 +92,26 @@ class SpecdecEngine:
         """Decode steps by adaptive speculation's choice so far (plain or a tree shape); {} without."""
         policy = getattr(self.engine.worker, "policy", None)
         return dict(policy.chosen) if policy is not None else {}
+
+    def explain(self, bs: int) -> str:
+        """Adaptive speculation's figures per candidate at ``bs`` and the last step's context ('' without)."""
+        worker = self.engine.worker
+        policy = getattr(worker, "policy", None)
+        if policy is None:
+            return ""
+        rows = policy.explain(bs, worker._context)
+        return "; ".join(f"{name} {r['tokens']:.2f} tok / {r['profile_ms']:.2f} ms x {r['served_ratio']:.2f}"
+                         for name, r in rows.items())
+
+    def force(self, choice: str) -> None:
+        """Diagnostics: every decode step takes ``choice`` (auto: the policy's; plain; or SxKxN)."""
+        from specdec.eagle.adaptive import AUTO
+        from specdec.eagle.policy import SpecShape
+
+        worker = self.engine.worker
+        if not hasattr(worker, "force"):
+            raise SystemExit("--force needs adaptive speculation (--config eagle3)")
+        worker.force = AUTO if choice == "auto" else None if choice == "plain" else SpecShape.parse(choice)
 
     def abort(self, rids: list[str]) -> None:
         for rid in rids:
@@ -272,19 +294,37 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
     closed_loop(engine, prompts, max(concurrencies), tag=f"warm-{workload}", max_tokens=32)
     closed_loop(engine, prompts[:2], 1, tag=f"warm1-{workload}", max_tokens=32)
     for c in concurrencies:
-        work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
-        before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
-        with sync_debug(SYNC_DEBUG and c == max(concurrencies), f"{workload} c={c}"):
-            row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
-        if PROFILE is not None and c == max(concurrencies):  # the host's work, in a separate untimed pass
-            profile_host(lambda: closed_loop(engine, work, c, tag=f"prof-{workload}-c{c}", max_tokens=max_tokens),
-                         f"{workload} c={c} {type(engine).__name__}")
-        if before is not None:
-            drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
-            row["tau"] = 1 + accepted / drafts if drafts else None
-        emit({"workload": workload, "concurrency": c, "ctx": None, **row})
-        print(f"{workload} c={c}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, steps by choice {row.get('choices')}",
-              file=sys.stderr, flush=True)
+        for force in FORCES:
+            run_cell(engine, prompts, c, last=c == max(concurrencies), force=force, workload=workload,
+                     max_tokens=max_tokens, emit=emit)
+
+
+def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str, workload: str, max_tokens: int,
+             emit) -> None:
+    """One row: ``c`` requests in flight, every step taking ``force`` (auto: adaptive's choice)."""
+    if force != "auto":
+        engine.force(force)
+    work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
+    before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
+    with sync_debug(SYNC_DEBUG and last, f"{workload} c={c}"):
+        row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
+    if TRACE is not None and last:
+        trace_device(lambda: closed_loop(engine, work, c, tag=f"trace-{workload}-c{c}", max_tokens=max_tokens),
+                     f"{workload} c={c} force={force} {type(engine).__name__}")
+    if PROFILE is not None and last:  # the host's work, in a separate untimed pass
+        profile_host(lambda: closed_loop(engine, work, c, tag=f"prof-{workload}-c{c}", max_tokens=max_tokens),
+                     f"{workload} c={c} {type(engine).__name__}")
+    if before is not None:
+        drafts, accepted = (b - a for a, b in zip(before, engine.spec_counters()))
+        row["tau"] = 1 + accepted / drafts if drafts else None
+    if force != "auto":
+        row["force"] = force
+        engine.force("auto")
+    emit({"workload": workload, "concurrency": c, "ctx": None, **row})
+    print(f"{workload} c={c} force={force}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, "
+          f"steps by choice {row.get('choices')}", file=sys.stderr, flush=True)
+    if isinstance(engine, SpecdecEngine) and engine.explain(c):
+        print(f"  policy at bs={c}: {engine.explain(c)}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -319,6 +359,27 @@ def profile_host(fn, title: str) -> None:
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats("specdec/", 50)
     with open(PROFILE, "a") as f:
         f.write(f"===== {title}\n{text.getvalue()}\n")
+
+
+def trace_device(fn, title: str) -> None:
+    """Append to ``--trace`` how busy the GPU was over ``fn()``: its kernels' summed time against the
+    wall time (the rest: the host's), and the top kernels (CUDA activity only, so the host's own
+    pace is barely slowed; kernels inside CUDA graphs included)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        fn()
+        wall_ms = 1e3 * (time.perf_counter() - start)
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
+    lines = [f"{e.self_device_time_total / 1e3:9.1f} ms {e.count:8d}x  {e.key[:110]}" for e in top]
+    with open(TRACE, "a") as f:
+        f.write(f"===== {title}: wall {wall_ms:.0f} ms, kernels {busy_ms:.0f} ms ({busy_ms / wall_ms:.0%})\n"
+                + "\n".join(lines) + "\n\n")
+    print(f"trace, {title}: GPU busy {busy_ms / wall_ms:.0%} of {wall_ms:.0f} ms", file=sys.stderr, flush=True)
 
 
 def decode_workload(model: str) -> str:
@@ -379,9 +440,13 @@ def main() -> None:
     parser.add_argument("--sync-debug", action="store_true",
                         help="after the warm-up, run the timed pass of the largest concurrency under torch's sync "
                              "debug mode and log the calls that wait for the GPU, by call site (top 15)")
+    parser.add_argument("--trace", help="append how busy the GPU was (kernel time against wall time) over one more "
+                        "(untimed) pass of the largest concurrency to this file")
+    parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3: each cell once per choice, "
+                        "comma-separated (auto: adaptive's; plain; SxKxN); rows carry \"force\"")
     args = parser.parse_args()
-    global PROFILE, SYNC_DEBUG
-    PROFILE = args.profile
+    global PROFILE, SYNC_DEBUG, TRACE, FORCES
+    PROFILE, TRACE, FORCES = args.profile, args.trace, args.force.split(",")
     SYNC_DEBUG = args.sync_debug
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",

@@ -222,6 +222,18 @@ class AdaptivePolicy:
                 out[shape.name] = self._expected[shape.name] / self.step_ms(shape.name, bs, ctx)
         return out
 
+    def explain(self, bs: int, ctx: float) -> dict[str, dict[str, float]]:
+        """What the choice at ``bs`` rests on, per candidate (diagnostics): expected committed tokens,
+        the profile's ms, the served / profile ratio learned (1: none observed), the score."""
+        scores = self.scores(bs, ctx)
+        out = {}
+        for name, score in sorted(scores.items(), key=lambda kv: -kv[1]):
+            ratio = self.step_times.ratio(name, bs) if self.step_times is not None else 1.0
+            out[name] = {"tokens": 1.0 if name == PLAIN else self._expected[name],
+                         "profile_ms": self.costs.step_ms(name, bs, ctx), "served_ratio": ratio,
+                         "tokens_per_ms": score}
+        return out
+
     def choose(self, bs: int, ctx: float) -> SpecShape | None:
         scores = self.scores(bs, ctx)
         pick = self.explorer.pick(scores, bs) if self.explorer is not None else max(scores, key=scores.get)

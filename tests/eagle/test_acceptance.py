@@ -307,6 +307,21 @@ def test_policy_backs_off_when_served_speculative_steps_cost_more_than_profiled(
     assert all(fixed.choose(1, 100) == tree for _ in range(128))
 
 
+def test_explain_gives_the_figures_each_choice_rests_on():
+    policy = _policy(spec_ms=1.2)
+    for _ in range(40):
+        policy.observe_step("3x1x4", 1, 100, 2.4)  # served at twice the profile
+    rows = policy.explain(1, 100)
+    assert list(rows) == sorted(rows, key=lambda n: -rows[n]["tokens_per_ms"])  # best first
+    assert set(rows) == {PLAIN, "3x1x4", "5x4x8"}
+    assert rows[PLAIN]["tokens"] == 1.0 and rows[PLAIN]["served_ratio"] == 1.0
+    chain = rows["3x1x4"]
+    w = sum(0.98 ** i for i in range(40))  # the calibration's decayed weight of 40 steps
+    assert chain["profile_ms"] == 1.2 and chain["served_ratio"] == pytest.approx((4 + 2 * w) / (4 + w))
+    assert chain["tokens_per_ms"] == pytest.approx(chain["tokens"] / (1.2 * chain["served_ratio"]))
+    assert chain["tokens_per_ms"] == pytest.approx(policy.scores(1, 100)["3x1x4"])
+
+
 def test_adaptive_worker_times_a_step_only_after_a_step_of_the_same_choice(monkeypatch):
     """Step N's interval (its launch to N+1's) is handed over only where step N-1 made the same
     choice in the same batch-size bucket: under overlap scheduling the interval holds the wait

@@ -48,6 +48,7 @@ from pathlib import Path
 PROFILE: str | None = None  # --profile: where profile_host appends
 TRACE: str | None = None  # --trace: where trace_device appends
 FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagle3)
+REPEATS = 1  # --repeats: each cell's passes (the choices of --force interleaved)
 SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
@@ -68,6 +69,8 @@ class SpecdecEngine:
         self.tokenizer = self.engine.tokenizer
         self.reqs: dict[str, object] = {}
         self.texts: dict[str, str] = {}
+        # engine steps by kind (prefill, or the decode step's choice): [steps, seconds]
+        self.step_log: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
 
     def add(self, rid: str, ids: list[int], max_tokens: int, *, ignore_eos: bool) -> None:
         req = self.engine.make_request(input_ids=ids, rid=rid, sampling_params={
@@ -76,9 +79,32 @@ class SpecdecEngine:
         self.reqs[rid] = req
 
     def step(self) -> None:
+        scheduler = self.engine.scheduler
+        prefilled, chosen = scheduler.prefill_tokens, self.choices()
+        start = time.perf_counter()
         for req in self.engine.step():
             if req.rid in self.reqs:  # the user's path: the answer detokenized as it is handed out
                 self.texts[req.rid] = req.result(self.tokenizer).get("text", "")
+        log = self.step_log["prefill" if scheduler.prefill_tokens != prefilled else self._choice(chosen)]
+        log[0] += 1
+        log[1] += time.perf_counter() - start
+
+    def _choice(self, before: dict[str, int]) -> str:
+        """The decode step's choice: what adaptive speculation counted since ``before``, the forced one, or decode."""
+        worker = self.engine.worker
+        force = getattr(worker, "force", None)
+        if force is None and hasattr(worker, "force"):
+            return "plain"
+        if force is not None and getattr(force, "name", None):
+            return force.name
+        return next((k for k, n in self.choices().items() if n != before.get(k, 0)), "decode")
+
+    def step_summary(self) -> str:
+        """Steps by kind since the last summary: how many, and their mean milliseconds (whole ``step`` calls)."""
+        out = ", ".join(f"{kind} {n} x {1e3 * sec / n:.2f} ms" for kind, (n, sec) in
+                        sorted(self.step_log.items(), key=lambda kv: -kv[1][1]))
+        self.step_log.clear()
+        return out
 
     def progress(self, rid: str) -> tuple[list[int], bool]:
         req = self.reqs[rid]
@@ -200,6 +226,8 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
     (and the answers' token ids appended to ``answers``, in prompt order, where given)."""
     queue = collections.deque(enumerate(prompts))
     chosen_before = engine.choices() if isinstance(engine, SpecdecEngine) else {}
+    if isinstance(engine, SpecdecEngine):
+        engine.step_log.clear()
     inflight: dict[str, float] = {}  # rid -> sent at
     first, done, tokens, digests, finished_ids = {}, {}, {}, {}, {}
     t0 = time.perf_counter()
@@ -229,6 +257,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
            "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None,
            "digests": [digests[f"{tag}-{i}"] for i in range(len(prompts))]}
     if isinstance(engine, SpecdecEngine):
+        print(f"  steps, {tag}: {engine.step_summary()}", file=sys.stderr, flush=True)
         row["tau"] = engine.committed_per_verify(rids)
         chosen = {k: n - chosen_before.get(k, 0) for k, n in engine.choices().items()}
         if any(chosen.values()):  # adaptive speculation's decode steps by choice in this cell
@@ -294,7 +323,7 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
     closed_loop(engine, prompts, max(concurrencies), tag=f"warm-{workload}", max_tokens=32)
     closed_loop(engine, prompts[:2], 1, tag=f"warm1-{workload}", max_tokens=32)
     for c in concurrencies:
-        for force in FORCES:
+        for force in [f for _ in range(REPEATS) for f in FORCES]:
             run_cell(engine, prompts, c, last=c == max(concurrencies), force=force, workload=workload,
                      max_tokens=max_tokens, emit=emit)
 
@@ -444,9 +473,11 @@ def main() -> None:
                         "(untimed) pass of the largest concurrency to this file")
     parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3: each cell once per choice, "
                         "comma-separated (auto: adaptive's; plain; SxKxN); rows carry \"force\"")
+    parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
+                        "choices of --force interleaved), one row each")
     args = parser.parse_args()
-    global PROFILE, SYNC_DEBUG, TRACE, FORCES
-    PROFILE, TRACE, FORCES = args.profile, args.trace, args.force.split(",")
+    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS
+    PROFILE, TRACE, FORCES, REPEATS = args.profile, args.trace, args.force.split(","), args.repeats
     SYNC_DEBUG = args.sync_debug
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",

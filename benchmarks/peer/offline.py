@@ -49,6 +49,7 @@ PROFILE: str | None = None  # --profile: where profile_host appends
 TRACE: str | None = None  # --trace: where trace_device appends
 FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagle3)
 REPEATS = 1  # --repeats: each cell's passes (the choices of --force interleaved)
+WAITING: list[str] = []  # --waiting: each cell once per admission setting RATIO:STEPS (specdec)
 SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
@@ -128,6 +129,11 @@ class SpecdecEngine:
         rows = policy.explain(bs, worker._context)
         return "; ".join(f"{name} {r['tokens']:.2f} tok / {r['profile_ms']:.2f} ms x {r['served_ratio']:.2f}"
                          for name, r in rows.items())
+
+    def set_waiting(self, setting: str) -> None:
+        """Diagnostics: the scheduler's admission wait, RATIO:STEPS (``--waiting-served-ratio``, ``--max-waiting-tokens``)."""
+        ratio, steps = setting.split(":")
+        self.engine.scheduler.waiting_served_ratio, self.engine.scheduler.max_waiting_tokens = float(ratio), int(steps)
 
     def force(self, choice: str) -> None:
         """Diagnostics: every decode step takes ``choice`` (auto: the policy's; plain; or SxKxN)."""
@@ -323,13 +329,15 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
     closed_loop(engine, prompts, max(concurrencies), tag=f"warm-{workload}", max_tokens=32)
     closed_loop(engine, prompts[:2], 1, tag=f"warm1-{workload}", max_tokens=32)
     for c in concurrencies:
-        for force in [f for _ in range(REPEATS) for f in FORCES]:
+        for force, waiting in [(f, w) for _ in range(REPEATS) for f in FORCES for w in WAITING or [None]]:
+            if waiting is not None:
+                engine.set_waiting(waiting)
             run_cell(engine, prompts, c, last=c == max(concurrencies), force=force, workload=workload,
-                     max_tokens=max_tokens, emit=emit)
+                     max_tokens=max_tokens, emit=emit, tags={"waiting": waiting} if waiting else {})
 
 
 def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str, workload: str, max_tokens: int,
-             emit) -> None:
+             emit, tags: dict | None = None) -> None:
     """One row: ``c`` requests in flight, every step taking ``force`` (auto: adaptive's choice)."""
     if force != "auto":
         engine.force(force)
@@ -349,8 +357,9 @@ def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str
     if force != "auto":
         row["force"] = force
         engine.force("auto")
-    emit({"workload": workload, "concurrency": c, "ctx": None, **row})
-    print(f"{workload} c={c} force={force}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, "
+    emit({"workload": workload, "concurrency": c, "ctx": None, **row, **(tags or {})})
+    print(f"{workload} c={c} force={force} {tags or ''}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, "
+          f"TTFT {row['ttft_ms']:.1f} ms, "
           f"steps by choice {row.get('choices')}", file=sys.stderr, flush=True)
     if isinstance(engine, SpecdecEngine) and engine.explain(c):
         print(f"  policy at bs={c}: {engine.explain(c)}", file=sys.stderr, flush=True)
@@ -475,9 +484,12 @@ def main() -> None:
                         "comma-separated (auto: adaptive's; plain; SxKxN); rows carry \"force\"")
     parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
                         "choices of --force interleaved), one row each")
+    parser.add_argument("--waiting", default="", help="diagnostics, specdec: each cell once per admission setting "
+                        "RATIO:STEPS (--waiting-served-ratio, --max-waiting-tokens), comma-separated; rows carry it")
     args = parser.parse_args()
-    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS
+    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS, WAITING
     PROFILE, TRACE, FORCES, REPEATS = args.profile, args.trace, args.force.split(","), args.repeats
+    WAITING = [w for w in args.waiting.split(",") if w]
     SYNC_DEBUG = args.sync_debug
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}
     engine = ENGINES[args.engine](args.model, config=args.config, head=args.head, dummy=args.workload == "decode",

@@ -26,6 +26,10 @@ MEMORY = "KV cache and scheduling"
 SPEC = "speculative decoding"
 # --chunked-prefill-size when unset (SGLang's on an 80 GB GPU); -1 turns chunking off
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+# while requests decode, new ones are prefilled once they are this share of the decoding ones, or
+# after this many decode steps (``Scheduler._prefill_turn``): up to 10 decoding requests, at once
+DEFAULT_WAITING_SERVED_RATIO = 0.1
+DEFAULT_MAX_WAITING_TOKENS = 16
 # --max-running-requests when unset. On a GPU 256, each batch size replayed as a CUDA graph (vLLM
 # 0.26 admits 1024 on an H100 / H200 and 256 elsewhere, with graphs up to 512; more here would
 # lengthen start-up, the graphs' capture and the adaptive profile, for batches a 135M-8B model
@@ -126,6 +130,13 @@ class EngineArgs:
     schedule_conservativeness: float = dataclasses.field(default=1.0, metadata=flag(
         "how much KV admission promises each request's output (> 1: fewer requests at once, fewer "
         "retractions when the KV pool runs full)", group=MEMORY))
+    waiting_served_ratio: float = dataclasses.field(default=DEFAULT_WAITING_SERVED_RATIO, metadata=flag(
+        "while requests decode, new requests are prefilled once they number at least this times the decoding "
+        "ones, or once the oldest has waited --max-waiting-tokens decode steps: fewer, larger prefill steps at "
+        f"large batches (default {DEFAULT_WAITING_SERVED_RATIO}; 0: at the first chance; TGI's flag)", group=MEMORY))
+    max_waiting_tokens: int = dataclasses.field(default=DEFAULT_MAX_WAITING_TOKENS, metadata=flag(
+        "the most decode steps a new request waits for others to be prefilled with "
+        f"(default {DEFAULT_MAX_WAITING_TOKENS}; TGI's flag)", group=MEMORY))
 
     # ------------------------------------------------------------------ speculative decoding
     speculative_algorithm: str | None = dataclasses.field(default=None, metadata=flag(
@@ -233,6 +244,10 @@ class EngineArgs:
             raise ValueError(f"--load-format={self.load_format!r}: choose auto or dummy")
         if not self.schedule_conservativeness > 0:
             raise ValueError(f"--schedule-conservativeness={self.schedule_conservativeness}: expected > 0")
+        if not 0 <= self.waiting_served_ratio < float("inf"):
+            raise ValueError(f"--waiting-served-ratio={self.waiting_served_ratio}: expected a number >= 0")
+        if self.max_waiting_tokens < 0:
+            raise ValueError(f"--max-waiting-tokens={self.max_waiting_tokens}: expected >= 0")
         if self.piecewise_cuda_graph_max_tokens is not None and self.piecewise_cuda_graph_max_tokens < 1:
             raise ValueError(f"--piecewise-cuda-graph-max-tokens={self.piecewise_cuda_graph_max_tokens}: expected >= 1")
         if self.piecewise_cuda_graph_tokens is not None:

@@ -249,6 +249,8 @@ class Engine:
                                    overlap=overlap, generator=self.generator, prefix_cache=cache,
                                    chunked_prefill_size=args.prefill_chunk_tokens,
                                    schedule_conservativeness=args.schedule_conservativeness,
+                                   waiting_served_ratio=args.waiting_served_ratio,
+                                   max_waiting_tokens=args.max_waiting_tokens,
                                    tokenizer=self.tokenizer, token_table=token_table)
         self._ids = itertools.count()
         self._grammar_backend = None

@@ -5,8 +5,8 @@
 #
 # Here, once (network): bash ../shared/tools/vllm_wheels.sh .vllm 12   (git-ignored; 13 parts, 150 MB)
 #                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
-# On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); carry
-# .peer/triton-cache.tgz where an earlier call handed one back (below):
+# On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); put .peer/tc where
+# an earlier call handed Triton's cache back (below):
 #   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
 #   bash scripts/gpu_peer.sh install [DIR..] the parts put (and DIR...) joined, checked, installed to /tmp/site
 #                                            (only the GGUF and the gguf wheel: a specdec-only run)
@@ -51,11 +51,14 @@ SMOL=/tmp/smollm2-bf16
 HEAD=specdec/data/smollm2/eagle3_head
 what="${1:-}"; shift || true
 # Triton's compiled kernels travel between machines (a fresh machine spends minutes compiling specdec's):
-# carried in as .peer/triton-cache.tgz (an earlier call's $OUT/triton-cache.tgz), handed back when it grew
+# an earlier call's $OUT/triton-cache.tgz, put (`put .peer/tc`) or carried as .peer/tc/triton-cache.tgz, handed
+# back when it grew
 export TRITON_CACHE_DIR=/tmp/triton-cache
-if [ -f .peer/triton-cache.tgz ] && [ ! -d $TRITON_CACHE_DIR ]; then
-  mkdir -p $TRITON_CACHE_DIR && tar xzf .peer/triton-cache.tgz -C $TRITON_CACHE_DIR
-fi
+for cache in .peer/tc/triton-cache.tgz $STAGE/triton-cache.tgz; do
+  if [ -f $cache ] && [ ! -d $TRITON_CACHE_DIR ]; then
+    mkdir -p $TRITON_CACHE_DIR && tar xzf $cache -C $TRITON_CACHE_DIR
+  fi
+done
 cache_before=$(du -sk $TRITON_CACHE_DIR 2>/dev/null | cut -f1)
 
 return_triton_cache() {  # $OUT/triton-cache.tgz where the cache grew and fits what a call hands back (16 MiB)

@@ -33,6 +33,15 @@ def test_table_puts_each_engines_best_side_by_side():
     assert cells[7] == "eagle3: 2/3; eagle3-k3: 3/3"
 
 
+def test_diagnostic_rows_stay_out_of_the_record(tmp_path):
+    """offline.py's --force and --waiting rows measure one choice or setting, not a configuration."""
+    rows = tmp_path / "rows.jsonl"
+    forced = {**_row("specdec", "eagle3", 5000.0, ["a", "b", "c"]), "force": "plain"}
+    waited = {**_row("specdec", "plain", 9000.0, ["a", "b", "c"]), "waiting": "0:0"}
+    rows.write_text("\n".join(json.dumps(r) for r in ROWS + [forced, waited]))
+    assert report.load_rows(str(rows)) == ROWS
+
+
 def test_peer_json_has_the_record_keys(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps(r) for r in ROWS))

@@ -126,7 +126,7 @@ class SpecdecEngine:
         policy = getattr(worker, "policy", None)
         if policy is None:
             return ""
-        rows = policy.explain(bs, worker._context)
+        rows = policy.explain(bs, worker.context)
         return "; ".join(f"{name} {r['tokens']:.2f} tok / {r['profile_ms']:.2f} ms x {r['served_ratio']:.2f}"
                          for name, r in rows.items())
 

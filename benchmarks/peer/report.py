@@ -17,10 +17,14 @@ from collections import defaultdict
 from pathlib import Path
 
 KEYS = ("workload", "concurrency", "ctx", "engine", "config", "tok_s", "tau", "ttft_ms", "tpot_ms")
+# rows of offline.py's diagnostics (a forced choice, an admission setting): not a configuration's record
+DIAGNOSTIC_KEYS = ("force", "waiting")
 
 
 def load_rows(path: str) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The record's rows of ``path`` (diagnostic rows left out)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for r in rows if not any(k in r for k in DIAGNOSTIC_KEYS)]
 
 
 def cells(rows: list[dict]) -> dict[tuple, dict[tuple[str, str], dict]]:

@@ -106,6 +106,11 @@ class AdaptiveEAGLEWorker:
         return {tokens: sorted(s) for tokens, s in sorted(sizes.items())}
 
     @property
+    def context(self) -> float:
+        """Mean tokens in KV of the last read step (what a step that knows no lengths is chosen at)."""
+        return self._context
+
+    @property
     def timer(self) -> PhaseTimer | None:
         return self._timer
 

@@ -217,10 +217,11 @@ class Scheduler:
         ones or the oldest has waited ``max_waiting_tokens`` decode steps (a chunked prompt goes
         on at once).
 
-        NOTE: a prefill step costs the host a step's worth of work however few requests it
-        admits (on the H200, SmolLM2-135M at 128 requests: 11-16 ms against a 1.5-3.5 ms decode
-        step, and ~2.4 requests each with EAGLE-3), so at large batches prefilling requests
-        one or two at a time took half the wall time. TGI's router waits the same way (its
+        NOTE: a prefill step costs the host several decode steps' time however few requests it
+        admits (on the H200, SmolLM2-135M at 128 requests: 11-16 ms against 1.5-3.5 ms a decode
+        step), and speculation, which finishes requests in fewer steps, prefilled ~2.3 requests a
+        step: at 128 requests half the wall time went to prefill steps
+        (benchmarks/results/2026-11-29-h200-admission/). TGI's router waits the same way (its
         ``--waiting-served-ratio``, ``--max-waiting-tokens``)."""
         if self.chunked is None and not self.waiting:
             return False

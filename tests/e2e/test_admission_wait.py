@@ -67,7 +67,7 @@ def test_a_new_request_waits_for_the_share_or_the_step_limit(algorithm):
 def test_small_batches_and_idle_engines_admit_at_once():
     """The defaults wait only past 10 decoding requests; an idle engine never waits."""
     target, _ = make_pair("EAGLE", "random")
-    eng = engine(target)
+    eng = engine(target, cuda_graph_max_bs=16)  # on CUDA: 10 decode at once
     assert (eng.scheduler.waiting_served_ratio, eng.scheduler.max_waiting_tokens) == (0.1, 16)
     _running(eng, 10)
     new = _arrive(eng, seed=4)

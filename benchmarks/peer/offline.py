@@ -361,8 +361,9 @@ def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str
     print(f"{workload} c={c} force={force} {tags or ''}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, "
           f"TTFT {row['ttft_ms']:.1f} ms, "
           f"steps by choice {row.get('choices')}", file=sys.stderr, flush=True)
-    if isinstance(engine, SpecdecEngine) and engine.explain(c):
-        print(f"  policy at bs={c}: {engine.explain(c)}", file=sys.stderr, flush=True)
+    explained = engine.explain(c) if isinstance(engine, SpecdecEngine) else ""
+    if explained:
+        print(f"  policy at bs={c}: {explained}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

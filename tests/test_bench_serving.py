@@ -159,7 +159,59 @@ def test_openai_backend_measures_an_openai_compatible_server(tmp_path, capsys):
     assert res["backend"] == "openai" and run["completed"] == 3 and run["failed"] == 0
     assert all(r["output_tokens"] == 10 and r["prompt_tokens"] > 0 for r in run["requests"])
     assert all(0 < r["ttft"] <= r["latency"] for r in run["requests"])
-    assert run["acceptance_length"] is None  # an OpenAI stream carries no verify steps
+    assert run["acceptance_length"] is None  # no verify steps: neither in the stream nor in /metrics
+
+
+def test_openai_backend_reads_the_acceptance_length_from_the_servers_metrics(tmp_path):
+    """Over /v1/completions the verify steps come from the server's Prometheus counters, read after
+    the warm-up request and after the run; over a /generate run the same counters give what its
+    requests' own accept lengths give."""
+    from specdec.bench import serving
+    from specdec.engine.embedded import DEFAULT_DRAFT, DEFAULT_MODEL
+    from specdec.engine.engine import Engine
+
+    spec = Engine(DEFAULT_MODEL, speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT,
+                  speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    prompts = [Prompt(text=text, max_new_tokens=12) for text in ("Once upon a time", "The cat", "Lily and Ben")]
+    with LiveServer(spec) as server:
+        before = []
+        results, seconds = asyncio.run(run_workload(
+            server.url, prompts, temperature=0.0, concurrency=2, request_rate=float("inf"), seed=0, timeout=30.0,
+            progress=False, on_start=lambda: before.append(serving.spec_counters(server.url, 5.0))))
+        after = serving.spec_counters(server.url, 5.0)
+        openai = _bench(tmp_path, server.url, "--backend", "openai", "--dataset", "tinystories", "--num-prompts", "3",
+                        "--max-new-tokens", "12", "--concurrency", "2")["speculative"]
+    generate = summarize(results, seconds)
+    assert generate["verify_steps"] > 0 and after[0] - before[0][0] == generate["verify_steps"]
+    assert serving._acceptance_from_metrics(before[0], after) == pytest.approx(generate["acceptance_length"])
+    assert openai["acceptance_source"] == "/metrics" and openai["acceptance_length"] > 1.0
+
+
+def test_spec_counters_read_vllms_names_and_none_elsewhere(monkeypatch):
+    from specdec.bench import serving
+
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    registry = CollectorRegistry()  # vLLM 0.26's counters, as prometheus_client writes them
+    for name, value in (("vllm:spec_decode_num_drafts", 40), ("vllm:spec_decode_num_accepted_tokens", 55)):
+        counter = Counter(name, "", ["engine", "model_name"], registry=registry)
+        counter.labels(engine="0", model_name="m").inc(value - 5)
+        counter.labels(engine="1", model_name="m").inc(5)  # summed over labels
+    vllm = generate_latest(registry).decode()
+    pages = {"http://vllm": vllm, "http://other": "# TYPE up gauge\nup 1.0\n"}
+
+    class Response:
+        def __init__(self, url):
+            self.text = pages[url.removesuffix("/metrics")]
+
+        def raise_for_status(self):
+            pass
+
+    monkeypatch.setattr(serving.httpx, "get", lambda url, timeout: Response(url))
+    assert serving.spec_counters("http://vllm", 1.0) == (40.0, 55.0)
+    assert serving.spec_counters("http://other", 1.0) is None
+    assert serving._acceptance_from_metrics((40.0, 55.0), (60.0, 85.0)) == 2.5  # 1 + 30 / 20
+    assert serving._acceptance_from_metrics((40.0, 55.0), (40.0, 55.0)) is None  # nothing verified
 
 
 def test_openai_backend_refuses_what_needs_generate(tmp_path):

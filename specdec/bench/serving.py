@@ -15,7 +15,10 @@ TTFT / TPOT / ITL statistics, then writes JSON. Requests arrive as a Poisson pro
 ``--request-rate`` per second (inf: all at once), at most ``--concurrency`` in flight.
 
 TTFT, ITL, TPOT, latency and acceptance length are defined, per request, in ``serving_client``
-(which sends the requests).
+(which sends the requests). An OpenAI stream carries no verify steps: with ``--backend openai`` the
+acceptance length is read from the server's Prometheus ``/metrics`` before and after the run
+(``spec_counters``: vLLM's and specdec's counter names), so it counts every request the server
+verified meanwhile, this benchmark's or not.
 
 A failed request (HTTP 4xx/5xx, an error chunk, a timeout, a broken connection) is counted by
 reason and reported; it never stops the benchmark, and only successful requests enter the numbers.
@@ -25,6 +28,7 @@ Every request is bounded by ``--timeout`` and every loop by the number of prompt
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import datetime
 import json
@@ -44,6 +48,13 @@ from specdec.engine.embedded import DATASETS, load_prompts
 
 # ------------------------------------------------------------------ the benchmark
 SERVER, WORKLOAD, OUTPUT = "server", "workload", "output"
+
+# Prometheus counters of verify steps (one per request per step) and of the draft tokens they
+# accepted, by server: committed tokens per verify step = 1 + accepted / steps
+SPEC_COUNTERS = (
+    ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"),
+    ("specdec:spec_verify_steps", "specdec:spec_accepted_tokens"),  # summed over the draft depths
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,6 +135,52 @@ def model_info(base_url: str, timeout: float, backend: str = "sglang") -> dict:
     return {"model_path": models[0]["id"], "served_model": models[0]["id"], "has_tokenizer": True}
 
 
+def spec_counters(base_url: str, timeout: float) -> tuple[float, float] | None:
+    """(verify steps, accepted draft tokens) the server has counted so far, from its ``/metrics``;
+    None where it exposes neither vLLM's nor specdec's counters (or no ``/metrics``)."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:  # prometheus_client comes with the serve extra
+        return None
+    try:
+        response = httpx.get(f"{base_url}/metrics", timeout=timeout)
+        response.raise_for_status()
+        families = list(text_string_to_metric_families(response.text))
+    except (httpx.HTTPError, ValueError):
+        return None
+    totals: collections.Counter[str] = collections.Counter()  # each counter summed over its labels
+    for sample in (s for family in families for s in family.samples if s.name.endswith("_total")):
+        totals[sample.name.removesuffix("_total")] += sample.value
+    for steps, accepted in SPEC_COUNTERS:
+        if steps in totals:
+            return totals[steps], totals[accepted]
+    return None
+
+
+def _acceptance_from_metrics(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Committed tokens per verify step between two ``spec_counters`` readings (None: none verified)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 1.0 + (after[1] - before[1]) / (after[0] - before[0])
+
+
+def _measure(url: str, prompts: list[Prompt], *, desc: str, model: str | None, **run) -> dict:
+    """One workload against one server: ``summarize``'s figures; over the OpenAI API, the acceptance
+    length from the server's ``/metrics``."""
+    openai = run["backend"] == "openai"
+    before = []  # read after the warm-up request
+
+    def read_counters() -> None:
+        before.append(spec_counters(url, run["timeout"]))
+
+    res = summarize(*asyncio.run(run_workload(url, prompts, desc=desc, model=model,
+                                              on_start=read_counters if openai else None, **run)))
+    if openai:
+        res["acceptance_length"] = _acceptance_from_metrics(before[0], spec_counters(url, run["timeout"]))
+        res["acceptance_source"] = "/metrics" if res["acceptance_length"] is not None else None
+    return res
+
+
 def build_prompts(args: ServingSettings, info: dict) -> tuple[str, list[Prompt]]:
     """The dataset's name and its prompts; ``random`` draws token ids from the server's vocabulary."""
     dataset = args.dataset
@@ -201,10 +258,8 @@ def run_benchmark(args: ServingSettings) -> dict:
                   file=sys.stderr)
         if baseline_info.get("vocab_size") != info.get("vocab_size"):
             print("Warning: the baseline server's vocabulary differs from the server's", file=sys.stderr)
-        baseline = summarize(*asyncio.run(run_workload(baseline_url, prompts, desc="baseline",
-                                                       model=baseline_info.get("served_model"), **run)))
-    spec = summarize(*asyncio.run(run_workload(base_url, prompts, desc="server", model=info.get("served_model"),
-                                               **run)))
+        baseline = _measure(baseline_url, prompts, desc="baseline", model=baseline_info.get("served_model"), **run)
+    spec = _measure(base_url, prompts, desc="server", model=info.get("served_model"), **run)
     speedup = None
     if baseline and baseline["throughput_tok_s"] > 0:
         speedup = spec["throughput_tok_s"] / baseline["throughput_tok_s"]
@@ -265,7 +320,8 @@ def print_report(res: dict) -> None:
     print(f"Throughput: {spec['throughput_tok_s']:.1f} token/s")
     print(f"Request throughput: {spec['request_throughput_req_s']:.2f} req/s")
     accept = spec["acceptance_length"]
-    print(f"Acceptance length: {accept:.2f}" if accept is not None else
+    source = " (the server's /metrics over the run)" if spec.get("acceptance_source") else ""
+    print(f"Acceptance length: {accept:.2f}{source}" if accept is not None else
           "Acceptance length: n/a (no verify steps: the server does not speculate, or nothing succeeded)")
     if res["speedup"] is not None:
         print(f"Speedup: {res['speedup']:.2f}")

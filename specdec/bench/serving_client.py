@@ -208,9 +208,10 @@ def arrival_gaps(n: int, request_rate: float, seed: int) -> list[float]:
 async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: float, concurrency: int | None,
                        request_rate: float, seed: int, timeout: float, desc: str = "requests",
                        progress: bool = True, warmup: bool = True, backend: str = "sglang",
-                       model: str | None = None) -> tuple[list[RequestResult], float]:
+                       model: str | None = None, on_start=None) -> tuple[list[RequestResult], float]:
     """Send every prompt once (after one short warm-up request); returns the results and the seconds
-    from the first send to the last finish."""
+    from the first send to the last finish. ``on_start()``: called after the warm-up, before the
+    first send."""
     limit = concurrency or len(prompts)
     semaphore = asyncio.Semaphore(limit)
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
@@ -220,6 +221,8 @@ async def run_workload(base_url: str, prompts: list[Prompt], *, temperature: flo
             short = Prompt(text=first.text and first.text[:200], input_ids=first.input_ids and first.input_ids[:16])
             await send_one(client, short, temperature=temperature, timeout=timeout, t0=0.0, max_new_tokens=4,
                            backend=backend, model=model)
+        if on_start is not None:
+            on_start()
         with progress_bar(len(prompts), desc, enabled=progress) as bar:
             t0 = time.perf_counter()
 

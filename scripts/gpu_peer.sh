@@ -207,7 +207,8 @@ case "$what" in
       LOG_TAG=gemma RUN_TIMEOUT=${RUN_TIMEOUT:-280} run_one decode "$run" /tmp/ck/gemma-3-270m-target \
         --points "${GEMMA_POINTS:-1:1024,16:1024,64:1024,128:1024}" ${GEMMA_ARGS:-}
     done ;;
-  serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai` (not yet run on a GPU)
+  serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai` (not yet run on a GPU);
+    # rows smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics)
     vllm_env
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
     spec_vllm='{"method": "eagle3", "model": "'$HEAD'", "num_speculative_tokens": 3}'
@@ -227,7 +228,9 @@ case "$what" in
         n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
         timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
           --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm \
-          --output "$OUT/serve-$engine-$config-c$c.json" 2>&1 | grep -E "^Throughput|Successful"
+          --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance"
+        [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json "$run" \
+          smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
       done
       kill $pid; wait $pid 2>/dev/null
     done ;;

@@ -64,3 +64,21 @@ def test_ngram_record_has_the_issue_keys_and_speedups_over_the_same_engines_plai
     assert by[("specdec", "eagle3", 1)]["speedup"] == 1000.0 / 700.0 and by[("vllm", "plain", 1)]["speedup"] == 1.0
     assert by[("vllm", "ngram-k5", 32)]["speedup"] is None  # no vLLM plain row at 32 requests
     assert {r["dataset"] for r in record} == {"summarization"}
+
+
+def test_a_bench_serving_result_becomes_a_record_row(tmp_path, capsys):
+    """``gpu_peer.sh serve``: each server's bench-serving JSON appended as a row the table reads."""
+    stats = {"mean": 9.0, "median": 8.0, "p50": 8.0, "p90": 12.0, "p99": 14.0}
+    result = {"concurrency": 32, "speculative": {
+        "throughput_tok_s": 1234.5, "acceptance_length": 2.4, "ttft_ms": stats, "tpot_ms": {**stats, "median": 1.5},
+        "completed": 80, "failed": 0}}
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(result))
+    report.main(["--serving-row", str(path), "vllm:eagle3-k3", "smollm2-mtbench-serve"])
+    row = json.loads(capsys.readouterr().out)
+    assert {k: row[k] for k in report.KEYS} == {
+        "workload": "smollm2-mtbench-serve", "concurrency": 32, "ctx": None, "engine": "vllm", "config": "eagle3-k3",
+        "tok_s": 1234.5, "tau": 2.4, "ttft_ms": 8.0, "tpot_ms": 1.5}
+    assert (row["completed"], row["failed"]) == (80, 0)
+    [_, _, line] = report.table([row, {**row, "engine": "specdec", "config": "plain", "tok_s": 2469.0}])
+    assert "2469 (plain)" in line and "1234 (eagle3-k3)" in line

@@ -1,6 +1,7 @@
 """The side-by-side record from ``offline.py``'s rows: ``peer.json``, a markdown table, one PNG per workload.
 
     python benchmarks/peer/report.py rows.jsonl OUT_DIR [--ngram-model NAME]
+    python benchmarks/peer/report.py --serving-row RESULT.json ENGINE:CONFIG WORKLOAD >> rows.jsonl
 
 ``peer.json`` is a list of ``{"workload", "concurrency", "ctx", "engine", "config", "tok_s", "tau",
 "ttft_ms", "tpot_ms"}`` (plus ``ms_per_step`` for decode rows). The table puts each cell's best
@@ -107,6 +108,17 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
     return written
 
 
+def serving_row(result: dict, *, workload: str, engine: str, config: str) -> dict:
+    """A record row from ``specdec bench-serving``'s JSON of one server (``gpu_peer.sh serve``): tok/s,
+    the acceptance length (from the server's /metrics over the OpenAI API) and median TTFT / TPOT."""
+    run = result["speculative"]
+    return {"workload": workload, "concurrency": result["concurrency"], "ctx": None, "engine": engine,
+            "config": config, "tok_s": run["throughput_tok_s"], "tau": run["acceptance_length"],
+            "ttft_ms": run["ttft_ms"]["median"] if run["ttft_ms"] else None,
+            "tpot_ms": run["tpot_ms"]["median"] if run["tpot_ms"] else None,
+            "completed": run["completed"], "failed": run["failed"]}
+
+
 def lookup_record(rows: list[dict], model: str) -> list[dict]:
     """The n-gram record (``ngram.json``): each row's speedup over its engine's plain decoding in the
     same cell (None where that engine ran no plain configuration)."""
@@ -122,10 +134,20 @@ def lookup_record(rows: list[dict], model: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("rows")
-    parser.add_argument("out")
+    parser.add_argument("rows", nargs="?")
+    parser.add_argument("out", nargs="?")
     parser.add_argument("--ngram-model", help="also write ngram.json (the lookup workload's record) for this model")
+    parser.add_argument("--serving-row", nargs=3, metavar=("RESULT", "ENGINE:CONFIG", "WORKLOAD"),
+                        help="print the record row of a bench-serving JSON instead")
     args = parser.parse_args(argv)
+    if args.serving_row:
+        path, run, workload = args.serving_row
+        engine, _, config = run.partition(":")
+        print(json.dumps(serving_row(json.loads(Path(path).read_text()), workload=workload, engine=engine,
+                                     config=config)))
+        return
+    if not (args.rows and args.out):
+        parser.error("rows and out are required (or --serving-row)")
     rows = load_rows(args.rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -433,8 +433,11 @@ def run_decode(engine, points: list[tuple[int, int]], *, workload: str, steps: i
     for bs, ctx in points:
         rng = random.Random(bs * 7919 + ctx)
         rids = [f"d{bs}-{ctx}-{i}" for i in range(bs)]
+        # room for the decode steps the first requests take while the rest prefill: one between chunks
+        # of at most 8 k tokens, up to 16 more where specdec's last admissions wait, 4 untimed
+        room = steps + 4 + -(-bs * ctx // 8192) + 16 + 8
         for rid in rids:
-            engine.add(rid, [rng.randrange(3, vocab) for _ in range(ctx)], steps + 64, ignore_eos=True)
+            engine.add(rid, [rng.randrange(3, vocab) for _ in range(ctx)], room, ignore_eos=True)
         while any(not engine.progress(r)[0] for r in rids):  # prefill (chunked, between decode steps)
             engine.step()
         for _ in range(4):

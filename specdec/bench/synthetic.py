@@ -226,10 +226,14 @@ def _engine_args(settings: SyntheticSettings, engine_args: EngineArgs, config, b
     over ``checkpoint`` = (target, head) directories of ``write_dummy_checkpoint``."""
     max_bs = max(batch_sizes)
     target, head = checkpoint
+    # NOTE: new requests admitted at the first chance (no admission wait): ``measure`` adds a point's
+    # requests group by group while the earlier ones decode, and its token budget counts one decode
+    # step between prefill chunks, not the steps a group would wait among 100+ decoding requests
     args = dataclasses.replace(engine_args, model_path=target, load_format="dummy", max_running_requests=max_bs,
                                context_length=settings.server_context_length or context,
                                max_total_tokens=max_bs * (context + 64),
-                               cuda_graph_bs=tuple(batch_sizes), random_seed=settings.seed)
+                               cuda_graph_bs=tuple(batch_sizes), random_seed=settings.seed,
+                               waiting_served_ratio=0.0, max_waiting_tokens=0)
     if config is None:
         return args
     configs = parse_configs(settings.configs)

@@ -30,6 +30,7 @@ holds the admission arithmetic.
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Any
 
 import torch
@@ -210,6 +211,18 @@ class Scheduler:
         self._waited_steps = self._waited_steps + (not chunks) if self.waiting else 0
         self._release_finished()
         return finished
+
+    @contextlib.contextmanager
+    def admitting_at_once(self):
+        """Within the block new requests are prefilled at the first chance (no admission wait): for
+        measurements that prefill a batch and then time its decode steps (the adaptive start-up
+        profile), whose token budgets count no waiting."""
+        saved = self.waiting_served_ratio, self.max_waiting_tokens
+        self.waiting_served_ratio, self.max_waiting_tokens = 0.0, 0
+        try:
+            yield
+        finally:
+            self.waiting_served_ratio, self.max_waiting_tokens = saved
 
     def _prefill_turn(self) -> bool:
         """Prefill when there is prefill work, alternating with decode steps while requests run;

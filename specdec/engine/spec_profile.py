@@ -265,8 +265,9 @@ def _time_steps(engine, bs: int, ctx: int, new_tokens: int, steps: int, warmup: 
         reqs.append(engine.make_request(input_ids=prompt, sampling_params=params, rid=f"profile-{bs}-{ctx}-{i}"))
         engine.add_request(reqs[-1])
     try:
-        while any(not r.output_ids for r in reqs):  # prefill
-            engine.step()
+        with engine.scheduler.admitting_at_once():
+            while any(not r.output_ids for r in reqs):  # prefill
+                engine.step()
         for _ in range(warmup):
             engine.step()
         blocks = []

@@ -1,7 +1,8 @@
 """While requests decode, new ones wait to be prefilled together (``--waiting-served-ratio``,
 ``--max-waiting-tokens``): a prefill step comes once the waiting requests are that share of the
 decoding ones or the oldest has waited that many decode steps; small batches admit at once; the
-answers are the same whatever the setting; bad values name their flag."""
+answers are the same whatever the setting; measurements that prefill a batch admit at once; bad
+values name their flag."""
 
 from __future__ import annotations
 
@@ -98,6 +99,23 @@ def test_a_chunked_prompt_goes_on_without_waiting():
         eng.step()
         lens.append(long.kv_len)
     assert lens == [4, 4, 8, 8, 12]
+    _drain(eng)
+
+
+def test_measurements_admit_at_once_within_their_block():
+    """``Scheduler.admitting_at_once``: what the adaptive start-up profile prefills its batches under."""
+    target, _ = make_pair("EAGLE", "random")
+    eng = engine(target, waiting_served_ratio=100.0, max_waiting_tokens=1000)
+    _running(eng, 3)
+    with eng.scheduler.admitting_at_once():
+        new = _arrive(eng, seed=8)
+        eng.step()
+        assert new.output_ids
+    assert (eng.scheduler.waiting_served_ratio, eng.scheduler.max_waiting_tokens) == (100.0, 1000)
+    late = _arrive(eng, seed=9)
+    eng.step()
+    eng.step()
+    assert not late.output_ids  # waiting again
     _drain(eng)
 
 

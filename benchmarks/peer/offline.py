@@ -100,10 +100,11 @@ class SpecdecEngine:
             return force.name
         return next((k for k, n in self.choices().items() if n != before.get(k, 0)), "decode")
 
-    def step_summary(self) -> str:
-        """Steps by kind since the last summary: how many, and their mean milliseconds (whole ``step`` calls)."""
-        out = ", ".join(f"{kind} {n} x {1e3 * sec / n:.2f} ms" for kind, (n, sec) in
-                        sorted(self.step_log.items(), key=lambda kv: -kv[1][1]))
+    def take_steps(self) -> dict[str, dict]:
+        """Engine steps by kind since the last call, most time first: {kind: {"steps", "ms"}} (``ms``: the
+        mean of whole ``step`` calls)."""
+        out = {kind: {"steps": n, "ms": 1e3 * sec / n}
+               for kind, (n, sec) in sorted(self.step_log.items(), key=lambda kv: -kv[1][1])}
         self.step_log.clear()
         return out
 
@@ -263,7 +264,9 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
            "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None,
            "digests": [digests[f"{tag}-{i}"] for i in range(len(prompts))]}
     if isinstance(engine, SpecdecEngine):
-        print(f"  steps, {tag}: {engine.step_summary()}", file=sys.stderr, flush=True)
+        row["steps"] = engine.take_steps()
+        summary = ", ".join(f"{kind} {v['steps']} x {v['ms']:.2f} ms" for kind, v in row["steps"].items())
+        print(f"  steps, {tag}: {summary}", file=sys.stderr, flush=True)
         row["tau"] = engine.committed_per_verify(rids)
         chosen = {k: n - chosen_before.get(k, 0) for k, n in engine.choices().items()}
         if any(chosen.values()):  # adaptive speculation's decode steps by choice in this cell
@@ -358,7 +361,8 @@ def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str
         row["force"] = force
         engine.force("auto")
     emit({"workload": workload, "concurrency": c, "ctx": None, **row, **(tags or {})})
-    print(f"{workload} c={c} force={force} {tags or ''}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, "
+    setting = "".join(f" {k}={v}" for k, v in (tags or {}).items())
+    print(f"{workload} c={c} force={force}{setting}: {row['tok_s']:.0f} tok/s, tau {row.get('tau')}, "
           f"TTFT {row['ttft_ms']:.1f} ms, "
           f"steps by choice {row.get('choices')}", file=sys.stderr, flush=True)
     explained = engine.explain(c) if isinstance(engine, SpecdecEngine) else ""

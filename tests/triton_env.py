@@ -32,7 +32,6 @@ def import_kernels(module: str) -> ModuleType:
             os.environ["TRITON_INTERPRET"] = saved
 
 
-
 def kernel_devices(kernel) -> list:
     """The devices a kernel's tests run on: the CPU where ``kernel`` was imported interpreted (else
     skipped), and CUDA (a GPU test)."""

@@ -3,7 +3,8 @@
 Each ``step`` runs one batch: a prefill (chunks of newly admitted requests' prompts, less the
 prefix the prefix cache supplies), or one decode step of every running request (plain: one token
 each; EAGLE: k + 1 tokens each); with both pending the two alternate, so a long prompt stalls
-decoding by at most one chunk (``specdec.engine.admission``). Requests join and leave between
+decoding by at most one chunk (``specdec.engine.admission``), except that new requests wait to be
+prefilled together while many others decode (``_prefill_turn``). Requests join and leave between
 steps. Admission promises a request its prompt plus an estimate of its output; when a decode step
 would not fit in the KV pool (free pages plus cached pages no request uses), the scheduler
 retracts requests, least progress first, until it does: a retracted request's KV goes to the
@@ -208,7 +209,10 @@ class Scheduler:
         else:
             finished = self._decode()
         self._last_was_prefill = bool(chunks)
-        self._waited_steps = self._waited_steps + (not chunks) if self.waiting else 0
+        if not self.waiting:
+            self._waited_steps = 0
+        elif not chunks:  # a decode step while requests wait
+            self._waited_steps += 1
         self._release_finished()
         return finished
 
@@ -216,7 +220,8 @@ class Scheduler:
     def admitting_at_once(self):
         """Within the block new requests are prefilled at the first chance (no admission wait): for
         measurements that prefill a batch and then time its decode steps (the adaptive start-up
-        profile), whose token budgets count no waiting."""
+        profile), whose token budgets count no waiting. NOTE: this scheduler's only: under tensor
+        parallelism the profile runs on every rank before rank 0's scheduler is mirrored."""
         saved = self.waiting_served_ratio, self.max_waiting_tokens
         self.waiting_served_ratio, self.max_waiting_tokens = 0.0, 0
         try:

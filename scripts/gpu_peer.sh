@@ -28,7 +28,11 @@
 #                                            runs it on torch_native without CUDA graphs (--attention-backend auto)
 #   bash scripts/gpu_peer.sh det-cost        the decode workload (DET_POINTS, default 1:1024,64:1024,128:1024) with and
 #                                            without each engine's deterministic mode (specdec
-#                                            --enable-deterministic-inference, vLLM VLLM_BATCH_INVARIANT=1; issue #41)
+#                                            --enable-deterministic-inference, vLLM VLLM_BATCH_INVARIANT=1; issue #41;
+#                                            DET_ENGINES="specdec" for ours alone)
+#   bash scripts/gpu_peer.sh det-linear      the batch-invariant linear's GPU tests and its launches against the default
+#                                            path's, an 8B forward's linear layers in one CUDA graph
+#                                            (benchmarks/det_linear.py; $OUT/det_linear.json); no vLLM needed
 #   bash scripts/gpu_peer.sh scale-decode    the decode workload on the 8B shape at each tp size (SCALE_TP, default
 #                                            "1 2 4"), both engines (rows with flags tp_size / tensor_parallel_size);
 #                                            vLLM at tp >= 4 with VLLM_ALLREDUCE_USE_SYMM_MEM=0 (see vllm_env)
@@ -166,13 +170,21 @@ case "$what" in
     vllm_env
     checkpoint_8b
     points="${DET_POINTS:-1:1024,64:1024,128:1024}"
-    for run in specdec:plain vllm:plain; do
-      ROWS=$OUT/det_rows.jsonl LOG_TAG=det run_one decode "$run" /tmp/ck/llama-3.1-8b-target --points "$points"
-    done
-    ROWS=$OUT/det_rows.jsonl LOG_TAG=det-on run_one decode specdec:plain /tmp/ck/llama-3.1-8b-target --points "$points" \
-      --engine-arg enable_deterministic_inference=true
-    VLLM_BATCH_INVARIANT=1 ROWS=$OUT/det_rows_vllm_bi.jsonl LOG_TAG=det-on run_one decode vllm:plain \
-      /tmp/ck/llama-3.1-8b-target --points "$points" ;;
+    for engine in ${DET_ENGINES:-specdec vllm}; do
+      ROWS=$OUT/det_rows.jsonl LOG_TAG=det run_one decode "$engine:plain" /tmp/ck/llama-3.1-8b-target --points "$points"
+      if [ "$engine" = specdec ]; then
+        ROWS=$OUT/det_rows.jsonl LOG_TAG=det-on run_one decode specdec:plain /tmp/ck/llama-3.1-8b-target \
+          --points "$points" --engine-arg enable_deterministic_inference=true
+      else
+        VLLM_BATCH_INVARIANT=1 ROWS=$OUT/det_rows_vllm_bi.jsonl LOG_TAG=det-on run_one decode vllm:plain \
+          /tmp/ck/llama-3.1-8b-target --points "$points"
+      fi
+    done ;;
+  det-linear)
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/models/test_batch_invariant.py \
+      tests/e2e/test_deterministic.py 2>&1 | tail -5
+    timeout 400 python3 benchmarks/det_linear.py --m ${DET_LINEAR_M:-1 64 128} --json $OUT/det_linear.json
+    timeout 100 python3 benchmarks/det_linear.py --m 16 32 256 --no-sweep --json $OUT/det_linear_more.json ;;
   scale-decode)  # rows llama-3.1-8b-decode with flags {"tp_size": N} (specdec) / {"tensor_parallel_size": N} (vLLM)
     vllm_env
     checkpoint_8b
@@ -243,7 +255,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|det-cost|scale-decode|dp|gemma|serve|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

@@ -1,0 +1,143 @@
+"""Deterministic inference's linear layers against the default path's, one 8B-shaped forward's worth
+(issue #41: the mode's cost at 64 and 128 rows).
+
+For each M, the linear layers of a Llama-3.1-8B forward (32 x [qkv 6144x4096, o 4096x4096,
+gate_up 28672x4096, down 4096x14336] and the lm_head 128256x4096 with fp32 logits), each layer its
+own weights (16 GB: L2 holds none of them from one layer to the next), captured in one CUDA graph and
+replayed: no launch overhead, only the kernels. Rows:
+
+  default      specdec.models.ops.gemv.linear (the default path: GEMV / tensor-core tiles / cuBLAS by M)
+  cublas       F.linear
+  bi           specdec.models.ops.batch_invariant at its launch_for choice
+  bi r{R}n{N}w{W}s{S}   the same kernel at another launch (R row tiles, N columns, W warps, S stages):
+               every launch gives the same bits (tests/models/test_batch_invariant.py), so the
+               fastest for each M may serve it
+
+and the floor: the weights' bytes over the GPU's memory bandwidth (--bandwidth-tbs, H200 4.8).
+
+    python benchmarks/det_linear.py --m 1 64 128 --json $OUT/det_linear.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import run_metadata  # noqa: E402
+
+from specdec.models.ops import gemv  # noqa: E402
+from specdec.models.ops import batch_invariant_kernels as bik  # noqa: E402
+
+HIDDEN, INTER, VOCAB, LAYERS = 4096, 14336, 128256, 32
+LAYER_SHAPES = [(6144, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (N, K)
+
+
+def make_weights(layers: int, device: str) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+    def w(n, k):
+        return (torch.randn(n, k, device=device, dtype=torch.bfloat16) * k ** -0.5).contiguous()
+
+    return [[w(n, k) for n, k in LAYER_SHAPES] for _ in range(layers)], w(VOCAB, HIDDEN)
+
+
+def forward_linears(fn, xs: dict[int, torch.Tensor], layers, lm_head) -> list[torch.Tensor]:
+    """Every linear of one forward through fn(x, w, out_dtype) (inputs by K; outputs kept alive)."""
+    outs = [fn(xs[w.shape[1]], w, None) for layer in layers for w in layer]
+    outs.append(fn(xs[HIDDEN], lm_head, torch.float32))
+    return outs
+
+
+def time_graph(fn, xs, layers, lm_head, *, replays: int, repeats: int) -> list[float]:
+    forward_linears(fn, xs, layers, lm_head)  # compile / warm outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward_linears(fn, xs, layers, lm_head)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / replays)
+    del graph
+    return samples
+
+
+def candidate_launches(m: int) -> list[bik.Launch]:
+    chosen = bik.launch_for(m, HIDDEN)
+    tiles = sorted({chosen.row_tiles, max(1, chosen.row_tiles // 2)})
+    shapes = [(2, 6), (2, 8), (4, 4)] if m <= bik.BLOCK_M else [(4, 3), (4, 4), (8, 3)]
+    return [bik.Launch(r, n, w, s) for r in tiles for n in (16, 32, 64) for w, s in shapes]
+
+
+def launch_name(launch: bik.Launch) -> str:
+    return f"bi r{launch.row_tiles}n{launch.block_n}w{launch.num_warps}s{launch.num_stages}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 128])
+    parser.add_argument("--layers", type=int, default=LAYERS)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-sweep", action="store_true", help="only default, cublas and bi's own launch")
+    parser.add_argument("--bandwidth-tbs", type=float, default=4.8)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("det_linear.py: needs a CUDA GPU")
+    layers, lm_head = make_weights(args.layers, "cuda")
+    weight_bytes = sum(w.numel() * 2 for layer in layers for w in layer) + lm_head.numel() * 2
+    floor_ms = weight_bytes / (args.bandwidth_tbs * 1e12) * 1e3
+    rows = []
+    for m in args.m:
+        xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in (HIDDEN, INTER)}
+        runs = {
+            "default": lambda x, w, dt: gemv.linear(x, w, out_dtype=dt),
+            "cublas": lambda x, w, dt: F.linear(x, w) if dt is None else F.linear(x, w).to(dt),
+            "bi": lambda x, w, dt: bik.linear(x, w, None, out_dtype=dt or x.dtype),
+        }
+        if not args.no_sweep:
+            for launch in candidate_launches(m):
+                runs[launch_name(launch)] = (
+                    lambda x, w, dt, launch=launch: bik.linear(x, w, None, out_dtype=dt or x.dtype, launch=launch))
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            try:
+                samples = time_graph(fn, xs, layers, lm_head, replays=args.replays, repeats=args.repeats)
+            except Exception as exc:  # a launch that does not compile (shared memory, registers): say so, go on
+                print(f"m={m:4d} {name:22s} failed: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            ms = statistics.median(samples)
+            row = {"m": m, "run": name, "ms": round(ms, 4), "min_ms": round(min(samples), 4),
+                   "max_ms": round(max(samples), 4), "floor_ms": round(floor_ms, 4)}
+            if name == "bi":
+                row["launch"] = bik.launch_for(m, HIDDEN)._asdict()
+            rows.append(row)
+            print(f"m={m:4d} {name:22s} {ms:7.3f} ms (min {min(samples):.3f} max {max(samples):.3f}; floor "
+                  f"{floor_ms:.3f}; {time.perf_counter() - t0:.1f} s)", flush=True)
+        best = min((r for r in rows if r["m"] == m and r["run"].startswith("bi")), key=lambda r: r["ms"], default=None)
+        default = next((r for r in rows if r["m"] == m and r["run"] == "default"), None)
+        if best and default:
+            print(f"m={m:4d} best batch-invariant {best['run']} {best['ms']:.3f} ms = {best['ms'] / default['ms']:.2f}x "
+                  f"the default path", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"meta": run_metadata(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

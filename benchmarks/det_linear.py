@@ -78,14 +78,43 @@ def time_graph(fn, xs, layers, lm_head, *, replays: int, repeats: int) -> list[f
 
 
 def candidate_launches(m: int) -> list[bik.Launch]:
-    chosen = bik.launch_for(m, HIDDEN)
-    tiles = sorted({chosen.row_tiles, max(1, chosen.row_tiles // 2)})
-    shapes = [(2, 6), (2, 8), (4, 4)] if m <= bik.BLOCK_M else [(4, 3), (4, 4), (8, 3)]
-    return [bik.Launch(r, n, w, s) for r in tiles for n in (16, 32, 64) for w, s in shapes]
+    """16-row dots (mma.sync) as launch_for picks them, and 64-row dots (wgmma on Hopper)."""
+    L = bik.Launch
+    wide = [L(1, n, 4, s, tile_m=64) for n in (32, 64, 128) for s in (3, 4, 5)] + [L(1, 128, 8, 4, tile_m=64)]
+    if m <= 16:
+        return [L(1, 16, 2, 8), L(1, 32, 2, 8)] + [L(1, n, 4, s, tile_m=64) for n in (32, 64) for s in (4, 6)]
+    if m <= 64:
+        return [L(2, 64, 4, 4)] + wide
+    return [L(4, 64, 4, 4)] + wide + [L(2, n, 4, s, tile_m=64) for n in (64, 128) for s in (3, 4)]
 
 
 def launch_name(launch: bik.Launch) -> str:
-    return f"bi r{launch.row_tiles}n{launch.block_n}w{launch.num_warps}s{launch.num_stages}"
+    return f"bi t{launch.tile_m}r{launch.row_tiles}n{launch.block_n}w{launch.num_warps}s{launch.num_stages}"
+
+
+def check_bits(launches: list[bik.Launch]) -> list[dict]:
+    """Each launch's rows against the 16-row M = 1 launch's (the decode step's), at 8B shapes: equal
+    bits at M = 128, and its own rows at M = 1 and 64 equal to its M = 128 rows."""
+    reference = bik.Launch(1, 16, 2, 8)
+    out = []
+    for n, k, dt in [(6144, HIDDEN, torch.bfloat16), (HIDDEN, INTER, torch.bfloat16), (32768, HIDDEN, torch.float32)]:
+        x = torch.randn(128, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        ref = bik.linear(x, w, None, out_dtype=dt, launch=reference)
+        for launch in launches:
+            try:
+                whole = bik.linear(x, w, None, out_dtype=dt, launch=launch)
+                own = (torch.equal(bik.linear(x[5:6], w, None, out_dtype=dt, launch=launch), whole[5:6])
+                       and torch.equal(bik.linear(x[:64], w, None, out_dtype=dt, launch=launch), whole[:64]))
+            except Exception as exc:
+                print(f"check {launch_name(launch)} failed: {type(exc).__name__}", flush=True)
+                continue
+            row = {"n": n, "k": k, "run": launch_name(launch), "equal_to_decode_launch": torch.equal(whole, ref),
+                   "max_abs_diff": (whole.float() - ref.float()).abs().max().item(), "rows_invariant": own}
+            print(f"check n={n} k={k} {row['run']}: equal to the decode launch {row['equal_to_decode_launch']} "
+                  f"(max diff {row['max_abs_diff']:.3g}), its own rows at M = 1 / 64 {own}", flush=True)
+            out.append(row)
+    return out
 
 
 def main() -> None:
@@ -95,11 +124,13 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-sweep", action="store_true", help="only default, cublas and bi's own launch")
+    parser.add_argument("--check", action="store_true", help="first, each candidate launch's bits (check_bits)")
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("det_linear.py: needs a CUDA GPU")
+    checks = check_bits(sorted({c for m in args.m for c in candidate_launches(m)})) if args.check else []
     layers, lm_head = make_weights(args.layers, "cuda")
     weight_bytes = sum(w.numel() * 2 for layer in layers for w in layer) + lm_head.numel() * 2
     floor_ms = weight_bytes / (args.bandwidth_tbs * 1e12) * 1e3
@@ -136,7 +167,7 @@ def main() -> None:
             print(f"m={m:4d} best batch-invariant {best['run']} {best['ms']:.3f} ms = {best['ms'] / default['ms']:.2f}x "
                   f"the default path", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"meta": run_metadata(), "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"meta": run_metadata(), "rows": rows, "checks": checks}, indent=1))
 
 
 if __name__ == "__main__":

@@ -182,8 +182,8 @@ case "$what" in
     done ;;
   det-linear)
     timeout 400 python3 -m pytest -q -p no:cacheprovider tests/models/test_batch_invariant.py \
-      tests/e2e/test_deterministic.py 2>&1 | tail -5
-    timeout 400 python3 benchmarks/det_linear.py --m ${DET_LINEAR_M:-1 64 128} --json $OUT/det_linear.json
+      tests/e2e/test_deterministic.py > $OUT/det_tests.log 2>&1; tail -5 $OUT/det_tests.log
+    timeout 400 python3 benchmarks/det_linear.py --check --m ${DET_LINEAR_M:-1 64 128} --json $OUT/det_linear.json
     timeout 100 python3 benchmarks/det_linear.py --m 16 32 256 --no-sweep --json $OUT/det_linear_more.json ;;
   scale-decode)  # rows llama-3.1-8b-decode with flags {"tp_size": N} (specdec) / {"tensor_parallel_size": N} (vLLM)
     vllm_env

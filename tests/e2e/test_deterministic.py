@@ -1,7 +1,7 @@
 """``--enable-deterministic-inference``: in bf16, greedy speculative output equals plain decoding bit
 for bit (no near-tie escape), trees and chains alike, eager and on the CUDA-graph path, and a request
 gives the same tokens alone and inside a batch. On CPU through torch_native (the padded graph path
-run eagerly, ``use_graphs=False``); on a GPU through the triton backend with real graph replay."""
+run eagerly, ``use_graphs=False``; on CPU on a GPU machine too); on a GPU through the triton backend with real graph replay."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_padded_graph_path_equals_plain_bit_for_bit(shape):
     """Captured sizes [2, 4]: the three requests run padded (3 -> 4, then 2 or 1 -> 2) on the static
     path whose KV lists are built on the device; plain decoding runs eagerly, one request at a time too."""
     target, draft = make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, seed=3)
-    common = dict(attention_backend="torch_native", enable_deterministic_inference=True, page_size=16)
+    common = dict(attention_backend="torch_native", device="cpu", enable_deterministic_inference=True, page_size=16)
     plain = [_generate(engine(target, **common), [p])[0] for p in PROMPTS]
     spec = engine(target, draft, algorithm="EAGLE3", shape=shape, **common)
     spec.capture_cuda_graphs([2, 4], use_graphs=False)
@@ -69,7 +69,7 @@ def test_prefix_cache_on_and_off_give_the_same_tokens():
     outputs, cached = [], []
     for disable in (False, True):
         eng = engine(target, draft, algorithm="EAGLE3", shape=(3, 1, 4), attention_backend="torch_native",
-                     enable_deterministic_inference=True, page_size=16, disable_radix_cache=disable)
+                     device="cpu", enable_deterministic_inference=True, page_size=16, disable_radix_cache=disable)
         done = _generate(eng, [first])[0]
         params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
         out = eng.generate(input_ids=[first + done + [4, 44, 19]], sampling_params=params)[0]
@@ -98,11 +98,11 @@ def test_backend_without_the_mode_is_refused(monkeypatch):
     monkeypatch.setattr(deterministic, "create_attention_backend", lambda name: NoMode())
     target, draft = make_pair("EAGLE3", "random", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="has no batch-invariant mode"):
-        engine(target, enable_deterministic_inference=True, attention_backend="torch_native")
+        engine(target, enable_deterministic_inference=True, attention_backend="torch_native", device="cpu")
 
 
 def test_flag_off_leaves_the_switch_off():
     target, _ = make_pair("EAGLE3", "random", dtype=torch.bfloat16)
     set_batch_invariant(True)
-    engine(target, attention_backend="torch_native")
+    engine(target, attention_backend="torch_native", device="cpu")
     assert not batch_invariant_enabled()

@@ -38,10 +38,11 @@ MIN_PROGRAMS = 256
 
 
 class Launch(NamedTuple):
-    row_tiles: int  # 16-row tiles a program carries: 1, 2, 4 or 8
+    row_tiles: int  # row tiles a program carries: 1, 2, 4 or 8
     block_n: int  # output columns a program owns: 16, 32 or 64
     num_warps: int
     num_stages: int
+    tile_m: int = BLOCK_M  # rows of one dot: 16 (mma.sync on Hopper) or 64 (wgmma)
 
 
 def launch_for(m: int, n: int) -> Launch:
@@ -136,11 +137,11 @@ def linear(
     if m == 0 or n == 0:
         return out
     cfg = launch or launch_for(m, n)
-    grid = (triton.cdiv(m, cfg.row_tiles * BLOCK_M), triton.cdiv(n, cfg.block_n))
+    grid = (triton.cdiv(m, cfg.row_tiles * cfg.tile_m), triton.cdiv(n, cfg.block_n))
     _linear_kernel[grid](x, weight, bias if bias is not None else x, out, m, n, k, x.stride(0), weight.stride(0),
                          out.stride(0), HAS_BIAS=bias is not None, COMPILED=not INTERPRETED,
                          IEEE=x.dtype == torch.float32, ROW_TILES=cfg.row_tiles,
-                         BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K, num_warps=cfg.num_warps,
+                         BLOCK_M=cfg.tile_m, BLOCK_N=cfg.block_n, BLOCK_K=BLOCK_K, num_warps=cfg.num_warps,
                          num_stages=cfg.num_stages)
     return out
 

@@ -9,7 +9,8 @@ replayed: no launch overhead, only the kernels. Rows:
   default      specdec.models.ops.gemv.linear (the default path: GEMV / tensor-core tiles / cuBLAS by M)
   cublas       F.linear
   bi           specdec.models.ops.batch_invariant at its launch_for choice
-  bi r{R}n{N}w{W}s{S}   the same kernel at another launch (R row tiles, N columns, W warps, S stages):
+  bi t{T}n{N}k{K}w{W}s{S}  the same kernel at another launch (T-row tiles, N columns, K chunk, W warps,
+               S stages):
                every launch gives the same bits (tests/models/test_batch_invariant.py), so the
                fastest for each M may serve it
 
@@ -78,24 +79,23 @@ def time_graph(fn, xs, layers, lm_head, *, replays: int, repeats: int) -> list[f
 
 
 def candidate_launches(m: int) -> list[bik.Launch]:
-    """16-row dots (mma.sync) as launch_for picks them, and 64-row dots (wgmma on Hopper)."""
+    """Launches beside launch_for's: 16-row tiles (mma.sync on Hopper) up to 16 rows, 64-row ones
+    (wgmma), columns, warps, pipeline depth and K chunk."""
     L = bik.Launch
-    wide = [L(1, n, 4, s, tile_m=64) for n in (32, 64, 128) for s in (3, 4, 5)] + [L(1, 128, 8, 4, tile_m=64)]
     if m <= 16:
-        return [L(1, 16, 2, 8), L(1, 32, 2, 8)] + [L(1, n, 4, s, tile_m=64) for n in (32, 64) for s in (4, 6)]
-    if m <= 64:
-        return [L(2, 64, 4, 4)] + wide
-    return [L(4, 64, 4, 4)] + wide + [L(2, n, 4, s, tile_m=64) for n in (64, 128) for s in (3, 4)]
+        return [L(16, 32, 2, 8), L(16, 16, 2, 6), L(16, 16, 4, 8), L(16, 16, 2, 8, block_k=128)]
+    return [L(64, n, w, s, block_k=bk) for n, w in ((64, 4), (128, 4), (128, 8)) for s in (4, 5, 6)
+            for bk in (64, 128) if not (bk == 128 and s > 5)]
 
 
 def launch_name(launch: bik.Launch) -> str:
-    return f"bi t{launch.tile_m}r{launch.row_tiles}n{launch.block_n}w{launch.num_warps}s{launch.num_stages}"
+    return (f"bi t{launch.tile_m}n{launch.block_n}k{launch.block_k}w{launch.num_warps}s{launch.num_stages}")
 
 
 def check_bits(launches: list[bik.Launch]) -> list[dict]:
     """Each launch's rows against the 16-row M = 1 launch's (the decode step's), at 8B shapes: equal
     bits at M = 128, and its own rows at M = 1 and 64 equal to its M = 128 rows."""
-    reference = bik.Launch(1, 16, 2, 8)
+    reference = bik.SKINNY
     out = []
     for n, k, dt in [(6144, HIDDEN, torch.bfloat16), (HIDDEN, INTER, torch.bfloat16), (32768, HIDDEN, torch.float32)]:
         x = torch.randn(128, k, device="cuda", dtype=torch.bfloat16)
@@ -157,7 +157,7 @@ def main() -> None:
             row = {"m": m, "run": name, "ms": round(ms, 4), "min_ms": round(min(samples), 4),
                    "max_ms": round(max(samples), 4), "floor_ms": round(floor_ms, 4)}
             if name == "bi":
-                row["launch"] = bik.launch_for(m, HIDDEN)._asdict()
+                row["launch"] = bik.launch_for(m)._asdict()
             rows.append(row)
             print(f"m={m:4d} {name:22s} {ms:7.3f} ms (min {min(samples):.3f} max {max(samples):.3f}; floor "
                   f"{floor_ms:.3f}; {time.perf_counter() - t0:.1f} s)", flush=True)

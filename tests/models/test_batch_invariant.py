@@ -36,38 +36,34 @@ def test_rows_identical_at_any_m(dtype, n, k):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_every_launch_gives_the_same_rows(dtype):
-    """Each launch the kernel can take (1, 2, 4 or 8 row tiles a program; 16, 32 or 64 columns) gives
-    the same bits for every row as M = 1 does, at M = 1, 5, 16, 40 and 130 (K 200: three full
-    64-chunks and a tail)."""
+    """launch_for's three launches and others (16- and 64-row tiles, 16 to 128 columns, 64- and
+    128-deep K chunks) give every row the bits M = 1 gives it, at M = 1, 5, 16, 40 and 130 (K 200:
+    full chunks and a tail)."""
     kernels = pytest.importorskip("specdec.models.ops.batch_invariant_kernels")
     x, w = rand(130, 200, dtype=dtype, device=DEVICE, seed=3), rand(90, 200, dtype=dtype, device=DEVICE, seed=4)
     alone = torch.cat([linear_batch_invariant(x[i : i + 1], w) for i in range(130)])
-    launches = [kernels.Launch(r, n, 4, 2) for r in (1, 2, 4, 8) for n in (16, 32, 64)]
+    launches = [kernels.SKINNY, kernels.WIDE, kernels.WIDER, kernels.Launch(16, 64, 4, 2, block_k=128),
+                kernels.Launch(64, 32, 4, 2, block_k=128)]
     for launch in launches:
         for m in (1, 5, 16, 40, 130):
             got = kernels.linear(x[:m], w, None, out_dtype=dtype, launch=launch)
             assert torch.equal(got, alone[:m]), (launch, m)
-    wide = kernels.linear(x, w, None, out_dtype=torch.float32, launch=launches[-1])
-    assert torch.equal(wide[129:], linear_batch_invariant(x[129:], w, out_dtype=torch.float32))
+    logits = kernels.linear(x, w, None, out_dtype=torch.float32, launch=kernels.WIDER)
+    assert torch.equal(logits[129:], linear_batch_invariant(x[129:], w, out_dtype=torch.float32))
 
 
-def test_launch_rule():
-    """Row tiles grow with M (8 past 64 rows: a bs-128 step reads each weight tile once); columns
-    narrow until the grid has MIN_PROGRAMS programs."""
+def test_launch_by_rows():
     kernels = pytest.importorskip("specdec.models.ops.batch_invariant_kernels")
-    assert [kernels.launch_for(m, 4096).row_tiles for m in (1, 16, 17, 32, 33, 64, 65, 128, 512)] == [
-        1, 1, 2, 2, 4, 4, 8, 8, 8]
-    assert kernels.launch_for(1, 4096).block_n == 16  # 256 programs
-    assert kernels.launch_for(1, 28672).block_n == 64  # 448 programs
-    assert kernels.launch_for(64, 4096).block_n == 16 and kernels.launch_for(256, 4096).block_n == 32 and kernels.launch_for(512, 4096).block_n == 64
+    assert [kernels.launch_for(m).tile_m for m in (1, 16, 17, 64, 65, 4096)] == [16, 16, 64, 64, 64, 64]
+    assert kernels.launch_for(64) == kernels.WIDE and kernels.launch_for(65) == kernels.WIDER
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (128256, 4096)])  # 8B: qkv, down, lm_head
 def test_gpu_decode_rows_equal_verify_rows_at_real_sizes(n, k):
-    """At the 8B's shapes, compiled: a decode step's rows (M = 1 and 16: one row tile a program)
-    equal the same rows of a bs-8 verify of 8 nodes (M = 64: four) and of a bs-128 step (M = 128:
-    eight), bit for bit, bf16 and fp32 logits."""
+    """At the 8B's shapes, compiled: a decode step's rows (M = 1 and 16: 16-row tiles) equal the same
+    rows of a bs-8 verify of 8 nodes (M = 64: 64-row tiles) and of a bs-128 step (M = 128: 64 rows by
+    128 columns), bit for bit, bf16 and fp32 logits."""
     x, w = rand(128, k, dtype=torch.bfloat16, device=DEVICE), rand(n, k, dtype=torch.bfloat16, device=DEVICE, seed=1)
     out_dtype = torch.float32 if n > 100_000 else None
     whole = linear_batch_invariant(x, w, out_dtype=out_dtype)

@@ -58,6 +58,15 @@ def test_launch_by_rows():
     assert kernels.launch_for(64) == kernels.WIDE and kernels.launch_for(65) == kernels.WIDER
 
 
+def test_pipeline_fits_shared_memory():
+    """The stages shrink to what the GPU's shared memory holds (never below 2); nothing else changes."""
+    kernels = pytest.importorskip("specdec.models.ops.batch_invariant_kernels")
+    wider = kernels.WIDER  # a stage: (64 + 128) x 128 x 2 B = 48 KiB
+    assert kernels.fit_stages(wider, 2, 232_448) == wider  # an H200: 4 stages
+    assert kernels.fit_stages(wider, 2, 166_912) == wider._replace(num_stages=3)  # an A100
+    assert kernels.fit_stages(wider, 4, 101_376).num_stages == 2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (128256, 4096)])  # 8B: qkv, down, lm_head
 def test_gpu_decode_rows_equal_verify_rows_at_real_sizes(n, k):

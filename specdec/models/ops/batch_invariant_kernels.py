@@ -23,6 +23,7 @@ Imported only where Triton applies (CUDA, or CPU tensors under TRITON_INTERPRET=
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -38,15 +39,28 @@ class Launch(NamedTuple):
     block_k: int = 64  # the K chunk of one tl.dot
 
 
-# NOTE: a launch may change only the tiling (module docstring); timed on an H200 (det_linear.py)
-SKINNY = Launch(tile_m=16, block_n=16, num_warps=2, num_stages=8)  # up to 16 rows
-WIDE = Launch(tile_m=64, block_n=64, num_warps=4, num_stages=5)  # 17-64 rows
-WIDER = Launch(tile_m=64, block_n=128, num_warps=8, num_stages=4)  # more
+# NOTE: a launch may change only the tiling (module docstring); the fastest of det_linear.py's on an H200
+SKINNY = Launch(tile_m=16, block_n=16, num_warps=2, num_stages=8, block_k=128)  # up to 16 rows
+WIDE = Launch(tile_m=64, block_n=64, num_warps=4, num_stages=5, block_k=128)  # 17-64 rows
+WIDER = Launch(tile_m=64, block_n=128, num_warps=4, num_stages=4, block_k=128)  # more
 
 
 def launch_for(m: int) -> Launch:
     """The launch of an M-row product."""
     return SKINNY if m <= 16 else WIDE if m <= 64 else WIDER
+
+
+def fit_stages(launch: Launch, elem_bytes: int, shared_bytes: int) -> Launch:
+    """``launch`` with no deeper a pipeline than ``shared_bytes`` of shared memory holds (each stage
+    an x tile and a W tile), at least 2: the H200's 227 KiB hold launch_for's; fp32 inputs or a GPU
+    with less (an A100's 163 KiB, 99 KiB on consumer parts) take fewer stages, the same arithmetic."""
+    per_stage = (launch.tile_m + launch.block_n) * launch.block_k * elem_bytes
+    return launch._replace(num_stages=max(2, min(launch.num_stages, shared_bytes // per_stage)))
+
+
+@functools.cache
+def _shared_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -93,6 +107,8 @@ def linear(
     if m == 0 or n == 0:
         return out
     cfg = launch or launch_for(m)
+    if not INTERPRETED:
+        cfg = fit_stages(cfg, x.element_size(), _shared_bytes(x.device))
     grid = (triton.cdiv(m, cfg.tile_m), triton.cdiv(n, cfg.block_n))
     _linear_kernel[grid](x, weight, bias if bias is not None else x, out, m, n, k, x.stride(0), weight.stride(0),
                          out.stride(0), HAS_BIAS=bias is not None, COMPILED=not INTERPRETED,

@@ -122,10 +122,11 @@ class SpecdecEngine:
         return dict(policy.chosen) if policy is not None else {}
 
     def explain(self, bs: int) -> str:
-        """Adaptive speculation's figures per candidate at ``bs`` and the last step's context ('' without)."""
+        """Adaptive speculation's figures per candidate at ``bs`` and the last step's context ('' without,
+        and for NGRAM's policy, whose choice has no start-up profile to explain)."""
         worker = self.engine.worker
         policy = getattr(worker, "policy", None)
-        if policy is None:
+        if policy is None or not hasattr(policy, "explain"):
             return ""
         rows = policy.explain(bs, worker.context)
         return "; ".join(f"{name} {r['tokens']:.2f} tok / {r['profile_ms']:.2f} ms x {r['served_ratio']:.2f}"

@@ -3,15 +3,21 @@ expected committed tokens per millisecond of served step time (adaptive on, one 
 
     score(plain)     1 / ms(plain, bs)
     score(ngram n)   mean over the batch of E[committed | row, n] / ms(ngram n, bs)
-    E[committed | row, n] = 1 + p + p^2 + ... + p^d      d = the row's expected draft depth in
-                                                         n - 1 nodes, p = its acceptance rate
 
-Acceptance: each row's rate of accepted draft tokens along its drafted path (accepted nodes over
-accepted nodes plus rejections), a decaying count that starts from the rate of all rows. Depth:
-each row's decaying mean depth of its trees' first m nodes, m = 0 .. N - 1 (a new row starts from
-the mean of all rows). The choice is made before any lookup, so a plain step costs no host work
-of the drafter; a row's draft limit stays its ``DraftBudget``'s (padding nodes cost nothing in a
-verify of n rows a request, so a smaller limit only changes which n pays).
+E[committed | row, n] from the row's acceptance rate p (accepted nodes over accepted nodes plus
+rejections, a decaying count that starts from the rate of all rows) and its draft depth d within
+n - 1 nodes. The depth, where the worker gives it (``reach``), is the row's own: how many tokens
+follow the latest longest match of its current tokens, a cheap chain lookup on the history the host
+has when it chooses:
+
+    history up to date      E = 1 + p + p^2 + ... + p^d              d = min(reach, n - 1)
+    a step still in flight  E = 1 + p (p + p^2 + ... + p^d)          d = min(reach - 1, n - 1)
+
+(in flight: the match predicts the unread step's token too, right with probability about p, and
+spends one token of its reach on it). A row with no match expects 1 token, as plain decoding gives
+it, so a copied span is taken up the step after it begins and left the step after it ends. Without
+``reach`` (the cross-request cache on: rows without a match of their own may still draft), d is the
+row's decaying mean depth of its drafted trees' first m nodes, m = 0 .. N - 1.
 
 Step times are learned online (``specdec.eagle.served``): each choice's served time per
 batch-size bucket, launch to next launch, timed only after a step of the same choice, and each
@@ -73,27 +79,37 @@ class NgramPolicy:
     def step_ms(self, name: str, bs: int) -> float:
         return self.anchor.get(bucket(bs), 1.0) * prior_factor(name, bs) * self.step_times.ratio(name, bs)
 
-    def expected_committed(self, rows: np.ndarray, n: int) -> float:
-        """Mean E[committed] of ``rows`` in a verify of ``n`` nodes a request."""
+    def expected_committed(self, rows: np.ndarray, n: int, reach: np.ndarray | None = None,
+                           in_flight: bool = False) -> float:
+        """Mean E[committed] of ``rows`` in a verify of ``n`` nodes a request (module docstring);
+        ``reach`` [len(rows)]: the tokens after each row's latest match (0: none), None: the
+        learned depths; ``in_flight``: a step not yet read precedes this one."""
         rate = self.all_hits / (self.all_hits + self.all_misses)
         p = (self.hits[rows] + PRIOR_WEIGHT * rate) / (self.hits[rows] + self.misses[rows] + PRIOR_WEIGHT)
         p = np.minimum(p, 0.999)
-        d = self.depth[rows, n - 1]
-        return float(np.mean((1.0 - p ** (d + 1.0)) / (1.0 - p)))
+        if reach is None:
+            d = self.depth[rows, n - 1]
+            return float(np.mean((1.0 - p ** (d + 1.0)) / (1.0 - p)))
+        d = np.clip(np.minimum(reach - int(in_flight), n - 1), 0, None)
+        drafted = p * (1.0 - p ** d) / (1.0 - p)  # p + ... + p^d
+        return float(np.mean(1.0 + (p * drafted if in_flight else drafted)))
 
-    def scores(self, rows: np.ndarray, bs: int, max_size: int) -> dict[str, float]:
+    def scores(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
+               in_flight: bool = False) -> dict[str, float]:
         out = {PLAIN: 1.0 / self.step_ms(PLAIN, bs)}
         for n in self.sizes:
             if n <= max_size:
-                out[size_name(n)] = self.expected_committed(rows, n) / self.step_ms(size_name(n), bs)
+                out[size_name(n)] = self.expected_committed(rows, n, reach, in_flight) / self.step_ms(size_name(n), bs)
         return out
 
-    def choose(self, rows: np.ndarray, bs: int, max_size: int) -> int:
+    def choose(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
+               in_flight: bool = False) -> int:
         """The largest verify size (nodes a request, root included) this step may take, 0: plain.
-        ``max_size``: the largest size allowed at ``bs`` (0: none). The step runs plain or the best
-        size; exploration tries the other of the two, the sizes counted as one choice (sizes of
-        near-equal scores would otherwise take turns as the runner-up, each run of them a cost)."""
-        scores = self.scores(rows, bs, max_size)
+        ``max_size``: the largest size allowed at ``bs`` (0: none); ``reach``, ``in_flight``: as for
+        ``expected_committed``. The step runs plain or the best size; exploration tries the other
+        of the two, the sizes counted as one choice (sizes of near-equal scores would otherwise
+        take turns as the runner-up, each run of them a cost)."""
+        scores = self.scores(rows, bs, max_size, reach, in_flight)
         sizes = {name: score for name, score in scores.items() if name != PLAIN}
         best = max(sizes, key=sizes.get) if sizes else None
         pair = {PLAIN: scores[PLAIN]} | ({LOOKUP: sizes[best]} if best else {})

@@ -43,16 +43,23 @@ from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.eagle.served import PLAIN, LaunchClock
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, pack_batch
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, pack_batch
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.cache import NgramCache, with_cache_drafts
 from specdec.ngram.config import NgramConfig
+from specdec.ngram.lookup import propose_ngram
 from specdec.ngram.policy import NgramPolicy, size_name
 from specdec.ngram.tree import pack_trees
 
 # a step the policy chose to look up for that found no match: it decodes plainly, but after the
 # wait and the lookups of a lookup step, so its time is handed to the policy as neither choice
 MISS = "lookup-miss"
+
+# a choice looks up each row's reach (``NgramWorker._reach``) for at most about this many rows a step:
+# a larger batch refreshes every bs / REACH_ROWS_PER_STEP steps and uses the last values between
+# (CPU, 2026-11-29: the batch lookup of 32 rows of 1.5 k tokens 141 us, of 128 rows 500 us, against 8
+# rows' 57 us)
+REACH_ROWS_PER_STEP = 8
 
 # from this batch size on, chains are looked up and trees packed for the whole batch at once
 # (numpy over the batch); below it per request, where numpy's per-call cost is the larger one
@@ -91,6 +98,8 @@ class NgramWorker:
         self.budget = DraftBudget(ngram, max_reqs)
         self.policy = NgramPolicy(ngram, self.budget.sizes, max_reqs) if ngram.adaptive and learn_step_times else None
         self._clock = LaunchClock()
+        self._reach_of = np.zeros(max_reqs, dtype=np.int64)  # [max_reqs] each row's last looked-up reach
+        self._reach_age = 0  # choices since the last refresh
         # finished requests' windows, for rows whose own tokens draft less than their budget
         self.cache = NgramCache(capacity=ngram.cache_capacity, branch_length=ngram.cache_branch_length,
                                 min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
@@ -133,6 +142,7 @@ class NgramWorker:
         self.budget.reset(rows)
         if self.policy is not None:
             self.policy.reset(rows)
+        self._reach_of[rows] = 0
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
@@ -152,7 +162,7 @@ class NgramWorker:
         a plain step (it may launch past it). The next ``launch_decode`` takes this choice."""
         chosen_at = time.perf_counter()
         rows = np.asarray(rows_cpu, dtype=np.int64)
-        self._choice = (self._choose(rows), chosen_at)
+        self._choice = (self._choose(rows, in_flight=True), chosen_at)
         return self._choice[0] > 0
 
     def launch_decode(
@@ -222,12 +232,44 @@ class NgramWorker:
         cap = self.budget.node_cap(bs)
         return cap + 1 if cap else 0
 
-    def _choose(self, rows: np.ndarray) -> int:
-        """The largest verify size this step of ``rows`` may take (the policy's choice); 0: plain."""
+    def _choose(self, rows: np.ndarray, *, in_flight: bool = False) -> int:
+        """The largest verify size this step of ``rows`` may take (the policy's choice); 0: plain.
+        ``in_flight``: the step before this one is not read yet (its tokens are not in the history)."""
         max_size = self._max_size(len(rows))
         if self.policy is not None and max_size:
-            max_size = self.policy.choose(rows, len(rows), max_size)
+            reach = None if self.cache is not None else self._reach(rows)
+            max_size = self.policy.choose(rows, len(rows), max_size, reach, in_flight)
         return max_size
+
+    def _reach(self, rows: np.ndarray) -> np.ndarray:
+        """[bs] each row's reach (``_look_up_reach``), looked up again for the whole batch when due:
+        every step up to REACH_ROWS_PER_STEP rows, every bs / REACH_ROWS_PER_STEP steps above (a row
+        prefilled since reads 0 until then)."""
+        self._reach_age += 1
+        if self._reach_age * REACH_ROWS_PER_STEP >= len(rows):
+            self._reach_age = 0
+            self._reach_of[rows] = self._look_up_reach(rows)
+        return self._reach_of[rows]
+
+    def _look_up_reach(self, rows: np.ndarray) -> np.ndarray:
+        """[bs] the tokens after each row's latest longest match in the history as it stands, up to the
+        batch's node cap (0: no match): a chain lookup, the policy's view of what a lookup would find.
+        NOTE: not capped at the row's own budget, which shrinks after rejections and grows only after
+        lookups: the acceptance rate prices a poor row, and a span it starts copying is seen at once."""
+        lengths = self.history.num_tokens[rows]  # NOTE: 0 for a request whose prefill is not read yet
+        cap = self.budget.node_cap(len(rows))
+        if int(lengths.max()) < 2 or cap == 0:
+            return np.zeros(len(rows), dtype=np.int64)
+        history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
+        ngram = self.ngram
+        if len(rows) >= BATCH_PATH_MIN_BS:
+            n, ends = find_matches_batch(history, lengths, min_n=ngram.min_match_window, max_n=ngram.max_match_window)
+            after = np.where(n > 0, lengths - 1 - ends[:, 0], 0)
+        else:
+            after = np.asarray([propose_ngram(history[i, : lengths[i]], min_n=ngram.min_match_window,
+                                              max_n=ngram.max_match_window, k=cap).shape[0]
+                                for i in range(len(rows))], dtype=np.int64)
+        return np.minimum(after, cap)
 
     def _plan(self, rows: np.ndarray, max_size: int) -> tuple[int, BatchTrees, np.ndarray] | None:
         """This step's verify size n, the rows' trees and each one's drafted depth within n - 1

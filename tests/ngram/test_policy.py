@@ -102,3 +102,69 @@ def test_greedy_equals_plain_with_the_cost_aware_choice(breadth):
     got = eng.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in expected]
     assert_no_leak(eng)
+
+
+def test_reach_decides_where_a_copied_span_begins_and_ends():
+    """With each row's reach (tokens after its latest match) the choice follows the history as it
+    stands: no match, plain; a long one, a lookup; before any step is timed (the prior costs)."""
+    policy = NgramPolicy(CONFIG, SIZES, 8)
+    one = np.asarray([0])
+    assert policy.choose(one, 1, 9, reach=np.asarray([0])) == 0
+    assert policy.choose(one, 1, 9, reach=np.asarray([8])) == 9
+    assert policy.choose(one, 1, 9, reach=np.asarray([1]), in_flight=True) == 0  # the reach spent on the unread token
+    assert policy.choose(one, 1, 9, reach=np.asarray([8]), in_flight=True) == 9
+
+
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_expected_committed_from_reach(in_flight):
+    """1 + p + ... + p^d with d = min(reach, n - 1); in flight p (p + ... + p^d), d one less."""
+    policy = NgramPolicy(CONFIG, SIZES, 8)
+    rows = np.arange(3)
+    for _ in range(40):  # rows 0-2 accept 3 of 4 drafted tokens: p -> 0.75
+        policy.observe_accepts(rows, np.full(3, 4), np.full(3, 3))
+    rate = (policy.hits[0] + 8.0 * policy.all_hits / (policy.all_hits + policy.all_misses)) / (
+        policy.hits[0] + policy.misses[0] + 8.0)
+    reach = np.asarray([0, 3, 20])
+    got = policy.expected_committed(rows, 5, reach, in_flight)
+    depths = np.clip(np.minimum(reach - int(in_flight), 4), 0, None)
+    tails = [sum(rate ** i for i in range(1, d + 1)) for d in depths]
+    want = np.mean([1 + (rate * t if in_flight else t) for t in tails])
+    assert got == pytest.approx(want)
+    assert policy.expected_committed(rows[:1], 5, reach[:1], in_flight) == 1.0  # no match: one token
+
+
+def test_reach_of_the_worker_rows():
+    """NgramWorker._reach: tokens after the latest longest match, capped at the batch's node cap
+    (not the row's budget); 0 without a match or a read prompt; the batch path (8+ rows) equals the
+    per-row one."""
+    from specdec.ngram.budget import DraftBudget
+
+    worker = NgramWorker.__new__(NgramWorker)
+    worker.ngram, worker.budget = CONFIG, DraftBudget(CONFIG, 16)
+    worker._reach_of, worker._reach_age = np.zeros(16, dtype=np.int64), 0
+
+    class History:
+        token_ids = np.zeros((16, 64), dtype=np.int32)
+        num_tokens = np.zeros(16, dtype=np.int64)
+
+    worker.history = History()
+    rows = [[5, 6, 7, 8, 9, 1, 2, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3], [4, 5, 6], []]
+    for i, toks in enumerate(rows):
+        History.token_ids[i, : len(toks)] = toks
+        History.num_tokens[i] = len(toks)
+    worker.budget.budget[:] = 1  # budgets shrunk by rejections: the reach is not capped by them
+    cap = worker.budget.node_cap(4)
+    assert cap == 8
+    # row 0: "5 6" ends at 1, 7 tokens after it; row 1: "1 2 3" ends at 2, 12 after it (capped); rows 2-3: none
+    assert worker._reach(np.arange(4)).tolist() == [7, 8, 0, 0]  # 4 rows: looked up at every choice
+    for i in range(4, 12):  # 8 more rows of random tokens: the batch path
+        toks = np.random.default_rng(i).integers(0, 5, size=40)
+        History.token_ids[i, :40] = toks
+        History.num_tokens[i] = 40
+    assert worker._reach(np.arange(12))[4:].tolist() == [0] * 8  # one choice since the refresh: not due
+    batch = worker._reach(np.arange(12))  # two: due (12 rows refresh every other choice)
+    assert batch.tolist() == [int(worker._look_up_reach(np.asarray([r]))[0]) for r in range(12)]
+    assert (batch[4:] > 0).all()
+    History.num_tokens[0] = 0  # between refreshes, the last values
+    assert worker._reach(np.arange(12)).tolist() == batch.tolist()
+    assert worker._reach(np.arange(12))[0] == 0

@@ -84,22 +84,27 @@ class NgramPolicy:
         """Mean E[committed] of ``rows`` in a verify of ``n`` nodes a request (module docstring);
         ``reach`` [len(rows)]: the tokens after each row's latest match (0: none), None: the
         learned depths; ``in_flight``: a step not yet read precedes this one."""
+        return float(self._expected(rows, np.asarray([n]), reach, in_flight)[0])
+
+    def _expected(self, rows: np.ndarray, sizes: np.ndarray, reach: np.ndarray | None,
+                  in_flight: bool) -> np.ndarray:  # [len(sizes)]
         rate = self.all_hits / (self.all_hits + self.all_misses)
         p = (self.hits[rows] + PRIOR_WEIGHT * rate) / (self.hits[rows] + self.misses[rows] + PRIOR_WEIGHT)
-        p = np.minimum(p, 0.999)
+        p = np.minimum(p, 0.999)[:, None]  # [bs, 1]
         if reach is None:
-            d = self.depth[rows, n - 1]
-            return float(np.mean((1.0 - p ** (d + 1.0)) / (1.0 - p)))
-        d = np.clip(np.minimum(reach - int(in_flight), n - 1), 0, None)
+            d, in_flight = self.depth[rows][:, sizes - 1], False  # [bs, S]
+        else:
+            d = np.clip(np.minimum(reach[:, None] - int(in_flight), sizes[None, :] - 1), 0, None)  # [bs, S]
         drafted = p * (1.0 - p ** d) / (1.0 - p)  # p + ... + p^d
-        return float(np.mean(1.0 + (p * drafted if in_flight else drafted)))
+        return (1.0 + (p * drafted if in_flight else drafted)).mean(0)
 
     def scores(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
                in_flight: bool = False) -> dict[str, float]:
         out = {PLAIN: 1.0 / self.step_ms(PLAIN, bs)}
-        for n in self.sizes:
-            if n <= max_size:
-                out[size_name(n)] = self.expected_committed(rows, n, reach, in_flight) / self.step_ms(size_name(n), bs)
+        sizes = np.asarray([n for n in self.sizes if n <= max_size], dtype=np.int64)
+        if sizes.size:
+            for n, tokens in zip(sizes.tolist(), self._expected(rows, sizes, reach, in_flight).tolist()):
+                out[size_name(n)] = tokens / self.step_ms(size_name(n), bs)
         return out
 
     def choose(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,

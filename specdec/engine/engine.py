@@ -20,6 +20,7 @@ from specdec.engine.args import EngineArgs
 from specdec.engine.deterministic import deterministic_args
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.ngram_setup import TokenTable, ngram_configs
+from specdec.engine.ngram_setup import warm_up as ngram_warm_up
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
@@ -259,6 +260,8 @@ class Engine:
             from specdec.engine.spec_profile import start_adaptive_policy
 
             start_adaptive_policy(self, graph_sizes or default_batch_sizes(max_running_requests))
+        if self.ngram_config is not None and graph_sizes and getattr(getattr(target_model, "tp", None), "size", 1) == 1:
+            ngram_warm_up(self)  # NOTE: one rank only (tensor-parallel followers would not join its requests)
 
     @staticmethod
     def _adaptive(setting: str, graph_sizes: list[int]) -> bool:

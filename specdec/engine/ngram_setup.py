@@ -1,6 +1,7 @@
 """What the reference host adds for ``--speculative-algorithm NGRAM``: its settings from the flags
-(refusing, by name, every flag that does not apply), and each request's tokens on the host
-(``TokenTable``, the ``specdec.host.TokenHistory`` the n-gram worker reads).
+(refusing, by name, every flag that does not apply), each request's tokens on the host
+(``TokenTable``, the ``specdec.host.TokenHistory`` the n-gram worker reads), and the start-up
+warm-up of every verify size (``warm_up``).
 """
 
 from __future__ import annotations
@@ -102,3 +103,27 @@ class TokenTable:
             if total > start:
                 self.token_ids[row, start:total] = req.output_ids[start - prompt:]
             self.num_tokens[row] = total
+
+
+# a prompt whose every lookup matches (period 8), and the sampling of the warm-up's requests: each
+# verify size's kernels compile per size and per greedy / sampled verification
+WARM_UP_PROMPT = [3, 4, 5, 6, 7, 8, 9, 10] * 4
+WARM_UP_PARAMS = ({"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True},
+                  {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True})
+
+
+def warm_up(engine) -> dict[str, int]:
+    """Run every verify size once, greedy and sampled, before serving: the verify's eager kernels
+    (acceptance, KV commit) are compiled per size, and a size first used by a request stalled its
+    step 50-140 ms on an H200 (benchmarks/results/2026-11-29-h200-ngram/). Then the worker's
+    statistics and the prefix cache start afresh. Returns the decode steps run, by shape."""
+    worker, steps = engine.worker, engine.scheduler.decoder.spec_shape_steps
+    try:
+        for n in worker.budget.sizes:
+            worker.force = n
+            engine.generate(input_ids=[list(WARM_UP_PROMPT)] * len(WARM_UP_PARAMS), sampling_params=list(WARM_UP_PARAMS))
+        return dict(steps)
+    finally:
+        worker.forget_warm_up()
+        steps.clear()
+        engine.flush_cache()

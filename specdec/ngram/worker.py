@@ -107,6 +107,9 @@ class NgramWorker:
         # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
         # verify size (0: plain) and when it was made
         self._choice: tuple[int, float] | None = None
+        # the warm-up's verify size (``specdec.engine.ngram_setup.warm_up``): every step verifies a
+        # chain of that many nodes, drafted from the history's tail; None: the policy's choice, lookups
+        self.force: int | None = None
         # one verifier per verify size n: its accepted path is at most n - 1 nodes deep
         self.verifiers = {
             n: TreeVerifier(dataclasses.replace(config, num_steps=n - 1, num_draft_tokens=n),
@@ -126,6 +129,21 @@ class NgramWorker:
 
     def release_cuda_graphs(self) -> None:
         pass
+
+    def forget_warm_up(self) -> None:
+        """After ``specdec.engine.ngram_setup.warm_up``: the policy, budgets and cache as at start
+        (the warm-up's step times include Triton's compilation)."""
+        self.force = None
+        self.budget = DraftBudget(self.ngram, len(self.budget.budget))
+        if self.policy is not None:
+            self.policy = NgramPolicy(self.ngram, self.budget.sizes, len(self.budget.budget))
+        if self.cache is not None:
+            self.cache = NgramCache(capacity=self.ngram.cache_capacity, branch_length=self.ngram.cache_branch_length,
+                                    min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window)
+        self._clock.reset()
+        self._choice = None
+        self._reach_of[:] = 0
+        self._reach_age = 0
 
     # ------------------------------------------------------------ prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
@@ -236,6 +254,8 @@ class NgramWorker:
         """The largest verify size this step of ``rows`` may take (the policy's choice); 0: plain.
         ``in_flight``: the step before this one is not read yet (its tokens are not in the history)."""
         max_size = self._max_size(len(rows))
+        if self.force is not None:
+            return min(self.force, max_size)
         if self.policy is not None and max_size:
             reach = None if self.cache is not None else self._reach(rows)
             max_size = self.policy.choose(rows, len(rows), max_size, reach, in_flight)
@@ -277,7 +297,10 @@ class NgramWorker:
         if not max_size:
             return None
         bs = len(rows)
-        trees = self._trees(rows, np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64))
+        if self.force is not None:  # the warm-up: a chain of max_size - 1 nodes a row, whatever matches
+            trees = self._tail_chains(rows, max_size - 1)
+        else:
+            trees = self._trees(rows, np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64))
         depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
         if self.policy is not None:
             self.policy.observe_drafts(rows, depth)
@@ -286,6 +309,13 @@ class NgramWorker:
             return None
         n = self.budget.step_size(largest)
         return n, trees, depth[:, n - 1]
+
+    def _tail_chains(self, rows: np.ndarray, nodes: int) -> BatchTrees:
+        """Each row's last ``nodes`` tokens as its draft chain (verification keeps any draft lossless)."""
+        lengths = self.history.num_tokens[rows]
+        positions = np.maximum(lengths[:, None] - nodes + np.arange(nodes), 0)  # [bs, nodes]
+        tokens = self.history.token_ids[rows[:, None], positions].astype(np.int64)
+        return BatchTrees(tokens, np.tile(np.arange(nodes), (len(rows), 1)), np.full(len(rows), nodes))
 
     def _trees(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
         lengths = self.history.num_tokens[rows]

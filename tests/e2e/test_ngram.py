@@ -289,3 +289,24 @@ def test_gpu_verify_graphs_replay_equal_eager_and_plain(breadth, page_size):
     calls = sum(g.num_calls for (mode, _, _), g in graphs.runner.graphs.items() if mode.name == "TARGET_VERIFY")
     assert calls > 0
     assert_no_leak(graphs)
+
+
+def test_warm_up_runs_every_verify_size_then_forgets_it():
+    """``ngram_setup.warm_up`` (at start-up on CUDA with graphs): every verify size once, greedy and
+    sampled; then the policy, budgets, prefix cache and step counts are as at start, no KV slot is
+    held, and the engine still decodes as plain decoding does."""
+    from specdec.engine.ngram_setup import warm_up
+
+    target, _ = make_pair("EAGLE", "mixed")
+    eng = ngram_engine(target, speculative_adaptive="on")
+    policy, budget = eng.worker.policy, eng.worker.budget
+    shapes = warm_up(eng)
+    assert {f"ngram{n}" for n in eng.worker.budget.sizes} <= set(shapes)
+    assert eng.worker.force is None and eng.worker.policy is not policy and eng.worker.budget is not budget
+    assert eng.worker.policy.chosen == {} and not eng.scheduler.decoder.spec_shape_steps
+    assert eng.cache_stats()["cached_pages"] == 0
+    assert_no_leak(eng)
+    prompts = repetitive_prompts(target.config.vocab_size)
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
+    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)

@@ -165,7 +165,11 @@ class DecodeLauncher:
         if self.token_table is None:
             return False
         spec = [part for part in self.plan(reqs).parts if part.speculative]
-        self._read_first = bool(spec) and self.worker.needs_last_step_read([r.row for r in spec[0].reqs])
+        if not spec:
+            self._read_first = False
+            return False
+        part = spec[0]  # NOTE: the choice may look up the tokens read so far (its reach): synced on demand
+        self._read_first = self.worker.needs_last_step_read(part.rows, sync_history=lambda: self.token_table.sync(part.reqs))
         return self._read_first
 
     # ------------------------------------------------------------ KV

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -174,13 +175,15 @@ class NgramWorker:
     def decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
         return self.launch_decode(req_pool_indices, seq_lens, verified_ids, sampling, **kw).result()
 
-    def needs_last_step_read(self, rows_cpu: list[int]) -> bool:
+    def needs_last_step_read(self, rows_cpu: list[int], *, sync_history: Callable[[], None] | None = None) -> bool:
         """Choose the next decode step of ``rows_cpu`` now, before the step in flight is read:
         True for a lookup (it drafts from the tokens that step commits: read it first), False for
-        a plain step (it may launch past it). The next ``launch_decode`` takes this choice."""
+        a plain step (it may launch past it). The next ``launch_decode`` takes this choice.
+        ``sync_history``: brings the history up to the tokens read so far (the host keeps it
+        current only for lookups), called before the choice looks it up."""
         chosen_at = time.perf_counter()
         rows = np.asarray(rows_cpu, dtype=np.int64)
-        self._choice = (self._choose(rows, in_flight=True), chosen_at)
+        self._choice = (self._choose(rows, in_flight=True, sync_history=sync_history), chosen_at)
         return self._choice[0] > 0
 
     def launch_decode(
@@ -250,24 +253,28 @@ class NgramWorker:
         cap = self.budget.node_cap(bs)
         return cap + 1 if cap else 0
 
-    def _choose(self, rows: np.ndarray, *, in_flight: bool = False) -> int:
+    def _choose(self, rows: np.ndarray, *, in_flight: bool = False,
+                sync_history: Callable[[], None] | None = None) -> int:
         """The largest verify size this step of ``rows`` may take (the policy's choice); 0: plain.
-        ``in_flight``: the step before this one is not read yet (its tokens are not in the history)."""
+        ``in_flight``: the step before this one is not read yet (its tokens are not in the history);
+        ``sync_history``: as for ``needs_last_step_read``."""
         max_size = self._max_size(len(rows))
         if self.force is not None:
             return min(self.force, max_size)
         if self.policy is not None and max_size:
-            reach = None if self.cache is not None else self._reach(rows)
+            reach = None if self.cache is not None else self._reach(rows, sync_history)
             max_size = self.policy.choose(rows, len(rows), max_size, reach, in_flight)
         return max_size
 
-    def _reach(self, rows: np.ndarray) -> np.ndarray:
-        """[bs] each row's reach (``_look_up_reach``), looked up again for the whole batch when due:
-        every step up to REACH_ROWS_PER_STEP rows, every bs / REACH_ROWS_PER_STEP steps above (a row
-        prefilled since reads 0 until then)."""
+    def _reach(self, rows: np.ndarray, sync_history: Callable[[], None] | None = None) -> np.ndarray:
+        """[bs] each row's reach (``_look_up_reach``), looked up again for the whole batch when due
+        (the history synced first): every step up to REACH_ROWS_PER_STEP rows, every
+        bs / REACH_ROWS_PER_STEP steps above (a row prefilled since reads 0 until then)."""
         self._reach_age += 1
         if self._reach_age * REACH_ROWS_PER_STEP >= len(rows):
             self._reach_age = 0
+            if sync_history is not None:
+                sync_history()
             self._reach_of[rows] = self._look_up_reach(rows)
         return self._reach_of[rows]
 

@@ -168,3 +168,28 @@ def test_reach_of_the_worker_rows():
     History.num_tokens[0] = 0  # between refreshes, the last values
     assert worker._reach(np.arange(12)).tolist() == batch.tolist()
     assert worker._reach(np.arange(12))[0] == 0
+
+
+def test_reach_syncs_the_history_first():
+    """Under overlap the host brings a request's history up to date only before lookups: the choice
+    syncs it (``sync_history``) before looking up, so a span that began during plain steps is seen."""
+    from specdec.ngram.budget import DraftBudget
+
+    worker = NgramWorker.__new__(NgramWorker)
+    worker.ngram, worker.budget = CONFIG, DraftBudget(CONFIG, 4)
+    worker._reach_of, worker._reach_age = np.zeros(4, dtype=np.int64), 0
+
+    class History:
+        token_ids = np.zeros((4, 64), dtype=np.int32)
+        num_tokens = np.zeros(4, dtype=np.int64)
+
+    worker.history = History()
+    read_so_far = [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 9, 8]  # "9 8" repeats: 10 tokens follow it
+
+    def sync():
+        History.token_ids[0, : len(read_so_far)] = read_so_far
+        History.num_tokens[0] = len(read_so_far)
+
+    History.token_ids[0, :5], History.num_tokens[0] = read_so_far[:5], 5  # stale: synced at the last lookup
+    assert worker._reach(np.asarray([0]))[0] == 0
+    assert worker._reach(np.asarray([0]), sync_history=sync)[0] == 8  # 10 tokens, the cap at one row 8

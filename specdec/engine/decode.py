@@ -169,7 +169,8 @@ class DecodeLauncher:
             self._read_first = False
             return False
         part = spec[0]  # NOTE: the choice may look up the tokens read so far (its reach): synced on demand
-        self._read_first = self.worker.needs_last_step_read(part.rows, sync_history=lambda: self.token_table.sync(part.reqs))
+        self._read_first = self.worker.needs_last_step_read(
+            part.rows, sync_history=lambda: self.token_table.sync(part.reqs))
         return self._read_first
 
     # ------------------------------------------------------------ KV

@@ -19,8 +19,7 @@ from specdec.cuda_graph import default_batch_sizes
 from specdec.engine.args import EngineArgs
 from specdec.engine.deterministic import deterministic_args
 from specdec.engine.memory import PagedKVMemory
-from specdec.engine.ngram_setup import TokenTable, ngram_configs
-from specdec.engine.ngram_setup import warm_up as ngram_warm_up
+from specdec.engine.ngram_setup import TokenTable, ngram_configs, warm_up as ngram_warm_up
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
 from specdec.engine.request import Request
@@ -260,7 +259,8 @@ class Engine:
             from specdec.engine.spec_profile import start_adaptive_policy
 
             start_adaptive_policy(self, graph_sizes or default_batch_sizes(max_running_requests))
-        if self.ngram_config is not None and graph_sizes and getattr(getattr(target_model, "tp", None), "size", 1) == 1:
+        tp_size = getattr(getattr(target_model, "tp", None), "size", 1)
+        if self.ngram_config is not None and graph_sizes and tp_size == 1:
             ngram_warm_up(self)  # NOTE: one rank only (tensor-parallel followers would not join its requests)
 
     @staticmethod

@@ -121,7 +121,8 @@ def warm_up(engine) -> dict[str, int]:
     try:
         for n in worker.budget.sizes:
             worker.force = n
-            engine.generate(input_ids=[list(WARM_UP_PROMPT)] * len(WARM_UP_PARAMS), sampling_params=list(WARM_UP_PARAMS))
+            engine.generate(input_ids=[list(WARM_UP_PROMPT)] * len(WARM_UP_PARAMS),
+                            sampling_params=list(WARM_UP_PARAMS))
         return dict(steps)
     finally:
         worker.forget_warm_up()

@@ -95,22 +95,9 @@ class NgramWorker:
         self.memory = memory
         self.history = history
         self.max_batch_size = max_running_requests
-        max_reqs = memory.req_to_token.shape[0]
-        self.budget = DraftBudget(ngram, max_reqs)
-        self.policy = NgramPolicy(ngram, self.budget.sizes, max_reqs) if ngram.adaptive and learn_step_times else None
-        self._clock = LaunchClock()
-        self._reach_of = np.zeros(max_reqs, dtype=np.int64)  # [max_reqs] each row's last looked-up reach
-        self._reach_age = 0  # choices since the last refresh
-        # finished requests' windows, for rows whose own tokens draft less than their budget
-        self.cache = NgramCache(capacity=ngram.cache_capacity, branch_length=ngram.cache_branch_length,
-                                min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
-            if ngram.cache_capacity else None
-        # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
-        # verify size (0: plain) and when it was made
-        self._choice: tuple[int, float] | None = None
-        # the warm-up's verify size (``specdec.engine.ngram_setup.warm_up``): every step verifies a
-        # chain of that many nodes, drafted from the history's tail; None: the policy's choice, lookups
-        self.force: int | None = None
+        self._max_reqs = memory.req_to_token.shape[0]
+        self._learn_step_times = ngram.adaptive and learn_step_times
+        self._start_afresh()
         # one verifier per verify size n: its accepted path is at most n - 1 nodes deep
         self.verifiers = {
             n: TreeVerifier(dataclasses.replace(config, num_steps=n - 1, num_draft_tokens=n),
@@ -131,20 +118,29 @@ class NgramWorker:
     def release_cuda_graphs(self) -> None:
         pass
 
+    def _start_afresh(self) -> None:
+        """The drafter's state as at start: budgets, policy, cross-request cache, timing, reach."""
+        ngram, max_reqs = self.ngram, self._max_reqs
+        self.budget = DraftBudget(ngram, max_reqs)
+        self.policy = NgramPolicy(ngram, self.budget.sizes, max_reqs) if self._learn_step_times else None
+        self._clock = LaunchClock()
+        self._reach_of = np.zeros(max_reqs, dtype=np.int64)  # [max_reqs] each row's last looked-up reach
+        self._reach_age = 0  # choices since the last refresh
+        # finished requests' windows, for rows whose own tokens draft less than their budget
+        self.cache = NgramCache(capacity=ngram.cache_capacity, branch_length=ngram.cache_branch_length,
+                                min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
+            if ngram.cache_capacity else None
+        # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
+        # verify size (0: plain) and when it was made
+        self._choice: tuple[int, float] | None = None
+        # the warm-up's verify size (``specdec.engine.ngram_setup.warm_up``): every step verifies a
+        # chain of that many nodes, drafted from the history's tail; None: the policy's choice, lookups
+        self.force: int | None = None
+
     def forget_warm_up(self) -> None:
-        """After ``specdec.engine.ngram_setup.warm_up``: the policy, budgets and cache as at start
-        (the warm-up's step times include Triton's compilation)."""
-        self.force = None
-        self.budget = DraftBudget(self.ngram, len(self.budget.budget))
-        if self.policy is not None:
-            self.policy = NgramPolicy(self.ngram, self.budget.sizes, len(self.budget.budget))
-        if self.cache is not None:
-            self.cache = NgramCache(capacity=self.ngram.cache_capacity, branch_length=self.ngram.cache_branch_length,
-                                    min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window)
-        self._clock.reset()
-        self._choice = None
-        self._reach_of[:] = 0
-        self._reach_age = 0
+        """After ``specdec.engine.ngram_setup.warm_up``: everything the drafter learned forgotten (the
+        warm-up's step times include Triton's compilation)."""
+        self._start_afresh()
 
     # ------------------------------------------------------------ prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,

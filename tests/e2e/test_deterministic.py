@@ -1,7 +1,8 @@
 """``--enable-deterministic-inference``: in bf16, greedy speculative output equals plain decoding bit
 for bit (no near-tie escape), trees and chains alike, eager and on the CUDA-graph path, and a request
 gives the same tokens alone and inside a batch. On CPU through torch_native (the padded graph path
-run eagerly, ``use_graphs=False``; on CPU on a GPU machine too); on a GPU through the triton backend with real graph replay."""
+run eagerly, ``use_graphs=False``; on CPU on a GPU machine too); on a GPU through the triton
+backend with real graph replay."""
 
 from __future__ import annotations
 

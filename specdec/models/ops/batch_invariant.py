@@ -5,10 +5,10 @@ same bits whatever M is and whatever the other rows hold: every program reduces 
 itself, from 0 in order (no split-K, no atomics), into one fp32 accumulator, and the launch changes
 only the tiling (16-row tiles up to 16 rows, 64-row ones above: ``batch_invariant_kernels``, where
 the H200 measurements that every tiling gives the same bits are cited). ``specdec.models.ops.gemv``
-(the default) picks its kernel and tiling by M (tensor-core tiles at 1-16 tokens, swap-AB tiles, cuBLAS
-past 32 or 64 tokens with its own choice of kernel by shape), which sums K in a different order for a decode step (M = bs)
-than for a verify forward (M = bs * N): bf16 outputs then differ in the last bit now and then, and
-the difference grows through the layers.
+(the default) picks its kernel and tiling by M (tensor-core tiles at 1-16 tokens, swap-AB tiles,
+cuBLAS past 32 or 64 tokens, which picks its own kernel by shape), so it sums K in a different order
+for a decode step (M = bs) than for a verify forward (M = bs * N): bf16 outputs then differ in the
+last bit now and then, and the difference grows through the layers.
 
 ``out_dtype`` float32 (logits): the fp32 accumulator is stored as it is, not rounded to the model
 dtype first (the default path rounds, as F.linear would), so near-tied logits stay apart.

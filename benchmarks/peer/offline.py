@@ -47,7 +47,7 @@ from pathlib import Path
 
 PROFILE: str | None = None  # --profile: where profile_host appends
 TRACE: str | None = None  # --trace: where trace_device appends
-FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagle3)
+FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagle3 / ngram)
 REPEATS = 1  # --repeats: each cell's passes (the choices of --force interleaved)
 WAITING: list[str] = []  # --waiting: each cell once per admission setting RATIO:STEPS (specdec)
 SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
@@ -72,6 +72,7 @@ class SpecdecEngine:
         self.texts: dict[str, str] = {}
         # engine steps by kind (prefill, or the decode step's choice): [steps, seconds]
         self.step_log: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+        self.forced = "auto"  # --force's choice in effect (``force``)
 
     def add(self, rid: str, ids: list[int], max_tokens: int, *, ignore_eos: bool) -> None:
         req = self.engine.make_request(input_ids=ids, rid=rid, sampling_params={
@@ -91,13 +92,9 @@ class SpecdecEngine:
         log[1] += time.perf_counter() - start
 
     def _choice(self, before: dict[str, int]) -> str:
-        """The decode step's choice: what adaptive speculation counted since ``before``, the forced one, or decode."""
-        worker = self.engine.worker
-        force = getattr(worker, "force", None)
-        if force is None and hasattr(worker, "force"):
-            return "plain"
-        if force is not None and getattr(force, "name", None):
-            return force.name
+        """The decode step's choice: the forced one, what adaptive speculation counted since ``before``, or decode."""
+        if self.forced != "auto":
+            return self.forced
         return next((k for k, n in self.choices().items() if n != before.get(k, 0)), "decode")
 
     def take_steps(self) -> dict[str, dict]:
@@ -138,14 +135,19 @@ class SpecdecEngine:
         self.engine.scheduler.waiting_served_ratio, self.engine.scheduler.max_waiting_tokens = float(ratio), int(steps)
 
     def force(self, choice: str) -> None:
-        """Diagnostics: every decode step takes ``choice`` (auto: the policy's; plain; or SxKxN)."""
+        """Diagnostics: every decode step takes ``choice`` (auto: the policy's; plain; or, EAGLE-3, SxKxN)."""
         from specdec.eagle.adaptive import AUTO
         from specdec.eagle.policy import SpecShape
+        from specdec.ngram.worker import NgramWorker
 
         worker = self.engine.worker
-        if not hasattr(worker, "force"):
-            raise SystemExit("--force needs adaptive speculation (--config eagle3)")
-        worker.force = AUTO if choice == "auto" else None if choice == "plain" else SpecShape.parse(choice)
+        if isinstance(worker, NgramWorker) and choice in ("auto", "plain"):
+            worker.force = None if choice == "auto" else 0  # NOTE: 0, every step plain
+        elif isinstance(worker, NgramWorker) or not hasattr(worker, "force"):
+            raise SystemExit("--force: auto or plain with --config ngram; auto, plain or SxKxN with eagle3")
+        else:
+            worker.force = AUTO if choice == "auto" else None if choice == "plain" else SpecShape.parse(choice)
+        self.forced = choice
 
     def abort(self, rids: list[str]) -> None:
         for rid in rids:
@@ -489,8 +491,8 @@ def main() -> None:
                              "debug mode and log the calls that wait for the GPU, by call site (top 15)")
     parser.add_argument("--trace", help="append how busy the GPU was (kernel time against wall time) over one more "
                         "(untimed) pass of the largest concurrency to this file")
-    parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3: each cell once per choice, "
-                        "comma-separated (auto: adaptive's; plain; SxKxN); rows carry \"force\"")
+    parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3 / ngram: each cell once per "
+                        "choice, comma-separated (auto: adaptive's; plain; eagle3 also SxKxN); rows carry \"force\"")
     parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
                         "choices of --force interleaved), one row each")
     parser.add_argument("--waiting", default="", help="diagnostics, specdec: each cell once per admission setting "

@@ -133,8 +133,9 @@ class NgramWorker:
         # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
         # verify size (0: plain) and when it was made
         self._choice: tuple[int, float] | None = None
-        # the warm-up's verify size (``specdec.engine.ngram_setup.warm_up``): every step verifies a
-        # chain of that many nodes, drafted from the history's tail; None: the policy's choice, lookups
+        # a forced verify size: the warm-up's (``specdec.engine.ngram_setup.warm_up``: every step verifies
+        # a chain of that many nodes, drafted from the history's tail), 0 every step plain (benchmarks'
+        # diagnostics); None: the policy's choice and lookups
         self.force: int | None = None
 
     def forget_warm_up(self) -> None:

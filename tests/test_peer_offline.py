@@ -1,0 +1,50 @@
+"""``benchmarks/peer/offline.py``'s diagnostics on specdec's NGRAM engine (CPU): ``--force plain`` makes
+every decode step plain and labels it so, ``auto`` hands the choice back to the policy (whose picks
+label the steps), and a tree shape is refused by name."""
+
+import collections
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import make_pair
+from tests.e2e.test_ngram import ngram_engine, repetitive_prompts
+
+SPEC = importlib.util.spec_from_file_location(
+    "peer_offline_force", Path(__file__).resolve().parents[1] / "benchmarks" / "peer" / "offline.py")
+offline = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(offline)
+
+
+def _bench_engine():
+    """offline.SpecdecEngine around an NGRAM engine of the tests' tiny pair (adaptive on)."""
+    target, _ = make_pair("EAGLE", "mixed")
+    bench = offline.SpecdecEngine.__new__(offline.SpecdecEngine)
+    bench.engine = ngram_engine(target, speculative_adaptive="on")
+    bench.tokenizer, bench.reqs, bench.texts = None, {}, {}
+    bench.step_log, bench.forced = collections.defaultdict(lambda: [0, 0.0]), "auto"
+    return bench, repetitive_prompts(target.config.vocab_size)
+
+
+def _decode_all(bench, prompts, tag):
+    for i, ids in enumerate(prompts):
+        bench.add(f"{tag}{i}", ids, 24, ignore_eos=True)
+    while bench.engine.scheduler.has_work:
+        bench.step()
+    return {kind for kind in bench.take_steps() if kind != "prefill"}
+
+
+def test_forced_plain_then_auto():
+    bench, prompts = _bench_engine()
+    bench.force("plain")
+    assert bench.engine.worker.force == 0
+    assert _decode_all(bench, prompts, "p") == {"plain"}
+    assert bench.engine.worker.policy.chosen == {}  # the policy was never asked
+    bench.force("auto")
+    assert bench.engine.worker.force is None
+    kinds = _decode_all(bench, prompts, "a")
+    picks = set(bench.engine.worker.policy.chosen)
+    assert picks and kinds - {"decode"} == picks  # labelled by the policy's picks ("decode": steps it was not asked)
+    with pytest.raises(SystemExit, match="--force"):
+        bench.force("3x1x4")

@@ -12,6 +12,7 @@ histories.
                          continuations merged a depth at a time (a node is the first match, by
                          recency, sharing its prefix), cut level by level; PROB: per request
     pack_batch           the verify's arrays, filled a node column at a time over the batch
+    match_reach          how many tokens follow each row's latest longest match (the policy's view)
 
 Shapes: bs rows, M = MAX_MATCHES ends a row, D = the largest draft-node limit of the batch.
 """
@@ -23,6 +24,7 @@ import dataclasses
 import numpy as np
 
 from specdec.ngram.config import NgramConfig
+from specdec.ngram.lookup import propose_ngram
 from specdec.ngram.tree import MAX_MATCHES, DraftTree, PackedTrees, build_tree
 
 
@@ -221,3 +223,17 @@ def pack_batch(trees: BatchTrees, roots: np.ndarray, n: int, *, out: np.ndarray 
         next_token[b[~has], parent[~has]] = i
         last_child[b, parent] = i
     return PackedTrees(tokens, mask, depth, next_token, next_sibling)  # mask as int64 0 / 1
+
+
+def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, cap: int,
+                per_row: bool) -> np.ndarray:
+    """[bs] the tokens after each row's latest longest match (``history`` [bs, >= max length],
+    ``lengths`` [bs]), at most ``cap``; 0 without a match. ``per_row``: ``propose_ngram`` row by row
+    (small batches), else ``find_matches_batch`` (the same matches)."""
+    if per_row:
+        return np.asarray([propose_ngram(history[i, : lengths[i]], min_n=min_n, max_n=max_n, k=cap).shape[0]
+                           for i in range(len(lengths))], dtype=np.int64)
+    if int(lengths.max(initial=0)) < 2:
+        return np.zeros(len(lengths), dtype=np.int64)
+    n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
+    return np.minimum(np.where(n > 0, lengths - 1 - ends[:, 0], 0), cap)

@@ -44,11 +44,10 @@ from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.eagle.served import PLAIN, LaunchClock
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, pack_batch
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, match_reach, pack_batch
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.cache import NgramCache, with_cache_drafts
 from specdec.ngram.config import NgramConfig
-from specdec.ngram.lookup import propose_ngram
 from specdec.ngram.policy import NgramPolicy, size_name
 from specdec.ngram.tree import pack_trees
 
@@ -285,15 +284,8 @@ class NgramWorker:
         if int(lengths.max()) < 2 or cap == 0:
             return np.zeros(len(rows), dtype=np.int64)
         history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
-        ngram = self.ngram
-        if len(rows) >= BATCH_PATH_MIN_BS:
-            n, ends = find_matches_batch(history, lengths, min_n=ngram.min_match_window, max_n=ngram.max_match_window)
-            after = np.where(n > 0, lengths - 1 - ends[:, 0], 0)
-        else:
-            after = np.asarray([propose_ngram(history[i, : lengths[i]], min_n=ngram.min_match_window,
-                                              max_n=ngram.max_match_window, k=cap).shape[0]
-                                for i in range(len(rows))], dtype=np.int64)
-        return np.minimum(after, cap)
+        return match_reach(history, lengths, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window,
+                           cap=cap, per_row=len(rows) < BATCH_PATH_MIN_BS)
 
     def _plan(self, rows: np.ndarray, max_size: int) -> tuple[int, BatchTrees, np.ndarray] | None:
         """This step's verify size n, the rows' trees and each one's drafted depth within n - 1

@@ -5,7 +5,7 @@ cumulative depths the policy reads."""
 import numpy as np
 import pytest
 
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, pack_batch
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.tree import build_tree, find_matches, pack_trees
 
@@ -49,6 +49,23 @@ def test_batch_paths_equal_the_references(seed):
             want = pack_trees(trees.cut(size - 1), roots.tolist(), size)
             for field in ("tokens", "mask", "depth", "next_token", "next_sibling"):
                 assert np.array_equal(getattr(got, field), getattr(want, field)), field
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_match_reach_batch_equals_per_row(seed):
+    """The policy's reach: the batch path and the per-row one agree, and equal the tokens that follow
+    the latest longest match (the chain lookup's draft length), capped."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        config, history, lengths, _ = _random_case(rng)
+        cap = int(rng.integers(1, 14))
+        kw = dict(min_n=config.min_match_window, max_n=config.max_match_window, cap=cap)
+        rows = match_reach(history, lengths, per_row=True, **kw)
+        assert match_reach(history, lengths, per_row=False, **kw).tolist() == rows.tolist()
+        n, ends = find_matches_batch(history, lengths, **{k: kw[k] for k in ("min_n", "max_n")})
+        for b, length in enumerate(lengths):
+            want = min(int(length) - 1 - int(ends[b, 0]), cap) if length >= 2 and n[b] else 0
+            assert rows[b] == want
 
 
 def test_bfs_batch_of_the_module_example():

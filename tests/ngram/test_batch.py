@@ -5,7 +5,9 @@ cumulative depths the policy reads."""
 import numpy as np
 import pytest
 
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch
+from specdec.ngram.batch import (
+    BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch,
+)
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.tree import build_tree, find_matches, pack_trees
 

@@ -29,7 +29,8 @@
 #   bash scripts/gpu_peer.sh det-cost        the decode workload (DET_POINTS, default 1:1024,64:1024,128:1024) with and
 #                                            without each engine's deterministic mode (specdec
 #                                            --enable-deterministic-inference, vLLM VLLM_BATCH_INVARIANT=1; issue #41;
-#                                            DET_ENGINES="specdec" for ours alone)
+#                                            DET_ENGINES="specdec" for ours alone; DET_TRACE=1: each point's top
+#                                            kernels, both modes, in $OUT/det_trace*.txt)
 #   bash scripts/gpu_peer.sh det-linear      the batch-invariant linear's GPU tests and its launches against the default
 #                                            path's, an 8B forward's linear layers in one CUDA graph
 #                                            (benchmarks/det_linear.py; $OUT/det_linear.json); no vLLM needed
@@ -171,10 +172,11 @@ case "$what" in
     checkpoint_8b
     points="${DET_POINTS:-1:1024,64:1024,128:1024}"
     for engine in ${DET_ENGINES:-specdec vllm}; do
-      ROWS=$OUT/det_rows.jsonl LOG_TAG=det run_one decode "$engine:plain" /tmp/ck/llama-3.1-8b-target --points "$points"
+      ROWS=$OUT/det_rows.jsonl LOG_TAG=det run_one decode "$engine:plain" /tmp/ck/llama-3.1-8b-target --points "$points" \
+        ${DET_TRACE:+--trace $OUT/det_trace.txt}
       if [ "$engine" = specdec ]; then
         ROWS=$OUT/det_rows.jsonl LOG_TAG=det-on run_one decode specdec:plain /tmp/ck/llama-3.1-8b-target \
-          --points "$points" --engine-arg enable_deterministic_inference=true
+          --points "$points" --engine-arg enable_deterministic_inference=true ${DET_TRACE:+--trace $OUT/det_trace_on.txt}
       else
         VLLM_BATCH_INVARIANT=1 ROWS=$OUT/det_rows_vllm_bi.jsonl LOG_TAG=det-on run_one decode vllm:plain \
           /tmp/ck/llama-3.1-8b-target --points "$points"

@@ -47,6 +47,7 @@ from pathlib import Path
 
 PROFILE: str | None = None  # --profile: where profile_host appends
 TRACE: str | None = None  # --trace: where trace_device appends
+TRACED_STEPS = 8  # the decode workload's steps traced after its timed ones (--trace)
 FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagle3 / ngram)
 REPEATS = 1  # --repeats: each cell's passes (the choices of --force interleaved)
 WAITING: list[str] = []  # --waiting: each cell once per admission setting RATIO:STEPS (specdec)
@@ -441,8 +442,8 @@ def run_decode(engine, points: list[tuple[int, int]], *, workload: str, steps: i
         rng = random.Random(bs * 7919 + ctx)
         rids = [f"d{bs}-{ctx}-{i}" for i in range(bs)]
         # room for the decode steps the first requests take while the rest prefill: one between chunks
-        # of at most 8 k tokens, up to 16 more where specdec's last admissions wait, 4 untimed
-        room = steps + 4 + -(-bs * ctx // 8192) + 16 + 8
+        # of at most 8 k tokens, up to 16 more where specdec's last admissions wait, 4 untimed, 8 traced
+        room = steps + 4 + -(-bs * ctx // 8192) + 16 + 8 + (TRACED_STEPS if TRACE else 0)
         for rid in rids:
             engine.add(rid, [rng.randrange(3, vocab) for _ in range(ctx)], room, ignore_eos=True)
         while any(not engine.progress(r)[0] for r in rids):  # prefill (chunked, between decode steps)
@@ -453,7 +454,10 @@ def run_decode(engine, points: list[tuple[int, int]], *, workload: str, steps: i
         for _ in range(steps):
             engine.step()
         ms = 1e3 * (time.perf_counter() - start) / steps
-        assert not any(engine.progress(r)[1] for r in rids), "a request finished inside the timed steps"
+        if TRACE is not None:  # the kernels of a few more steps, after the timed ones
+            trace_device(lambda: [engine.step() for _ in range(TRACED_STEPS)],
+                         f"{workload} {type(engine).__name__} bs={bs} ctx={ctx}, {TRACED_STEPS} decode steps")
+        assert not any(engine.progress(r)[1] for r in rids), "a request finished inside the timed or traced steps"
         engine.abort(rids)
         engine.forget(rids)
         emit({"workload": workload, "concurrency": bs, "ctx": ctx, "ms_per_step": ms,
@@ -489,8 +493,9 @@ def main() -> None:
     parser.add_argument("--sync-debug", action="store_true",
                         help="after the warm-up, run the timed pass of the largest concurrency under torch's sync "
                              "debug mode and log the calls that wait for the GPU, by call site (top 15)")
-    parser.add_argument("--trace", help="append how busy the GPU was (kernel time against wall time) over one more "
-                        "(untimed) pass of the largest concurrency to this file")
+    parser.add_argument("--trace", help="append how busy the GPU was (kernel time against wall time) and its top "
+                        "kernels over one more (untimed) pass of the largest concurrency, or (decode) 8 more steps "
+                        "at each point, to this file")
     parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3 / ngram: each cell once per "
                         "choice, comma-separated (auto: adaptive's; plain; eagle3 also SxKxN); rows carry \"force\"")
     parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
@@ -500,6 +505,11 @@ def main() -> None:
     args = parser.parse_args()
     global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS, WAITING
     PROFILE, TRACE, FORCES, REPEATS = args.profile, args.trace, args.force.split(","), args.repeats
+    if TRACE:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--trace: needs a CUDA GPU (it records the GPU's kernels)")
     WAITING = [w for w in args.waiting.split(",") if w]
     SYNC_DEBUG = args.sync_debug
     flags = {k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)}

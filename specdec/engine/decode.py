@@ -158,10 +158,11 @@ class DecodeLauncher:
         """Whether a request of ``reqs`` runs logits processors (no overlap for such a step)."""
         return self.plan(reqs).needs_processing
 
-    def needs_read(self, reqs: list[Request]) -> bool:
+    def needs_read(self, reqs: list[Request], *, in_flight: bool = True) -> bool:
         """Whether the next step of ``reqs`` must wait until the step in flight is read: an n-gram
         worker's lookup drafts from the tokens that step commits, its plain steps need nothing of
-        it. NOTE: this makes the n-gram step's choice (once), which the next ``launch`` takes."""
+        it. NOTE: this makes the n-gram step's choice (once), which the next ``launch`` takes.
+        ``in_flight``: whether a step is in flight (False: the host has every token)."""
         if self.token_table is None:
             return False
         spec = [part for part in self.plan(reqs).parts if part.speculative]
@@ -170,7 +171,7 @@ class DecodeLauncher:
             return False
         part = spec[0]  # NOTE: the choice may look up the tokens read so far (its reach): synced on demand
         self._read_first = self.worker.needs_last_step_read(
-            part.rows, sync_history=lambda: self.token_table.sync(part.reqs))
+            part.rows, in_flight=in_flight, sync_history=lambda: self.token_table.sync(part.reqs))
         return self._read_first
 
     # ------------------------------------------------------------ KV

@@ -353,7 +353,7 @@ class Scheduler:
         # state), which an unread step would leave stale: such batches run without overlap. An
         # n-gram lookup step reads the step in flight first and is then left in flight itself
         sync = not self.overlap or self.decoder.needs_processing(batch)
-        if sync or self.decoder.needs_read(batch):
+        if sync or self.decoder.needs_read(batch, in_flight=self.launched is not None):
             finished += self._read_launched()
             batch = [r for r in batch if not r.finished]
             if batch:

@@ -171,15 +171,17 @@ class NgramWorker:
     def decode(self, req_pool_indices, seq_lens, verified_ids, sampling, **kw) -> DecodeOutput:
         return self.launch_decode(req_pool_indices, seq_lens, verified_ids, sampling, **kw).result()
 
-    def needs_last_step_read(self, rows_cpu: list[int], *, sync_history: Callable[[], None] | None = None) -> bool:
+    def needs_last_step_read(self, rows_cpu: list[int], *, in_flight: bool = True,
+                             sync_history: Callable[[], None] | None = None) -> bool:
         """Choose the next decode step of ``rows_cpu`` now, before the step in flight is read:
         True for a lookup (it drafts from the tokens that step commits: read it first), False for
         a plain step (it may launch past it). The next ``launch_decode`` takes this choice.
+        ``in_flight``: a step is in flight (False: none, the history may be complete);
         ``sync_history``: brings the history up to the tokens read so far (the host keeps it
         current only for lookups), called before the choice looks it up."""
         chosen_at = time.perf_counter()
         rows = np.asarray(rows_cpu, dtype=np.int64)
-        self._choice = (self._choose(rows, in_flight=True, sync_history=sync_history), chosen_at)
+        self._choice = (self._choose(rows, in_flight=in_flight, sync_history=sync_history), chosen_at)
         return self._choice[0] > 0
 
     def launch_decode(

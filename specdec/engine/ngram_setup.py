@@ -105,8 +105,8 @@ class TokenTable:
             self.num_tokens[row] = total
 
 
-# a prompt whose every lookup matches (period 8), and the sampling of the warm-up's requests: each
-# verify size's kernels compile per size and per greedy / sampled verification
+# the warm-up's prompt (period 8, up to 32 tokens: short contexts take fewer) and its requests' sampling:
+# each verify size's kernels compile per size and per greedy / sampled verification
 WARM_UP_PROMPT = [3, 4, 5, 6, 7, 8, 9, 10] * 4
 WARM_UP_PARAMS = ({"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True},
                   {"temperature": 1.0, "max_new_tokens": 3, "ignore_eos": True})
@@ -118,11 +118,11 @@ def warm_up(engine) -> dict[str, int]:
     step 50-140 ms on an H200 (benchmarks/results/2026-11-29-h200-ngram/). Then the worker's
     statistics and the prefix cache start afresh. Returns the decode steps run, by shape."""
     worker, steps = engine.worker, engine.scheduler.decoder.spec_shape_steps
+    prompt = WARM_UP_PROMPT[: max(engine.context_length - WARM_UP_PARAMS[0]["max_new_tokens"], 1)]
     try:
         for n in worker.budget.sizes:
             worker.force = n
-            engine.generate(input_ids=[list(WARM_UP_PROMPT)] * len(WARM_UP_PARAMS),
-                            sampling_params=list(WARM_UP_PARAMS))
+            engine.generate(input_ids=[list(prompt)] * len(WARM_UP_PARAMS), sampling_params=list(WARM_UP_PARAMS))
         return dict(steps)
     finally:
         worker.forget_warm_up()

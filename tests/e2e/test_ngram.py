@@ -310,3 +310,13 @@ def test_warm_up_runs_every_verify_size_then_forgets_it():
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
     assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
+
+
+def test_warm_up_fits_a_short_context():
+    """The warm-up's prompt is cut to the context length (12 tokens here): every size still runs."""
+    from specdec.engine.ngram_setup import warm_up
+
+    target, _ = make_pair("EAGLE", "mixed")
+    eng = ngram_engine(target, speculative_adaptive="on", context_length=12)
+    assert {f"ngram{n}" for n in eng.worker.budget.sizes} <= set(warm_up(eng))
+    assert_no_leak(eng)

@@ -9,10 +9,10 @@ replayed: no launch overhead, only the kernels. Rows:
   default      specdec.models.ops.gemv.linear (the default path: GEMV / tensor-core tiles / cuBLAS by M)
   cublas       F.linear
   bi           specdec.models.ops.batch_invariant at its launch_for choice
-  bi t{T}n{N}k{K}w{W}s{S}  the same kernel at another launch (T-row tiles, N columns, K chunk, W warps,
-               S stages):
-               every launch gives the same bits (tests/models/test_batch_invariant.py), so the
-               fastest for each M may serve it
+  bi t{T}n{N}k{K}w{W}s{S}
+               the same kernel at another launch (T-row tiles, N columns, K chunk, W warps, S stages);
+               every launch gives the same bits (``--check``, tests/models/test_batch_invariant.py), so
+               the fastest for each M may serve it
 
 and the floor: the weights' bytes over the GPU's memory bandwidth (--bandwidth-tbs, H200 4.8).
 

@@ -442,7 +442,8 @@ def run_decode(engine, points: list[tuple[int, int]], *, workload: str, steps: i
         rng = random.Random(bs * 7919 + ctx)
         rids = [f"d{bs}-{ctx}-{i}" for i in range(bs)]
         # room for the decode steps the first requests take while the rest prefill: one between chunks
-        # of at most 8 k tokens, up to 16 more where specdec's last admissions wait, 4 untimed, 8 traced
+        # of at most 8 k tokens, up to 16 more where specdec's last admissions wait, 4 untimed, 8 spare,
+        # and the traced ones (--trace)
         room = steps + 4 + -(-bs * ctx // 8192) + 16 + 8 + (TRACED_STEPS if TRACE else 0)
         for rid in rids:
             engine.add(rid, [rng.randrange(3, vocab) for _ in range(ctx)], room, ignore_eos=True)

@@ -2,6 +2,8 @@
 when served verify steps are slow for what they commit, lookups when acceptance pays, learned
 from a fake clock; and greedy output equal to plain decoding with the choice on (CPU)."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -133,25 +135,27 @@ def test_expected_committed_from_reach(in_flight):
     assert policy.expected_committed(rows[:1], 5, reach[:1], in_flight) == 1.0  # no match: one token
 
 
+def _reach_worker(max_reqs: int):
+    """An NgramWorker's reach lookup alone, over a host token history of ``max_reqs`` rows of 64."""
+    from specdec.ngram.budget import DraftBudget
+
+    worker = NgramWorker.__new__(NgramWorker)
+    worker.ngram, worker.budget = CONFIG, DraftBudget(CONFIG, max_reqs)
+    worker._reach_of, worker._reach_age = np.zeros(max_reqs, dtype=np.int64), 0
+    worker.history = types.SimpleNamespace(token_ids=np.zeros((max_reqs, 64), dtype=np.int32),
+                                           num_tokens=np.zeros(max_reqs, dtype=np.int64))
+    return worker, worker.history
+
+
 def test_reach_of_the_worker_rows():
     """NgramWorker._reach: tokens after the latest longest match, capped at the batch's node cap
     (not the row's budget); 0 without a match or a read prompt; the batch path (8+ rows) equals the
     per-row one."""
-    from specdec.ngram.budget import DraftBudget
-
-    worker = NgramWorker.__new__(NgramWorker)
-    worker.ngram, worker.budget = CONFIG, DraftBudget(CONFIG, 16)
-    worker._reach_of, worker._reach_age = np.zeros(16, dtype=np.int64), 0
-
-    class History:
-        token_ids = np.zeros((16, 64), dtype=np.int32)
-        num_tokens = np.zeros(16, dtype=np.int64)
-
-    worker.history = History()
+    worker, history = _reach_worker(16)
     rows = [[5, 6, 7, 8, 9, 1, 2, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3], [4, 5, 6], []]
     for i, toks in enumerate(rows):
-        History.token_ids[i, : len(toks)] = toks
-        History.num_tokens[i] = len(toks)
+        history.token_ids[i, : len(toks)] = toks
+        history.num_tokens[i] = len(toks)
     worker.budget.budget[:] = 1  # budgets shrunk by rejections: the reach is not capped by them
     cap = worker.budget.node_cap(4)
     assert cap == 8
@@ -159,13 +163,13 @@ def test_reach_of_the_worker_rows():
     assert worker._reach(np.arange(4)).tolist() == [7, 8, 0, 0]  # 4 rows: looked up at every choice
     for i in range(4, 12):  # 8 more rows of random tokens: the batch path
         toks = np.random.default_rng(i).integers(0, 5, size=40)
-        History.token_ids[i, :40] = toks
-        History.num_tokens[i] = 40
+        history.token_ids[i, :40] = toks
+        history.num_tokens[i] = 40
     assert worker._reach(np.arange(12))[4:].tolist() == [0] * 8  # one choice since the refresh: not due
     batch = worker._reach(np.arange(12))  # two: due (12 rows refresh every other choice)
     assert batch.tolist() == [int(worker._look_up_reach(np.asarray([r]))[0]) for r in range(12)]
     assert (batch[4:] > 0).all()
-    History.num_tokens[0] = 0  # between refreshes, the last values
+    history.num_tokens[0] = 0  # between refreshes, the last values
     assert worker._reach(np.arange(12)).tolist() == batch.tolist()
     assert worker._reach(np.arange(12))[0] == 0
 
@@ -173,23 +177,13 @@ def test_reach_of_the_worker_rows():
 def test_reach_syncs_the_history_first():
     """Under overlap the host brings a request's history up to date only before lookups: the choice
     syncs it (``sync_history``) before looking up, so a span that began during plain steps is seen."""
-    from specdec.ngram.budget import DraftBudget
-
-    worker = NgramWorker.__new__(NgramWorker)
-    worker.ngram, worker.budget = CONFIG, DraftBudget(CONFIG, 4)
-    worker._reach_of, worker._reach_age = np.zeros(4, dtype=np.int64), 0
-
-    class History:
-        token_ids = np.zeros((4, 64), dtype=np.int32)
-        num_tokens = np.zeros(4, dtype=np.int64)
-
-    worker.history = History()
+    worker, history = _reach_worker(4)
     read_so_far = [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 9, 8]  # "9 8" repeats: 10 tokens follow it
 
     def sync():
-        History.token_ids[0, : len(read_so_far)] = read_so_far
-        History.num_tokens[0] = len(read_so_far)
+        history.token_ids[0, : len(read_so_far)] = read_so_far
+        history.num_tokens[0] = len(read_so_far)
 
-    History.token_ids[0, :5], History.num_tokens[0] = read_so_far[:5], 5  # stale: synced at the last lookup
+    history.token_ids[0, :5], history.num_tokens[0] = read_so_far[:5], 5  # stale: synced at the last lookup
     assert worker._reach(np.asarray([0]))[0] == 0
     assert worker._reach(np.asarray([0]), sync_history=sync)[0] == 8  # 10 tokens, the cap at one row 8

@@ -55,6 +55,10 @@ from specdec.ngram.tree import pack_trees
 # wait and the lookups of a lookup step, so its time is handed to the policy as neither choice
 MISS = "lookup-miss"
 
+# ``NgramWorker.force``: every step looks up with the largest verify size allowed (diagnostics: the
+# policy's choice against always looking up)
+LOOK_UP_EVERY_STEP = -1
+
 # a choice looks up each row's reach (``NgramWorker._reach``) for at most about this many rows a step:
 # a larger batch refreshes every bs / REACH_ROWS_PER_STEP steps and uses the last values between
 # (CPU, 2026-11-29: the batch lookup of 32 rows of 1.5 k tokens 141 us, of 128 rows 500 us, against 8
@@ -133,8 +137,9 @@ class NgramWorker:
         # verify size (0: plain) and when it was made
         self._choice: tuple[int, float] | None = None
         # a forced verify size: the warm-up's (``specdec.engine.ngram_setup.warm_up``: every step verifies
-        # a chain of that many nodes, drafted from the history's tail), 0 every step plain (benchmarks'
-        # diagnostics); None: the policy's choice and lookups
+        # a chain of that many nodes, drafted from the history's tail); benchmarks' diagnostics: 0 every
+        # step plain, LOOK_UP_EVERY_STEP every step looks up (the largest size allowed, no policy);
+        # None: the policy's choice and lookups
         self.force: int | None = None
 
     def forget_warm_up(self) -> None:
@@ -257,6 +262,8 @@ class NgramWorker:
         ``in_flight``: the step before this one is not read yet (its tokens are not in the history);
         ``sync_history``: as for ``needs_last_step_read``."""
         max_size = self._max_size(len(rows))
+        if self.force == LOOK_UP_EVERY_STEP:
+            return max_size
         if self.force is not None:
             return min(self.force, max_size)
         if self.policy is not None and max_size:
@@ -295,7 +302,7 @@ class NgramWorker:
         if not max_size:
             return None
         bs = len(rows)
-        if self.force is not None:  # the warm-up: a chain of max_size - 1 nodes a row, whatever matches
+        if self.force not in (None, LOOK_UP_EVERY_STEP):  # the warm-up: a chain of max_size - 1 nodes a row, whatever matches
             trees = self._tail_chains(rows, max_size - 1)
         else:
             trees = self._trees(rows, np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64))

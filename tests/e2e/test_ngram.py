@@ -97,6 +97,28 @@ def test_copying_accepts_whole_drafts():
     assert meta["spec_verify_ct"] <= 8
 
 
+def test_forced_lookups_look_up_every_step_and_stay_lossless():
+    """``force = LOOK_UP_EVERY_STEP`` (benchmarks' diagnostic): each step looks up, the policy never asked;
+    the output is still plain decoding's. A mixed target rejects often (rows' budgets shrink, some steps
+    then find nothing to draft); a perfect one copying a stretch finds a match every step."""
+    from specdec.ngram.worker import LOOK_UP_EVERY_STEP
+
+    for kind in ("mixed", "perfect"):
+        target, _ = make_pair("EAGLE", kind)
+        stretch = chain_of(target, 11, 40)  # copied past the 24 new tokens
+        prompts = repetitive_prompts(target.config.vocab_size) + [stretch + [5, 7] + stretch[:3]]
+        params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+        expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
+        eng = ngram_engine(target, speculative_adaptive="on")  # the policy on (CPU: off by default)
+        eng.worker.force = LOOK_UP_EVERY_STEP
+        got = eng.generate(input_ids=prompts, sampling_params=params)
+        assert _ids(got) == _ids(expected)
+        assert eng.worker.policy.chosen == {}  # the policy was never asked
+        if kind == "perfect":
+            assert "plain" not in got[-1]["meta_info"]["spec_shapes"]
+        assert_no_leak(eng)
+
+
 def test_no_match_decodes_plainly():
     """Distinct tokens: no lookup ever matches, so every step is a plain step."""
     target, _ = make_pair("EAGLE", "random")

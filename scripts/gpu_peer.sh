@@ -18,6 +18,8 @@
 #                                            ours inside vLLM) on Spec-Bench summarization / RAG / translation,
 #                                            HumanEval and MT-bench second turns at 1 and 32 requests (default RUNS:
 #                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5")
+#   bash scripts/gpu_peer.sh lookup-profile  the host's cProfile and the GPU's busy share over one NGRAM / plain pass
+#                                            (PROFILE_RUNS, PROFILE_DATASET) at one request
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
 #                                            (default RUNS: "specdec:plain vllm:plain"; rows llama-3.1-8b-decode)
 #   bash scripts/gpu_peer.sh gemma RUNS      a second architecture: Gemma-3-270M's own config.json (Gemma3ForCausalLM,
@@ -159,6 +161,15 @@ case "$what" in
     for run in ${1:-specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5}; do
       run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json ${LOOKUP_ARGS:-}
     done ;;
+  lookup-profile)  # where an NGRAM step's host time goes: a cProfile and a GPU trace (busy share, top kernels) of one
+    # more pass of each engine (PROFILE_RUNS, default "specdec:plain specdec:ngram") over PROFILE_DATASET at one request
+    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
+      || { tail "$OUT/export.log"; exit 1; }
+    for run in ${PROFILE_RUNS:-specdec:plain specdec:ngram}; do
+      ROWS=$OUT/profile_rows.jsonl LOG_TAG=profile run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json \
+        --datasets "${PROFILE_DATASET:-summarization}" --concurrency 1 --profile "$OUT/profile_${run#*:}.txt" \
+        --trace "$OUT/trace_${run#*:}.txt"
+    done ;;
   decode)
     vllm_env
     checkpoint_8b
@@ -257,7 +268,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

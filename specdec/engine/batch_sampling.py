@@ -28,6 +28,10 @@ from specdec.eagle.output import copy_to_host_async
 from specdec.engine.batch_flags import BatchStatics
 from specdec.engine.logits_process import ProcessorBatch, apply_processors
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
+
+# a seeded request's verification coins a step: a fixed block (``BatchSampling.uniforms``), as many as
+# the largest verify trees the defaults build (NGRAM's 12 nodes, EAGLE's up to 64)
+SEEDED_COINS = 64
 from specdec.models.ops.topk import argmax
 
 
@@ -153,15 +157,18 @@ class BatchSampling:
     def uniforms(self, bs: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Verification's coins: [bs, n] per node and [bs] for the final draw, in (0, 1].
 
-        A seeded request draws its n + 1 numbers from its own generator, so its output does not
-        depend on the rest of the batch's draws."""
+        A seeded request draws from its own generator a block of max(n, SEEDED_COINS) + 1 numbers a
+        step, so its output depends neither on the rest of the batch's draws nor (up to SEEDED_COINS
+        nodes) on the step's verify size, which follows the batch (the largest tree, NGRAM's and
+        adaptive speculation's choices)."""
         coins = 1.0 - torch.rand(bs, n, generator=self.generator, device=device)
         final = 1.0 - torch.rand(bs, generator=self.generator, device=device)
+        block = max(n, SEEDED_COINS)
         for b, r in enumerate(self._reqs):
             gen = getattr(r, "generator", None)
             if gen is not None:
-                own = 1.0 - torch.rand(n + 1, generator=gen, device=device)
-                coins[b], final[b] = own[:n], own[n]
+                own = 1.0 - torch.rand(block + 1, generator=gen, device=device)
+                coins[b], final[b] = own[:n], own[block]
         return coins, final
 
     # ------------------------------------------------------------ logprobs

@@ -13,6 +13,10 @@ histories.
                          recency, sharing its prefix), cut level by level; PROB: per request
     pack_batch           the verify's arrays, filled a node column at a time over the batch
     match_reach          how many tokens follow each row's latest longest match (the policy's view)
+    chains_past_guess    a lookup ahead of an unread step: the latest longest match's continuation
+                         less its first token (the guess of the unread step's last token)
+    first_child_path     each row's path of first children (its latest match): what a verify
+                         step is expected to commit, less the bonus
 
 Shapes: bs rows, M = MAX_MATCHES ends a row, D = the largest draft-node limit of the batch.
 """
@@ -237,3 +241,51 @@ def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: 
         return np.zeros(len(lengths), dtype=np.int64)
     n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
     return np.minimum(np.where(n > 0, lengths - 1 - ends[:, 0], 0), cap)
+
+
+def chains_past_guess(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, limits: np.ndarray,
+                      per_row: bool) -> BatchTrees:
+    """Chains for a step launched past an unread one: each row's latest longest match's continuation
+    (``history`` [bs, >= max length], ``lengths`` [bs]) less its first token, at most ``limits[b]``
+    tokens. The first token guesses the unread step's last committed token (its bonus), so the chain
+    is right only where the guess is; verification keeps any chain lossless. Worked example (min_n 1):
+
+        history  5 9 7 2 5 9 | the unread step commits ?      latest match of "5 9" ends at 1
+        continuation 7 2 5 9: guess 7 for ?, chain 2 5 9 (after the root, which is ? on the device)
+
+    ``per_row``: ``propose_ngram`` row by row (small batches), else ``find_matches_batch``."""
+    bs = len(lengths)
+    width = max(int(limits.max(initial=0)), 1)
+    tokens = np.zeros((bs, width), dtype=np.int64)
+    sizes = np.zeros(bs, dtype=np.int64)
+    if per_row:
+        for b in range(bs):
+            if limits[b] > 0:
+                chain = propose_ngram(history[b, : lengths[b]], min_n=min_n, max_n=max_n, k=int(limits[b]) + 1)[1:]
+                sizes[b] = chain.shape[0]
+                tokens[b, : sizes[b]] = chain
+    elif int(lengths.max(initial=0)) >= 2:
+        n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
+        past = np.where(((n > 0) & (limits > 0))[:, None], ends[:, :1] + 1, -1)  # [bs, 1] where the guessed token sits
+        cont, valid = _continuations(history, lengths, past, limits, width)
+        tokens = np.where(valid[:, 0], cont[:, 0], 0)
+        sizes = valid[:, 0].sum(1)
+    parents = np.where(np.arange(width) < sizes[:, None], np.arange(width), 0)
+    return BatchTrees(tokens, parents, sizes)
+
+
+def first_child_path(trees: BatchTrees, nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [bs, nodes], lengths [bs]): each row's path from the root through first children (the
+    latest match's continuation) within its first ``nodes`` nodes. In BFS order a node's children
+    follow it, so one pass over the columns finds each next first child."""
+    bs = trees.tokens.shape[0]
+    path = np.zeros((bs, max(nodes, 1)), dtype=np.int64)
+    lengths = np.zeros(bs, dtype=np.int64)
+    current = np.zeros(bs, dtype=np.int64)  # [bs] the path's last node (0: the root)
+    for i in range(min(nodes, trees.tokens.shape[1])):
+        step = (i < trees.sizes) & (trees.parents[:, i] == current)  # [bs] node i + 1 extends the path
+        b = np.flatnonzero(step)
+        path[b, lengths[b]] = trees.tokens[b, i]
+        lengths[b] += 1
+        current[b] = i + 1
+    return path, lengths

@@ -14,12 +14,20 @@ draft probabilities are one-hot and tree sampling's target-only rule is exactly 
 tokens are distinct by construction). A request whose lookup finds nothing drafts no node: its row
 verifies only its root, which is a plain decode step for that request.
 
-The host provides each request's tokens (``specdec.host.TokenHistory``). A lookup drafts from the
-tokens the last step committed, so it needs that step read; a plain step does not. Under overlap
-scheduling the host therefore asks first (``needs_last_step_read``, which makes the step's choice
-before the step in flight is read): a plain choice launches past the unread step, a lookup reads
-it first and brings the history up to date. Either way the host has reserved the step's slots
-(``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
+The host provides each request's tokens (``specdec.host.TokenHistory``) up to the last step it
+read. Under overlap scheduling the next step is chosen before the step in flight is read
+(``needs_last_step_read``), and both choices launch past it: a plain step needs nothing of it, and
+a lookup runs ahead of it (``chains_past_guess``): it guesses that step's tokens (the path it
+drafted, accepted whole, and the bonus its match predicts) and drafts the chain that follows them,
+which is right where the guess is (the policy prices that: ``policy.py``, "a step still in
+flight"); verification keeps any chain lossless. Worked example, a plain step in flight:
+
+    history read   ... 5 9 7 2 5 9         unread step: commits x
+    latest match of "5 9": continuation 7 2 5 9 -> guess x = 7, the lookup drafts 2 5 9 after x
+
+With nothing in flight (after a prefill, or with logits processors) a lookup drafts trees from
+the history as it stands, and with the cross-request cache on a lookup reads the step in flight
+first. Either way the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
 (``verify_graph_sizes``); the worker itself captures nothing.
 
 Step times under that mixed pipeline (``LaunchClock``): a step's time runs from its choice to the
@@ -44,7 +52,8 @@ from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.eagle.served import PLAIN, LaunchClock
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, match_reach, pack_batch
+from specdec.ngram.batch import (BatchTrees, build_trees_batch, build_trees_ref, chains_past_guess, first_child_path,
+                                 match_reach, pack_batch)
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.cache import NgramCache, with_cache_drafts
 from specdec.ngram.config import NgramConfig
@@ -134,13 +143,20 @@ class NgramWorker:
                                 min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
             if ngram.cache_capacity else None
         # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
-        # verify size (0: plain) and when it was made
-        self._choice: tuple[int, float] | None = None
+        # verify size (0: plain), when it was made, and whether it looks up ahead of an unread step
+        self._choice: tuple[int, float, bool] | None = None
+        # [max_reqs, N] / [max_reqs] each row's first-child path drafted by the last step launched
+        # (0 long for a plain step): what a lookup ahead of that step guesses it commits
+        width = ngram.num_draft_tokens
+        self._path = np.zeros((max_reqs, width), dtype=np.int64)
+        self._path_len = np.zeros(max_reqs, dtype=np.int64)
         # a forced verify size: the warm-up's (``specdec.engine.ngram_setup.warm_up``: every step verifies
         # a chain of that many nodes, drafted from the history's tail); benchmarks' diagnostics: 0 every
         # step plain, LOOK_UP_EVERY_STEP every step looks up (the largest size allowed, no policy);
         # None: the policy's choice and lookups
         self.force: int | None = None
+        # diagnostics: False, a lookup reads the step in flight first instead of running ahead of it
+        self.run_ahead = True
 
     def forget_warm_up(self) -> None:
         """After ``specdec.engine.ngram_setup.warm_up``: everything the drafter learned forgotten (the
@@ -163,6 +179,7 @@ class NgramWorker:
         if self.policy is not None:
             self.policy.reset(rows)
         self._reach_of[rows] = 0
+        self._path_len[rows] = 0
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
@@ -178,16 +195,21 @@ class NgramWorker:
 
     def needs_last_step_read(self, rows_cpu: list[int], *, in_flight: bool = True,
                              sync_history: Callable[[], None] | None = None) -> bool:
-        """Choose the next decode step of ``rows_cpu`` now, before the step in flight is read:
-        True for a lookup (it drafts from the tokens that step commits: read it first), False for
-        a plain step (it may launch past it). The next ``launch_decode`` takes this choice.
+        """Choose the next decode step of ``rows_cpu`` now, before the step in flight is read: False
+        where it may launch past that step (a plain step; a lookup running ahead of it), True for a
+        lookup that reads it first. The next ``launch_decode`` takes this choice.
         ``in_flight``: a step is in flight (False: none, the history may be complete);
         ``sync_history``: brings the history up to the tokens read so far (the host keeps it
         current only for lookups), called before the choice looks it up."""
         chosen_at = time.perf_counter()
         rows = np.asarray(rows_cpu, dtype=np.int64)
-        self._choice = (self._choose(rows, in_flight=in_flight, sync_history=sync_history), chosen_at)
-        return self._choice[0] > 0
+        synced = _Once(sync_history)
+        size = self._choose(rows, in_flight=in_flight, sync_history=synced)
+        ahead = size > 0 and in_flight and self._can_run_ahead()
+        if ahead:
+            synced()  # the lookup ahead drafts from every token read so far
+        self._choice = (size, chosen_at, ahead)
+        return size > 0 and not ahead
 
     def launch_decode(
         self,
@@ -203,15 +225,17 @@ class NgramWorker:
         """Draft, verify and commit one step, or decode plainly where lookups do not pay;
         ``result()`` reads it and frees the rejected slots (unless ``slots_reserved``: the host
         reserved positions seq_len .. seq_len + N - 1 and keeps them).
-        NOTE: a lookup reads the history, so it must come after the last step was read."""
+        NOTE: a lookup reads the history: after the last step was read, or ahead of it where the
+        choice said so (``needs_last_step_read``)."""
         rows = np.asarray(rows_cpu if rows_cpu is not None else req_pool_indices.tolist(), dtype=np.int64)
         if self._choice is None:
             launched = time.perf_counter()  # the step's host work (the lookups) is part of its cost
-            max_size = self._choose(rows)
+            max_size, ahead = self._choose(rows), False
         else:  # chosen ahead: the step's time runs from its choice (the wait for the last step its own)
-            (max_size, launched), self._choice = self._choice, None
+            (max_size, launched, ahead), self._choice = self._choice, None
             max_size = min(max_size, self._max_size(len(rows)))  # the batch may have lost finished requests
-        plan = self._plan(rows, max_size)
+        plan = self._plan(rows, max_size, ahead=ahead)
+        self._remember_path(rows, plan)
         self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
         if plan is None:
             return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling,
@@ -296,16 +320,20 @@ class NgramWorker:
         return match_reach(history, lengths, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window,
                            cap=cap, per_row=len(rows) < BATCH_PATH_MIN_BS)
 
-    def _plan(self, rows: np.ndarray, max_size: int) -> tuple[int, BatchTrees, np.ndarray] | None:
+    def _plan(self, rows: np.ndarray, max_size: int, *, ahead: bool = False) -> tuple[int, BatchTrees, np.ndarray] | None:
         """This step's verify size n, the rows' trees and each one's drafted depth within n - 1
-        nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match)."""
+        nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match).
+        ``ahead``: the step launches past an unread one (chains past its guessed tokens)."""
         if not max_size:
             return None
         bs = len(rows)
+        limits = np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64)
         if self.force not in (None, LOOK_UP_EVERY_STEP):  # the warm-up: a chain of max_size - 1 nodes a row, whatever matches
             trees = self._tail_chains(rows, max_size - 1)
+        elif ahead:
+            trees = self._chains_ahead(rows, np.minimum(limits, max_size - 1))
         else:
-            trees = self._trees(rows, np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64))
+            trees = self._trees(rows, limits)
         depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
         if self.policy is not None:
             self.policy.observe_drafts(rows, depth)
@@ -321,6 +349,37 @@ class NgramWorker:
         positions = np.maximum(lengths[:, None] - nodes + np.arange(nodes), 0)  # [bs, nodes]
         tokens = self.history.token_ids[rows[:, None], positions].astype(np.int64)
         return BatchTrees(tokens, np.tile(np.arange(nodes), (len(rows), 1)), np.full(len(rows), nodes))
+
+    def _can_run_ahead(self) -> bool:
+        """Lookups run ahead of an unread step, but with the cross-request cache (its drafts are
+        trees from other requests' tokens) and in the warm-up (tail chains, read first)."""
+        return self.run_ahead and self.cache is None and self.force in (None, LOOK_UP_EVERY_STEP)
+
+    def _chains_ahead(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
+        """Each row's chain past the unread step's guessed tokens (``chains_past_guess``): its history
+        as read, then the path that step drafted (its accepted whole), then the match's guess of
+        the bonus. A row whose history is not read yet (prefilled since) drafts nothing."""
+        lengths = self.history.num_tokens[rows]  # [bs] tokens read
+        path_len = np.where(lengths > 0, self._path_len[rows], 0)  # [bs]
+        guessed = lengths + path_len
+        history = np.zeros((len(rows), max(int(guessed.max()), 1)), dtype=self.history.token_ids.dtype)
+        history[:, : int(lengths.max())] = self.history.token_ids[rows, : int(lengths.max())]
+        b, j = np.nonzero(np.arange(self._path.shape[1]) < path_len[:, None])  # the paths' tokens
+        history[b, lengths[b] + j] = self._path[rows[b], j]
+        return chains_past_guess(history, guessed, min_n=self.ngram.min_match_window,
+                                 max_n=self.ngram.max_match_window, limits=np.where(lengths > 0, limits, 0),
+                                 per_row=len(rows) < BATCH_PATH_MIN_BS)
+
+    def _remember_path(self, rows: np.ndarray, plan: tuple[int, BatchTrees, np.ndarray] | None) -> None:
+        """Each row's first-child path of this step's tree, cut to its verify size (none: plain), for
+        a lookup ahead of it."""
+        if plan is None:
+            self._path_len[rows] = 0
+            return
+        n, trees, _ = plan
+        path, length = first_child_path(trees, n - 1)
+        self._path[rows, : path.shape[1]] = path
+        self._path_len[rows] = length
 
     def _trees(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
         lengths = self.history.num_tokens[rows]
@@ -402,3 +461,15 @@ def device_tree(
         retrive_next_sibling=next_sibling.contiguous(),
         draft_tokens=tokens.flatten(),
     )
+
+
+class _Once:
+    """``fn()`` on the first call only (None: nothing): the history synced at most once a choice."""
+
+    def __init__(self, fn: Callable[[], None] | None) -> None:
+        self.fn = fn
+
+    def __call__(self) -> None:
+        if self.fn is not None:
+            fn, self.fn = self.fn, None
+            fn()

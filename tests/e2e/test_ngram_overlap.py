@@ -1,8 +1,9 @@
 """NGRAM under overlap scheduling (issue #42): the policy's plain steps launch past the unread
-step like plain decoding's, its lookup steps read that step first. Greedy output equals plain
-decoding whatever the choices, with page size 1 and 16, chunked prefill, retraction and the
-prefix cache; no KV slot leaks; a lookup never launches past an unread step; step times run
-from each step's choice.
+step like plain decoding's, and so do its lookups, which run ahead of it (drafting past its
+guessed tokens); with ``run_ahead`` off (and with the cross-request cache) a lookup reads that step
+first. Greedy output equals plain decoding whatever the choices, with page size 1 and 16, chunked
+prefill, retraction and the prefix cache; no KV slot leaks; a lookup ahead of a copied span drafts
+what the span holds; step times run from each step's choice.
 
 The choices are forced (``policy.choose`` replaced by a fixed pattern), so that plain and lookup
 steps alternate in runs of every length, at every transition.
@@ -17,7 +18,7 @@ from specdec.eagle.served import PLAIN
 from specdec.ngram import worker as ngram_worker
 
 from .helpers import assert_no_leak, prompts_of
-from .test_ngram import _ids, make_pair, ngram_engine, plain_engine, repetitive_prompts
+from .test_ngram import SMALL, _ids, chain_of, make_pair, ngram_engine, plain_engine, repetitive_prompts
 
 # a step's choice: 1 looks up (up to the largest verify size), 0 decodes plainly. Runs of 1-3 of
 # each, so every transition (plain -> lookup, lookup -> plain, lookup -> lookup, plain -> plain) occurs
@@ -56,26 +57,27 @@ def _prompts(target, seed):
     return repetitive_prompts(target.config.vocab_size, seed=seed) + prompts_of([4, 17], target.config.vocab_size)
 
 
-def _check_pipeline(rec: Recorder) -> None:
-    """Plain choices launched past unread steps (overlapped), lookups never did."""
+def _check_pipeline(rec: Recorder, *, ahead: bool = True) -> None:
+    """Plain choices launched past unread steps (overlapped), and lookups did too (``ahead``) or never."""
     assert any(size == 0 and past for size, past in rec.launches)
-    assert not any(size > 0 and past for size, past in rec.launches)
+    assert any(size > 0 and past for size, past in rec.launches) == ahead
     assert any(size > 0 for size, _ in rec.launches)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("breadth", [1, 3], ids=["chain", "tree"])
-def test_alternating_choices_equal_plain_decoding(page_size, breadth):
+@pytest.mark.parametrize("breadth, ahead", [(1, True), (3, True), (3, False)], ids=["chain", "tree", "tree-read-first"])
+def test_alternating_choices_equal_plain_decoding(page_size, breadth, ahead):
     target, _ = make_pair("EAGLE", "mixed")
     prompts = _prompts(target, seed=0)
     params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in (30, 9, 25, 1, 40, 16, 22)]
     expected = plain_engine(target, page_size=page_size).generate(input_ids=prompts, sampling_params=params)
     eng = _engine(target, page_size=page_size, speculative_ngram_max_bfs_breadth=breadth)
+    eng.worker.run_ahead = ahead
     assert eng.scheduler.overlap
     rec = Recorder(eng)
     got = eng.generate(input_ids=prompts, sampling_params=params)
     assert _ids(got) == _ids(expected)
-    _check_pipeline(rec)
+    _check_pipeline(rec, ahead=ahead)
     assert max(k for o in got for k in o["meta_info"]["spec_accept_lengths"]) >= 2
     assert_no_leak(eng)
 
@@ -91,7 +93,7 @@ def test_chunked_prefill_and_graph_path(pattern):
     eng.capture_cuda_graphs([2, 8], use_graphs=False)
     rec = Recorder(eng, pattern)
     assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
-    assert not any(size > 0 and past for size, past in rec.launches)
+    assert any(past for _, past in rec.launches)
     assert_no_leak(eng)
 
 
@@ -135,10 +137,45 @@ def test_learned_policy_under_overlap():
     assert_no_leak(eng)
 
 
+def test_ahead_lookups_draft_the_copied_span():
+    """A lookup ahead of an unread step guesses its tokens right where the output copies a span:
+    on the perfect-draft target a prompt holding a stretch of its own chain is continued by copying
+    it, and every lookup, launched past the step in flight, has its chain accepted whole."""
+    target, _ = make_pair("EAGLE", "perfect")
+    stretch = chain_of(target, 11, 60)
+    prompt = stretch + [5, 7] + stretch[:3]
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    expected = plain_engine(target).generate(input_ids=prompt, sampling_params=params)
+    eng = _engine(target, speculative_ngram_max_bfs_breadth=3)
+    rec = Recorder(eng, [1])
+    got = eng.generate(input_ids=prompt, sampling_params=params)
+    assert got["output_ids"] == expected["output_ids"]
+    assert sum(past for _, past in rec.launches) >= len(rec.launches) - 1  # all but the first ran ahead
+    accepts = got["meta_info"]["spec_accept_lengths"]
+    assert min(accepts[:-1]) == SMALL["speculative_num_draft_tokens"] - 1, accepts  # whole chains (the last: cut)
+    assert_no_leak(eng)
+
+
+def test_cross_request_cache_lookups_read_first():
+    """With the cross-request cache on, lookups (trees that may come from other requests) read the
+    step in flight first; plain steps still overlap."""
+    target, _ = make_pair("EAGLE", "mixed")
+    prompts = _prompts(target, seed=3)
+    params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
+    expected = _ids(plain_engine(target).generate(input_ids=prompts, sampling_params=params))
+    eng = _engine(target, speculative_ngram_capacity=1000)
+    rec = Recorder(eng)
+    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == expected
+    _check_pipeline(rec, ahead=False)
+    assert_no_leak(eng)
+
+
 def test_a_lookup_past_an_unread_step_is_refused():
-    """The launcher's guard: a lookup choice must read the step in flight first."""
+    """The launcher's guard: a lookup choice that reads first (``run_ahead`` off) must not launch
+    past the step in flight."""
     target, _ = make_pair("EAGLE", "mixed")
     eng = _engine(target)
+    eng.worker.run_ahead = False
     Recorder(eng, [1])
     sched = eng.scheduler
     eng.add_request(eng.make_request(input_ids=_prompts(target, 0)[0],
@@ -160,6 +197,7 @@ def test_step_times_run_from_each_choice(monkeypatch):
     monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])
     target, _ = make_pair("EAGLE", "mixed")
     eng = _engine(target)
+    eng.worker.run_ahead = False  # lookups wait for the read
     worker, sched, seen = eng.worker, eng.scheduler, []
     Recorder(eng, [0, 0, 1])
     worker.policy.observe_step = lambda name, bs, ms: seen.append((name, round(ms, 6)))

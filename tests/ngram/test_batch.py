@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from specdec.ngram.batch import (
-    BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch,
+    BatchTrees, build_trees_batch, build_trees_ref, chains_past_guess, find_matches_batch, first_child_path,
+    match_reach, pack_batch,
 )
+from specdec.ngram.lookup import propose_ngram_ref
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.tree import build_tree, find_matches, pack_trees
 
@@ -68,6 +70,44 @@ def test_match_reach_batch_equals_per_row(seed):
         for b, length in enumerate(lengths):
             want = min(int(length) - 1 - int(ends[b, 0]), cap) if length >= 2 and n[b] else 0
             assert rows[b] == want
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_chains_past_guess_are_the_continuation_less_its_first_token(seed):
+    """Both paths against ``propose_ngram_ref``'s draft of one more token, its first dropped."""
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        config, history, lengths, limits = _random_case(rng)
+        kw = dict(min_n=config.min_match_window, max_n=config.max_match_window, limits=limits)
+        for per_row in (True, False):
+            chains = chains_past_guess(history, lengths, per_row=per_row, **kw)
+            for b, length in enumerate(lengths):
+                want = propose_ngram_ref(history[b, :length], min_n=config.min_match_window,
+                                         max_n=config.max_match_window, k=int(limits[b]) + 1)[1:]
+                want = want if limits[b] else want[:0]
+                k = int(chains.sizes[b])
+                assert chains.tokens[b, :k].tolist() == want.tolist()
+                assert chains.parents[b, :k].tolist() == list(range(k))  # a chain: node i + 1's parent is i
+
+
+def test_chains_past_guess_of_the_docstring_example():
+    history = np.asarray([[5, 9, 7, 2, 5, 9]])
+    chains = chains_past_guess(history, np.asarray([6]), min_n=1, max_n=3, limits=np.asarray([5]), per_row=True)
+    assert chains.tokens[0, : chains.sizes[0]].tolist() == [2, 5, 9]  # 7 guessed for the unread token
+
+
+def test_first_child_path():
+    """The root's first child, its first child, ... within the first ``nodes`` nodes. The tree:
+
+        root -> 7 (1) -> 2 (3) -> 4 (5)
+             -> 8 (2)    3 (4)
+    """
+    trees = BatchTrees(np.asarray([[7, 8, 2, 3, 4], [6, 0, 0, 0, 0]]), np.asarray([[0, 0, 1, 1, 3], [0] * 5]),
+                       np.asarray([5, 1]))
+    path, lengths = first_child_path(trees, 5)
+    assert lengths.tolist() == [3, 1] and path[0, :3].tolist() == [7, 2, 4] and path[1, 0] == 6
+    path, lengths = first_child_path(trees, 3)  # node 5 cut
+    assert lengths.tolist() == [2, 1] and path[0, :2].tolist() == [7, 2]
 
 
 def test_bfs_batch_of_the_module_example():

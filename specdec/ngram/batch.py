@@ -244,11 +244,12 @@ def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: 
 
 
 def chains_past_guess(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, limits: np.ndarray,
-                      per_row: bool) -> BatchTrees:
-    """Chains for a step launched past an unread one: each row's latest longest match's continuation
-    (``history`` [bs, >= max length], ``lengths`` [bs]) less its first token, at most ``limits[b]``
-    tokens. The first token guesses the unread step's last committed token (its bonus), so the chain
-    is right only where the guess is; verification keeps any chain lossless. Worked example (min_n 1):
+                      per_row: bool) -> tuple[BatchTrees, np.ndarray]:
+    """(chains, guessed [bs]) for a step launched past an unread one: each row's latest longest match's
+    continuation (``history`` [bs, >= max length], ``lengths`` [bs]), its first token the guess of the
+    unread step's last committed token (its bonus; -1: no match, or ``limits[b]`` 0), the chain the
+    next ``limits[b]`` tokens at most. The chain is right only where the guess is; verification keeps
+    any chain lossless. Worked example (min_n 1):
 
         history  5 9 7 2 5 9 | the unread step commits ?      latest match of "5 9" ends at 1
         continuation 7 2 5 9: guess 7 for ?, chain 2 5 9 (after the root, which is ? on the device)
@@ -258,20 +259,23 @@ def chains_past_guess(history: np.ndarray, lengths: np.ndarray, *, min_n: int, m
     width = max(int(limits.max(initial=0)), 1)
     tokens = np.zeros((bs, width), dtype=np.int64)
     sizes = np.zeros(bs, dtype=np.int64)
+    guessed = np.full(bs, -1, dtype=np.int64)
     if per_row:
         for b in range(bs):
             if limits[b] > 0:
-                chain = propose_ngram(history[b, : lengths[b]], min_n=min_n, max_n=max_n, k=int(limits[b]) + 1)[1:]
-                sizes[b] = chain.shape[0]
-                tokens[b, : sizes[b]] = chain
+                cont = propose_ngram(history[b, : lengths[b]], min_n=min_n, max_n=max_n, k=int(limits[b]) + 1)
+                if cont.shape[0]:
+                    guessed[b], sizes[b] = cont[0], cont.shape[0] - 1
+                    tokens[b, : sizes[b]] = cont[1:]
     elif int(lengths.max(initial=0)) >= 2:
         n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
-        past = np.where(((n > 0) & (limits > 0))[:, None], ends[:, :1] + 1, -1)  # [bs, 1] where the guessed token sits
-        cont, valid = _continuations(history, lengths, past, limits, width)
-        tokens = np.where(valid[:, 0], cont[:, 0], 0)
-        sizes = valid[:, 0].sum(1)
+        live = (n > 0) & (limits > 0)  # [bs] (a match's continuation holds one token at least)
+        cont, valid = _continuations(history, lengths, np.where(live[:, None], ends[:, :1], -1), limits + 1, width + 1)
+        guessed = np.where(valid[:, 0, 0], cont[:, 0, 0], -1)
+        tokens = np.where(valid[:, 0, 1:], cont[:, 0, 1:], 0)
+        sizes = valid[:, 0, 1:].sum(1)
     parents = np.where(np.arange(width) < sizes[:, None], np.arange(width), 0)
-    return BatchTrees(tokens, parents, sizes)
+    return BatchTrees(tokens, parents, sizes), guessed
 
 
 def first_child_path(trees: BatchTrees, nodes: int) -> tuple[np.ndarray, np.ndarray]:

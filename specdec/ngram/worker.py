@@ -52,6 +52,7 @@ from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.eagle.served import PLAIN, LaunchClock
+from specdec.ngram.ahead import AheadGuess
 from specdec.ngram.batch import (BatchTrees, build_trees_batch, build_trees_ref, chains_past_guess, first_child_path,
                                  match_reach, pack_batch)
 from specdec.ngram.budget import DraftBudget
@@ -145,11 +146,8 @@ class NgramWorker:
         # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
         # verify size (0: plain), when it was made, and whether it looks up ahead of an unread step
         self._choice: tuple[int, float, bool] | None = None
-        # [max_reqs, N] / [max_reqs] each row's first-child path drafted by the last step launched
-        # (0 long for a plain step): what a lookup ahead of that step guesses it commits
-        width = ngram.num_draft_tokens
-        self._path = np.zeros((max_reqs, width), dtype=np.int64)
-        self._path_len = np.zeros(max_reqs, dtype=np.int64)
+        # each row's last launch as a lookup ahead of it guesses it (``ahead.py``)
+        self._ahead = AheadGuess(max_reqs, ngram.num_draft_tokens)
         # a forced verify size: the warm-up's (``specdec.engine.ngram_setup.warm_up``: every step verifies
         # a chain of that many nodes, drafted from the history's tail); benchmarks' diagnostics: 0 every
         # step plain, LOOK_UP_EVERY_STEP every step looks up (the largest size allowed, no policy);
@@ -179,7 +177,7 @@ class NgramWorker:
         if self.policy is not None:
             self.policy.reset(rows)
         self._reach_of[rows] = 0
-        self._path_len[rows] = 0
+        self._ahead.reset(rows)
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
@@ -235,7 +233,6 @@ class NgramWorker:
             (max_size, launched, ahead), self._choice = self._choice, None
             max_size = min(max_size, self._max_size(len(rows)))  # the batch may have lost finished requests
         plan = self._plan(rows, max_size, ahead=ahead)
-        self._remember_path(rows, plan)
         self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
         if plan is None:
             return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling,
@@ -325,6 +322,7 @@ class NgramWorker:
         nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match).
         ``ahead``: the step launches past an unread one (chains past its guessed tokens)."""
         if not max_size:
+            self._ahead.reset(rows)  # a plain step: nothing drafted
             return None
         bs = len(rows)
         limits = np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64)
@@ -334,11 +332,13 @@ class NgramWorker:
             trees = self._chains_ahead(rows, np.minimum(limits, max_size - 1))
         else:
             trees = self._trees(rows, limits)
+            self._ahead.launched(rows, self.history.num_tokens[rows], *first_child_path(trees, max_size - 1))
         depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
         if self.policy is not None:
             self.policy.observe_drafts(rows, depth)
         largest = min(int(trees.sizes.max()), max_size - 1)
         if largest == 0:
+            self._ahead.reset(rows)  # a plain step: nothing drafted
             return None
         n = self.budget.step_size(largest)
         return n, trees, depth[:, n - 1]
@@ -356,30 +356,21 @@ class NgramWorker:
         return self.run_ahead and self.cache is None and self.force in (None, LOOK_UP_EVERY_STEP)
 
     def _chains_ahead(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
-        """Each row's chain past the unread step's guessed tokens (``chains_past_guess``): its history
-        as read, then the path that step drafted (its accepted whole), then the match's guess of
-        the bonus. A row whose history is not read yet (prefilled since) drafts nothing."""
-        lengths = self.history.num_tokens[rows]  # [bs] tokens read
-        path_len = np.where(lengths > 0, self._path_len[rows], 0)  # [bs]
-        guessed = lengths + path_len
-        history = np.zeros((len(rows), max(int(guessed.max()), 1)), dtype=self.history.token_ids.dtype)
-        history[:, : int(lengths.max())] = self.history.token_ids[rows, : int(lengths.max())]
-        b, j = np.nonzero(np.arange(self._path.shape[1]) < path_len[:, None])  # the paths' tokens
-        history[b, lengths[b] + j] = self._path[rows[b], j]
-        return chains_past_guess(history, guessed, min_n=self.ngram.min_match_window,
-                                 max_n=self.ngram.max_match_window, limits=np.where(lengths > 0, limits, 0),
-                                 per_row=len(rows) < BATCH_PATH_MIN_BS)
-
-    def _remember_path(self, rows: np.ndarray, plan: tuple[int, BatchTrees, np.ndarray] | None) -> None:
-        """Each row's first-child path of this step's tree, cut to its verify size (none: plain), for
-        a lookup ahead of it."""
-        if plan is None:
-            self._path_len[rows] = 0
-            return
-        n, trees, _ = plan
-        path, length = first_child_path(trees, n - 1)
-        self._path[rows, : path.shape[1]] = path
-        self._path_len[rows] = length
+        """Each row's chain past the unread step's guessed tokens (``chains_past_guess``) and what it
+        assumes that step commits (its path where built on a right guess, then the guessed bonus),
+        recorded for the next lookup ahead (``ahead.py``). A row whose history is not read yet
+        (prefilled since) drafts nothing."""
+        guess = self._ahead.guessed_history(rows, self.history.token_ids, self.history.num_tokens)
+        chains, guessed = chains_past_guess(guess.history, guess.lengths, min_n=self.ngram.min_match_window,
+                                            max_n=self.ngram.max_match_window,
+                                            limits=np.where(guess.read > 0, limits, 0),
+                                            per_row=len(rows) < BATCH_PATH_MIN_BS)
+        path_len = guess.lengths - guess.read  # [bs]
+        span = np.minimum(guess.read[:, None] + np.arange(int(path_len.max()) + 1), guess.history.shape[1] - 1)
+        assumed = np.take_along_axis(guess.history, span, 1).astype(np.int64)  # [bs, longest path + 1]
+        assumed[np.arange(len(rows)), path_len] = guessed
+        self._ahead.launched(rows, guess.read, chains.tokens, chains.sizes, assumed, path_len + (guessed >= 0))
+        return chains
 
     def _trees(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
         lengths = self.history.num_tokens[rows]

@@ -156,6 +156,28 @@ def test_ahead_lookups_draft_the_copied_span():
     assert_no_leak(eng)
 
 
+def test_ahead_lookups_recover_after_a_wrong_guess():
+    """A wrong guess spoils one step, not every step after it (``ahead.py``): the output copies a
+    stretch S1 of the prompt, which the prompt follows with 5 where the target continues its own chain
+    c1 c2 ... instead; the prompt also holds that chain (S0), so after the break copying resumes, and
+    the lookups, each ahead of the last, have whole chains accepted again."""
+    target, _ = make_pair("EAGLE", "perfect")
+    s1 = chain_of(target, 11, 20)
+    s0 = chain_of(target, chain_of(target, s1[-1], 2)[1], 30)
+    prompt = s0 + [5, 7] + s1 + [5] + s1[:3]
+    params = {"temperature": 0, "max_new_tokens": 42, "ignore_eos": True}
+    expected = plain_engine(target).generate(input_ids=prompt, sampling_params=params)
+    eng = _engine(target, speculative_ngram_max_bfs_breadth=3)
+    Recorder(eng, [1])
+    got = eng.generate(input_ids=prompt, sampling_params=params)
+    assert got["output_ids"] == expected["output_ids"]
+    accepts = got["meta_info"]["spec_accept_lengths"]
+    whole = SMALL["speculative_num_draft_tokens"] - 1
+    first_miss = next(i for i, k in enumerate(accepts) if k < whole)
+    assert accepts[first_miss + 1: -1].count(whole) >= 2, accepts  # recovered (the last step: cut)
+    assert_no_leak(eng)
+
+
 def test_cross_request_cache_lookups_read_first():
     """With the cross-request cache on, lookups (trees that may come from other requests) read the
     step in flight first; plain steps still overlap."""

@@ -80,20 +80,22 @@ def test_chains_past_guess_are_the_continuation_less_its_first_token(seed):
         config, history, lengths, limits = _random_case(rng)
         kw = dict(min_n=config.min_match_window, max_n=config.max_match_window, limits=limits)
         for per_row in (True, False):
-            chains = chains_past_guess(history, lengths, per_row=per_row, **kw)
+            chains, guessed = chains_past_guess(history, lengths, per_row=per_row, **kw)
             for b, length in enumerate(lengths):
-                want = propose_ngram_ref(history[b, :length], min_n=config.min_match_window,
-                                         max_n=config.max_match_window, k=int(limits[b]) + 1)[1:]
-                want = want if limits[b] else want[:0]
+                cont = propose_ngram_ref(history[b, :length], min_n=config.min_match_window,
+                                         max_n=config.max_match_window, k=int(limits[b]) + 1)
+                cont = cont if limits[b] else cont[:0]
                 k = int(chains.sizes[b])
-                assert chains.tokens[b, :k].tolist() == want.tolist()
+                assert guessed[b] == (cont[0] if cont.shape[0] else -1)
+                assert chains.tokens[b, :k].tolist() == cont[1:].tolist()
                 assert chains.parents[b, :k].tolist() == list(range(k))  # a chain: node i + 1's parent is i
 
 
 def test_chains_past_guess_of_the_docstring_example():
     history = np.asarray([[5, 9, 7, 2, 5, 9]])
-    chains = chains_past_guess(history, np.asarray([6]), min_n=1, max_n=3, limits=np.asarray([5]), per_row=True)
-    assert chains.tokens[0, : chains.sizes[0]].tolist() == [2, 5, 9]  # 7 guessed for the unread token
+    chains, guessed = chains_past_guess(history, np.asarray([6]), min_n=1, max_n=3, limits=np.asarray([5]),
+                                        per_row=True)
+    assert guessed.tolist() == [7] and chains.tokens[0, : chains.sizes[0]].tolist() == [2, 5, 9]
 
 
 def test_first_child_path():

@@ -2,8 +2,8 @@
 
 Under overlap scheduling the step in flight (t + 1) is unread when the next one (t + 2) looks up;
 the host has every token of step t. A lookup ahead guesses what t + 1 commits: the path of first
-children it drafted, accepted whole, then the bonus the latest match predicts
-(``batch.chains_past_guess``), and drafts past that. The path is worth appending only if t + 1
+children it drafted, accepted whole, then the bonus the latest match predicts (``batch.guess_next``),
+and drafts the tree that follows. The path is worth appending only if t + 1
 itself was drafted from the right tokens: where t + 1 ran ahead of t, from what it assumed t
 commits. So each launch records what it assumed (``launched``), and the next lookup ahead checks it
 against the tokens read since (``guessed_history``): a wrong guess is then not built upon (t + 1

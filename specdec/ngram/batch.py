@@ -13,8 +13,8 @@ histories.
                          recency, sharing its prefix), cut level by level; PROB: per request
     pack_batch           the verify's arrays, filled a node column at a time over the batch
     match_reach          how many tokens follow each row's latest longest match (the policy's view)
-    chains_past_guess    a lookup ahead of an unread step: the latest longest match's continuation
-                         less its first token (the guess of the unread step's last token)
+    guess_next           a lookup ahead of an unread step: the token after the latest longest match
+                         (the guess of the unread step's last token)
     first_child_path     each row's path of first children (its latest match): what a verify
                          step is expected to commit, less the bonus
 
@@ -243,39 +243,27 @@ def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: 
     return np.minimum(np.where(n > 0, lengths - 1 - ends[:, 0], 0), cap)
 
 
-def chains_past_guess(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, limits: np.ndarray,
-                      per_row: bool) -> tuple[BatchTrees, np.ndarray]:
-    """(chains, guessed [bs]) for a step launched past an unread one: each row's latest longest match's
-    continuation (``history`` [bs, >= max length], ``lengths`` [bs]), its first token the guess of the
-    unread step's last committed token (its bonus; -1: no match, or ``limits[b]`` 0), the chain the
-    next ``limits[b]`` tokens at most. The chain is right only where the guess is; verification keeps
-    any chain lossless. Worked example (min_n 1):
+def guess_next(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, per_row: bool) -> np.ndarray:
+    """[bs] the token after each row's latest longest match (``history`` [bs, >= max length], ``lengths``
+    [bs]), -1 without one: a lookup ahead of an unread step guesses that step's last committed token
+    (its bonus) so, and drafts the tree that follows it. Worked example (min_n 1):
 
         history  5 9 7 2 5 9 | the unread step commits ?      latest match of "5 9" ends at 1
-        continuation 7 2 5 9: guess 7 for ?, chain 2 5 9 (after the root, which is ? on the device)
+        guess 7 for ?; the step after drafts from  5 9 7 2 5 9 7  (its root: ? on the device)
 
     ``per_row``: ``propose_ngram`` row by row (small batches), else ``find_matches_batch``."""
-    bs = len(lengths)
-    width = max(int(limits.max(initial=0)), 1)
-    tokens = np.zeros((bs, width), dtype=np.int64)
-    sizes = np.zeros(bs, dtype=np.int64)
-    guessed = np.full(bs, -1, dtype=np.int64)
     if per_row:
-        for b in range(bs):
-            if limits[b] > 0:
-                cont = propose_ngram(history[b, : lengths[b]], min_n=min_n, max_n=max_n, k=int(limits[b]) + 1)
-                if cont.shape[0]:
-                    guessed[b], sizes[b] = cont[0], cont.shape[0] - 1
-                    tokens[b, : sizes[b]] = cont[1:]
-    elif int(lengths.max(initial=0)) >= 2:
-        n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
-        live = (n > 0) & (limits > 0)  # [bs] (a match's continuation holds one token at least)
-        cont, valid = _continuations(history, lengths, np.where(live[:, None], ends[:, :1], -1), limits + 1, width + 1)
-        guessed = np.where(valid[:, 0, 0], cont[:, 0, 0], -1)
-        tokens = np.where(valid[:, 0, 1:], cont[:, 0, 1:], 0)
-        sizes = valid[:, 0, 1:].sum(1)
-    parents = np.where(np.arange(width) < sizes[:, None], np.arange(width), 0)
-    return BatchTrees(tokens, parents, sizes), guessed
+        guessed = np.full(len(lengths), -1, dtype=np.int64)
+        for b in range(len(lengths)):
+            after = propose_ngram(history[b, : lengths[b]], min_n=min_n, max_n=max_n, k=1)
+            if after.shape[0]:
+                guessed[b] = after[0]
+        return guessed
+    if int(lengths.max(initial=0)) < 2:
+        return np.full(len(lengths), -1, dtype=np.int64)
+    n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
+    at = np.where(n > 0, ends[:, 0] + 1, 0)  # [bs] (a match ends before the last token: at < length)
+    return np.where(n > 0, history[np.arange(len(lengths)), at], -1).astype(np.int64)
 
 
 def first_child_path(trees: BatchTrees, nodes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,17 +17,15 @@ verifies only its root, which is a plain decode step for that request.
 The host provides each request's tokens (``specdec.host.TokenHistory``) up to the last step it
 read. Under overlap scheduling the next step is chosen before the step in flight is read
 (``needs_last_step_read``), and both choices launch past it: a plain step needs nothing of it, and
-a lookup runs ahead of it (``chains_past_guess``): it guesses that step's tokens (the path it
-drafted, accepted whole, and the bonus its match predicts) and drafts the chain that follows them,
-which is right where the guess is (the policy prices that: ``policy.py``, "a step still in
-flight"); verification keeps any chain lossless. Worked example, a plain step in flight:
+a lookup runs ahead of it (``ahead.py``): it guesses that step's tokens (the path it drafted,
+accepted whole, and the bonus its latest match predicts, ``guess_next``) and drafts the tree that
+follows them, which is right where the guess is (the policy prices that: ``policy.py``, "a step
+still in flight"); verification keeps any tree lossless. Worked example, a plain step in flight:
 
     history read   ... 5 9 7 2 5 9         unread step: commits x
-    latest match of "5 9": continuation 7 2 5 9 -> guess x = 7, the lookup drafts 2 5 9 after x
+    latest match of "5 9" is followed by 7 -> guess x = 7, the tree drafted from ... 5 9 7 2 5 9 7
 
-With nothing in flight (after a prefill, or with logits processors) a lookup drafts trees from
-the history as it stands, and with the cross-request cache on a lookup reads the step in flight
-first. Either way the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
+With the cross-request cache on a lookup reads the step in flight first. Either way the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
 (``verify_graph_sizes``); the worker itself captures nothing.
 
 Step times under that mixed pipeline (``LaunchClock``): a step's time runs from its choice to the
@@ -53,7 +51,7 @@ from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.eagle.served import PLAIN, LaunchClock
 from specdec.ngram.ahead import AheadGuess
-from specdec.ngram.batch import (BatchTrees, build_trees_batch, build_trees_ref, chains_past_guess, first_child_path,
+from specdec.ngram.batch import (BatchTrees, build_trees_batch, build_trees_ref, first_child_path, guess_next,
                                  match_reach, pack_batch)
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.cache import NgramCache, with_cache_drafts
@@ -329,10 +327,11 @@ class NgramWorker:
         if self.force not in (None, LOOK_UP_EVERY_STEP):  # the warm-up: a chain of max_size - 1 nodes a row, whatever matches
             trees = self._tail_chains(rows, max_size - 1)
         elif ahead:
-            trees = self._chains_ahead(rows, np.minimum(limits, max_size - 1))
+            trees = self._trees_ahead(rows, limits, max_size)
         else:
-            trees = self._trees(rows, limits)
-            self._ahead.launched(rows, self.history.num_tokens[rows], *first_child_path(trees, max_size - 1))
+            lengths = self.history.num_tokens[rows]
+            trees = self._trees(self.history.token_ids[rows, : int(lengths.max())], lengths, limits)
+            self._ahead.launched(rows, lengths, *first_child_path(trees, max_size - 1))
         depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
         if self.policy is not None:
             self.policy.observe_drafts(rows, depth)
@@ -355,27 +354,28 @@ class NgramWorker:
         trees from other requests' tokens) and in the warm-up (tail chains, read first)."""
         return self.run_ahead and self.cache is None and self.force in (None, LOOK_UP_EVERY_STEP)
 
-    def _chains_ahead(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
-        """Each row's chain past the unread step's guessed tokens (``chains_past_guess``) and what it
-        assumes that step commits (its path where built on a right guess, then the guessed bonus),
-        recorded for the next lookup ahead (``ahead.py``). A row whose history is not read yet
-        (prefilled since) drafts nothing."""
+    def _trees_ahead(self, rows: np.ndarray, limits: np.ndarray, max_size: int) -> BatchTrees:
+        """Each row's tree past the unread step's guessed tokens (``guess_next``), and what it assumes
+        that step commits (its path where built on a right guess, then the guessed bonus), recorded
+        for the next lookup ahead (``ahead.py``). A row without a guess, or whose history is not read
+        yet (prefilled since), drafts nothing."""
         guess = self._ahead.guessed_history(rows, self.history.token_ids, self.history.num_tokens)
-        chains, guessed = chains_past_guess(guess.history, guess.lengths, min_n=self.ngram.min_match_window,
-                                            max_n=self.ngram.max_match_window,
-                                            limits=np.where(guess.read > 0, limits, 0),
-                                            per_row=len(rows) < BATCH_PATH_MIN_BS)
-        path_len = guess.lengths - guess.read  # [bs]
-        span = np.minimum(guess.read[:, None] + np.arange(int(path_len.max()) + 1), guess.history.shape[1] - 1)
-        assumed = np.take_along_axis(guess.history, span, 1).astype(np.int64)  # [bs, longest path + 1]
-        assumed[np.arange(len(rows)), path_len] = guessed
-        self._ahead.launched(rows, guess.read, chains.tokens, chains.sizes, assumed, path_len + (guessed >= 0))
-        return chains
+        guessed = guess_next(guess.history, guess.lengths, min_n=self.ngram.min_match_window,
+                             max_n=self.ngram.max_match_window, per_row=len(rows) < BATCH_PATH_MIN_BS)  # [bs]
+        has = (guessed >= 0) & (guess.read > 0)
+        bs, ar = len(rows), np.arange(len(rows))
+        history = np.concatenate([guess.history, np.zeros((bs, 1), dtype=guess.history.dtype)], 1)
+        history[ar, guess.lengths] = np.where(has, guessed, 0)  # each row's guessed history, then its guess
+        trees = self._trees(history, guess.lengths + has, np.where(has, limits, 0))
+        path_len = guess.lengths - guess.read  # [bs] the step in flight's path, where built on a right guess
+        assumed = history[ar[:, None], np.minimum(guess.read[:, None] + np.arange(int(path_len.max()) + 1),
+                                                  history.shape[1] - 1)].astype(np.int64)  # [bs, longest + 1]
+        self._ahead.launched(rows, guess.read, *first_child_path(trees, max_size - 1), assumed, path_len + has)
+        return trees
 
-    def _trees(self, rows: np.ndarray, limits: np.ndarray) -> BatchTrees:
-        lengths = self.history.num_tokens[rows]
-        history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
-        if self.ngram.is_chain and len(rows) >= BATCH_PATH_MIN_BS:
+    def _trees(self, history: np.ndarray, lengths: np.ndarray, limits: np.ndarray) -> BatchTrees:
+        """The rows' trees from ``history`` [bs, >= longest] of ``lengths`` [bs], at most ``limits`` [bs] nodes."""
+        if self.ngram.is_chain and len(lengths) >= BATCH_PATH_MIN_BS:
             trees = build_trees_batch(history, lengths, self.ngram, limits)
         else:
             trees = build_trees_ref(history, lengths, self.ngram, limits)
@@ -441,7 +441,10 @@ def device_tree(
     """The packed host trees on the device, in one copy: what ``build_tree`` gives EAGLE's verify
     (QLEN_ONLY mask [bs * n * n], positions seq_len + depth, local child / sibling links)."""
     bs = host.shape[0]
-    device = torch.from_numpy(host).to(seq_lens.device, non_blocking=True)
+    staged = torch.from_numpy(host)
+    if seq_lens.device.type == "cuda":  # NOTE: from pageable memory the copy would wait for the queued steps
+        staged = staged.pin_memory()
+    device = staged.to(seq_lens.device, non_blocking=True)
     tokens, depth, next_token, next_sibling = device[:, : 4 * n].view(bs, 4, n).unbind(1)  # [bs, n] each
     tokens = torch.cat([verified_ids[:, None].to(tokens.dtype), tokens[:, 1:]], 1)  # [bs, n] root from the device
     return BuiltTree(

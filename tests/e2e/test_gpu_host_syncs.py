@@ -64,6 +64,25 @@ def test_plain_steps_sync_only_to_read():
     assert_no_leak(eng)
 
 
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_ngram_lookups_ahead_sync_only_to_read(params):
+    """NGRAM with every step looking up (``LOOK_UP_EVERY_STEP``): each lookup runs ahead of the step in
+    flight, so its trees reach the device without waiting for the queued steps."""
+    from specdec.engine.engine import Engine
+    from specdec.ngram.worker import LOOK_UP_EVERY_STEP
+
+    target, _ = make_pair("EAGLE", "mixed", dtype=torch.bfloat16)
+    eng = Engine(target_model=target.cuda(), device="cuda", attention_backend="triton", speculative_algorithm="NGRAM",
+                 max_total_tokens=8192, max_running_requests=16, speculative_ngram_max_match_window_size=4,
+                 speculative_num_draft_tokens=6)
+    assert eng.scheduler.overlap and eng.runner.graphs
+    eng.worker.force = LOOK_UP_EVERY_STEP
+    recorder = _steady_state_syncs(eng, 8, params)  # 8 tokens of the vocabulary: the prompts repeat themselves
+    assert not recorder.sites, recorder.summary()
+    assert sum(n for shape, n in eng.scheduler.spec_shape_steps.items() if shape != "plain") >= 4
+    assert_no_leak(eng)
+
+
 def test_recorder_names_the_line_that_syncs():
     """The recorder itself: a ``.item()`` here is recorded at this file's line; a deliberate one is not."""
     from specdec.forward import deliberate_sync

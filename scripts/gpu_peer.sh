@@ -19,7 +19,7 @@
 #                                            HumanEval and MT-bench second turns at 1 and 32 requests (default RUNS:
 #                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5")
 #   bash scripts/gpu_peer.sh lookup-profile  the host's cProfile and the GPU's busy share over one NGRAM / plain pass
-#                                            (PROFILE_RUNS, PROFILE_DATASET) at one request
+#                                            (PROFILE_RUNS, PROFILE_DATASET, PROFILE_CONCURRENCY: default 1)
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
 #                                            (default RUNS: "specdec:plain vllm:plain"; rows llama-3.1-8b-decode)
 #   bash scripts/gpu_peer.sh gemma RUNS      a second architecture: Gemma-3-270M's own config.json (Gemma3ForCausalLM,
@@ -27,7 +27,7 @@
 #                                            random bf16 weights, plain decode ms a step at GEMMA_POINTS (bs:ctx,
 #                                            default 1:1024,16:1024,64:1024,128:1024); rows gemma-3-270m-decode;
 #                                            each run cut at RUN_TIMEOUT (here 280 s: both fit one call). specdec
-#                                            runs it on torch_native without CUDA graphs (--attention-backend auto)
+#                                            runs it on triton with CUDA graphs (--attention-backend auto)
 #   bash scripts/gpu_peer.sh det-cost        the decode workload (DET_POINTS, default 1:1024,64:1024,128:1024) with and
 #                                            without each engine's deterministic mode (specdec
 #                                            --enable-deterministic-inference, vLLM VLLM_BATCH_INVARIANT=1; issue #41;
@@ -162,12 +162,15 @@ case "$what" in
       run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json ${LOOKUP_ARGS:-}
     done ;;
   lookup-profile)  # where an NGRAM step's host time goes: a cProfile and a GPU trace (busy share, top kernels) of one
-    # more pass of each engine (PROFILE_RUNS, default "specdec:plain specdec:ngram") over PROFILE_DATASET at one request
+    # more pass of each engine (PROFILE_RUNS, default "specdec:plain specdec:ngram") over PROFILE_DATASET at
+    # PROFILE_CONCURRENCY requests (default 1)
+    vllm_env  # (the gguf wheel's /tmp/site)
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
       || { tail "$OUT/export.log"; exit 1; }
     for run in ${PROFILE_RUNS:-specdec:plain specdec:ngram}; do
       ROWS=$OUT/profile_rows.jsonl LOG_TAG=profile run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json \
-        --datasets "${PROFILE_DATASET:-summarization}" --concurrency 1 --profile "$OUT/profile_${run#*:}.txt" \
+        --datasets "${PROFILE_DATASET:-summarization}" --concurrency "${PROFILE_CONCURRENCY:-1}" \
+        --profile "$OUT/profile_${run#*:}.txt" \
         --trace "$OUT/trace_${run#*:}.txt"
     done ;;
   decode)

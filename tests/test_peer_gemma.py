@@ -43,9 +43,9 @@ def test_config_is_gemma_3_270m_as_published(tmp_path):
     assert (c.hidden_act, c.tie_word_embeddings, c.qk_norm) == ("gelu_pytorch_tanh", True, True)
     assert [c.layer_window(i) for i in range(18)] == [None if i in GLOBAL_LAYERS else 512 for i in range(18)]
     assert c.layer_rope(0)[0] == 1e4 and c.layer_rope(5)[0] == 1e6
-    # NOTE: sliding layers only run on torch_native: --attention-backend auto must pick it on a GPU too
-    assert EngineArgs(model_path=path, device="cuda").with_attention_resolved(
-        sliding_window=c.has_sliding_layers).attention_backend == "torch_native"
+    # sliding layers run on triton with CUDA graphs: --attention-backend auto picks it on a GPU
+    assert c.has_sliding_layers
+    assert EngineArgs(model_path=path, device="cuda").with_attention_resolved().attention_backend == "triton"
 
 
 def test_transformers_reads_the_same_layers(tmp_path):

@@ -90,16 +90,19 @@ def rowwise_attention(
     *,
     sm_scale: float,
     max_kv_len: int,
+    window: int | None = None,
 ) -> None:
     """torch_native's deterministic attention, and the specification of the triton backend's
     ``row_attention`` (its ``row_attention_ref``): softmax(q k^T * sm_scale) v per row over its list,
     in fp32, one row at a time (no splits: equal to the kernel up to summation order), so each row's
-    arithmetic depends on its list alone. Query head h reads KV head ``h // (num_heads //
-    num_kv_heads)``; ``max_kv_len`` does not change the result."""
+    arithmetic depends on its list alone. A sliding ``window`` keeps the list's last ``window``
+    entries (entry e is position e, and the row is at its last). Query head h reads KV head ``h //
+    (num_heads // num_kv_heads)``; ``max_kv_len`` does not change the result."""
     group = q.shape[1] // k_buffer.shape[1]
     lists, lens = row_list.tolist(), row_lens.tolist()
     for r in range(q.shape[0]):
-        slots = kv_table[lists[r], : lens[r]].long()
+        lo = 0 if window is None else max(0, lens[r] - window)
+        slots = kv_table[lists[r], lo : lens[r]].long()
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,khd->hk", q[r].float(), k) * sm_scale

@@ -143,11 +143,9 @@ class TorchNativeBackend(AttentionBackend):
         batch.kv_cache.set_kv(layer.layer_id, batch.out_cache_loc, k.view(-1, hkv, d), v.view(-1, hkv, d))
         k_buf, v_buf = batch.kv_cache.get_kv(layer.layer_id)
         if isinstance(md, RowKV):
-            if layer.sliding_window is not None:
-                raise ValueError("deterministic inference: torch_native has no sliding-window rows yet")
             out = torch.empty(q.shape[0], hq, d, dtype=q.dtype, device=q.device)
             rowwise_attention(q.view(-1, hq, d), k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out,
-                              sm_scale=layer.scaling, max_kv_len=md.max_kv_len)
+                              sm_scale=layer.scaling, max_kv_len=md.max_kv_len, window=layer.sliding_window)
             return out.view(-1, hq * d)
         qs = q.view(-1, hq, d)[md.q_rows].float()  # [num_seqs, max_q, hq, d]
         ks = k_buf[md.kv_slots].float()  # [num_seqs, max_kv, hkv, d]

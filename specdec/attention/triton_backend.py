@@ -31,6 +31,14 @@ Deterministic inference plans every batch but a draft step with ``rowwise.plan_r
 device alone, eager or captured) and runs ``row_attention``: each query row over its own KV list in
 fixed position splits.
 
+Sliding windows (``AttentionLayer.sliding_window``, a local layer's) reach every kernel as an argument
+(a global layer passes none): decode and row kernels start each list at its last ``window`` entries
+(a row or decode query is at its list's last position), the draft-step kernel at its branches' shared
+position's window, and the extend kernel skips the prefix tiles no row of a block sees and masks the
+rest per row (tree nodes at their ``batch.positions``). Split plans are sized by ``min(bound,
+window)``, so local layers read and split only their windows, eagerly and under CUDA graphs alike,
+and a verify node as a decode step still equals the decode step of its token bit for bit.
+
 On CPU tensors the kernels run only under the Triton interpreter (TRITON_INTERPRET=1 set before
 this module is imported), which is how the CPU tests run them.
 
@@ -107,6 +115,7 @@ class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
     supports_fp8_kv_cache = True
     supports_deterministic = True
+    supports_sliding_window = True
 
     def __init__(self, *, num_splits: int | None = None,
                  verify_as_decode_max_rows: int = VERIFY_AS_DECODE_MAX_ROWS) -> None:
@@ -184,24 +193,28 @@ class TritonBackend(AttentionBackend):
         store_kv(k_buf, v_buf, batch.out_cache_loc, k, v)
         q3 = q.reshape(-1, hq, d)  # [num_tokens, hq, d]
         out = torch.empty_like(q3, memory_format=torch.contiguous_format)
+        window = layer.sliding_window
         if isinstance(md, DraftStepMetadata):
             draft_decode_attention(q3, k_buf, v_buf, batch.req_to_token, md.req_pool_indices, md.prefix_lens,
                                    md.ancestors, out, sm_scale=layer.scaling, max_prefix_len=md.max_prefix_len,
-                                   num_splits=self.num_splits)
+                                   num_splits=self.num_splits, window=window)
         elif isinstance(md, VerifyRowsMetadata):
             decode_attention_rows(q3, k_buf, v_buf, md.rows.kv_table, md.rows.row_lens, out, sm_scale=layer.scaling,
-                                  max_kv_len=md.plan_max_kv_len, plan_seqs=md.plan_seqs, num_splits=self.num_splits)
+                                  max_kv_len=md.plan_max_kv_len, plan_seqs=md.plan_seqs, num_splits=self.num_splits,
+                                  window=window)
         elif isinstance(md, RowKV):
             row_attention(q3, k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out, sm_scale=layer.scaling,
-                          max_kv_len=md.max_kv_len)
+                          max_kv_len=md.max_kv_len, window=window)
         elif md.use_decode:
-            # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n)
-            decode_attention(q3, k_buf, v_buf, md.kv_indptr, md.kv_indices, out,
-                             sm_scale=layer.scaling, max_kv_len=md.max_kv_len, num_splits=self.num_splits)
+            # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n), and its
+            # query is at its list's last position (what the window counts back from)
+            decode_attention(q3, k_buf, v_buf, md.kv_indptr, md.kv_indices, out, sm_scale=layer.scaling,
+                             max_kv_len=md.max_kv_len, num_splits=self.num_splits, window=window)
         else:
             extend_attention(q3, k_buf, v_buf, md.qo_indptr, md.kv_indptr, md.kv_indices, md.mask,
                              md.mask_indptr, out, sm_scale=layer.scaling, max_q_len=md.max_q_len,
-                             max_prefix_len=md.max_prefix_len, num_splits=self.num_splits)
+                             max_prefix_len=md.max_prefix_len, num_splits=self.num_splits, window=window,
+                             positions=batch.positions)
         return out.view(-1, hq * d)
 
 
@@ -215,7 +228,12 @@ def _plan_verify_rows(batch: ForwardBatch) -> VerifyRowsMetadata:
     """A verify batch's rows as decode steps: each over its own list (``plan_row_kv``; on the device
     alone), split as the decode batch of as many requests over the same prefixes plus one token.
     Under a CUDA graph that is the decode graph's plan (the captured bound plus one: bit for bit);
-    eagerly the longest prefix plus one (the plan of the decode step after the root)."""
+    eagerly the longest prefix plus one (the plan of the decode step after the root).
+
+    NOTE: for a local layer ``decode.py`` sizes both plans by ``min(bound, window)`` (``window_span``)
+    and cuts a row's window from its own length as the decode step's: the equality holds there too,
+    as long as the bound here is the decode batch's.
+    """
     if batch.static_max_seq_len is not None:
         bound = batch.static_max_seq_len
     else:

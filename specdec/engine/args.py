@@ -53,8 +53,8 @@ class EngineArgs:
     dtype: Any = dataclasses.field(default="auto", metadata=flag(  # a name or a torch.dtype
         "auto, float32, bfloat16, float16 (auto: bf16 on GPU, fp32 on CPU)", group=MODEL, type=str))
     attention_backend: str = dataclasses.field(default=AUTO, metadata=flag(
-        "attention implementation: auto (triton on CUDA, so every decode step replays CUDA graphs, unless the "
-        "model has sliding-window layers; torch_native otherwise) or one available here: {backends}", group=MODEL))
+        "attention implementation: auto (triton on CUDA, so every decode step replays CUDA graphs, sliding-window "
+        "models' too; torch_native otherwise) or one available here: {backends}", group=MODEL))
     prefill_attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
         "attention for prefill and chunked-prefill forwards (default: --attention-backend), e.g. fa4", group=MODEL))
     decode_attention_backend: str | None = dataclasses.field(default=None, metadata=flag(
@@ -304,13 +304,13 @@ class EngineArgs:
         decode = self.decode_attention_backend or self.attention_backend
         return prefill if prefill == decode else f"{prefill}:{decode}"
 
-    def with_attention_resolved(self, *, sliding_window: bool) -> "EngineArgs":
-        """``--attention-backend auto`` made concrete for a model (``sliding_window``: it has
-        sliding-window layers, which only torch_native attends): triton on CUDA where it is
-        installed, torch_native otherwise. Backends named explicitly stay as given."""
+    def with_attention_resolved(self) -> "EngineArgs":
+        """``--attention-backend auto`` made concrete: triton on CUDA where it is installed (sliding-window
+        models too, under CUDA graphs), torch_native otherwise. Backends named explicitly stay as given
+        (the engine refuses one without sliding windows for such a model)."""
         if self.attention_backend != AUTO:
             return self
-        return dataclasses.replace(self, attention_backend=_auto_attention(self.device, sliding_window))
+        return dataclasses.replace(self, attention_backend=_auto_attention(self.device))
 
     @property
     def speculative(self) -> bool:
@@ -329,8 +329,8 @@ def _visible_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _auto_attention(device: str, sliding_window: bool) -> str:
-    if sliding_window or not str(device).startswith("cuda"):
+def _auto_attention(device: str) -> str:
+    if not str(device).startswith("cuda"):
         return "torch_native"
     from specdec.attention import available_backends
 

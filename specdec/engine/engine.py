@@ -147,8 +147,8 @@ class Engine:
                                        tp=tp, load_format=args.load_format, seed=args.random_seed)
             if tokenizer is None:
                 tokenizer = load_tokenizer(args.model_path)
-        # --attention-backend auto: triton on CUDA, torch_native for sliding-window models and on CPU
-        args = args.with_attention_resolved(sliding_window=getattr(target_model.config, "has_sliding_layers", False))
+        # --attention-backend auto: triton on CUDA (sliding-window models too), torch_native on CPU
+        args = args.with_attention_resolved()
         args = deterministic_args(args)  # --enable-deterministic-inference: checked, switch set, no graphs
         self.args = args
         standalone = standalone_draft(args, target_model, tokenizer, draft_model, dtype=torch_dtype)
@@ -189,7 +189,7 @@ class Engine:
         if getattr(cfg, "has_sliding_layers", False) and not backend.supports_sliding_window:
             raise ValueError(
                 f"--attention-backend {attention_backend} has no sliding-window attention, which this model "
-                f"uses (sliding_window={cfg.sliding_window}); use --attention-backend torch_native"
+                f"uses (sliding_window={cfg.sliding_window}); use --attention-backend triton or torch_native"
             )
         # overlap scheduling (default on CUDA): launch each decode step before reading the last one.
         # NOTE: not by default with speculation on a backend that plans on the host (FlashInfer): it

@@ -65,9 +65,9 @@ def test_kernel_matches_reference(dtype):
 def decode_rows(op, plan_seqs: int, num_splits: int | None = None):
     """``op`` (``decode_attention_rows`` or its reference) in ``run_rows``'s calling convention (each
     row reads its own table row, so the row list is not passed)."""
-    def run(q, k, v, table, _row_list, lens, out, *, sm_scale, max_kv_len):
+    def run(q, k, v, table, _row_list, lens, out, *, sm_scale, max_kv_len, **kw):
         extra = {} if num_splits is None else {"num_splits": num_splits}
-        op(q, k, v, table, lens, out, sm_scale=sm_scale, max_kv_len=max_kv_len, plan_seqs=plan_seqs, **extra)
+        op(q, k, v, table, lens, out, sm_scale=sm_scale, max_kv_len=max_kv_len, plan_seqs=plan_seqs, **extra, **kw)
     return run
 
 
@@ -81,6 +81,40 @@ def test_decode_rows_match_reference(dtype, plan_seqs, num_splits):
     ref, _, _ = run_rows(lens, dtype=dtype, op=decode_rows(decode_attention_rows_ref, plan_seqs))
     tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
     torch.testing.assert_close(ours.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def run_windowed_rows(op, lens: list[int], window: int, *, poison: bool, dtype=torch.float32) -> torch.Tensor:
+    """Rows of the given lengths over disjoint shuffled slots, a sliding ``window``; ``poison``: the
+    entries before each row's window hold NaN (a kernel that reads one shows it)."""
+    gen = torch.Generator().manual_seed(9)
+    stride = max(lens)
+    table = torch.randperm(len(lens) * stride, generator=gen).view(len(lens), stride).to(torch.int32)
+    cache = kv_cache(len(lens) * stride, dtype)
+    k, v = cache.get_kv(0)
+    if poison:
+        hidden = torch.cat([table[r, : max(0, n - window)] for r, n in enumerate(lens)]).long()
+        k[hidden], v[hidden] = float("nan"), float("nan")
+    q = rand(len(lens), HQ, D, dtype=dtype, device=DEVICE, seed=2)
+    out = torch.full_like(q, float("nan"))
+    op(q, k, v, table.to(DEVICE), torch.arange(len(lens), device=DEVICE),
+       torch.tensor(lens, dtype=torch.int32, device=DEVICE), out, sm_scale=D**-0.5, max_kv_len=stride, window=window)
+    return out
+
+
+@pytest.mark.parametrize("window", [1, 20, 40, 200])
+@pytest.mark.parametrize("kernel", ["row_attention", "decode_attention_rows"])
+def test_kernels_with_window_read_the_window_alone(kernel, window):
+    """A row sees its list's last ``window`` entries (the list is its positions up to its own): 20
+    and 40 start mid-split and reach two or three 32-position splits, 200 is the whole list; both row
+    kernels equal their reference and read nothing before the window."""
+    ops = {"row_attention": (row_attention, row_attention_ref),
+           "decode_attention_rows": (decode_rows(decode_attention_rows, 2, 3),
+                                     decode_rows(decode_attention_rows_ref, 2))}
+    op, ref_op = ops[kernel]
+    lens = [1, 19, 33, 64, 97, 130]
+    ours = run_windowed_rows(op, lens, window, poison=True)
+    ref = run_windowed_rows(ref_op, lens, window, poison=False)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_a_row_depends_on_its_list_alone():
@@ -122,19 +156,20 @@ def _batch(mode, positions, out_cache_loc, rows, prefix, extend, table, cache, b
         extend_lens_cpu=list(extend), tree_mask=tree_mask, static_max_seq_len=static)
 
 
-def _forward(backend, batch, q, k, v):
-    layer = AttentionLayer(layer_id=0, num_heads=HQ, num_kv_heads=HKV, head_dim=D, scaling=D**-0.5)
+def _forward(backend, batch, q, k, v, window: int | None = None):
+    layer = AttentionLayer(layer_id=0, num_heads=HQ, num_kv_heads=HKV, head_dim=D, scaling=D**-0.5,
+                           sliding_window=window)
     backend.init_forward_metadata(batch)
     return backend.forward(q, k, v, layer, batch)
 
 
 def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype = torch.float32, *,
-                       deterministic: bool = True, **backend_kw):
+                       deterministic: bool = True, window: int | None = None, **backend_kw):
     """(verify output, decode output): decode row i rebuilds verify node i's context in a request of
     its own, every slot different (prefix and ancestors copied to fresh slots), then attends from the
     node's query, key and value. Deterministic: one decode batch of every node; default: a batch a
     node index (node i of each request), as many requests as the verify batch, as plain decoding
-    of those requests would run."""
+    of those requests would run. ``window``: the layer's sliding window."""
     backend, n = create_attention_backend(backend_name, **backend_kw), len(TREES[0])
     gen = torch.Generator().manual_seed(0)
     cache = kv_cache(2000, dtype)
@@ -151,7 +186,7 @@ def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype
     verify = _batch(ForwardMode.TARGET_VERIFY, positions, node_slots, [0, 1], PREFIXES, [n, n], table, cache, backend,
                     tree_mask=mask.flatten(), static=static)
     with mode():
-        out_verify = _forward(backend, verify, q, k, v)
+        out_verify = _forward(backend, verify, q, k, v, window)
     fresh = iter(slots[400:].tolist())
     for r in range(2 * n):  # table row 2 + r: node r's prefix and ancestors at fresh slots
         b = r // n
@@ -166,7 +201,7 @@ def verify_then_decode(backend_name: str, static: int | None, dtype: torch.dtype
                         [2 + r for r in rows], [positions[r] for r in rows], [1] * len(rows), table, cache, backend,
                         static=static)
         with mode():
-            out_decode[rows] = _forward(backend, decode, q[rows], k[rows], v[rows])
+            out_decode[rows] = _forward(backend, decode, q[rows], k[rows], v[rows], window)
     return out_verify, out_decode
 
 
@@ -195,6 +230,26 @@ def test_default_verify_node_equals_decode_step_bit_for_bit(dtype, num_splits):
         assert torch.equal(out_verify, out_decode), f"static={static}"
 
 
+# A local layer (sliding window): a node and its decode step see the same last ``window`` positions,
+# split alike (the plan sized by the window), so the equality holds there too. Window 40: inside both
+# prefixes, over two or three 32-position splits; 5: the node's ancestors and the prefix's last entries
+@pytest.mark.parametrize("window, num_splits", [(40, None), (5, 3)])
+def test_default_verify_node_equals_decode_step_with_window(window, num_splits):
+    for static in (None, 200):
+        out_verify, out_decode = verify_then_decode("triton", static, deterministic=False, num_splits=num_splits,
+                                                    window=window)
+        assert torch.equal(out_verify, out_decode), f"static={static}"
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch_native"])
+def test_deterministic_verify_node_equals_decode_step_with_window(backend):
+    out_verify, out_decode = verify_then_decode(backend, None, window=40)
+    assert torch.equal(out_verify, out_decode)
+    if backend == "triton":
+        graph_verify, _ = verify_then_decode(backend, 200, window=40)
+        assert torch.equal(graph_verify, out_verify)
+
+
 def test_default_verify_through_extend_kernel_differs_from_decode():
     """The check above can fail: through the extend kernel (``verify_as_decode_max_rows=0``, 3 splits)
     the same nodes differ from the decode steps in fp32 (summation order), within rounding."""
@@ -204,10 +259,14 @@ def test_default_verify_through_extend_kernel_differs_from_decode():
     torch.testing.assert_close(out_verify, out_decode, rtol=1e-5, atol=1e-5)
 
 
-def test_backends_agree_up_to_summation_order():
-    triton_verify, _ = verify_then_decode("triton", None)
-    native_verify, _ = verify_then_decode("torch_native", None)
+@pytest.mark.parametrize("window", [None, 40])
+def test_backends_agree_up_to_summation_order(window):
+    triton_verify, _ = verify_then_decode("triton", None, window=window)
+    native_verify, _ = verify_then_decode("torch_native", None, window=window)
     torch.testing.assert_close(triton_verify, native_verify, rtol=1e-5, atol=1e-5)
+    if window is not None:  # the window changes the result (it is honoured at all)
+        unwindowed, _ = verify_then_decode("torch_native", None)
+        assert not torch.allclose(native_verify, unwindowed, rtol=1e-3, atol=1e-3)
 
 
 def test_static_plan_reads_nothing_on_the_host(monkeypatch):

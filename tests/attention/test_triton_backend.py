@@ -32,7 +32,7 @@ import_kernels("specdec.attention.triton_backend")
 from specdec.attention import AttentionLayer, KVCache, create_attention_backend  # noqa: E402
 from specdec.attention.kv_dtype import cast_kv  # noqa: E402
 from specdec.attention.torch_native import TorchNativeBackend  # noqa: E402
-from specdec.forward import ForwardBatch, ForwardMode  # noqa: E402
+from specdec.forward import ForwardBatch, ForwardMode, batch_invariant  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
@@ -106,8 +106,9 @@ def _rand(shape, gen, dtype, device):
 
 
 def make_problem(sc: Scenario, *, page_size: int, dtype: torch.dtype, hq: int = 4, hkv: int = 2,
-                 d: int = 16, seed: int = 0, device: torch.device = DEVICE) -> Problem:
-    """A batch whose request rows own shuffled pages (page_size 1: every slot shuffled)."""
+                 d: int = 16, seed: int = 0, device: torch.device = DEVICE, window: int | None = None) -> Problem:
+    """A batch whose request rows own shuffled pages (page_size 1: every slot shuffled); ``window``:
+    the layer's sliding window."""
     gen = torch.Generator().manual_seed(seed)
     bs = len(sc.prefix)
     ctx = max(p + (0 if sc.depth else e) for p, e in zip(sc.prefix, sc.extend))
@@ -153,17 +154,20 @@ def make_problem(sc: Scenario, *, page_size: int, dtype: torch.dtype, hq: int = 
         extend_lens_cpu=list(sc.extend),
         **kw,
     )
-    layer = AttentionLayer(layer_id=0, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=d**-0.5)
+    layer = AttentionLayer(layer_id=0, num_heads=hq, num_kv_heads=hkv, head_dim=d, scaling=d**-0.5,
+                           sliding_window=window)
     return Problem(batch, layer, cache, _rand((n, hq * d), gen, dtype, device),
                    _rand((n, hkv * d), gen, dtype, device), _rand((n, hkv * d), gen, dtype, device))
 
 
 def positions(sc: Scenario) -> torch.Tensor:
-    """[num_tokens] the prefix, plus each verify node's depth or each new token's index."""
+    """[num_tokens] the prefix, plus each verify node's depth, each new token's index, or a draft
+    branch's depth (depth - 1 ancestors before it: every branch of a step at the same position)."""
     if sc.trees is not None:
         return torch.cat([p + tree_mask(t).sum(1) - 1 for p, t in zip(sc.prefix, sc.trees)])
-    return torch.cat([p + torch.arange(0 if sc.depth else e) for p, e in zip(sc.prefix, sc.extend)]
-                     + [torch.zeros(sum(sc.extend) if sc.depth else 0, dtype=torch.int64)])
+    if sc.depth:
+        return torch.cat([torch.full((e,), p + sc.depth - 1) for p, e in zip(sc.prefix, sc.extend)])
+    return torch.cat([p + torch.arange(e) for p, e in zip(sc.prefix, sc.extend)])
 
 
 def _copy_cache(cache: KVCache, dtype: torch.dtype) -> KVCache:
@@ -197,14 +201,17 @@ def torch_lowp(pb: Problem) -> torch.Tensor:
     qs = pb.q.view(-1, hq, d)[md.q_rows]  # [s, q, hq, d]
     qs = qs.view(qs.shape[0], qs.shape[1], hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)  # [s, hkv, g, q, d]
     scores = torch.einsum("shgqd,skhd->shgqk", qs, k_buf[md.kv_slots]).float() * layer.scaling
-    probs = torch.softmax(scores.masked_fill(~md.allowed[:, None, None], float("-inf")), -1).to(dtype)
+    visible = md.window(layer.sliding_window)  # [s, q, kv]
+    probs = torch.softmax(scores.masked_fill(~visible[:, None, None], float("-inf")), -1).to(dtype)
     out = torch.einsum("shgqk,skhd->sqhgd", probs, v_buf[md.kv_slots]).reshape(qs.shape[0], -1, hq * d)
     return out[md.q_valid].float()[torch.argsort(md.q_rows[md.q_valid])]
 
 
-def check_against_torch(pb: Problem, **backend_kw) -> tuple[float, float]:
-    """Triton vs fp32 torch_native within the derived tolerance; returns (error, tolerance)."""
-    ours, our_cache = run_backend(create_attention_backend("triton", **backend_kw), pb)
+def check_against_torch(pb: Problem, *, deterministic: bool = False, **backend_kw) -> tuple[float, float]:
+    """Triton vs fp32 torch_native within the derived tolerance; returns (error, tolerance).
+    ``deterministic``: triton plans and runs under batch invariance (``row_attention``)."""
+    with batch_invariant(deterministic):
+        ours, our_cache = run_backend(create_attention_backend("triton", **backend_kw), pb)
     ref, _ = run_backend(TorchNativeBackend(), pb, torch.float32)
     lowp = torch_lowp(pb)
     tol = FACTOR * (lowp - ref).abs().max().item() + FLOOR
@@ -290,6 +297,66 @@ def test_static_plan_equals_the_eager_plan_bitwise(name):
     static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=600)
     planned, _ = run_backend(create_attention_backend("triton", num_splits=3), dataclasses.replace(pb, batch=static))
     assert torch.equal(planned, eager)
+
+
+# ----------------------------------------------------------------------------- sliding windows
+# (scenario, window): 1 (a query sees itself alone), windows inside the prefixes, one past every
+# context (a global layer's result)
+WINDOW_CASES = [
+    ("decode_bs5", 1), ("decode_bs5", 6), ("decode_bs5", 100),
+    ("extend_prefix", 1), ("extend_prefix", 4), ("extend_prefix", 100),
+    # 20 rows after a 37-entry prefix in two row blocks: at 9 the second block reads no prefix entry
+    # and starts its new tokens past the first; at 30 each block starts at its first row's window
+    ("extend_long", 9), ("extend_long", 30),
+    ("draft_extend", 5),
+    ("verify_chain", 3), ("verify_topk2", 2), ("verify_wide10", 4), ("verify_mixed", 6),
+    # depth 1, 2, 4: at 2 a depth-4 branch sees its last two ancestors alone
+    ("draft_decode_k1", 1), ("draft_decode_k3", 4), ("draft_decode_k10", 2), ("draft_decode_k10", 7),
+]
+# bf16: one case a kernel
+BF16_WINDOW_CASES = [("decode_bs5", 6), ("extend_long", 30), ("verify_topk2", 2), ("draft_decode_k10", 7)]
+
+
+@pytest.mark.parametrize("name, window, dtype", [c + (torch.float32,) for c in WINDOW_CASES]
+                         + [c + (torch.bfloat16,) for c in BF16_WINDOW_CASES], ids=str)
+def test_sliding_window_matches_torch_native(name, window, dtype):
+    """A local layer: a query at position q sees the entries at positions > q - window (torch_native's
+    ``window``) in every path: decode, extend, verify as decode steps, draft step."""
+    check_against_torch(make_problem(SCENARIOS[name], page_size=1, dtype=dtype, seed=len(name), window=window))
+
+
+@pytest.mark.parametrize("name, window", [c for c in WINDOW_CASES if c[0].startswith("verify")])
+def test_sliding_window_verify_through_extend_kernel(name, window):
+    """Tree nodes under the tree mask and the window (each at its own position) in the extend kernel."""
+    pb = make_problem(SCENARIOS[name], page_size=16, dtype=torch.float32, seed=2, window=window)
+    check_against_torch(pb, verify_as_decode_max_rows=0)
+
+
+@pytest.mark.parametrize("name, window", [("decode_bs5", 6), ("extend_prefix", 4), ("extend_long", 30),
+                                          ("verify_mixed", 6), ("verify_chain", 3), ("draft_decode_k10", 7)])
+def test_sliding_window_split_kv(name, window):
+    """Forced splits cut each sequence's windowed range (some splits empty)."""
+    pb = make_problem(SCENARIOS[name], page_size=16, dtype=torch.float32, seed=1, window=window)
+    check_against_torch(pb, num_splits=3)
+
+
+@pytest.mark.parametrize("name, window", [("decode_bs5", 6), ("verify_topk2", 2), ("draft_decode_k3", 4),
+                                          ("draft_extend_uniform", 3)])
+def test_sliding_window_static_plan(name, window):
+    """The CUDA-graph plan (device lengths, a bound of 600 that splits) with a window: the plan is sized
+    by the window, each sequence's window cut from its own length on the device."""
+    pb = make_problem(STATIC_SCENARIOS[name], page_size=1, dtype=torch.float32, seed=3, window=window)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=600)
+    check_against_torch(dataclasses.replace(pb, batch=static))
+
+
+@pytest.mark.parametrize("name, window", [("decode_bs5", 6), ("extend_prefix", 4), ("extend_long", 30),
+                                          ("verify_topk2", 2), ("draft_extend", 5), ("draft_decode_k3", 4)])
+def test_sliding_window_deterministic_rows(name, window):
+    """Deterministic inference's rows (``row_attention``: each row's list is its positions up to its
+    own, so the window is the list's last entries) against torch_native's padded attention."""
+    pb = make_problem(SCENARIOS[name], page_size=1, dtype=torch.float32, seed=4, window=window)
+    check_against_torch(pb, deterministic=True)
 
 
 def test_group_of_one_and_head_dim_32():
@@ -498,6 +565,101 @@ def test_draft_decode_kernel_matches_ref(topk, hq, num_splits, bound):
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
 
 
+def _poisoned(buf: torch.Tensor, slots: list[torch.Tensor]) -> torch.Tensor:
+    """A copy of ``buf`` with NaN at ``slots``: entries a kernel must not read (one read poisons its row)."""
+    out = buf.clone()
+    out[torch.cat(slots).long()] = float("nan")
+    return out
+
+
+@pytest.mark.parametrize("bound", [None, 4096], ids=["bound=longest", "bound=4096"])
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("window", [1, 6, 30])
+def test_decode_kernel_with_window_reads_the_window_alone(window, num_splits, bound):
+    """A local layer's decode: each sequence's last ``window`` entries, cut into the splits, give the
+    reference's result, and every entry before them holds NaN."""
+    gen = torch.Generator().manual_seed(window)
+    lens = [5, 1, 37, 20, 2]
+    k = _rand((120, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((120, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((len(lens), 4, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(120, generator=gen)[: sum(lens)].to(torch.int32).to(DEVICE)
+    indptr = _indptr(lens)
+    ends = indptr[1:].tolist()
+    hidden = [slots[e - n : max(e - n, e - window)] for e, n in zip(ends, lens)]
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    kw = dict(sm_scale=0.3, max_kv_len=bound or max(lens), num_splits=num_splits, window=window)
+    tk.decode_attention(q, _poisoned(k, hidden), _poisoned(v, hidden), indptr, slots, out, **kw)
+    tk.decode_attention_ref(q, k, v, indptr, slots, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits, new_split", [(None, None), (3, False), (3, True)])
+@pytest.mark.parametrize("window", [1, 5, 12])
+@pytest.mark.parametrize("masked", [False, True])
+def test_extend_kernel_with_window_matches_ref(masked, window, num_splits, new_split):
+    """Causal rows at prefix + row, or random trees' nodes at prefix + depth (``positions``), each over
+    its own window; the entries before the first row's window (prefix - window + 1) hold NaN."""
+    gen = torch.Generator().manual_seed(13)
+    q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
+    kv_lens = [a + b for a, b in zip(q_lens, prefix)]
+    k = _rand((150, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((150, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((sum(q_lens), 4, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(150, generator=gen)[: sum(kv_lens)].to(torch.int32).to(DEVICE)
+    kv_indptr = _indptr(kv_lens)
+    hidden = [slots[s : s + max(0, p - window + 1)] for s, p in zip(kv_indptr.tolist(), prefix)]
+    mask = mask_indptr = None
+    positions = torch.cat([p + torch.arange(n) for p, n in zip(prefix, q_lens)])  # causal: not read
+    if masked:
+        trees = [random_tree(n, seed) for seed, n in enumerate(q_lens)]
+        mask = torch.cat([tree_mask(t).flatten() for t in trees]).to(torch.uint8).to(DEVICE)
+        mask_indptr = _indptr([n * n for n in q_lens]).long()
+        positions = torch.cat([p + tree_mask(t).sum(1) - 1 for p, t in zip(prefix, trees)])
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    kw = dict(sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=max(prefix), num_splits=num_splits,
+              new_split=new_split, window=window, positions=positions.to(DEVICE))
+    tk.extend_attention(q, _poisoned(k, hidden), _poisoned(v, hidden), _indptr(q_lens), kv_indptr, slots, mask,
+                        mask_indptr, out, **kw)
+    tk.extend_attention_ref(q, k, v, _indptr(q_lens), kv_indptr, slots, mask, mask_indptr, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
+def test_extend_kernel_window_under_a_mask_needs_positions():
+    q = torch.zeros(2, 4, 16, device=DEVICE)
+    kv = torch.zeros(10, 2, 16, device=DEVICE)
+    one = _indptr([2])
+    mask = torch.ones(4, dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="needs the rows' positions"):
+        tk.extend_attention(q, kv, kv, one, one, one[:2], mask, _indptr([4]).long(), torch.empty_like(q),
+                            sm_scale=1.0, max_q_len=2, max_prefix_len=0, window=3)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("window", [1, 2, 10, 45])
+def test_draft_decode_kernel_with_window_reads_the_window_alone(window, num_splits):
+    """Branches at prefix + depth - 1 (depth 3, topk 3): windows 1 and 2 see their last ancestors
+    alone, 10 the prefix's end too, 45 everything; every entry before the window holds NaN."""
+    gen = torch.Generator().manual_seed(window)
+    prefix, depth, topk, num_slots = [9, 0, 41], 3, 3, 400
+    bs = len(prefix)
+    k = _rand((num_slots, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((num_slots, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((bs * topk, 4, 16), gen, torch.float32, DEVICE)
+    perm = torch.randperm(num_slots, generator=gen).to(torch.int32)
+    table = perm[: 6 * 48].view(6, 48).to(DEVICE)
+    ancestors = perm[6 * 48 : 6 * 48 + bs * topk * depth].view(bs * topk, depth).long().to(DEVICE)
+    rows = [4, 0, 2]
+    hidden = [table[r, : min(p, max(0, p + depth - window))] for r, p in zip(rows, prefix)]
+    hidden.append(ancestors[:, : max(0, depth - window)].flatten().to(torch.int32))
+    args = (table, torch.tensor(rows, device=DEVICE), torch.tensor(prefix, device=DEVICE), ancestors)
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    kw = dict(sm_scale=0.3, max_prefix_len=max(prefix), num_splits=num_splits, window=window)
+    tk.draft_decode_attention(q, _poisoned(k, hidden), _poisoned(v, hidden), *args, out, **kw)
+    tk.draft_decode_attention_ref(q, k, v, *args, ref, **kw)
+    torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
+
+
 def test_draft_decode_kernel_rejects_rows_that_are_not_topk_per_request():
     q = torch.zeros(5, 4, 16, device=DEVICE)
     kv = torch.zeros(10, 2, 16, device=DEVICE)
@@ -696,6 +858,27 @@ def test_gpu_fp8_kv_cache_matches_its_values_in_bf16(name):
 def test_gpu_forced_splits(name, num_splits):
     pb = make_problem(GPU_SCENARIOS[name], page_size=1, dtype=torch.bfloat16, hq=32, hkv=8, d=128)
     check_against_torch(pb, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [1, 128, 1000])
+@pytest.mark.parametrize("name", list(GPU_SCENARIOS))
+def test_gpu_sliding_window_matches_torch_native(name, window):
+    """Local layers at real sizes: a window of 1, of one tile, and one inside the longer contexts
+    (Gemma 3's are 512 or 1024 entries, Mistral's 4096)."""
+    pb = make_problem(GPU_SCENARIOS[name], page_size=16 if "verify" in name else 1, dtype=torch.bfloat16,
+                      hq=32, hkv=8, d=128, seed=len(name), window=window)
+    check_against_torch(pb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 5])
+@pytest.mark.parametrize("name", ["decode_bs8", "verify_n8", "verify_chain_bs64", "draft_decode_k8"])
+def test_gpu_sliding_window_static_plan(name, num_splits):
+    """The CUDA-graph plan at a server's bound (8192) with a 512-entry window: planned, and forced splits."""
+    pb = make_problem(GPU_SCENARIOS[name], page_size=1, dtype=torch.bfloat16, hq=32, hkv=8, d=128, window=512)
+    static = dataclasses.replace(pb.batch, prefix_lens_cpu=None, extend_lens_cpu=None, static_max_seq_len=8192)
+    check_against_torch(dataclasses.replace(pb, batch=static), num_splits=num_splits)
 
 
 # ----------------------------------------------------------------------------- GPU: end to end

@@ -18,22 +18,20 @@ def test_auto_device_and_running_requests():
     assert EngineArgs(device="cuda", max_running_requests=8).max_running_requests == 8
 
 
-@pytest.mark.parametrize("device, sliding, expected", [
-    ("cuda", False, "triton"), ("cuda:1", False, "triton"), ("cuda", True, "torch_native"),
-    ("cpu", False, "torch_native"),
-])
-def test_auto_attention_backend(device, sliding, expected):
+@pytest.mark.parametrize("device, expected", [("cuda", "triton"), ("cuda:1", "triton"), ("cpu", "torch_native")])
+def test_auto_attention_backend(device, expected):
+    """Whatever the model: triton attends sliding windows too, under CUDA graphs."""
     args = EngineArgs(device=device)
     assert args.attention_backend == "auto"
-    assert args.with_attention_resolved(sliding_window=sliding).attention == expected
+    assert args.with_attention_resolved().attention == expected
     # a hybrid with one side named resolves the other
-    hybrid = EngineArgs(device=device, prefill_attention_backend="fa4").with_attention_resolved(sliding_window=sliding)
+    hybrid = EngineArgs(device=device, prefill_attention_backend="fa4").with_attention_resolved()
     assert hybrid.attention == f"fa4:{expected}"
 
 
 def test_a_named_backend_is_kept():
     args = EngineArgs(device="cuda", attention_backend="flashinfer")
-    assert args.with_attention_resolved(sliding_window=True).attention == "flashinfer"
+    assert args.with_attention_resolved().attention == "flashinfer"
 
 
 class _GraphBackend:

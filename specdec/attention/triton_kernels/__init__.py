@@ -14,8 +14,9 @@
 
 The decode and extend kernels read KV through an explicit per-sequence slot list (``kv_indptr`` /
 ``kv_indices`` of a ``RaggedLayout``), the draft-step kernel through the request-to-token table;
-both are per token, so any page size works. This package imports nothing else of specdec
-except ``specdec.kernels`` (input checks).
+both are per token, so any page size works. Every attention kernel takes a layer's sliding
+``window`` (None: a global layer) and skips the entries no query's window reaches (each module's
+docstring says how). This package imports nothing else of specdec except ``specdec.kernels`` (input checks).
 """
 
 from specdec.attention.triton_kernels.decode import (

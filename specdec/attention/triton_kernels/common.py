@@ -1,5 +1,5 @@
 """Pieces shared by the decode and extend kernels: the online-softmax step, the split-KV plan,
-tile sizes, and whether Triton can run on a device.
+tile sizes, the sliding-window argument, and whether Triton can run on a device.
 
 Scores are kept in log2 units (``q·k * sm_scale * log2(e)``) so the kernels use ``exp2``; the
 log-sum-exp a split writes is in the same units, and ``merge.py`` combines with ``exp2`` too.
@@ -313,6 +313,30 @@ def plan_extend_splits(
         num_splits = max(1, min(one_wave, prefix_len // MIN_SPLIT_LEN))
     splits, chunk = plan_num_splits(num_ctas, prefix_len, device=device, tile=tile, num_splits=num_splits)
     return splits, chunk, new_split and splits > 1
+
+
+# the kernels' window argument of a layer without one: past any position, so ``position - window`` < 0
+NO_WINDOW = 1 << 30
+
+
+def window_arg(window: int | None) -> int:
+    """A layer's sliding window as the kernels take it: keys a query sees, itself included (a key at
+    position p is visible from position q iff ``p > q - window``); NO_WINDOW for a global layer.
+
+    NOTE: the kernels declare it ``do_not_specialize``: Triton would otherwise compile a variant for
+    a window of 1 and one for windows divisible by 16.
+    """
+    if window is None:
+        return NO_WINDOW
+    if not 1 <= window <= NO_WINDOW:
+        raise ValueError(f"window={window}: expected 1..{NO_WINDOW} or None")
+    return window
+
+
+def window_span(length: int, window: int | None) -> int:
+    """Entries of a range of ``length`` that one windowed query can see: what split plans are sized by
+    (a local layer's long context is cut into as many splits as its window, not as the context)."""
+    return length if window is None else min(length, window)
 
 
 def head_dim_block(head_dim: int) -> int:

@@ -16,6 +16,13 @@ Example, 2 sequences with kv lens 9 and 2, tiles of 2 entries, 3 splits:
     kv_indptr = [0, 9, 11]    kv_indices = [40 41 9 3 12 5 6 20 21 | 7 8]
     seq 0 (chunk 4): split 0 reads slots 40 41 9 3, split 1 12 5 6 20, split 2 21
     seq 1 (chunk 2): split 0 reads slots 7 8, splits 1 and 2 are empty (lse = -inf, weight 0 in the merge)
+
+Sliding windows (``window``, a local layer's): the query sits at the last entry's position and sees
+the last ``window`` entries alone, so the range the splits cut starts there, not at 0, and a local
+layer reads at most ``window`` entries whatever the context (the plan is sized by ``min(bound,
+window)``, ``window_span``). The same example at window 5:
+    seq 0: entries 4..8 (chunk 2): split 0 reads slots 12 5, split 1 6 20, split 2 21
+    seq 1: both entries (chunk 2), as without a window
 """
 
 from __future__ import annotations
@@ -37,14 +44,16 @@ from specdec.attention.triton_kernels.common import (
     plan_num_splits,
     split_chunk,
     store_rows,
+    window_arg,
+    window_span,
 )
 from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])
 def _decode_kernel(
-    Q, K, V, O, LSE, kv_indptr, kv_indices, row_lens, kv_row_stride, sm_scale_log2,
+    Q, K, V, O, LSE, kv_indptr, kv_indices, row_lens, kv_row_stride, sm_scale_log2, window,
     stride_qs, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
     stride_os, stride_oh, stride_osplit,
@@ -62,8 +71,11 @@ def _decode_kernel(
     else:
         kv_start = tl.load(kv_indptr + seq)
         kv_len = tl.load(kv_indptr + seq + 1) - kv_start
-    chunk_len = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
-    lo = split * chunk_len
+    # the query is at the last entry's position: it sees entries [kv_len - window, kv_len), which the
+    # splits cut (the whole list without a window: NO_WINDOW)
+    win_lo = tl.maximum(kv_len - window, 0)
+    chunk_len = split_chunk(kv_len - win_lo, tl.num_programs(2), BLOCK_N)
+    lo = win_lo + split * chunk_len
     hi = tl.minimum(lo + chunk_len, kv_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -124,8 +136,10 @@ def decode_attention(
     sm_scale: float,
     max_kv_len: int,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> None:
-    """Attention of each sequence's single query row over all its KV entries.
+    """Attention of each sequence's single query row over its KV entries: all of them, or with a
+    sliding ``window`` the last ``window`` (the query sits at the last entry's position).
 
     ``max_kv_len`` (a host int, no sync) sizes the split plan; ``num_splits`` forces a split count.
     """
@@ -134,7 +148,7 @@ def decode_attention(
         raise ValueError(f"kv_indptr: expected {q.shape[0] + 1} entries, got {kv_indptr.shape[0]}")
     # NOTE: row_lens and the row stride are not read without ROW_TABLE (kv_indptr stands in)
     _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, kv_indptr, 0, out, sm_scale=sm_scale,
-            max_kv_len=max_kv_len, plan_seqs=q.shape[0], num_splits=num_splits, row_table=False)
+            max_kv_len=max_kv_len, plan_seqs=q.shape[0], num_splits=num_splits, row_table=False, window=window)
 
 
 def decode_attention_rows(
@@ -149,10 +163,12 @@ def decode_attention_rows(
     max_kv_len: int,
     plan_seqs: int,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> None:
     """Each query row as a decode step over its own list, planned (split count, tiles) as the decode
     batch of ``plan_seqs`` sequences whose longest is ``max_kv_len``: a verify node of a tree and the
-    decode step of the same token in a batch of as many requests run the same arithmetic, bit for bit."""
+    decode step of the same token in a batch of as many requests run the same arithmetic, bit for bit
+    (with a ``window`` too: a row's list is its positions 0..its own, so it sees its last ``window``)."""
     check_qkv(q, k_buffer, v_buffer, out)
     check_tensor("kv_table", kv_table, dtype=torch.int32, dim=2, device=q.device)
     check_tensor("row_lens", row_lens, dtype=torch.int32, shape=(q.shape[0],), device=q.device)
@@ -160,13 +176,14 @@ def decode_attention_rows(
         raise ValueError(f"kv_table: expected {q.shape[0]} rows with unit last stride, got {tuple(kv_table.shape)}")
     # NOTE: kv_indptr is not read under ROW_TABLE (row_lens stands in)
     _launch(q, k_buffer, v_buffer, row_lens, kv_table, row_lens, kv_table.stride(0), out, sm_scale=sm_scale,
-            max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, row_table=True)
+            max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, row_table=True, window=window)
 
 
 def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, out, *, sm_scale, max_kv_len,
-            plan_seqs, num_splits, row_table) -> None:
-    """The decode grid (sequence, KV head, split), planned for ``plan_seqs`` sequences; a sequence's
-    slots come from ``kv_indptr`` or (``row_table``) from ``row_lens`` and the table's row stride."""
+            plan_seqs, num_splits, row_table, window) -> None:
+    """The decode grid (sequence, KV head, split), planned for ``plan_seqs`` sequences whose longest
+    windowed range is ``window_span(max_kv_len, window)``; a sequence's slots come from ``kv_indptr``
+    or (``row_table``) from ``row_lens`` and the table's row stride."""
     num_seqs, hq, d = q.shape
     hkv = k_buffer.shape[1]
     if num_seqs == 0:
@@ -174,8 +191,8 @@ def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, 
     block_h = max(16, triton.next_power_of_2(hq // hkv))
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
-    splits, _ = plan_num_splits(plan_seqs * hkv, max_kv_len, device=q.device, tile=cfg.block_n,
-                                num_splits=num_splits)
+    splits, _ = plan_num_splits(plan_seqs * hkv, window_span(max_kv_len, window), device=q.device,
+                                tile=cfg.block_n, num_splits=num_splits)
     if is_streaming_grid(q.device, plan_seqs * hkv, splits):
         cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
@@ -183,6 +200,7 @@ def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, 
     group = hq // hkv
     _decode_kernel[(num_seqs, hkv, splits)](
         q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, row_lens, row_stride, sm_scale * LOG2E,
+        window_arg(window),
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
@@ -207,8 +225,10 @@ def decode_attention_ref(
     sm_scale: float,
     max_kv_len: int,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> None:
-    """Specification of ``decode_attention``: softmax(q k^T * sm_scale) v per sequence, in fp32.
+    """Specification of ``decode_attention``: softmax(q k^T * sm_scale) v per sequence, in fp32, over
+    its entries, or with a ``window`` its last ``window`` entries (the query at the last's position).
 
     Query head h reads KV head ``h // (num_heads // num_kv_heads)``. The plan arguments
     (``max_kv_len``, ``num_splits``) do not change the result.
@@ -216,7 +236,8 @@ def decode_attention_ref(
     group = q.shape[1] // k_buffer.shape[1]
     indptr = kv_indptr.tolist()
     for s in range(q.shape[0]):
-        slots = kv_indices[indptr[s] : indptr[s + 1]].long()
+        lo = indptr[s] if window is None else max(indptr[s], indptr[s + 1] - window)
+        slots = kv_indices[lo : indptr[s + 1]].long()
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,khd->hk", q[s].float(), k) * sm_scale
@@ -235,10 +256,12 @@ def decode_attention_rows_ref(
     max_kv_len: int,
     plan_seqs: int,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> None:
     """Specification of ``decode_attention_rows``: ``decode_attention_ref`` over the rows' lists (the
     plan arguments do not change the result)."""
     lens = row_lens.tolist()
     indices = torch.cat([kv_table[r, :n] for r, n in enumerate(lens)]) if lens else kv_table.new_zeros(0)
     indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    decode_attention_ref(q, k_buffer, v_buffer, indptr, indices, out, sm_scale=sm_scale, max_kv_len=max_kv_len)
+    decode_attention_ref(q, k_buffer, v_buffer, indptr, indices, out, sm_scale=sm_scale, max_kv_len=max_kv_len,
+                         window=window)

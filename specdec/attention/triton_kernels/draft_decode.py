@@ -16,6 +16,13 @@ holding the prefix's last entry (split 0 for an empty prefix) folds the ancestor
 
 Rows of an m-block, topk = 2, group = 4 (query heads 4k..4k+3 share KV head k), BLOCK_M = 16:
     (branch 0, head 4k) .. (branch 0, head 4k+3) (branch 1, head 4k) .. (branch 1, head 4k+3) -- x 8
+
+Sliding windows (``window``, a local layer's): every branch of a step is at the same depth, so at the
+same position, ``prefix_len + depth - 1`` (ancestor t at ``prefix_len + t``): all of a request's rows
+see the same entries, the prefix from ``prefix_len + depth - window`` on and the ancestors from
+``depth - window`` on, and need no mask. The splits cut the prefix's windowed range, and the plan is
+sized by ``min(bound, window)`` (``window_span``). Prefix 6, depth 2, window 4: the rows are at
+position 7 and see prefix entries 4 and 5 and both ancestors.
 """
 
 from __future__ import annotations
@@ -37,16 +44,18 @@ from specdec.attention.triton_kernels.common import (
     plan_num_splits,
     split_chunk,
     store_rows,
+    window_arg,
+    window_span,
 )
 from specdec.attention.triton_kernels.decode import check_qkv
 from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])
 def _draft_decode_kernel(
     Q, K, V, O, LSE, req_to_token, req_pool_indices, prefix_lens, ANCESTORS,
-    sm_scale_log2, depth, num_splits,
+    sm_scale_log2, depth, num_splits, window,
     stride_qt, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_osplit,
@@ -61,7 +70,10 @@ def _draft_decode_kernel(
     split = tl.program_id(2) % num_splits
     table_row = tl.load(req_pool_indices + req).to(tl.int64)
     prefix_len = tl.load(prefix_lens + req).to(tl.int32)
-    chunk_len = tl.maximum(split_chunk(prefix_len, num_splits, BLOCK_N), BLOCK_N)
+    # the rows are at position prefix_len + depth - 1: they see positions from prefix_len + depth - window
+    win_lo = tl.minimum(tl.maximum(prefix_len + depth - window, 0), prefix_len)
+    span = prefix_len - win_lo
+    chunk_len = tl.maximum(split_chunk(span, num_splits, BLOCK_N), BLOCK_N)
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -78,8 +90,8 @@ def _draft_decode_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # the shared prefix: every row sees every entry of this split's chunk
-    lo = split * chunk_len
+    # the shared prefix: every row sees every entry of this split's chunk of the window
+    lo = win_lo + split * chunk_len
     hi = tl.minimum(lo + chunk_len, prefix_len)
     table = req_to_token + table_row * stride_table
     for start in range(lo, hi, BLOCK_N):
@@ -90,11 +102,12 @@ def _draft_decode_kernel(
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
                                     DOT_PRECISION)
 
-    # each row's own ancestors, one entry at a time, in the split holding the prefix's end
-    if split == tl.maximum(prefix_len - 1, 0) // chunk_len:
+    # each row's own ancestors (those in the window), one entry at a time, in the split holding the
+    # prefix's end
+    if split == tl.maximum(span - 1, 0) // chunk_len:
         qf = q.to(tl.float32)
         kv_mask = row_valid[:, None] & d_valid[None, :]
-        for t in range(depth):
+        for t in range(tl.maximum(depth - window, 0), depth):
             slot = tl.load(ANCESTORS + token * stride_anc + t, mask=row_valid, other=0).to(tl.int64)  # [BLOCK_M]
             k = tl.load(K + slot[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
             s = tl.sum(qf * k.to(tl.float32), 1) * sm_scale_log2  # [BLOCK_M]
@@ -126,8 +139,10 @@ def draft_decode_attention(
     sm_scale: float,
     max_prefix_len: int,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> None:
-    """Attention of each draft branch over its request's prefix and its own ancestors.
+    """Attention of each draft branch over its request's prefix and its own ancestors, with a sliding
+    ``window`` over those at positions > its own - window (the branch at ``prefix + depth - 1``).
 
     ``max_prefix_len`` (a host int, no sync: the longest prefix, or a CUDA graph's bound) sizes the
     split plan; ``num_splits`` forces a split count. ``ancestors`` may be a column slice (any row
@@ -150,11 +165,11 @@ def draft_decode_attention(
     group = hq // hkv
     rows = topk * group  # (branch, query head) rows per KV head of a request
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
-    block_m = extend_block_m(q.device, rows=rows, num_seqs=bs, num_kv_heads=hkv, max_prefix_len=max_prefix_len)
+    span = window_span(max_prefix_len, window)
+    block_m = extend_block_m(q.device, rows=rows, num_seqs=bs, num_kv_heads=hkv, max_prefix_len=span)
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize)
     m_blocks = triton.cdiv(rows, block_m)
-    splits, _ = plan_num_splits(bs * hkv * m_blocks, max_prefix_len, device=q.device, tile=cfg.block_n,
-                                num_splits=num_splits)
+    splits, _ = plan_num_splits(bs * hkv * m_blocks, span, device=q.device, tile=cfg.block_n, num_splits=num_splits)
     # NOTE: as the verify's. Measured on an H100 with a copy of this kernel (8B head, context 1 k, bs 64,
     # 2 branches; 128 x 4 warps -> 64 x 2 warps): 103.4 -> 97.7 µs over a bf16 cache, 66.6 -> 61.5 over FP8
     if is_streaming_grid(q.device, bs * hkv * m_blocks, splits, block_m=block_m):
@@ -163,7 +178,7 @@ def draft_decode_attention(
     partial, lse = split_buffers(out, splits)
     _draft_decode_kernel[(bs, hkv, m_blocks * splits)](
         q, k_buffer, v_buffer, partial, lse, req_to_token, req_pool_indices, prefix_lens, ancestors,
-        sm_scale * LOG2E, ancestors.shape[1], splits,
+        sm_scale * LOG2E, ancestors.shape[1], splits, window_arg(window),
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
@@ -190,10 +205,12 @@ def draft_decode_attention_ref(
     sm_scale: float,
     max_prefix_len: int,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> None:
     """Specification of ``draft_decode_attention``, one branch at a time in fp32: softmax(q k^T *
-    sm_scale) v over the request's prefix slots followed by the branch's ancestor slots. The plan
-    arguments do not change the result."""
+    sm_scale) v over the request's prefix slots followed by the branch's ancestor slots (entry e of
+    that list at position e), with a ``window`` only the last ``window`` of them (the branch is the
+    last). The plan arguments do not change the result."""
     bs = req_pool_indices.shape[0]
     topk = q.shape[0] // bs
     group = q.shape[1] // k_buffer.shape[1]
@@ -201,6 +218,8 @@ def draft_decode_attention_ref(
         b = row // topk
         prefix = req_to_token[int(req_pool_indices[b]), : int(prefix_lens[b])].long()
         slots = torch.cat([prefix, ancestors[row].long()])
+        if window is not None:
+            slots = slots[max(0, slots.shape[0] - window) :]
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [kv, num_heads, d]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,khd->hk", q[row].float(), k) * sm_scale

@@ -21,7 +21,19 @@ head) pairs of one KV head, row-major by query row, so each K/V tile is read onc
 
 Mask form (``HAS_MASK``): the new tokens' own ``[q, q]`` block per sequence, row-major, starting
 at ``mask_indptr[s]`` (TARGET_VERIFY's QLEN_ONLY tree mask as it is); the prefix is visible to
-every row, so it needs no mask.
+every row (without a window), so it needs no mask.
+
+Sliding windows (``WINDOWED``, a local layer's ``window``): a row sees an entry only if the entry's
+position is > the row's - window. With a prefix of P entries, prefix entry e is at position e; a
+causal row i and new entry j at P + i and P + j; under a mask (a tree) node i, row and new entry
+alike, at ``positions[i]`` (P plus its depth). An m-block's rows see no entry before their least
+position - window + 1 (``win_lo``), so the range its splits cut is ``[win_lo, P)`` (``window_span``:
+a local layer's prefix splits are sized by its window) and a causal block's new-token loop starts
+there too; the tiles left are masked per row. Example, window 3, P = 4, causal rows 0..2, one m-block:
+    entries:  p0 p1 p2 p3 n0 n1 n2      (positions 0..6; rows at 4, 5, 6)
+    row 0:     .  .  1  1  1  .  .      win_lo = 4 - 3 + 1 = 2: p0 and p1 are not read
+    row 1:     .  .  .  1  1  1  .
+    row 2:     .  .  .  .  1  1  1
 """
 
 from __future__ import annotations
@@ -43,6 +55,8 @@ from specdec.attention.triton_kernels.common import (
     plan_extend_splits,
     split_chunk,
     store_rows,
+    window_arg,
+    window_span,
 )
 from specdec.attention.triton_kernels.decode import _check_inputs
 from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
@@ -63,9 +77,20 @@ def new_block_n(max_q_len: int, block_n: int) -> int:
 
 
 @triton.jit
+def _rows_window(POSITIONS, token, row, row_valid, prefix_len, kv_len, window, HAS_MASK: tl.constexpr):
+    """(each row's position, the first entry any of them sees) of a windowed m-block's rows."""
+    if HAS_MASK:  # a tree node sits at the prefix plus its depth: given
+        q_pos = tl.load(POSITIONS + token, mask=row_valid, other=0).to(tl.int32)
+    else:
+        q_pos = prefix_len + row
+    # (kv_len: past every row's position, so padding rows do not lower the minimum)
+    return q_pos, tl.maximum(tl.min(tl.where(row_valid, q_pos, kv_len), 0) - window + 1, 0)
+
+
+@triton.jit(do_not_specialize=["window"])
 def _extend_kernel(
-    Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr,
-    sm_scale_log2, num_splits,
+    Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr, POSITIONS,
+    sm_scale_log2, num_splits, window,
     stride_qt, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_osplit,
@@ -73,6 +98,7 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NEW: tl.constexpr,
     HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, NEW_SPLIT: tl.constexpr,
+    WINDOWED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -84,10 +110,6 @@ def _extend_kernel(
         return
     kv_start = tl.load(kv_indptr + seq)
     kv_len = tl.load(kv_indptr + seq + 1) - kv_start
-    prefix_len = kv_len - q_len
-    # this sequence's chunk of its prefix (at least a tile: the new block's split is found by it)
-    prefix_splits = num_splits - 1 if NEW_SPLIT else num_splits
-    chunk_len = tl.maximum(split_chunk(prefix_len, prefix_splits, BLOCK_N), BLOCK_N)
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -100,36 +122,54 @@ def _extend_kernel(
     q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
     q = query_tile(q, K)
 
+    prefix_len = kv_len - q_len
+    # the rows' positions and the first entry any of them sees (module docstring); a global layer's
+    # rows see the whole prefix
+    if WINDOWED:
+        q_pos, win_lo = _rows_window(POSITIONS, token, row, row_valid, prefix_len, kv_len, window, HAS_MASK)
+    else:
+        win_lo = 0
+    # this block's chunk of the prefix range it reads (at least a tile: the new block's split is found by it)
+    span = tl.maximum(prefix_len - win_lo, 0)
+    prefix_splits = num_splits - 1 if NEW_SPLIT else num_splits
+    chunk_len = tl.maximum(split_chunk(span, prefix_splits, BLOCK_N), BLOCK_N)
+
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # prefix: every row sees every entry of this split's chunk
-    lo = split * chunk_len
+    # prefix: every row sees every entry of this split's chunk (within its window)
+    lo = win_lo + split * chunk_len
     hi = tl.minimum(lo + chunk_len, prefix_len)
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
+        visible = n_valid[None, :]
+        if WINDOWED:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
-        m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
+        m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
                                     DOT_PRECISION)
 
-    # new tokens: causal or masked. A prefix of one chunk: the split holding it runs them right after
-    # it (one pass). A longer prefix: with NEW_SPLIT the last split runs them alone (its chunk lies
+    # new tokens: causal or masked. A prefix range of one chunk: the split holding it runs them right
+    # after it (one pass). A longer one: with NEW_SPLIT the last split runs them alone (its chunk lies
     # past every prefix, so the loop above ran no tile), else the split holding the prefix's end.
-    if NEW_SPLIT and prefix_len > chunk_len:
+    if NEW_SPLIT and span > chunk_len:
         runs_new = split == num_splits - 1
     else:
-        runs_new = split == tl.maximum(prefix_len - 1, 0) // chunk_len
+        runs_new = split == tl.maximum(span - 1, 0) // chunk_len
     if runs_new:
+        new_lo = prefix_len
         if HAS_MASK:
             hi = kv_len
             mask_start = tl.load(mask_indptr + seq)
         else:
             last_row = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
             hi = prefix_len + last_row + 1
-        for start in range(prefix_len, hi, BLOCK_NEW):
+            if WINDOWED:  # causal: an entry's index is its position
+                new_lo = tl.maximum(new_lo, win_lo)
+        for start in range(new_lo, hi, BLOCK_NEW):
             offs_n = start + tl.arange(0, BLOCK_NEW)
             n_valid = offs_n < hi
             slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
@@ -139,6 +179,12 @@ def _extend_kernel(
                 visible = bits != 0
             else:
                 visible = (offs_n[None, :] - prefix_len) <= row[:, None]
+            if WINDOWED:
+                if HAS_MASK:  # new entry j is node j, at its own given position
+                    kv_pos = tl.load(POSITIONS + q_start + offs_n - prefix_len, mask=n_valid, other=0)
+                else:
+                    kv_pos = offs_n
+                visible = visible & (kv_pos[None, :].to(tl.int32) > q_pos[:, None] - window)
             m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, visible & n_valid[None, :], kv_head, stride_ks,
                                         stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i,
                                         acc, DOT_PRECISION)
@@ -164,13 +210,17 @@ def extend_attention(
     max_prefix_len: int,
     num_splits: int | None = None,
     new_split: bool | None = None,
+    window: int | None = None,
+    positions: torch.Tensor | None = None,  # [num_tokens] int position of each query row
 ) -> None:
-    """Attention of each sequence's query rows over its prefix and (causal / masked) new tokens.
+    """Attention of each sequence's query rows over its prefix and (causal / masked) new tokens,
+    with a sliding ``window`` only over entries at positions > the row's - window (module docstring).
 
     ``max_q_len`` and ``max_prefix_len`` are host ints (no sync) that size the grid and the split
     plan; ``num_splits`` forces a split count of the prefix; ``new_split`` whether the new tokens'
     block of a sequence whose prefix spans several chunks runs in a split of its own (None: the
-    planner decides, ``plan_extend_splits``).
+    planner decides, ``plan_extend_splits``). ``positions`` is read only under a window with a mask
+    (a tree node's position is the prefix plus its depth; a causal row's is the prefix plus its index).
     """
     _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
     num_tokens, hq, d = q.shape
@@ -182,16 +232,22 @@ def extend_attention(
     if mask is not None:
         check_tensor("mask", mask, dtype=torch.uint8, dim=1, device=q.device)
         check_tensor("mask_indptr", mask_indptr, dtype=torch.int64, shape=(num_seqs + 1,), device=q.device)
+    windowed = window is not None
+    if windowed and mask is not None:
+        if positions is None:
+            raise ValueError("extend_attention: a window under a mask needs the rows' positions")
+        check_tensor("positions", positions, dtype=(torch.int32, torch.int64), shape=(num_tokens,), device=q.device)
     if num_seqs == 0 or num_tokens == 0:
         return
     group = hq // hkv
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
+    span = window_span(max_prefix_len, window)
     # NOTE: tl.dot needs >= 16 rows; a verify tile (N nodes x group heads) is often smaller than the cap
     block_m = extend_block_m(q.device, rows=max_q_len * group, num_seqs=num_seqs, num_kv_heads=hkv,
-                             max_prefix_len=max_prefix_len)
+                             max_prefix_len=span)
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize)
     m_blocks = triton.cdiv(max_q_len * group, block_m)
-    splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, max_prefix_len, max_q_len * group,
+    splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, span, max_q_len * group,
                                               device=q.device, tile=cfg.block_n, block_m=block_m,
                                               num_splits=num_splits, new_split=new_split)
     splits += int(new_split)
@@ -203,7 +259,8 @@ def extend_attention(
     _extend_kernel[(num_seqs, hkv, m_blocks * splits)](
         q, k_buffer, v_buffer, partial, lse, qo_indptr, kv_indptr, kv_indices,
         mask if has_mask else kv_indices, mask_indptr if has_mask else kv_indptr,
-        sm_scale * LOG2E, splits,
+        positions if windowed and has_mask else qo_indptr,
+        sm_scale * LOG2E, splits, window_arg(window),
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
@@ -211,7 +268,7 @@ def extend_attention(
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
         BLOCK_NEW=new_block_n(max_q_len, cfg.block_n),
         HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device), NEW_SPLIT=new_split,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WINDOWED=windowed, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:
         merge_partials(partial, lse, out)
@@ -233,12 +290,16 @@ def extend_attention_ref(
     max_prefix_len: int,
     num_splits: int | None = None,
     new_split: bool | None = None,
+    window: int | None = None,
+    positions: torch.Tensor | None = None,
 ) -> None:
     """Specification of ``extend_attention``, one sequence at a time in fp32.
 
     Row i of a sequence (q rows, kv entries, prefix p = kv - q) sees entries 0..p-1 and new entry
-    j iff ``j <= i`` (mask None) or ``mask[i, j]`` of the sequence's [q, q] block. The plan
-    arguments do not change the result.
+    j iff ``j <= i`` (mask None) or ``mask[i, j]`` of the sequence's [q, q] block; with a ``window``
+    only those at positions > its own - window, where prefix entry e is at position e, and row i and
+    new entry j at p + i and p + j (mask None) or at the given ``positions`` of rows i and j. The
+    plan arguments do not change the result.
     """
     group = q.shape[1] // k_buffer.shape[1]
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
@@ -254,6 +315,10 @@ def extend_attention_ref(
             visible[:, p:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         else:
             visible[:, p:] = mask[mp[s] : mp[s + 1]].view(n, n) != 0
+        if window is not None:
+            own = positions[qo[s] : qo[s + 1]].long() if mp is not None else p + torch.arange(n, device=q.device)
+            kv_pos = torch.cat([torch.arange(p, device=q.device), own])  # [kv]
+            visible &= kv_pos[None, :] > own[:, None] - window
         scores = torch.einsum("qhd,khd->hqk", q[qo[s] : qo[s + 1]].float(), k) * sm_scale
         scores = scores.masked_fill(~visible, float("-inf"))
         out[qo[s] : qo[s + 1]] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v).to(out.dtype)

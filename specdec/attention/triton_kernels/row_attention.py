@@ -17,10 +17,16 @@ Example, SPLIT_LEN 4 (tiles of 2), NUM_PROGRAMS 2, a row of 11 entries: splits [
 program 0 reads splits 0 and 2, program 1 split 1; the merge folds program 0 then program 1. A row of
 the same length in any other launch (any batch, any grid) does exactly this.
 
+A sliding window (``window``, a local layer's) keeps a row's last ``window`` entries (the row is at
+its last entry's position): the splits stay at the same absolute positions, the first one the window
+reaches is cut at the window's start, and they are dealt to the programs from that one on. The same
+row at window 6 reads [5,8) and [8,11): program 0 split 1 from entry 5, program 1 split 2. Decode and
+verify of one token still agree bit for bit (same length, same window).
+
 Nothing depends on the launch but through ``max_kv_len``, a host bound that only sizes the grid
-(``min(NUM_PROGRAMS, cdiv(max_kv_len, SPLIT_LEN))`` programs a row; those past a row's used ones
-loop over nothing and store nothing). Under a CUDA graph it is the captured bound; nothing is read
-on the host.
+(``min(NUM_PROGRAMS, cdiv(max_kv_len, SPLIT_LEN))`` programs a row, fewer where a window reaches
+fewer splits; those past a row's used ones loop over nothing and store nothing). Under a CUDA graph
+it is the captured bound; nothing is read on the host.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from specdec.attention.triton_kernels.common import (
     query_tile,
     store_rows,
     tile_dtype,
+    window_arg,
 )
 from specdec.attention.rowwise import rowwise_attention
 from specdec.attention.triton_kernels.decode import check_qkv
@@ -59,8 +66,16 @@ def split_plan(device: torch.device) -> tuple[int, int]:
 
 
 @triton.jit
+def first_split(kv_len, window, SPLIT_LEN: tl.constexpr):
+    """(the window's first entry, the first split it reaches, splits it reaches) of a row of ``kv_len``."""
+    win_lo = tl.maximum(kv_len - window, 0)
+    first = win_lo // SPLIT_LEN
+    return win_lo, first, tl.cdiv(kv_len, SPLIT_LEN) - first
+
+
+@triton.jit(do_not_specialize=["window"])
 def _row_kernel(
-    Q, K, V, P, LSE, kv_table, row_list, row_lens, sm_scale_log2,
+    Q, K, V, P, LSE, kv_table, row_list, row_lens, sm_scale_log2, window,
     stride_qs, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_table,
     stride_pr, stride_ph, stride_pp, stride_lr, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -70,7 +85,8 @@ def _row_kernel(
     kv_head = tl.program_id(1)
     prog = tl.program_id(2)
     kv_len = tl.load(row_lens + row)
-    owns = prog * SPLIT_LEN < kv_len  # else no entry of this row is its: it stores nothing, the merge skips it
+    win_lo, first, used = first_split(kv_len, window, SPLIT_LEN)
+    owns = prog < used  # else no entry of this row is its: it stores nothing, the merge skips it
     entries = kv_table + tl.load(row_list + row).to(tl.int64) * stride_table
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -83,8 +99,10 @@ def _row_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for lo in range(prog * SPLIT_LEN, kv_len, NUM_PROGRAMS * SPLIT_LEN):  # this program's splits, in order
-        hi = tl.minimum(lo + SPLIT_LEN, kv_len)
+    # this program's splits, in order (the first cut at the window's start)
+    for split_lo in range((first + prog) * SPLIT_LEN, kv_len, NUM_PROGRAMS * SPLIT_LEN):
+        lo = tl.maximum(split_lo, win_lo)
+        hi = tl.minimum(split_lo + SPLIT_LEN, kv_len)
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             n_valid = offs_n < hi
@@ -97,9 +115,9 @@ def _row_kernel(
     store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid & owns, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])
 def _merge_kernel(
-    P, LSE, O, row_lens, num_heads,
+    P, LSE, O, row_lens, num_heads, window,
     stride_pr, stride_ph, stride_pp, stride_lr, stride_lh, stride_or, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HEADS: tl.constexpr,
     SPLIT_LEN: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
@@ -109,7 +127,8 @@ def _merge_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     h_valid = heads < num_heads
     o_mask = h_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-    used = tl.minimum(tl.cdiv(tl.load(row_lens + row), SPLIT_LEN), NUM_PROGRAMS)
+    _, _, splits = first_split(tl.load(row_lens + row), window, SPLIT_LEN)
+    used = tl.minimum(splits, NUM_PROGRAMS)
     lse_row = LSE + row * stride_lr + heads * stride_lh  # [HEADS] pointers
     m = tl.full([HEADS], float("-inf"), tl.float32)
     for p in range(0, used):
@@ -146,8 +165,10 @@ def row_attention(
     *,
     sm_scale: float,
     max_kv_len: int,
+    window: int | None = None,
 ) -> None:
-    """softmax(q k^T * sm_scale) v of each row over its list, in fixed position splits (module docstring).
+    """softmax(q k^T * sm_scale) v of each row over its list, or its last ``window`` entries, in fixed
+    position splits (module docstring).
 
     ``max_kv_len`` (a host bound on ``row_lens``, no sync) sizes the grid only.
     """
@@ -162,11 +183,13 @@ def row_attention(
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
     if split_len % cfg.block_n:
         raise ValueError(f"row_attention: split length {split_len} is not a multiple of the {cfg.block_n}-entry tile")
-    programs = max(1, min(num_programs, triton.cdiv(max_kv_len, split_len)))
+    # NOTE: a window of w entries reaches up to cdiv(w, split_len) + 1 splits (it starts mid-split)
+    reach = triton.cdiv(max_kv_len, split_len) if window is None else triton.cdiv(window, split_len) + 1
+    programs = max(1, min(num_programs, triton.cdiv(max_kv_len, split_len), reach))
     partial = torch.empty(rows, hq, programs, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(rows, hq, programs, dtype=torch.float32, device=q.device)
     _row_kernel[(rows, hkv, programs)](
-        q, k_buffer, v_buffer, partial, lse, kv_table, row_list, row_lens, sm_scale * LOG2E,
+        q, k_buffer, v_buffer, partial, lse, kv_table, row_list, row_lens, sm_scale * LOG2E, window_arg(window),
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         kv_table.stride(0), partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=block_h, BLOCK_N=cfg.block_n,
@@ -175,7 +198,7 @@ def row_attention(
     )
     heads = min(triton.next_power_of_2(hq), 16)
     _merge_kernel[(rows, triton.cdiv(hq, heads))](
-        partial, lse, out, row_lens, hq,
+        partial, lse, out, row_lens, hq, window_arg(window),
         partial.stride(0), partial.stride(1), partial.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_D=head_dim_block(d), HEADS=heads, SPLIT_LEN=split_len, NUM_PROGRAMS=num_programs,

@@ -120,6 +120,53 @@ def test_norms_strided_rows_and_fp32_weight(device):
     check_norms(wide[:, 8:48], rand(5, 40, dtype=torch.bfloat16, device=device, seed=5), weight)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,h", [(1, 16), (7, 100), (3, 257)])
+def test_scaled_norms_match_ref(device, dtype, t, h):
+    """Gemma's norm (``scaled_rms_norm``: an fp32 scale, one rounding), fused with the residual add too."""
+    x = rand(t, h, dtype=dtype, device=device, seed=h)
+    x[0] *= 50.0
+    residual = rand(t, h, dtype=dtype, device=device, seed=h + 1)
+    scale = 1.0 + rand(h, device=device, seed=h + 2, scale=0.5)  # [h] fp32
+    assert_close_ulps(triton_ops.scaled_rms_norm(x, scale, EPS), ops.scaled_rms_norm_ref(x, scale, EPS),
+                      rounded=x.dtype)
+    normed, new_residual = triton_ops.add_scaled_rms_norm(x, residual, scale, EPS)
+    ref_normed, ref_residual = ops.add_scaled_rms_norm_ref(x, residual, scale, EPS)
+    assert_close_ulps(normed, ref_normed, rounded=x.dtype)
+    assert normed.dtype == x.dtype
+    torch.testing.assert_close(new_residual, ref_residual, rtol=torch.finfo(dtype).eps, atol=0)
+
+
+def test_scaled_norm_is_hf_gemma3s_and_refuses_a_narrow_scale():
+    """``scaled_rms_norm_ref`` with ``GemmaRMSNorm``'s scale is HF's ``Gemma3RMSNorm`` bit for bit (and the
+    module runs it, here through the interpreted kernel); the cached scale follows the weight when it
+    changes; a bf16 scale (1 + w rounded) is refused."""
+    from specdec.models.gemma3 import GemmaRMSNorm
+
+    norm = GemmaRMSNorm(64, 1e-6, dtype=torch.bfloat16, device="cpu")
+    with torch.no_grad():
+        norm.weight.copy_(rand(64, seed=7, scale=0.3))
+    x = rand(5, 64, dtype=torch.bfloat16, seed=8, scale=4.0)
+
+    def hf(x):  # transformers' Gemma3RMSNorm.forward
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (out * (1.0 + norm.weight.detach().float())).to(x.dtype)
+
+    assert torch.equal(ops.scaled_rms_norm_ref(x, norm.scale(), 1e-6), hf(x))
+    assert_close_ulps(norm(x), hf(x))
+    with torch.no_grad():
+        norm.weight.mul_(2.0)  # the cached scale must follow
+    assert torch.equal(norm.scale(), 1.0 + norm.weight.detach().float())
+    assert_close_ulps(norm(x), hf(x))
+    normed, stream = norm.forward_add(x, x)
+    assert torch.equal(stream, x + x)  # (2x: exact in any rounding)
+    assert_close_ulps(normed, hf(x + x))
+    with pytest.raises(ValueError, match="scale: expected float32"):
+        ops.scaled_rms_norm(x, (1.0 + norm.weight).detach(), 1e-6)
+
+
 # One program rotates all heads of a token, in [heads, D/2] tiles of at most 2048 elements: head
 # counts below, at and past a tile (d=128: 32 heads a tile; d=256: 16), not powers of two, and
 # head_dim not a power of two, 64, 128 (Llama-3.1-8B's 32 + 8 heads) and 256.

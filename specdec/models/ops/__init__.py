@@ -38,6 +38,10 @@ __all__ = [
     "rms_norm_ref",
     "add_rms_norm",
     "add_rms_norm_ref",
+    "scaled_rms_norm",
+    "scaled_rms_norm_ref",
+    "add_scaled_rms_norm",
+    "add_scaled_rms_norm_ref",
     "apply_rope_",
     "apply_rope_ref",
     "silu_and_mul",
@@ -157,6 +161,60 @@ def add_rms_norm_ref(
     ``h = h + sublayer(h)`` does), and that rounded sum is what gets normalised."""
     new_residual = x + residual
     return rms_norm_ref(new_residual, weight, eps), new_residual
+
+
+def _check_scale(x: torch.Tensor, scale: torch.Tensor, eps: float) -> None:
+    _check_norm(x, scale, eps)
+    if scale.dtype != torch.float32:
+        raise ValueError(f"scale: expected float32 (Gemma's 1 + weight, exact), got {scale.dtype}")
+
+
+def scaled_rms_norm(
+    x: torch.Tensor,  # [T, H]
+    scale: torch.Tensor,  # [H] float32
+    eps: float,
+) -> torch.Tensor:  # [T, H], x's dtype
+    """``(x / sqrt(mean(x^2) + eps)) * scale`` in fp32, rounded once (Gemma's norm with ``scale = 1 +
+    weight``, HF ``Gemma3RMSNorm``); see ``scaled_rms_norm_ref``."""
+    _check_scale(x, scale, eps)
+    kernels = _kernels_for(x, scale)
+    if kernels is None:
+        return scaled_rms_norm_ref(x, scale, eps)
+    return kernels.scaled_rms_norm(x, scale, eps)
+
+
+def scaled_rms_norm_ref(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """Specification of ``scaled_rms_norm``: x in fp32 times rsqrt(mean(x^2) + eps) times the fp32
+    scale, rounded to x's dtype (unlike ``rms_norm_ref``, which rounds before the weight)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * scale).to(x.dtype)
+
+
+def add_scaled_rms_norm(
+    x: torch.Tensor,  # [T, H]
+    residual: torch.Tensor,  # [T, H]
+    scale: torch.Tensor,  # [H] float32
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] new residual)
+    """``(scaled_rms_norm(x + residual), x + residual)`` in one pass; see ``add_scaled_rms_norm_ref``."""
+    _check_scale(x, scale, eps)
+    _check("residual", residual, dim=2, dtypes=(x.dtype,))
+    if residual.shape != x.shape:
+        raise ValueError(f"residual: expected shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    _same_device(x=x, residual=residual)
+    kernels = _kernels_for(x, residual, scale)
+    if kernels is None:
+        return add_scaled_rms_norm_ref(x, residual, scale, eps)
+    return kernels.add_scaled_rms_norm(x, residual, scale, eps)
+
+
+def add_scaled_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Specification of ``add_scaled_rms_norm``: the sum rounded to the model dtype, then normed."""
+    new_residual = x + residual
+    return scaled_rms_norm_ref(new_residual, scale, eps), new_residual
 
 
 # ----------------------------------------------------------------------------- RoPE

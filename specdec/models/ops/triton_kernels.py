@@ -42,7 +42,11 @@ def _block(n: int) -> int:
 # ----------------------------------------------------------------------------- RMSNorm
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_stride, n_cols, eps,
-                     HAS_RESIDUAL: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, ROUND_FIRST: tl.constexpr, LIBDEVICE: tl.constexpr,
+                     PDL: tl.constexpr, BLOCK: tl.constexpr):
+    """ROUND_FIRST: the normed row is rounded to x's dtype before the weight multiplies it (Llama's
+    ``rms_norm``); else the fp32 scale multiplies it in fp32 and the product is rounded once
+    (``scaled_rms_norm``: Gemma's ``x / rms(x) * (1 + w)``)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -60,21 +64,25 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_
         rstd = libdevice.rsqrt(mean_sq + eps)
     else:
         rstd = tl.rsqrt(mean_sq + eps)
-    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
+    normed = xf * rstd
+    if ROUND_FIRST:
+        normed = normed.to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _rms_norm_launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float, *, scaled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scaled``: ``scaled_rms_norm``'s arithmetic (an fp32 scale, one rounding to x's dtype)."""
     t, h = x.shape
-    out = torch.empty((t, h), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    out = torch.empty((t, h), dtype=x.dtype if scaled else torch.promote_types(x.dtype, weight.dtype), device=x.device)
     new_residual = torch.empty((t, h), dtype=x.dtype, device=x.device) if residual is not None else out
     if t:
         block = _block(h)
         res = residual if residual is not None else x
         _rms_norm_kernel[(t,)](x, res, weight, out, new_residual, x.stride(0), res.stride(0), h, eps,
-                               HAS_RESIDUAL=residual is not None, LIBDEVICE=not INTERPRETED, BLOCK=block,
+                               HAS_RESIDUAL=residual is not None, ROUND_FIRST=not scaled, LIBDEVICE=not INTERPRETED,
+                               BLOCK=block,
                                num_warps=min(max(block // 512, 1), 16), enable_fp_fusion=False,
                                **pdl_kwargs(x.device))
     return out, new_residual
@@ -113,6 +121,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if torch.compiler.is_compiling():
         return torch.ops.specdec.add_rms_norm(x, residual, weight, eps)
     return _rms_norm_launch(x, residual, weight, eps)
+
+
+def scaled_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm_launch(x, None, scale, eps, scaled=True)[0]
+
+
+def add_scaled_rms_norm(x: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rms_norm_launch(x, residual, scale, eps, scaled=True)
 
 
 # ----------------------------------------------------------------------------- RoPE

@@ -16,8 +16,9 @@ verifies only its root, which is a plain decode step for that request.
 
 The host provides each request's tokens (``specdec.host.TokenHistory``) up to the last step it
 read. Under overlap scheduling the next step is chosen before the step in flight is read
-(``needs_last_step_read``), and both choices launch past it: a plain step needs nothing of it, and
-a lookup runs ahead of it (``ahead.py``): it guesses that step's tokens (the path it drafted,
+(``needs_last_step_read``): a plain step launches past it (it needs nothing of it), a lookup reads
+it first, or, with ``run_ahead`` (off by default: measured slower, see there), runs ahead of it
+(``ahead.py``): it guesses that step's tokens (the path it drafted,
 accepted whole, and the bonus its latest match predicts, ``guess_next``) and drafts the tree that
 follows them, which is right where the guess is (the policy prices that: ``policy.py``, "a step
 still in flight"); verification keeps any tree lossless. Worked example, a plain step in flight:
@@ -25,7 +26,7 @@ still in flight"); verification keeps any tree lossless. Worked example, a plain
     history read   ... 5 9 7 2 5 9         unread step: commits x
     latest match of "5 9" is followed by 7 -> guess x = 7, the tree drafted from ... 5 9 7 2 5 9 7
 
-With the cross-request cache on a lookup reads the step in flight first. Either way the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
+With the cross-request cache on a lookup always reads the step in flight first. Either way the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
 (``verify_graph_sizes``); the worker itself captures nothing.
 
 Step times under that mixed pipeline (``LaunchClock``): a step's time runs from its choice to the
@@ -151,8 +152,12 @@ class NgramWorker:
         # step plain, LOOK_UP_EVERY_STEP every step looks up (the largest size allowed, no policy);
         # None: the policy's choice and lookups
         self.force: int | None = None
-        # diagnostics: False, a lookup reads the step in flight first instead of running ahead of it
-        self.run_ahead = True
+        # True: a lookup runs ahead of the step in flight (``ahead.py``) instead of reading it first.
+        # NOTE: off: on an H200 (SmolLM2-135M, summarization / HumanEval / MT-bench turn 2 at 1 and 32
+        # requests, one call) lookups that read first gave 1-10 % more tokens a second in 5 of 6 cells (22 %
+        # fewer in the sixth; benchmarks/results/2026-11-29-h200-ngram-ahead): a verify step's own GPU
+        # time, not the wait, sets its cost there, and guesses that miss cost acceptance
+        self.run_ahead = False
 
     def forget_warm_up(self) -> None:
         """After ``specdec.engine.ngram_setup.warm_up``: everything the drafter learned forgotten (the

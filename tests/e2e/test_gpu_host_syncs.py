@@ -76,7 +76,7 @@ def test_ngram_lookups_ahead_sync_only_to_read(params):
                  max_total_tokens=8192, max_running_requests=16, speculative_ngram_max_match_window_size=4,
                  speculative_num_draft_tokens=6)
     assert eng.scheduler.overlap and eng.runner.graphs
-    eng.worker.force = LOOK_UP_EVERY_STEP
+    eng.worker.force, eng.worker.run_ahead = LOOK_UP_EVERY_STEP, True
     recorder = _steady_state_syncs(eng, 8, params)  # 8 tokens of the vocabulary: the prompts repeat themselves
     # NOTE: on the H200 (2026-11-29) one synchronising call in the whole greedy run was recorded with no
     # frame of specdec's on the stack (at this file's ``eng.step()`` line, between steps): not a step's

@@ -1,7 +1,6 @@
 """NGRAM under overlap scheduling (issue #42): the policy's plain steps launch past the unread
-step like plain decoding's, and so do its lookups, which run ahead of it (drafting past its
-guessed tokens); with ``run_ahead`` off (and with the cross-request cache) a lookup reads that step
-first. Greedy output equals plain decoding whatever the choices, with page size 1 and 16, chunked
+step like plain decoding's, its lookups read that step first (the default) or, with ``run_ahead``,
+run ahead of it (drafting past its guessed tokens; never with the cross-request cache). Greedy output equals plain decoding whatever the choices, with page size 1 and 16, chunked
 prefill, retraction and the prefix cache; no KV slot leaks; a lookup ahead of a copied span drafts
 what the span holds; step times run from each step's choice.
 
@@ -57,7 +56,7 @@ def _prompts(target, seed):
     return repetitive_prompts(target.config.vocab_size, seed=seed) + prompts_of([4, 17], target.config.vocab_size)
 
 
-def _check_pipeline(rec: Recorder, *, ahead: bool = True) -> None:
+def _check_pipeline(rec: Recorder, *, ahead: bool = False) -> None:
     """Plain choices launched past unread steps (overlapped), and lookups did too (``ahead``) or never."""
     assert any(size == 0 and past for size, past in rec.launches)
     assert any(size > 0 and past for size, past in rec.launches) == ahead
@@ -93,7 +92,7 @@ def test_chunked_prefill_and_graph_path(pattern):
     eng.capture_cuda_graphs([2, 8], use_graphs=False)
     rec = Recorder(eng, pattern)
     assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
-    assert any(past for _, past in rec.launches)
+    assert not any(size > 0 and past for size, past in rec.launches)
     assert_no_leak(eng)
 
 
@@ -147,6 +146,7 @@ def test_ahead_lookups_draft_the_copied_span():
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompt, sampling_params=params)
     eng = _engine(target, speculative_ngram_max_bfs_breadth=3)
+    eng.worker.run_ahead = True
     rec = Recorder(eng, [1])
     got = eng.generate(input_ids=prompt, sampling_params=params)
     assert got["output_ids"] == expected["output_ids"]
@@ -168,6 +168,7 @@ def test_ahead_lookups_recover_after_a_wrong_guess():
     params = {"temperature": 0, "max_new_tokens": 42, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompt, sampling_params=params)
     eng = _engine(target, speculative_ngram_max_bfs_breadth=3)
+    eng.worker.run_ahead = True
     Recorder(eng, [1])
     got = eng.generate(input_ids=prompt, sampling_params=params)
     assert got["output_ids"] == expected["output_ids"]
@@ -180,12 +181,13 @@ def test_ahead_lookups_recover_after_a_wrong_guess():
 
 def test_cross_request_cache_lookups_read_first():
     """With the cross-request cache on, lookups (trees that may come from other requests) read the
-    step in flight first; plain steps still overlap."""
+    step in flight first even with ``run_ahead``; plain steps still overlap."""
     target, _ = make_pair("EAGLE", "mixed")
     prompts = _prompts(target, seed=3)
     params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
     expected = _ids(plain_engine(target).generate(input_ids=prompts, sampling_params=params))
     eng = _engine(target, speculative_ngram_capacity=1000)
+    eng.worker.run_ahead = True
     rec = Recorder(eng)
     assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == expected
     _check_pipeline(rec, ahead=False)
@@ -193,11 +195,10 @@ def test_cross_request_cache_lookups_read_first():
 
 
 def test_a_lookup_past_an_unread_step_is_refused():
-    """The launcher's guard: a lookup choice that reads first (``run_ahead`` off) must not launch
-    past the step in flight."""
+    """The launcher's guard: a lookup choice that reads first (the default) must not launch past the
+    step in flight."""
     target, _ = make_pair("EAGLE", "mixed")
     eng = _engine(target)
-    eng.worker.run_ahead = False
     Recorder(eng, [1])
     sched = eng.scheduler
     eng.add_request(eng.make_request(input_ids=_prompts(target, 0)[0],
@@ -218,8 +219,7 @@ def test_step_times_run_from_each_choice(monkeypatch):
     monkeypatch.setattr(ngram_worker.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])
     target, _ = make_pair("EAGLE", "mixed")
-    eng = _engine(target)
-    eng.worker.run_ahead = False  # lookups wait for the read
+    eng = _engine(target)  # (lookups wait for the read: the default)
     worker, sched, seen = eng.worker, eng.scheduler, []
     Recorder(eng, [0, 0, 1])
     worker.policy.observe_step = lambda name, bs, ms: seen.append((name, round(ms, 6)))

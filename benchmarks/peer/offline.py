@@ -147,7 +147,8 @@ class SpecdecEngine:
             worker.force = {"auto": None, "ahead": None, "plain": 0, "lookup": LOOK_UP_EVERY_STEP}[choice]
             worker.run_ahead = choice == "ahead"
         elif isinstance(worker, NgramWorker) or not hasattr(worker, "force"):
-            raise SystemExit("--force: auto, plain, lookup or ahead with --config ngram; auto, plain or SxKxN with eagle3")
+            raise SystemExit("--force: auto, plain, lookup or ahead with --config ngram; "
+                             "auto, plain or SxKxN with eagle3")
         else:
             worker.force = AUTO if choice == "auto" else None if choice == "plain" else SpecShape.parse(choice)
         self.forced = choice
@@ -500,8 +501,8 @@ def main() -> None:
                         "kernels over one more (untimed) pass of the largest concurrency, or (decode) 8 more steps "
                         "at each point, to this file")
     parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3 / ngram: each cell once per "
-                        "choice, comma-separated (auto: adaptive's; plain; ngram also lookup: every step, ahead: lookups run "
-                        "ahead of the step in flight; eagle3 also SxKxN); "
+                        "choice, comma-separated (auto: adaptive's; plain; ngram also lookup: every step, "
+                        "ahead: lookups run ahead of the step in flight; eagle3 also SxKxN); "
                         "rows carry \"force\"")
     parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
                         "choices of --force interleaved), one row each")

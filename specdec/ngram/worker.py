@@ -18,16 +18,17 @@ The host provides each request's tokens (``specdec.host.TokenHistory``) up to th
 read. Under overlap scheduling the next step is chosen before the step in flight is read
 (``needs_last_step_read``): a plain step launches past it (it needs nothing of it), a lookup reads
 it first, or, with ``run_ahead`` (off by default: measured slower, see there), runs ahead of it
-(``ahead.py``): it guesses that step's tokens (the path it drafted,
-accepted whole, and the bonus its latest match predicts, ``guess_next``) and drafts the tree that
-follows them, which is right where the guess is (the policy prices that: ``policy.py``, "a step
-still in flight"); verification keeps any tree lossless. Worked example, a plain step in flight:
+(``ahead.py``): it guesses that step's tokens (the path it drafted, accepted whole, and the bonus
+its latest match predicts, ``guess_next``) and drafts the tree that follows them, which is right
+where the guess is (the policy prices that: ``policy.py``, "a step still in flight");
+verification keeps any tree lossless. Worked example, a plain step in flight:
 
     history read   ... 5 9 7 2 5 9         unread step: commits x
     latest match of "5 9" is followed by 7 -> guess x = 7, the tree drafted from ... 5 9 7 2 5 9 7
 
-With the cross-request cache on a lookup always reads the step in flight first. Either way the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the host's target-verify CUDA graphs
-(``verify_graph_sizes``); the worker itself captures nothing.
+With the cross-request cache on a lookup always reads the step in flight first. Either way the
+host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the
+host's target-verify CUDA graphs (``verify_graph_sizes``); the worker itself captures nothing.
 
 Step times under that mixed pipeline (``LaunchClock``): a step's time runs from its choice to the
 next step's choice, so a lookup's wait for the step before it is the lookup's cost, and a lookup
@@ -320,7 +321,8 @@ class NgramWorker:
         return match_reach(history, lengths, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window,
                            cap=cap, per_row=len(rows) < BATCH_PATH_MIN_BS)
 
-    def _plan(self, rows: np.ndarray, max_size: int, *, ahead: bool = False) -> tuple[int, BatchTrees, np.ndarray] | None:
+    def _plan(self, rows: np.ndarray, max_size: int, *,
+              ahead: bool = False) -> tuple[int, BatchTrees, np.ndarray] | None:
         """This step's verify size n, the rows' trees and each one's drafted depth within n - 1
         nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match).
         ``ahead``: the step launches past an unread one (chains past its guessed tokens)."""
@@ -329,7 +331,7 @@ class NgramWorker:
             return None
         bs = len(rows)
         limits = np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64)
-        if self.force not in (None, LOOK_UP_EVERY_STEP):  # the warm-up: a chain of max_size - 1 nodes a row, whatever matches
+        if self.force not in (None, LOOK_UP_EVERY_STEP):  # the warm-up: chains of max_size - 1 nodes, any tokens
             trees = self._tail_chains(rows, max_size - 1)
         elif ahead:
             trees = self._trees_ahead(rows, limits, max_size)

@@ -1,8 +1,9 @@
 """NGRAM under overlap scheduling (issue #42): the policy's plain steps launch past the unread
 step like plain decoding's, its lookups read that step first (the default) or, with ``run_ahead``,
-run ahead of it (drafting past its guessed tokens; never with the cross-request cache). Greedy output equals plain decoding whatever the choices, with page size 1 and 16, chunked
-prefill, retraction and the prefix cache; no KV slot leaks; a lookup ahead of a copied span drafts
-what the span holds; step times run from each step's choice.
+run ahead of it (drafting past its guessed tokens; never with the cross-request cache). Greedy
+output equals plain decoding whatever the choices, with page size 1 and 16, chunked prefill,
+retraction and the prefix cache; no KV slot leaks; a lookup ahead of a copied span drafts what the
+span holds; step times run from each step's choice.
 
 The choices are forced (``policy.choose`` replaced by a fixed pattern), so that plain and lookup
 steps alternate in runs of every length, at every transition.

@@ -30,13 +30,12 @@ import math
 from typing import Any, Callable, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdec.attention.base import AttentionLayer
 from specdec.forward import ForwardBatch
 from specdec.models.config import LlamaConfig
-from specdec.models.ops import add_rms_norm, apply_rope_, rms_norm, silu_and_mul
+from specdec.models.ops import add_rms_norm, apply_rope_, gelu_tanh_and_mul, rms_norm, silu_and_mul
 from specdec.models.ops.gemv import linear
 from specdec.models.ops.stacked_linear import FusedGemmModule, StackedLinear
 from specdec.models.parallel import SINGLE, TPGroup
@@ -195,12 +194,6 @@ class LlamaAttention(FusedGemmModule):
         self.rotary(positions, q, k)
         out = batch.attn_backend.forward(q, k, v, self.layer, batch)
         return row_parallel(out, self.o_proj, self.tp)
-
-
-def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
-    """Gemma's GeGLU: gelu(gate, tanh approximation) * up."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.gelu(gate, approximate="tanh") * up
 
 
 _GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

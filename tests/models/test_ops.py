@@ -207,6 +207,18 @@ def test_silu_and_mul_matches_ref(device, dtype, t, i):
     assert_close_ulps(triton_ops.silu_and_mul(gate_up), ops.silu_and_mul_ref(gate_up))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,i", [(1, 3), (6, 77), (2, 600)])
+def test_gelu_tanh_and_mul_matches_ref(device, dtype, t, i):
+    """Gemma's GeGLU; gates up to +-12, where tanh saturates on both sides. For a negative gate
+    ``1 + tanh`` cancels, so the output (near 0) carries an error of a few fp32 ulps of 1 times
+    |gate * up| (another tanh: libdevice's or the interpreter's), hence the absolute term."""
+    gate_up = rand(t, 2 * i, dtype=dtype, device=device, seed=i, scale=12.0)
+    assert_close_ulps(triton_ops.gelu_tanh_and_mul(gate_up), ops.gelu_tanh_and_mul_ref(gate_up),
+                      atol=4 * 2**-23 * 12.0**2)
+
+
 def check_batch_invariance(t: int, h: int, hq: int, hkv: int, d: int, inter: int, device: str) -> None:
     """Row r computed inside a batch of t rows is bit-identical to row r computed alone."""
     dtype, r = torch.bfloat16, t // 2

@@ -42,6 +42,8 @@ __all__ = [
     "scaled_rms_norm_ref",
     "add_scaled_rms_norm",
     "add_scaled_rms_norm_ref",
+    "gelu_tanh_and_mul",
+    "gelu_tanh_and_mul_ref",
     "apply_rope_",
     "apply_rope_ref",
     "silu_and_mul",
@@ -283,6 +285,24 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     if kernels is None:
         return silu_and_mul_ref(gate_up)
     return kernels.silu_and_mul(gate_up)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    """``gelu(gate, approximate="tanh") * up`` (Gemma's GeGLU) in one kernel; see ``gelu_tanh_and_mul_ref``."""
+    _check("gate_up", gate_up, dim=2)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up: expected an even feature size [T, 2I], got {tuple(gate_up.shape)}")
+    kernels = _kernels_for(gate_up)
+    if kernels is None:
+        return gelu_tanh_and_mul_ref(gate_up)
+    return kernels.gelu_tanh_and_mul(gate_up)
+
+
+def gelu_tanh_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """Specification of ``gelu_tanh_and_mul``: ``F.gelu(gate, approximate="tanh")`` rounded to the dtype,
+    then multiplied by ``up`` and rounded again, as eager torch does."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:

@@ -234,8 +234,10 @@ _SILU_BLOCK = 512
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n_cols, LIBDEVICE: tl.constexpr, PDL: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n_cols, GELU_TANH: tl.constexpr, LIBDEVICE: tl.constexpr,
+                         PDL: tl.constexpr, BLOCK: tl.constexpr):
+    """act(gate) * up, act SiLU or (GELU_TANH) GELU's tanh approximation (Gemma's GeGLU): act in fp32,
+    rounded to the model dtype, then the product rounded again, as eager torch computes them."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -245,23 +247,35 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n_cols, LIBDEVICE: tl.constex
     gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * x_stride + n_cols + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    if LIBDEVICE:
-        e = libdevice.exp(-g)
+    if GELU_TANH:  # 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), torch's formula and order
+        inner = 0.7978845608028654 * (g + 0.044715 * (g * g * g))
+        if LIBDEVICE:
+            th = libdevice.tanh(inner)
+        else:  # the interpreter: tanh from exp (within a few fp32 ulps)
+            th = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        act = (0.5 * g * (1.0 + th)).to(gate.dtype)  # F.gelu's result, in the model dtype
     else:
-        e = tl.exp(-g)
-    silu = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)  # F.silu's result, in the model dtype
-    out = silu.to(tl.float32) * up.to(tl.float32)
+        if LIBDEVICE:
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        act = tl.math.div_rn(g, 1.0 + e).to(gate.dtype)  # F.silu's result, in the model dtype
+    out = act.to(tl.float32) * up.to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, out.to(gate.dtype), mask=mask)
 
 
-def _silu_and_mul_launch(gate_up: torch.Tensor) -> torch.Tensor:
+def _silu_and_mul_launch(gate_up: torch.Tensor, *, gelu_tanh: bool = False) -> torch.Tensor:
     t, n = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
     if t and n:
         _silu_and_mul_kernel[(t, triton.cdiv(n, _SILU_BLOCK))](
-            gate_up, out, gate_up.stride(0), n, LIBDEVICE=not INTERPRETED, BLOCK=_SILU_BLOCK, num_warps=4,
-            enable_fp_fusion=False, **pdl_kwargs(gate_up.device))
+            gate_up, out, gate_up.stride(0), n, GELU_TANH=gelu_tanh, LIBDEVICE=not INTERPRETED, BLOCK=_SILU_BLOCK,
+            num_warps=4, enable_fp_fusion=False, **pdl_kwargs(gate_up.device))
     return out
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return _silu_and_mul_launch(gate_up, gelu_tanh=True)
 
 
 @torch.library.custom_op("specdec::silu_and_mul", mutates_args=())

@@ -195,8 +195,7 @@ class DecodeLauncher:
         for part in plan.parts:  # (the pages are summed: the parts' order does not matter)
             starts += [r.kv_alloc for r in part.reqs]  # _reserve extends each reservation from kv_alloc
             ends += _grown_lens(part, plan, previous, extra=tokens)
-        return self.memory.pages_needed(starts, [max(self._chunked(e) - s, 0) if e > s else 0
-                                                 for e, s in zip(ends, starts)])
+        return self.memory.pages_needed(starts, [max(e - s, 0) for e, s in zip(ends, starts)])
 
     def _chunked(self, end: int) -> int:
         """A reservation's end grown to whole RESERVE_CHUNKs (or pages), within the context."""
@@ -204,13 +203,17 @@ class DecodeLauncher:
         return min(-(-end // chunk) * chunk, self.memory.max_context_len)
 
     def _reserve(self, reqs: list[Request], ends: list[int]) -> None:
-        """Give positions up to ``ends`` (exclusive) of each request KV slots, in RESERVE_CHUNKs
-        (overlap only)."""
-        grow = [(r, self._chunked(end)) for r, end in zip(reqs, ends) if end > r.kv_alloc]
+        """Give positions up to ``ends`` (exclusive) of each request KV slots (overlap only), in
+        RESERVE_CHUNKs where the pool has the pages (``pages_needed`` counts the exact ends only,
+        so a full pool still takes the step)."""
+        grow = [(r, end) for r, end in zip(reqs, ends) if end > r.kv_alloc]
         if not grow:
             return
-        self.memory.alloc_extend([r.row for r, _ in grow], [r.kv_alloc for r, _ in grow],
-                                 [end - r.kv_alloc for r, end in grow])
+        rows, starts = [r.row for r, _ in grow], [r.kv_alloc for r, _ in grow]
+        chunked = [self._chunked(end) for _, end in grow]
+        if self.memory.can_alloc(starts, [e - s for e, s in zip(chunked, starts)]):
+            grow = [(r, end) for (r, _), end in zip(grow, chunked)]
+        self.memory.alloc_extend(rows, starts, [end - s for (_, end), s in zip(grow, starts)])
         for req, end in grow:
             req.kv_alloc = end
 

@@ -94,6 +94,22 @@ def test_results_lag_one_step_and_finished_requests_release_after_the_step_past_
     assert_no_leak(spec)
 
 
+@pytest.mark.parametrize("algorithm", [None, "EAGLE"])
+def test_reservations_in_chunks_fall_back_to_exact_ends_in_a_full_pool(algorithm):
+    """Reservations grow RESERVE_CHUNK positions at a time, but a request that fills the pool to
+    within a chunk still decodes: the last growths take exactly what the step needs."""
+    target, draft = make_pair("EAGLE", "mixed")
+    spec = dict(algorithm="EAGLE", shape=(3, 1, 4)) if algorithm else {}
+    prompt, new = [5, 6, 7, 8, 9], 44
+    pool = len(prompt) + new + (8 if algorithm else 1) + 2  # room for the last step, not a last chunk
+    assert pool % RESERVE_CHUNK
+    expected = _outputs(engine(target, draft if algorithm else None, **spec), [prompt], _greedy([new]))
+    eng = engine(target, draft if algorithm else None, max_total_tokens=pool, overlap_schedule=True, **spec)
+    assert _outputs(eng, [prompt], _greedy([new])) == expected
+    assert eng.scheduler.num_retracted == 0
+    assert_no_leak(eng)
+
+
 def test_requests_joining_and_stopping_midway():
     """Prefills of late arrivals read the step in flight; stop tokens end requests inside runs."""
     target, draft = make_pair("EAGLE3", "mixed")

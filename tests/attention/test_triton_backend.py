@@ -510,6 +510,20 @@ def test_decode_kernel_matches_ref(num_splits, bound):
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
 
 
+# the extend kernel's cases: four sequences, one without a prefix, one whose prefix spans tiles
+EXTEND_Q_LENS, EXTEND_PREFIX = [5, 3, 1, 9], [7, 0, 13, 40]
+EXTEND_KV_LENS = [a + b for a, b in zip(EXTEND_Q_LENS, EXTEND_PREFIX)]
+
+
+def _extend_inputs(gen):
+    """k, v [150, 2, 16], q [sum(EXTEND_Q_LENS), 4, 16] (fp32) and the sequences' KV slots, packed."""
+    k = _rand((150, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((150, 2, 16), gen, torch.float32, DEVICE)
+    q = _rand((sum(EXTEND_Q_LENS), 4, 16), gen, torch.float32, DEVICE)
+    slots = torch.randperm(150, generator=gen)[: sum(EXTEND_KV_LENS)].to(torch.int32).to(DEVICE)
+    return k, v, q, slots
+
+
 @pytest.mark.parametrize("bound", [None, 4096], ids=["bound=longest", "bound=4096"])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("num_splits, new_split", [(1, False), (3, False), (1, True), (3, True), (None, None)])
@@ -518,12 +532,8 @@ def test_extend_kernel_matches_ref(masked, num_splits, new_split, bound):
     last prefix chunk or in a split of their own (unsplit: always after the prefix); the plan from
     the longest prefix or from a bound far past every prefix."""
     gen = torch.Generator().manual_seed(7)
-    q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
-    kv_lens = [a + b for a, b in zip(q_lens, prefix)]
-    k = _rand((150, 2, 16), gen, torch.float32, DEVICE)
-    v = _rand((150, 2, 16), gen, torch.float32, DEVICE)
-    q = _rand((sum(q_lens), 4, 16), gen, torch.float32, DEVICE)
-    slots = torch.randperm(150, generator=gen)[: sum(kv_lens)].to(torch.int32).to(DEVICE)
+    q_lens, prefix, kv_lens = EXTEND_Q_LENS, EXTEND_PREFIX, EXTEND_KV_LENS
+    k, v, q, slots = _extend_inputs(gen)
     mask = mask_indptr = None
     if masked:
         blocks = []
@@ -601,12 +611,8 @@ def test_extend_kernel_with_window_matches_ref(masked, window, num_splits, new_s
     """Causal rows at prefix + row, or random trees' nodes at prefix + depth (``positions``), each over
     its own window; the entries before the first row's window (prefix - window + 1) hold NaN."""
     gen = torch.Generator().manual_seed(13)
-    q_lens, prefix = [5, 3, 1, 9], [7, 0, 13, 40]
-    kv_lens = [a + b for a, b in zip(q_lens, prefix)]
-    k = _rand((150, 2, 16), gen, torch.float32, DEVICE)
-    v = _rand((150, 2, 16), gen, torch.float32, DEVICE)
-    q = _rand((sum(q_lens), 4, 16), gen, torch.float32, DEVICE)
-    slots = torch.randperm(150, generator=gen)[: sum(kv_lens)].to(torch.int32).to(DEVICE)
+    q_lens, prefix, kv_lens = EXTEND_Q_LENS, EXTEND_PREFIX, EXTEND_KV_LENS
+    k, v, q, slots = _extend_inputs(gen)
     kv_indptr = _indptr(kv_lens)
     hidden = [slots[s : s + max(0, p - window + 1)] for s, p in zip(kv_indptr.tolist(), prefix)]
     mask = mask_indptr = None

@@ -117,6 +117,19 @@ def _check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     _same_device(x=x, weight=weight)
 
 
+def _check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
+    _check("residual", residual, dim=2, dtypes=(x.dtype,))
+    if residual.shape != x.shape:
+        raise ValueError(f"residual: expected shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    _same_device(x=x, residual=residual)
+
+
+def _normed_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:  # [T, H] float32
+    """x in fp32 times rsqrt(mean(x^2) + eps): the statistic every RMSNorm reference shares."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(
     x: torch.Tensor,  # [T, H]
     weight: torch.Tensor,  # [H]
@@ -133,9 +146,7 @@ def rms_norm(
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Specification of ``rms_norm`` (HF Llama's RMSNorm): x in fp32 times rsqrt(mean(x^2) + eps),
     rounded back to x's dtype, then multiplied by the weight in the promoted dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * _normed_fp32(x, eps).to(x.dtype)
 
 
 def add_rms_norm(
@@ -146,10 +157,7 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] new residual)
     """``(rms_norm(x + residual), x + residual)`` in one pass; see ``add_rms_norm_ref``."""
     _check_norm(x, weight, eps)
-    _check("residual", residual, dim=2, dtypes=(x.dtype,))
-    if residual.shape != x.shape:
-        raise ValueError(f"residual: expected shape {tuple(x.shape)}, got {tuple(residual.shape)}")
-    _same_device(x=x, residual=residual)
+    _check_residual(x, residual)
     kernels = _kernels_for(x, residual, weight)
     if kernels is None:
         return add_rms_norm_ref(x, residual, weight, eps)
@@ -188,9 +196,7 @@ def scaled_rms_norm(
 def scaled_rms_norm_ref(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """Specification of ``scaled_rms_norm``: x in fp32 times rsqrt(mean(x^2) + eps) times the fp32
     scale, rounded to x's dtype (unlike ``rms_norm_ref``, which rounds before the weight)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * scale).to(x.dtype)
+    return (_normed_fp32(x, eps) * scale).to(x.dtype)
 
 
 def add_scaled_rms_norm(
@@ -201,10 +207,7 @@ def add_scaled_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] new residual)
     """``(scaled_rms_norm(x + residual), x + residual)`` in one pass; see ``add_scaled_rms_norm_ref``."""
     _check_scale(x, scale, eps)
-    _check("residual", residual, dim=2, dtypes=(x.dtype,))
-    if residual.shape != x.shape:
-        raise ValueError(f"residual: expected shape {tuple(x.shape)}, got {tuple(residual.shape)}")
-    _same_device(x=x, residual=residual)
+    _check_residual(x, residual)
     kernels = _kernels_for(x, residual, scale)
     if kernels is None:
         return add_scaled_rms_norm_ref(x, residual, scale, eps)
@@ -273,14 +276,18 @@ def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, in
         x.copy_((xf * cos + _rotate_half(xf) * sin).to(x.dtype).view(x.shape))
 
 
-# ----------------------------------------------------------------------------- SiLU and mul
+# ----------------------------------------------------------------------------- gated activations (SiLU, GELU) and mul
+
+
+def _check_gate_up(gate_up: torch.Tensor) -> None:
+    _check("gate_up", gate_up, dim=2)
+    if gate_up.shape[1] % 2:
+        raise ValueError(f"gate_up: expected an even feature size [T, 2I], got {tuple(gate_up.shape)}")
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     """``silu(gate) * up`` for the fused gate/up GEMM output ``[gate | up]``; see ``silu_and_mul_ref``."""
-    _check("gate_up", gate_up, dim=2)
-    if gate_up.shape[1] % 2:
-        raise ValueError(f"gate_up: expected an even feature size [T, 2I], got {tuple(gate_up.shape)}")
+    _check_gate_up(gate_up)
     kernels = _kernels_for(gate_up)
     if kernels is None:
         return silu_and_mul_ref(gate_up)
@@ -289,9 +296,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     """``gelu(gate, approximate="tanh") * up`` (Gemma's GeGLU) in one kernel; see ``gelu_tanh_and_mul_ref``."""
-    _check("gate_up", gate_up, dim=2)
-    if gate_up.shape[1] % 2:
-        raise ValueError(f"gate_up: expected an even feature size [T, 2I], got {tuple(gate_up.shape)}")
+    _check_gate_up(gate_up)
     kernels = _kernels_for(gate_up)
     if kernels is None:
         return gelu_tanh_and_mul_ref(gate_up)

@@ -357,8 +357,9 @@ class NgramWorker:
         return BatchTrees(tokens, np.tile(np.arange(nodes), (len(rows), 1)), np.full(len(rows), nodes))
 
     def _can_run_ahead(self) -> bool:
-        """Lookups run ahead of an unread step, but with the cross-request cache (its drafts are
-        trees from other requests' tokens) and in the warm-up (tail chains, read first)."""
+        """Lookups run ahead of an unread step where ``run_ahead`` is set, except with the cross-request
+        cache (its drafts are trees from other requests' tokens) and in the warm-up (tail chains, read
+        first)."""
         return self.run_ahead and self.cache is None and self.force in (None, LOOK_UP_EVERY_STEP)
 
     def _trees_ahead(self, rows: np.ndarray, limits: np.ndarray, max_size: int) -> BatchTrees:

@@ -119,6 +119,12 @@ class SpecdecEngine:
         policy = getattr(self.engine.worker, "policy", None)
         return dict(policy.chosen) if policy is not None else {}
 
+    def lookup_totals(self) -> dict[str, float]:
+        """NGRAM's policy: its lookup steps so far, those that found no match, and their guessed and realized
+        drafted-and-accepted tokens a row, summed ({} without)."""
+        policy = getattr(self.engine.worker, "policy", None)
+        return dict(getattr(policy, "totals", {}))
+
     def explain(self, bs: int) -> str:
         """Adaptive speculation's figures per candidate at ``bs`` and the last step's context ('' without,
         and for NGRAM's policy, whose choice has no start-up profile to explain)."""
@@ -240,6 +246,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
     (and the answers' token ids appended to ``answers``, in prompt order, where given)."""
     queue = collections.deque(enumerate(prompts))
     chosen_before = engine.choices() if isinstance(engine, SpecdecEngine) else {}
+    lookups_before = engine.lookup_totals() if isinstance(engine, SpecdecEngine) else {}
     if isinstance(engine, SpecdecEngine):
         engine.step_log.clear()
     inflight: dict[str, float] = {}  # rid -> sent at
@@ -278,6 +285,9 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
         chosen = {k: n - chosen_before.get(k, 0) for k, n in engine.choices().items()}
         if any(chosen.values()):  # adaptive speculation's decode steps by choice in this cell
             row["choices"] = {k: n for k, n in chosen.items() if n}
+        lookups = {k: v - lookups_before.get(k, 0) for k, v in engine.lookup_totals().items()}
+        if lookups.get("lookups"):  # NGRAM: its policy's guesses against what its lookups committed
+            row["lookups"] = lookups
     if answers is not None:
         answers.extend(finished_ids[f"{tag}-{i}"] for i in range(len(prompts)))
     engine.forget(rids)

@@ -89,16 +89,22 @@ class LaunchClock:
 class RunnerUpExplorer:
     """Which choice a step takes: the best by score, except that every ``explore_every`` steps of
     a bucket, the runner-up (if it has not run in that bucket since) runs ``explore_steps`` steps
-    in a row, enough for ``LaunchClock`` to time it."""
+    in a row, enough for ``LaunchClock`` to time it.
 
-    def __init__(self, *, explore_every: int = 64, explore_steps: int = 3) -> None:
-        self.explore_every, self.explore_steps = explore_every, explore_steps
+    Where the caller gives each choice's step time, a run's expected loss is held to ``explore_share``
+    of the served time since the runner-up last ran: a run of k steps of ``ms_r`` milliseconds loses
+    k ms_r (1 - score_r / score_best), so it waits at least that / (explore_share ms_best) steps. (A
+    lookup at 32 requests takes ~3x a plain step: runs every 64 steps were NGRAM's largest loss.)"""
+
+    def __init__(self, *, explore_every: int = 64, explore_steps: int = 3, explore_share: float = 0.02) -> None:
+        self.explore_every, self.explore_steps, self.explore_share = explore_every, explore_steps, explore_share
         self._bucket_steps: dict[int, int] = {}  # steps chosen per batch-size bucket
         self._last_tried: dict[tuple[int, str], int] = {}  # (bucket, choice) -> that bucket's step count
         self._trying: dict[int, tuple[str, int]] = {}  # bucket -> (runner-up being tried, steps left)
 
-    def pick(self, scores: dict[str, float], bs: int) -> str:
-        """The choice of this step, from each candidate's score (higher is better)."""
+    def pick(self, scores: dict[str, float], bs: int, step_ms: dict[str, float] | None = None) -> str:
+        """The choice of this step, from each candidate's score (higher is better); ``step_ms``: each
+        candidate's expected step time (the run's loss budget, class docstring)."""
         ranked = sorted(scores, key=scores.get, reverse=True)
         pick = ranked[0]
         if len(ranked) < 2:
@@ -109,8 +115,16 @@ class RunnerUpExplorer:
         if left > 0 and trying in scores:  # the rest of a runner-up's run of steps
             pick = trying
             self._trying[b] = (trying, left - 1)
-        elif step - self._last_tried.get((b, ranked[1]), 0) >= self.explore_every:
+        elif step - self._last_tried.get((b, ranked[1]), 0) >= self._interval(scores, ranked, step_ms):
             pick = ranked[1]  # keep the runner-up's step time current
             self._trying[b] = (pick, self.explore_steps - 1)
         self._last_tried[(b, pick)] = step
         return pick
+
+    def _interval(self, scores: dict[str, float], ranked: list[str], step_ms: dict[str, float] | None) -> float:
+        """Steps of a bucket between two runs of its runner-up ``ranked[1]``."""
+        if step_ms is None:
+            return self.explore_every
+        best, runner = ranked[0], ranked[1]
+        loss = self.explore_steps * step_ms[runner] * max(0.0, 1.0 - scores[runner] / scores[best])
+        return max(self.explore_every, loss / (self.explore_share * step_ms[best]))

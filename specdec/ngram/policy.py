@@ -19,9 +19,22 @@ it, so a copied span is taken up the step after it begins and left the step afte
 ``reach`` (the cross-request cache on: rows without a match of their own may still draft), d is the
 row's decaying mean depth of its drafted trees' first m nodes, m = 0 .. N - 1.
 
+Drafted tokens' calibration: the model above is a guess (a match's reach is not what the row's tree
+drafts, acceptance is not geometric, and the steps the policy picks are those it guessed high on),
+so every lookup step it chose is checked when read, its mean drafted-and-accepted tokens a row
+against the model's guess for that step (a lookup that found no match: 0 against the guess), and
+the drafted part of every later guess is scaled by their decaying ratio:
+
+    E' = 1 + scale (E - 1),   scale = sum realized / sum guessed, within SCALE_CLIP
+
+both sums decaying by SCALE_DECAY a step from SCALE_PRIOR. (Without it, on the H200 with SmolLM2-135M,
+HumanEval at 32 requests, the policy's lookups committed about 12 tokens a millisecond against its plain
+steps' 29: benchmarks/results/2026-11-29-h200-ngram-ahead, rows_cc2bd64.jsonl.)
+
 Step times are learned online (``specdec.eagle.served``): each choice's served time per
 batch-size bucket, launch to next launch, timed only after a step of the same choice, and each
-bucket's runner-up run for 3 steps every ``explore_every``. There is no start-up profile: a
+bucket's runner-up run for 3 steps every ``explore_every`` or more (a run's expected loss held to 2 %
+of the served time between runs: ``RunnerUpExplorer``). There is no start-up profile: a
 choice's reference time is ``prior_factor`` times the bucket's anchor (the first timed step's
 plain-equivalent time), and ``StepTimeCalibration`` learns the ratio of the served times to it,
 so before a choice is timed the ranking follows the prior factors.
@@ -44,6 +57,9 @@ ROWS_PER_PLAIN_STEP = 256
 PRIOR_RATE, PRIOR_WEIGHT = 0.6, 8.0
 LOOKUP = "lookup"  # any verify size, to the explorer
 DECAY = 0.9  # per read step, for a row's statistics and for those of all rows
+SCALE_DECAY = 0.98  # per read lookup step, for the drafted tokens' calibration
+SCALE_PRIOR = 4.0  # drafted tokens a row, guessed and realized, before any lookup step is read
+SCALE_CLIP = (0.1, 2.0)
 
 
 def size_name(n: int) -> str:
@@ -69,12 +85,21 @@ class NgramPolicy:
         self.explorer = RunnerUpExplorer(explore_every=explore_every)
         self.anchor: dict[int, float] = {}  # bucket -> ms of a plain step, from the first timed step
         self.chosen: dict[str, int] = {}  # steps by choice
+        self.guessed_sum = self.realized_sum = SCALE_PRIOR  # decaying drafted-and-accepted tokens a row
+        self.guesses: dict[int, float] = {}  # verify size -> the last choice's guess of drafted tokens a row
+        # totals over the policy's life (diagnostics): lookup steps read, those that found no match,
+        # guessed and realized drafted-and-accepted tokens a row summed over them
+        self.totals = {"lookups": 0, "misses": 0, "guessed": 0.0, "realized": 0.0}
 
     def reset(self, rows: list[int]) -> None:
         """New requests in ``rows`` start from the statistics of all rows."""
         self.hits[rows] = 0.0
         self.misses[rows] = 0.0
         self.depth[rows] = self.all_depth
+
+    def scale(self) -> float:
+        """The drafted tokens' calibration: realized over guessed (module docstring)."""
+        return min(max(self.realized_sum / self.guessed_sum, SCALE_CLIP[0]), SCALE_CLIP[1])
 
     def step_ms(self, name: str, bs: int) -> float:
         return self.anchor.get(bucket(bs), 1.0) * prior_factor(name, bs) * self.step_times.ratio(name, bs)
@@ -96,15 +121,18 @@ class NgramPolicy:
         else:
             d = np.clip(np.minimum(reach[:, None] - int(in_flight), sizes[None, :] - 1), 0, None)  # [bs, S]
         drafted = p * (1.0 - p ** d) / (1.0 - p)  # p + ... + p^d
-        return (1.0 + (p * drafted if in_flight else drafted)).mean(0)
+        return (1.0 + self.scale() * (p * drafted if in_flight else drafted)).mean(0)
 
     def scores(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
                in_flight: bool = False) -> dict[str, float]:
         out = {PLAIN: 1.0 / self.step_ms(PLAIN, bs)}
         sizes = np.asarray([n for n in self.sizes if n <= max_size], dtype=np.int64)
+        self.guesses = {}
         if sizes.size:
+            scale = self.scale()
             for n, tokens in zip(sizes.tolist(), self._expected(rows, sizes, reach, in_flight).tolist()):
                 out[size_name(n)] = tokens / self.step_ms(size_name(n), bs)
+                self.guesses[n] = (tokens - 1.0) / scale  # unscaled: the calibration learns the model's bias
         return out
 
     def choose(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
@@ -118,9 +146,26 @@ class NgramPolicy:
         sizes = {name: score for name, score in scores.items() if name != PLAIN}
         best = max(sizes, key=sizes.get) if sizes else None
         pair = {PLAIN: scores[PLAIN]} | ({LOOKUP: sizes[best]} if best else {})
-        pick = best if self.explorer.pick(pair, bs) == LOOKUP else PLAIN
+        step_ms = {PLAIN: self.step_ms(PLAIN, bs)} | ({LOOKUP: self.step_ms(best, bs)} if best else {})
+        pick = best if self.explorer.pick(pair, bs, step_ms) == LOOKUP else PLAIN
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return 0 if pick == PLAIN else int(pick.removeprefix("ngram"))
+
+    def guess(self, n: int) -> float | None:
+        """The last choice's guess (unscaled) of drafted-and-accepted tokens a row for a verify of ``n``
+        nodes a request, or of the largest size it scored at most ``n`` (None: it scored none)."""
+        fitting = [size for size in self.guesses if size <= n]
+        return self.guesses[max(fitting)] if fitting else None
+
+    def observe_outcome(self, guessed: float, realized: float, *, miss: bool = False) -> None:
+        """A lookup step the policy chose: its guess (``guess``) and its mean accepted draft tokens a row
+        (read; ``miss``: it found no match and decoded plainly, 0)."""
+        self.guessed_sum = SCALE_DECAY * self.guessed_sum + guessed
+        self.realized_sum = SCALE_DECAY * self.realized_sum + realized
+        self.totals["lookups"] += 1
+        self.totals["misses"] += int(miss)
+        self.totals["guessed"] += guessed
+        self.totals["realized"] += realized
 
     def observe_step(self, name: str, bs: int, ms: float) -> None:
         """A served step of ``name`` took ``ms`` from its launch to the next launch."""

@@ -238,7 +238,11 @@ class NgramWorker:
             max_size = min(max_size, self._max_size(len(rows)))  # the batch may have lost finished requests
         plan = self._plan(rows, max_size, ahead=ahead)
         self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
+        guess = self.policy.guess(plan[0] if plan else max_size) \
+            if self.policy is not None and self.force is None and max_size else None
         if plan is None:
+            if guess is not None:  # the policy looked up and found nothing: its guess realized 0 tokens
+                self.policy.observe_outcome(guess, 0.0, miss=True)
             return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling,
                                       seq_lens_cpu=seq_lens_cpu, rows_cpu=rows.tolist(), slots_reserved=slots_reserved)
         n, trees, drafted = plan
@@ -271,6 +275,8 @@ class NgramWorker:
             self.budget.observe(rows.tolist(), drafted.tolist(), accepted)
             if self.policy is not None:
                 self.policy.observe_accepts(rows, drafted, np.asarray(accepted, dtype=np.int64))
+                if guess is not None:
+                    self.policy.observe_outcome(guess, float(np.mean(accepted)))
             return DecodeOutput(tokens=[r[2: 3 + k] for r, k in zip(host, accepted)], seq_lens=new_lens,
                                 accept_lengths=accepted, shape=f"ngram{n}")
 

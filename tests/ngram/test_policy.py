@@ -187,3 +187,64 @@ def test_reach_syncs_the_history_first():
     history.token_ids[0, :5], history.num_tokens[0] = read_so_far[:5], 5  # stale: synced at the last lookup
     assert worker._reach(np.asarray([0]))[0] == 0
     assert worker._reach(np.asarray([0]), sync_history=sync)[0] == 8  # 10 tokens, the cap at one row 8
+
+
+def _serve_overestimated(worker, now, *, steps, calibrate):
+    """4 rows whose matches reach 8 tokens and whose trees draft 1 node (a budget cut by earlier
+    rejections), each accepted: the reach model guesses ~9 tokens a row, a step commits 2, at 2.5x
+    a plain step's time. ``calibrate``: each lookup's outcome handed to the policy, as the worker does."""
+    rows, reach = np.arange(4), np.full(4, 8)
+    picks = []
+    for _ in range(steps):
+        size = worker.policy.choose(rows, 4, max(SIZES), reach)
+        name = PLAIN if size == 0 else size_name(size)
+        worker._time_launch(name, 4, now[0])
+        picks.append(name)
+        if size:
+            guess = worker.policy.guess(size)
+            worker.policy.observe_accepts(rows, np.ones(4, dtype=np.int64), np.ones(4, dtype=np.int64))
+            if calibrate:
+                worker.policy.observe_outcome(guess, 1.0)
+        now[0] += (1.0 if name == PLAIN else 2.5) / 1e3
+    return picks
+
+
+@pytest.mark.parametrize("calibrate", [False, True])
+def test_calibration_prices_lookups_that_commit_less_than_guessed(monkeypatch, calibrate):
+    """Without the outcomes the policy keeps choosing lookups that lose (the model's guess never meets
+    what steps commit); with them the guess is scaled to what lookups realized and plain decoding wins,
+    the lookups' runner-up runs rarer than every 64 steps (each run's loss held to 2 % of served time)."""
+    now = [0.0]
+    worker = _worker(monkeypatch, now)
+    tail = _serve_overestimated(worker, now, steps=900, calibrate=calibrate)[-500:]
+    if not calibrate:
+        assert tail.count(PLAIN) < 100
+        return
+    # a run of 3 lookups loses 3 x 2.5 ms x (1 - 0.8): one every 75 steps, not every 64
+    assert 500 - 3 * (500 // 75 + 1) <= tail.count(PLAIN) < 500
+    assert worker.policy.scale() == pytest.approx(1 / 8, rel=0.25)
+    assert worker.policy.totals["lookups"] > 0 and worker.policy.totals["misses"] == 0
+
+
+def test_a_lookup_that_finds_nothing_realizes_no_tokens():
+    policy = NgramPolicy(CONFIG, SIZES, 8)
+    policy.choose(np.arange(2), 2, 9, reach=np.asarray([8, 8]))
+    guess = policy.guess(9)
+    assert guess > 1 and policy.guess(5) < guess and policy.guess(1) is None
+    before = policy.scale()
+    policy.observe_outcome(guess, 0.0, miss=True)
+    assert policy.scale() < before and policy.totals == {"lookups": 1, "misses": 1, "guessed": guess, "realized": 0.0}
+
+
+def test_explorer_holds_a_runs_loss_to_its_share_of_served_time():
+    """The runner-up far behind and 3x slower: runs far apart; close behind: every explore_every steps."""
+    from specdec.eagle.served import RunnerUpExplorer
+
+    def runs(runner_score, runner_ms, steps=2000):
+        explorer = RunnerUpExplorer(explore_every=64)
+        picks = [explorer.pick({"a": 1.0, "b": runner_score}, 4, {"a": 1.0, "b": runner_ms}) for _ in range(steps)]
+        return picks.count("b") / 3
+
+    assert runs(0.99, 1.0) == pytest.approx(2000 / 64, abs=2)
+    far = runs(0.5, 3.0)  # a run loses 3 x 3 ms x 0.5 = 4.5 ms: every 225 steps of 1 ms
+    assert far == pytest.approx(2000 / 226, abs=1.5)

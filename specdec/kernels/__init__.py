@@ -7,7 +7,8 @@ what a verified step derives from its accepted paths,
 ``kv_indices`` the KV lists and page tables attention reads from the request rows, ``frontier``
 the draft's selections (a step's next frontier, the tree's nodes), ``simulate`` the synthetic
 benchmark's drawn target predictions, ``replay`` its replay of recorded draft trees and ``row_kv``
-deterministic inference's per-row KV lists (all ours, not sgl_kernel's).
+deterministic inference's per-row KV lists and ``ngram_match`` the n-gram drafter's device lookup (all
+ours, not sgl_kernel's).
 """
 
 from specdec.kernels.cache_ops import (
@@ -32,6 +33,7 @@ from specdec.kernels.kv_indices import (
     create_kv_page_indices,
     create_kv_page_indices_ref,
 )
+from specdec.kernels.ngram_match import ngram_match, ngram_match_ref
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
 from specdec.kernels.replay import (
     replay_accept_cdf,
@@ -78,6 +80,8 @@ __all__ = [
     "draft_scratch_slots_ref",
     "move_kv_slots",
     "move_kv_slots_ref",
+    "ngram_match",
+    "ngram_match_ref",
     "build_row_kv_lists",
     "build_row_kv_lists_ref",
     "build_tree_kernel_efficient",

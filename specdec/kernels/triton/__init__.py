@@ -21,7 +21,8 @@ from typing import Callable
 
 def load_impls() -> dict[str, Callable[..., None]]:
     """Import triton and the kernels; returns op name -> implementation. Raises ImportError."""
-    from specdec.kernels.triton import cache_ops, commit, frontier, packbits, replay, row_kv, simulate, tree_build, verify
+    from specdec.kernels.triton import (cache_ops, commit, frontier, ngram_match, packbits, replay, row_kv, simulate,
+                                        tree_build, verify)
 
     return {**tree_build.IMPLS, **verify.IMPLS, **packbits.IMPLS, **cache_ops.IMPLS, **commit.IMPLS, **simulate.IMPLS,
-            **frontier.IMPLS, **replay.IMPLS, **row_kv.IMPLS}
+            **frontier.IMPLS, **replay.IMPLS, **row_kv.IMPLS, **ngram_match.IMPLS}

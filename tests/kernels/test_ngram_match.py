@@ -1,0 +1,117 @@
+"""``ngram_match`` (the n-gram drafter's lookup on the device): the module docstring's worked example,
+the reference against the host's ``propose_ngram_ref``, then Triton == reference exactly (CPU through
+Triton's interpreter, CUDA compiled) on random repetitive histories, and input errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ..triton_env import import_kernels, kernel_devices
+
+triton_ngram = import_kernels("specdec.kernels.triton.ngram_match")
+
+from specdec import kernels as K  # noqa: E402
+from specdec.ngram.lookup import propose_ngram_ref  # noqa: E402
+
+DEVICES = kernel_devices(triton_ngram._ngram_match_kernel)
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+
+
+def kv_batch(histories: list[list[int]], *, ctx: int = 96, seed: int = 0, device="cpu") -> dict:
+    """Each history but its last token (the root) in KV at shuffled slots of table rows 2b + 1; the
+    slots' token ids in ``slot_tokens`` (the others poisoned)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 2 * len(histories) + 1
+    req_to_token = torch.randperm(rows * ctx, generator=gen).view(rows, ctx).to(torch.int32)
+    slot_tokens = torch.full((rows * ctx,), -5, dtype=torch.int32)
+    for b, h in enumerate(histories):
+        slot_tokens[req_to_token[2 * b + 1, : len(h) - 1].long()] = torch.tensor(h[:-1], dtype=torch.int32)
+    return dict(slot_tokens=slot_tokens.to(device), req_to_token=req_to_token.to(device),
+                req_pool_indices=torch.tensor([2 * b + 1 for b in range(len(histories))], device=device),
+                seq_lens=torch.tensor([len(h) - 1 for h in histories], device=device),
+                roots=torch.tensor([h[-1] for h in histories], device=device))
+
+
+def run(impl, batch: dict, k: int, **kw) -> tuple[list[list[int]], list[int]]:
+    bs = batch["roots"].shape[0]
+    device = batch["roots"].device
+    drafts = torch.full((bs, k), -1, dtype=torch.int64, device=device)
+    lens = torch.full((bs,), -1, dtype=torch.int32, device=device)
+    impl(**batch, drafts=drafts, draft_lens=lens, **kw)
+    return drafts.cpu().tolist(), lens.cpu().tolist()
+
+
+def expected(histories: list[list[int]], k: int, *, min_n: int, max_n: int):
+    drafts, lens = [], []
+    for h in histories:
+        d = propose_ngram_ref(np.asarray(h), min_n=min_n, max_n=max_n, k=k).tolist()
+        drafts.append(d + [h[-1]] * (k - len(d)))
+        lens.append(len(d))
+    return drafts, lens
+
+
+def test_worked_example():
+    """The lookup module's example: "5 9" ends last at p = 5, so the draft is 7 8 5; a row with no match
+    drafts nothing and holds its root."""
+    histories = [[5, 9, 7, 2, 5, 9, 7, 8, 5, 9], [1, 2, 3, 4]]
+    drafts, lens = run(K.ngram_match_ref, kv_batch(histories), 3, min_n=1, max_n=3)
+    assert drafts == [[7, 8, 5], [4, 4, 4]] and lens == [3, 0]
+
+
+def random_histories(seed: int) -> list[list[int]]:
+    """Histories that repeat spans of a small vocabulary (many matches of every length), of 1-90 tokens,
+    one whose match runs into the root, one of a single token."""
+    rng = np.random.default_rng(seed)
+    out = [[7], [3, 4, 5, 3, 4, 5, 3, 4]]
+    for _ in range(6):
+        base = rng.integers(0, 6, size=int(rng.integers(4, 20))).tolist()
+        h = []
+        while len(h) < int(rng.integers(2, 90)):
+            start = int(rng.integers(0, len(base)))
+            h += base[start: start + int(rng.integers(1, 8))] + rng.integers(0, 6, size=int(rng.integers(0, 2))).tolist()
+        out.append(h[:90])
+    return out
+
+
+@pytest.mark.parametrize("min_n,max_n,k", [(1, 3, 4), (2, 5, 7), (1, 12, 11), (3, 3, 1)])
+def test_reference_equals_host_lookup(min_n, max_n, k):
+    for seed in range(3):
+        histories = random_histories(seed)
+        assert run(K.ngram_match_ref, kv_batch(histories, seed=seed), k, min_n=min_n, max_n=max_n) == \
+            expected(histories, k, min_n=min_n, max_n=max_n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("min_n,max_n,k", [(1, 3, 4), (2, 5, 7), (1, 12, 11)])
+def test_triton_equals_reference(device, min_n, max_n, k):
+    for seed in range(2):
+        histories = random_histories(seed + 10)
+        want = expected(histories, k, min_n=min_n, max_n=max_n)
+        assert run(triton_ngram.ngram_match, kv_batch(histories, seed=seed, device=device), k,
+                   min_n=min_n, max_n=max_n) == want
+
+
+def test_long_history_crosses_blocks():
+    """A history of 700 tokens (three of the kernel's 256-position blocks): the latest match wins."""
+    rng = np.random.default_rng(4)
+    h = rng.integers(0, 50, size=700).tolist()
+    h[100:104] = h[600:604] = h[-4:] = [60, 61, 62, 63]  # "60 61 62 63" also ends at 103 and 603: 603 is latest
+    batch = kv_batch([h], ctx=720)
+    want = expected([h], 5, min_n=1, max_n=4)
+    assert want[0][0] == h[604:609]
+    assert run(K.ngram_match, batch, 5, min_n=1, max_n=4) == want
+    assert run(K.ngram_match_ref, batch, 5, min_n=1, max_n=4) == want
+
+
+@pytest.mark.parametrize("impl", [K.ngram_match_ref, K.ngram_match])
+def test_input_errors(impl):
+    batch = kv_batch([[1, 2, 1, 2]])
+    with pytest.raises(ValueError, match="seq_lens"):
+        run(impl, {**batch, "seq_lens": torch.tensor([500])}, 2, min_n=1, max_n=2)
+    with pytest.raises(ValueError, match="req_pool_indices"):
+        run(impl, {**batch, "req_pool_indices": torch.tensor([99])}, 2, min_n=1, max_n=2)
+    with pytest.raises(ValueError, match="min_n"):
+        K.ngram_match(**batch, drafts=torch.zeros(1, 2, dtype=torch.int64), draft_lens=torch.zeros(1, dtype=torch.int32),
+                      min_n=3, max_n=2)

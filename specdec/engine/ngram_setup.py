@@ -19,6 +19,9 @@ NGRAM_FLAGS = (
     "speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth", "speculative_ngram_match_type",
     "speculative_ngram_branch_length", "speculative_ngram_capacity",
 )
+# flags that ask for drafting on the host (trees, frequency order, the cross-request cache)
+HOST_DRAFT_FLAGS = ("speculative_ngram_min_bfs_breadth", "speculative_ngram_max_bfs_breadth",
+                    "speculative_ngram_match_type", "speculative_ngram_capacity", "speculative_ngram_branch_length")
 # flags that mean nothing without a draft model (set: refused under NGRAM), and why
 NOT_FOR_NGRAM = {
     "speculative_draft_model_path": "NGRAM has no draft model",
@@ -59,16 +62,23 @@ def ngram_configs(args: EngineArgs, *, draft_model=None) -> tuple[SpecConfig, Ng
         return default if value is None else value
 
     max_window = get("max_match_window_size", DEFAULT_MAX_MATCH_WINDOW)
+    # specdec's default drafts chains on the device (a lookup then launches past the unread step, as a
+    # plain one does); SGLang's trees (the BFS-breadth flags), PROB and the cross-request cache draft on
+    # the host, each lookup reading the step before it (H200, SmolLM2-135M: a host lookup step took
+    # 2.2-2.6 ms against 0.9-1.0 ms for a plain one, benchmarks/results/2026-11-29-h200-ngram-ahead)
+    host_trees = [f for f in HOST_DRAFT_FLAGS if getattr(args, f) is not None]
+    breadth = DEFAULT_MAX_BFS_BREADTH if host_trees else 1
     if args.speculative_ngram_branch_length is not None and args.speculative_ngram_capacity is None:
         raise ConfigError("--speculative-ngram-branch-length needs --speculative-ngram-capacity "
                           "(specdec's cross-request cache is off without a capacity)")
     ngram = NgramConfig(
         num_draft_tokens=args.speculative_num_draft_tokens or max_window,
         min_match_window=get("min_match_window_size", DEFAULT_MIN_MATCH_WINDOW), max_match_window=max_window,
-        min_bfs_breadth=get("min_bfs_breadth", DEFAULT_MIN_BFS_BREADTH),
-        max_bfs_breadth=get("max_bfs_breadth", DEFAULT_MAX_BFS_BREADTH), match_type=get("match_type", "BFS"),
+        min_bfs_breadth=get("min_bfs_breadth", min(DEFAULT_MIN_BFS_BREADTH, breadth)),
+        max_bfs_breadth=get("max_bfs_breadth", breadth), match_type=get("match_type", "BFS"),
         adaptive=args.speculative_adaptive != "off", max_verify_rows=args.speculative_adaptive_max_verify_rows,
         cache_capacity=get("capacity", 0), cache_branch_length=get("branch_length", DEFAULT_BRANCH_LENGTH),
+        device_lookup=not host_trees,
     )
     n = ngram.num_draft_tokens
     spec = SpecConfig(

@@ -14,6 +14,11 @@
                                           ``--speculative-ngram-capacity``; 0: no cache)
     cache_branch_length                   longest window of a finished request it stores, key
                                           and continuation (``--speculative-ngram-branch-length``)
+    device_lookup                         drafts chains on the device (``specdec.kernels.ngram_match``),
+                                          so a lookup launches past the unread step like a plain one;
+                                          False: trees on the host, each lookup reading the step before
+                                          it. The host (``specdec.engine.ngram_setup``) turns it on
+                                          unless a tree, PROB or the cache is asked for.
 
 The config is frozen and validates itself (messages name the flag).
 """
@@ -50,6 +55,7 @@ class NgramConfig:
     # default is 10 M trie nodes; held as Python tuples that would cost GBs, so specdec asks for it
     cache_capacity: int = 0
     cache_branch_length: int = DEFAULT_BRANCH_LENGTH
+    device_lookup: bool = False
 
     def __post_init__(self) -> None:
         ints = (("--speculative-num-draft-tokens", self.num_draft_tokens, 2),
@@ -71,6 +77,10 @@ class NgramConfig:
                               f"--speculative-ngram-max-bfs-breadth={self.max_bfs_breadth}")
         if self.match_type not in MATCH_TYPES:
             raise ConfigError(f"--speculative-ngram-match-type={self.match_type!r}: choose one of {list(MATCH_TYPES)}")
+        if self.device_lookup and (not self.is_chain or self.match_type != "BFS" or self.cache_capacity):
+            raise ConfigError("device lookups draft chains from the request's own tokens: not with "
+                              "--speculative-ngram-max-bfs-breadth > 1, --speculative-ngram-match-type PROB or "
+                              "--speculative-ngram-capacity")
 
     @property
     def max_nodes(self) -> int:

@@ -2,11 +2,16 @@
 
     prefill   target EXTEND -> sample the first token                    (no draft model, no draft KV)
     decode    plain or lookup, and the largest verify size (``policy.py``: served step times; or
-              ``budget.py`` alone) -> each request's draft tree from n-gram matches in its own
-              tokens (host, ``tree.py`` / ``batch.py``; short ones from ``cache.py``'s finished
-              requests, when on) -> the step's verify size (the smallest
-              holding the largest tree) -> target TARGET_VERIFY over bs x n nodes
-              -> accept (greedy, or lossless sampling) -> move accepted K/V into place, free the rest
+              ``budget.py`` alone) -> each request's draft from n-gram matches in its own tokens:
+              device lookups (``ngram.device_lookup``, the host's default): a chain of n - 1 tokens
+                  from ``specdec.kernels.ngram_match`` over the token ids of the request's KV slots
+                  (``slot_tokens``, written by every forward here), launched past the unread step
+                  like a plain step, no host work but the launches;
+              host lookups: a tree (``tree.py`` / ``batch.py``; short ones from ``cache.py``'s
+                  finished requests, when on), the step's verify size the smallest holding the
+                  largest tree, after reading the step before (below)
+              -> target TARGET_VERIFY over bs x n nodes -> accept (greedy, or lossless sampling)
+              -> move accepted K/V into place, free the rest;
               or, when no request has a match, one plain decode step
 
 Verification is EAGLE's (``specdec.eagle.verify_step``): the drafter is deterministic, so its
@@ -15,7 +20,7 @@ tokens are distinct by construction). A request whose lookup finds nothing draft
 verifies only its root, which is a plain decode step for that request.
 
 The host provides each request's tokens (``specdec.host.TokenHistory``) up to the last step it
-read. Under overlap scheduling the next step is chosen before the step in flight is read
+read: what host lookups draft from, and what the choice looks each row's reach up in. Under overlap scheduling the next step is chosen before the step in flight is read
 (``needs_last_step_read``): a plain step launches past it (it needs nothing of it), a lookup reads
 it first, or, with ``run_ahead`` (off by default: measured slower, see there), runs ahead of it
 (``ahead.py``): it guesses that step's tokens (the path it drafted, accepted whole, and the bonus
@@ -51,6 +56,7 @@ from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_v
 from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
+from specdec.kernels import ngram_match
 from specdec.eagle.served import PLAIN, LaunchClock
 from specdec.ngram.ahead import AheadGuess
 from specdec.ngram.batch import (BatchTrees, build_trees_batch, build_trees_ref, first_child_path, guess_next,
@@ -110,6 +116,12 @@ class NgramWorker:
         self.max_batch_size = max_running_requests
         self._max_reqs = memory.req_to_token.shape[0]
         self._learn_step_times = ngram.adaptive and learn_step_times
+        # device lookups (``ngram.device_lookup``): the token id each KV slot holds (the padding slot
+        # of CUDA-graph batches last), written by every forward of this worker, which
+        # ``specdec.kernels.ngram_match`` reads each request's history from
+        self.slot_tokens = torch.zeros(memory.capacity + 1, dtype=torch.int32, device=memory.req_to_token.device) \
+            if ngram.device_lookup else None
+        self._chains: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (bs, n) -> a chain's constant fields
         self._start_afresh()
         # one verifier per verify size n: its accepted path is at most n - 1 nodes deep
         self.verifiers = {
@@ -170,6 +182,7 @@ class NgramWorker:
                 next_tokens: list[int] | None = None) -> torch.Tensor:
         """Target EXTEND; returns the token after each request's new ones: [bs] (as ``EAGLEWorker.prefill``)."""
         out = self.target.forward(dataclasses.replace(batch, capture_hidden_mode=self.prefill_hidden))
+        self._write_slot_tokens(batch.out_cache_loc, batch.input_ids)
         extend_lens = batch.host_extend_lens()
         logits = out.next_token_logits
         if batch.logits_mode == LogitsMode.ALL:  # the host asked for every position (prompt logprobs)
@@ -206,7 +219,11 @@ class NgramWorker:
         chosen_at = time.perf_counter()
         rows = np.asarray(rows_cpu, dtype=np.int64)
         synced = _Once(sync_history)
-        size = self._choose(rows, in_flight=in_flight, sync_history=synced)
+        device = self.slot_tokens is not None  # a device lookup drafts after the unread step, on the device
+        size = self._choose(rows, in_flight=in_flight and not device, sync_history=synced)
+        if device:
+            self._choice = (size, chosen_at, False)
+            return False
         ahead = size > 0 and in_flight and self._can_run_ahead()
         if ahead:
             synced()  # the lookup ahead drafts from every token read so far
@@ -236,6 +253,9 @@ class NgramWorker:
         else:  # chosen ahead: the step's time runs from its choice (the wait for the last step its own)
             (max_size, launched, ahead), self._choice = self._choice, None
             max_size = min(max_size, self._max_size(len(rows)))  # the batch may have lost finished requests
+        if self.slot_tokens is not None:
+            return self._launch_device_lookup(req_pool_indices, seq_lens, verified_ids, sampling, max_size, rows,
+                                              launched, seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)
         plan = self._plan(rows, max_size, ahead=ahead)
         self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
         guess = self.policy.guess(plan[0] if plan else max_size) \
@@ -249,10 +269,63 @@ class NgramWorker:
         lengths = self.history.num_tokens[rows]
         roots = self.history.token_ids[rows, lengths - 1].astype(np.int64)
         tree = device_tree(self._host_trees(trees, roots, n), n, verified_ids, seq_lens)
+        return self._verify(req_pool_indices, seq_lens, sampling, tree, n, rows, guess, drafted=drafted,
+                            seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)
+
+    def _launch_device_lookup(self, req_pool_indices, seq_lens, verified_ids, sampling, size: int, rows: np.ndarray,
+                              launched: float, *, seq_lens_cpu, slots_reserved: bool) -> PendingDecode:
+        """A lookup on the device (``ngram.device_lookup``): every request's chain of ``size - 1`` tokens after
+        its history's longest latest match (``ngram_match``, the history up to the step before, read or
+        not), verified as a chain of ``size`` nodes; or a plain step (``size`` 0)."""
+        self._time_launch(size_name(size) if size else PLAIN, len(rows), launched)
+        if not size:
+            return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling, seq_lens_cpu=seq_lens_cpu,
+                                      rows_cpu=rows.tolist(), slots_reserved=slots_reserved)
+        guess = self.policy.guess(size) if self.policy is not None and self.force is None else None
+        bs = len(rows)
+        drafts = torch.empty(bs, size - 1, dtype=torch.int64, device=seq_lens.device)  # [bs, size - 1]
+        draft_lens = torch.empty(bs, dtype=torch.int32, device=seq_lens.device)  # [bs]
+        ngram_match(self.slot_tokens, self.memory.req_to_token, req_pool_indices, seq_lens, verified_ids, drafts,
+                    draft_lens, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window)
+        tree = self._chain_tree(verified_ids, drafts, seq_lens)
+        return self._verify(req_pool_indices, seq_lens, sampling, tree, size, rows, guess, draft_lens=draft_lens,
+                            seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)
+
+    def _chain_tree(
+        self,
+        verified_ids: torch.Tensor,  # [bs] the roots
+        drafts: torch.Tensor,  # [bs, n - 1]
+        seq_lens: torch.Tensor,  # [bs]
+    ) -> BuiltTree:
+        """Each request's chain root, drafts[0], drafts[1], ... as the tree EAGLE's verify takes
+        (``device_tree``'s fields; all but the tokens and positions the same every step of a shape)."""
+        bs, n = drafts.shape[0], drafts.shape[1] + 1
+        if (bs, n) not in self._chains:
+            device, depth = seq_lens.device, torch.arange(n, device=seq_lens.device)
+            self._chains[(bs, n)] = (
+                depth,
+                torch.tril(torch.ones(n, n, dtype=torch.bool, device=device)).flatten().repeat(bs),  # node i sees j <= i
+                torch.arange(bs * n, device=device).view(bs, n),
+                torch.where(depth < n - 1, depth + 1, -1).repeat(bs, 1),  # next_token: the next node
+                torch.full((bs, n), -1, dtype=torch.int64, device=device),  # no siblings
+            )
+        depth, mask, index, next_token, next_sibling = self._chains[(bs, n)]
+        tokens = torch.cat([verified_ids[:, None].to(drafts.dtype), drafts], 1)  # [bs, n]
+        return BuiltTree(tree_mask=mask, positions=(seq_lens[:, None] + depth).flatten(), retrive_index=index,
+                         retrive_next_token=next_token, retrive_next_sibling=next_sibling,
+                         draft_tokens=tokens.flatten())
+
+    def _verify(self, req_pool_indices, seq_lens, sampling, tree: BuiltTree, n: int, rows: np.ndarray,
+                guess: float | None, *, drafted: np.ndarray | None = None, draft_lens: torch.Tensor | None = None,
+                seq_lens_cpu, slots_reserved: bool) -> PendingDecode:
+        """Verify ``tree`` (``n`` nodes a request), commit the accepted K/V; ``result()`` reads it. Each row's
+        drafted depth: ``drafted`` [bs] (host trees) or ``draft_lens`` [bs] (device, read with the step);
+        ``guess``: the policy's, for its calibration."""
         tree_slots = step_slots(self.memory, req_pool_indices, seq_lens, n, seq_lens_cpu=seq_lens_cpu,
                                 rows_cpu=rows.tolist(), reserved=slots_reserved)
         logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
                                   tree, tree_slots, num_draft_tokens=n)
+        self._write_slot_tokens(tree_slots, tree.draft_tokens)  # accepted chain nodes stay in place
         if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
             logits = sampling.process(logits.float(), tree)
         result = self.verifiers[n](tree, logits, sampling, seq_lens)
@@ -264,23 +337,31 @@ class NgramWorker:
             sampling.record_logprobs(logits[nodes], tokens)  # each token under its node's logits
         accept = result.accept_length  # [bs]
         next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
-        host_view = copy_to_host_async(torch.cat([seq_lens[:, None], accept[:, None], tokens], 1))
+        columns = [seq_lens[:, None], accept[:, None], tokens] + ([draft_lens[:, None].long()] if drafted is None else [])
+        host_view = copy_to_host_async(torch.cat(columns, 1))  # [bs, 2 + n (+ 1)]
 
         def read() -> DecodeOutput:
             host = host_view()
             old_lens, accepted = [r[0] for r in host], [r[1] for r in host]
+            depth = drafted if drafted is not None else np.asarray([r[-1] for r in host], dtype=np.int64)
             new_lens = [s + k + 1 for s, k in zip(old_lens, accepted)]
             if not slots_reserved:
                 self.memory.truncate(rows.tolist(), [s + n for s in old_lens], new_lens)
-            self.budget.observe(rows.tolist(), drafted.tolist(), accepted)
+            self.budget.observe(rows.tolist(), depth.tolist(), accepted)
             if self.policy is not None:
-                self.policy.observe_accepts(rows, drafted, np.asarray(accepted, dtype=np.int64))
+                # NOTE: a device chain's padding (its root repeated) is accepted where the target repeats it
+                self.policy.observe_accepts(rows, depth, np.minimum(accepted, depth))
                 if guess is not None:
                     self.policy.observe_outcome(guess, float(np.mean(accepted)))
             return DecodeOutput(tokens=[r[2: 3 + k] for r, k in zip(host, accepted)], seq_lens=new_lens,
                                 accept_lengths=accepted, shape=f"ngram{n}")
 
         return PendingDecode(seq_lens + accept + 1, next_tokens, read)
+
+    def _write_slot_tokens(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Device lookups: the ids of ``tokens`` [k] at their KV ``slots`` [k]."""
+        if self.slot_tokens is not None:
+            self.slot_tokens[slots] = tokens.to(torch.int32)
 
     def _max_size(self, bs: int) -> int:
         """The largest verify size (nodes a request, root included) allowed at ``bs``; 0: none."""
@@ -300,6 +381,10 @@ class NgramWorker:
         if self.policy is not None and max_size:
             reach = None if self.cache is not None else self._reach(rows, sync_history)
             max_size = self.policy.choose(rows, len(rows), max_size, reach, in_flight)
+        elif self.slot_tokens is not None and max_size:  # device lookups without the policy: the rows' reach
+            # in the history read so far sizes the chain (0: no row has a match, a plain step)
+            longest = int(self._reach(rows, sync_history).max())
+            max_size = min(self.budget.step_size(longest), max_size) if longest else 0
         return max_size
 
     def _reach(self, rows: np.ndarray, sync_history: Callable[[], None] | None = None) -> np.ndarray:
@@ -437,6 +522,7 @@ class NgramWorker:
         """One target token per request (its DECODE graph replays); nothing of the drafter changes."""
         out_cache_loc = step_slots(self.memory, req_pool_indices, seq_lens, 1, seq_lens_cpu=seq_lens_cpu,
                                    rows_cpu=rows_cpu, reserved=slots_reserved)
+        self._write_slot_tokens(out_cache_loc, verified_ids)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,

@@ -291,7 +291,7 @@ def test_chain_helper_is_the_fixture_chain():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("breadth", [1, 3], ids=["chain", "tree"])
+@pytest.mark.parametrize("breadth", [None, 1, 3], ids=["device", "chain", "tree"])
 def test_gpu_verify_graphs_replay_equal_eager_and_plain(breadth, page_size):
     """On CUDA with the triton backend: NGRAM's verify sizes replay captured graphs (batches 1-8,
     3, 5, 6, 7 padded), token for token equal to eager NGRAM and to plain decoding (fp32)."""

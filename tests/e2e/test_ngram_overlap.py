@@ -1,6 +1,8 @@
 """NGRAM under overlap scheduling (issue #42): the policy's plain steps launch past the unread
-step like plain decoding's, its lookups read that step first (the default) or, with ``run_ahead``,
-run ahead of it (drafting past its guessed tokens; never with the cross-request cache). Greedy
+step like plain decoding's; its lookups do too where they draft on the device (the default: chains
+from the KV slots' token ids, ``specdec.kernels.ngram_match``), and where they draft trees on the
+host they read that step first or, with ``run_ahead``, run ahead of it (drafting past its guessed
+tokens; never with the cross-request cache). Greedy
 output equals plain decoding whatever the choices, with page size 1 and 16, chunked prefill,
 retraction and the prefix cache; no KV slot leaks; a lookup ahead of a copied span drafts what the
 span holds; step times run from each step's choice.
@@ -57,71 +59,94 @@ def _prompts(target, seed):
     return repetitive_prompts(target.config.vocab_size, seed=seed) + prompts_of([4, 17], target.config.vocab_size)
 
 
-def _check_pipeline(rec: Recorder, *, ahead: bool = False) -> None:
-    """Plain choices launched past unread steps (overlapped), and lookups did too (``ahead``) or never."""
+def _check_pipeline(rec: Recorder, *, ahead: bool) -> None:
+    """Plain choices launched past unread steps (overlapped), and lookups did too (``ahead``: device
+    lookups, host lookups ahead) or never."""
     assert any(size == 0 and past for size, past in rec.launches)
     assert any(size > 0 and past for size, past in rec.launches) == ahead
     assert any(size > 0 for size, _ in rec.launches)
 
 
+def _accepted_several(outs) -> bool:
+    """Drafts were accepted, several tokens at a time (so lookups found the history's matches)."""
+    return max((k for o in outs for k in o["meta_info"]["spec_accept_lengths"]), default=0) >= 2
+
+
+# device lookups (the default) or host trees (a breadth flag given)
+DRAFTERS = {"device": {}, "host-tree": {"speculative_ngram_max_bfs_breadth": 2}}
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("breadth, ahead", [(1, True), (3, True), (3, False)], ids=["chain", "tree", "tree-read-first"])
+@pytest.mark.parametrize("breadth, ahead", [(None, True), (1, True), (3, True), (3, False)],
+                         ids=["device", "host-chain", "tree", "tree-read-first"])
 def test_alternating_choices_equal_plain_decoding(page_size, breadth, ahead):
     target, _ = make_pair("EAGLE", "mixed")
     prompts = _prompts(target, seed=0)
     params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in (30, 9, 25, 1, 40, 16, 22)]
     expected = plain_engine(target, page_size=page_size).generate(input_ids=prompts, sampling_params=params)
     eng = _engine(target, page_size=page_size, speculative_ngram_max_bfs_breadth=breadth)
+    assert eng.worker.ngram.device_lookup == (breadth is None)
     eng.worker.run_ahead = ahead
     assert eng.scheduler.overlap
     rec = Recorder(eng)
     got = eng.generate(input_ids=prompts, sampling_params=params)
     assert _ids(got) == _ids(expected)
     _check_pipeline(rec, ahead=ahead)
-    assert max(k for o in got for k in o["meta_info"]["spec_accept_lengths"]) >= 2
+    assert _accepted_several(got)
     assert_no_leak(eng)
 
 
+@pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("pattern", [[0], [1], [0, 1]], ids=["plain", "lookup", "alternate"])
-def test_chunked_prefill_and_graph_path(pattern):
+def test_chunked_prefill_and_graph_path(pattern, drafter):
     """Prompts prefilled in 8-token chunks between decode steps, the padded static path run eagerly."""
     target, _ = make_pair("EAGLE", "mixed")
     prompts = repetitive_prompts(target.config.vocab_size, seed=1)
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
-    eng = _engine(target, speculative_ngram_max_bfs_breadth=2, chunked_prefill_size=8)
+    eng = _engine(target, chunked_prefill_size=8, **DRAFTERS[drafter])
     eng.capture_cuda_graphs([2, 8], use_graphs=False)
     rec = Recorder(eng, pattern)
-    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
-    assert not any(size > 0 and past for size, past in rec.launches)
+    got = eng.generate(input_ids=prompts, sampling_params=params)
+    assert _ids(got) == _ids(expected)
+    assert any(size > 0 and past for size, past in rec.launches) == (drafter == "device" and 1 in pattern)
+    assert _accepted_several(got) == (1 in pattern)
     assert_no_leak(eng)
 
 
-def test_retraction_under_a_small_kv_pool():
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_retraction_under_a_small_kv_pool(drafter):
     target, _ = make_pair("EAGLE", "mixed")
     prompts = repetitive_prompts(target.config.vocab_size, seed=2) + prompts_of([12, 20, 7], 97, seed=15)
     params = {"temperature": 0, "max_new_tokens": 50, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompts, sampling_params=params)
-    eng = _engine(target, max_total_tokens=160, page_size=16, max_running_requests=8, schedule_conservativeness=0.05)
+    eng = _engine(target, max_total_tokens=160, page_size=16, max_running_requests=8, schedule_conservativeness=0.05,
+                  **DRAFTERS[drafter])
     rec = Recorder(eng)
-    assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == _ids(expected)
+    got = eng.generate(input_ids=prompts, sampling_params=params)
+    assert _ids(got) == _ids(expected)
     assert eng.cache_stats()["num_retracted_reqs"] > 0
-    _check_pipeline(rec)
+    _check_pipeline(rec, ahead=drafter == "device")
+    assert _accepted_several(got)
     assert_no_leak(eng)
 
 
-def test_prefix_cache_and_a_second_run():
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_prefix_cache_and_a_second_run(drafter):
+    """The second run's prompts come from the prefix cache: device lookups read their tokens from the
+    cached slots (written by the first run), and still find matches."""
     target, _ = make_pair("EAGLE", "mixed")
     prompts = _prompts(target, seed=4)
     params = {"temperature": 0, "max_new_tokens": 14, "ignore_eos": True}
     expected = _ids(plain_engine(target).generate(input_ids=prompts, sampling_params=params))
-    eng = _engine(target, page_size=16)
+    eng = _engine(target, page_size=16, **DRAFTERS[drafter])
     rec = Recorder(eng, [1, 0, 0])
     first = eng.generate(input_ids=prompts, sampling_params=params)
     second = eng.generate(input_ids=prompts, sampling_params=params)
     assert _ids(first) == _ids(second) == expected
     assert sum(o["meta_info"]["cached_tokens"] for o in second) > 0
-    _check_pipeline(rec)
+    assert _accepted_several(second)
+    _check_pipeline(rec, ahead=drafter == "device")
     assert_no_leak(eng)
 
 
@@ -196,10 +221,9 @@ def test_cross_request_cache_lookups_read_first():
 
 
 def test_a_lookup_past_an_unread_step_is_refused():
-    """The launcher's guard: a lookup choice that reads first (the default) must not launch past the
-    step in flight."""
+    """The launcher's guard: a host lookup that reads first must not launch past the step in flight."""
     target, _ = make_pair("EAGLE", "mixed")
-    eng = _engine(target)
+    eng = _engine(target, **DRAFTERS["host-tree"])
     Recorder(eng, [1])
     sched = eng.scheduler
     eng.add_request(eng.make_request(input_ids=_prompts(target, 0)[0],
@@ -220,7 +244,7 @@ def test_step_times_run_from_each_choice(monkeypatch):
     monkeypatch.setattr(ngram_worker.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])
     target, _ = make_pair("EAGLE", "mixed")
-    eng = _engine(target)  # (lookups wait for the read: the default)
+    eng = _engine(target, **DRAFTERS["host-tree"])  # (host lookups wait for the read)
     worker, sched, seen = eng.worker, eng.scheduler, []
     Recorder(eng, [0, 0, 1])
     worker.policy.observe_step = lambda name, bs, ms: seen.append((name, round(ms, 6)))

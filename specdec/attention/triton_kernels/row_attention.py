@@ -37,6 +37,7 @@ import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
     LOG2E,
+    LaunchConfig,
     attend_tile,
     dot_precision,
     head_dim_block,
@@ -58,6 +59,9 @@ from specdec.kernels.common import check_tensor
 # several splits into one program.
 GPU_SPLIT_LEN, GPU_NUM_PROGRAMS = 256, 8
 CPU_SPLIT_LEN, CPU_NUM_PROGRAMS = 32, 2
+# the GPU's KV tile (entries, warps, pipeline stages), a constant of the run as well (the tile width sets
+# where the online softmax rescales); None: ``launch_config``'s for a 16-row query tile
+GPU_TILE: tuple[int, int, int] | None = None
 
 
 def split_plan(device: torch.device) -> tuple[int, int]:
@@ -181,6 +185,8 @@ def row_attention(
     block_h = max(16, triton.next_power_of_2(hq // hkv))
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
+    if GPU_TILE is not None and q.device.type == "cuda":
+        cfg = LaunchConfig(*GPU_TILE)
     if split_len % cfg.block_n:
         raise ValueError(f"row_attention: split length {split_len} is not a multiple of the {cfg.block_n}-entry tile")
     # NOTE: a window of w entries reaches up to cdiv(w, split_len) + 1 splits (it starts mid-split)

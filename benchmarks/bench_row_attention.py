@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -23,9 +24,11 @@ import torch
 from bench_attention import D, HKV, make_batch
 from common import metadata_line, run_metadata
 from specdec.attention import create_attention_backend
-from specdec.attention.triton_kernels import row_attention as ra
+from specdec.attention.triton_kernels.row_attention import row_attention  # noqa: F401 (imports the module)
 from specdec.bench.device_timing import copy_bandwidth, graph_us
 from specdec.forward import ForwardMode
+
+ra = sys.modules["specdec.attention.triton_kernels.row_attention"]  # (the package exports the function by that name)
 
 # (SPLIT_LEN, NUM_PROGRAMS, (KV tile entries, warps, stages) or None: launch_config's)
 PLANS = [(256, 8, None), (256, 8, (64, 2, 3)), (256, 8, (64, 4, 3)), (256, 8, (64, 2, 4)), (256, 8, (128, 8, 3)),

@@ -19,7 +19,11 @@ it, so a copied span is taken up the step after it begins and left the step afte
 ``reach`` (the cross-request cache on: rows without a match of their own may still draft), d is the
 row's decaying mean depth of its drafted trees' first m nodes, m = 0 .. N - 1.
 
-Drafted tokens' calibration: the model above is a guess (a match's reach is not what the row's tree
+Blind rows: a row whose reach is 0 when the host chooses may still draft when the lookup runs (device
+lookups run after the unread step, which the host's history lacks; a host lookup reads it first), so
+it expects the decaying mean of what blind rows of earlier lookup steps accepted, not 0.
+
+Drafted tokens' calibration (of the model's rows): the model above is a guess (a match's reach is not what the row's tree
 drafts, acceptance is not geometric, and the steps the policy picks are those it guessed high on),
 so every lookup step it chose is checked when read, its mean drafted-and-accepted tokens a row
 against the model's guess for that step (a lookup that found no match: 0 against the guess), and
@@ -60,6 +64,8 @@ DECAY = 0.9  # per read step, for a row's statistics and for those of all rows
 SCALE_DECAY = 0.98  # per read lookup step, for the drafted tokens' calibration
 SCALE_PRIOR = 4.0  # drafted tokens a row, guessed and realized, before any lookup step is read
 SCALE_CLIP = (0.1, 2.0)
+# a blind row's accepted draft tokens before any is read, with this many rows' weight
+BLIND_PRIOR, BLIND_PRIOR_ROWS = 0.5, 8.0
 
 
 def size_name(n: int) -> str:
@@ -87,6 +93,8 @@ class NgramPolicy:
         self.chosen: dict[str, int] = {}  # steps by choice
         self.guessed_sum = self.realized_sum = SCALE_PRIOR  # decaying drafted-and-accepted tokens a row
         self.guesses: dict[int, float] = {}  # verify size -> the last choice's guess of drafted tokens a row
+        self.last_blind = np.zeros(0, dtype=bool)  # [bs] the last choice's rows without a reach
+        self.blind_sum, self.blind_weight = BLIND_PRIOR * BLIND_PRIOR_ROWS, BLIND_PRIOR_ROWS
         # totals over the policy's life (diagnostics): lookup steps read, those that found no match,
         # guessed and realized drafted-and-accepted tokens a row summed over them
         self.totals = {"lookups": 0, "misses": 0, "guessed": 0.0, "realized": 0.0}
@@ -111,17 +119,33 @@ class NgramPolicy:
         learned depths; ``in_flight``: a step not yet read precedes this one."""
         return float(self._expected(rows, np.asarray([n]), reach, in_flight)[0])
 
+    def blind_mean(self) -> float:
+        """Accepted draft tokens a blind row (no reach at the choice) realized, a decaying mean."""
+        return self.blind_sum / self.blind_weight
+
     def _expected(self, rows: np.ndarray, sizes: np.ndarray, reach: np.ndarray | None,
                   in_flight: bool) -> np.ndarray:  # [len(sizes)]
+        modeled, blind = self._drafted(rows, sizes, reach, in_flight)
+        return 1.0 + self.scale() * modeled + blind
+
+    def _drafted(self, rows: np.ndarray, sizes: np.ndarray, reach: np.ndarray | None,
+                 in_flight: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Mean drafted-and-accepted tokens a row for each size, ([S], [S]): the model's over the rows
+        with a reach (unscaled), and the blind rows' learned mean (sets ``last_blind``)."""
         rate = self.all_hits / (self.all_hits + self.all_misses)
         p = (self.hits[rows] + PRIOR_WEIGHT * rate) / (self.hits[rows] + self.misses[rows] + PRIOR_WEIGHT)
         p = np.minimum(p, 0.999)[:, None]  # [bs, 1]
         if reach is None:
             d, in_flight = self.depth[rows][:, sizes - 1], False  # [bs, S]
+            self.last_blind = np.zeros(len(rows), dtype=bool)
         else:
             d = np.clip(np.minimum(reach[:, None] - int(in_flight), sizes[None, :] - 1), 0, None)  # [bs, S]
+            self.last_blind = reach - int(in_flight) <= 0
         drafted = p * (1.0 - p ** d) / (1.0 - p)  # p + ... + p^d
-        return (1.0 + self.scale() * (p * drafted if in_flight else drafted)).mean(0)
+        if in_flight:
+            drafted = p * drafted
+        blind = self.last_blind[:, None]
+        return np.where(blind, 0.0, drafted).mean(0), (blind * np.minimum(self.blind_mean(), sizes - 1)).mean(0)
 
     def scores(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
                in_flight: bool = False) -> dict[str, float]:
@@ -129,10 +153,11 @@ class NgramPolicy:
         sizes = np.asarray([n for n in self.sizes if n <= max_size], dtype=np.int64)
         self.guesses = {}
         if sizes.size:
-            scale = self.scale()
-            for n, tokens in zip(sizes.tolist(), self._expected(rows, sizes, reach, in_flight).tolist()):
-                out[size_name(n)] = tokens / self.step_ms(size_name(n), bs)
-                self.guesses[n] = (tokens - 1.0) / scale  # unscaled: the calibration learns the model's bias
+            modeled, blind = self._drafted(rows, sizes, reach, in_flight)
+            tokens = 1.0 + self.scale() * modeled + blind
+            for n, t, guess in zip(sizes.tolist(), tokens.tolist(), modeled.tolist()):
+                out[size_name(n)] = t / self.step_ms(size_name(n), bs)
+                self.guesses[n] = guess  # unscaled: the calibration learns the model's bias
         return out
 
     def choose(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
@@ -157,9 +182,14 @@ class NgramPolicy:
         fitting = [size for size in self.guesses if size <= n]
         return self.guesses[max(fitting)] if fitting else None
 
+    def observe_blind(self, accepted: np.ndarray) -> None:
+        """A read lookup step's blind rows (``last_blind`` at its choice): their accepted draft tokens."""
+        self.blind_sum = SCALE_DECAY * self.blind_sum + float(np.sum(accepted))
+        self.blind_weight = SCALE_DECAY * self.blind_weight + len(accepted)
+
     def observe_outcome(self, guessed: float, realized: float, *, miss: bool = False) -> None:
-        """A lookup step the policy chose: its guess (``guess``) and its mean accepted draft tokens a row
-        (read; ``miss``: it found no match and decoded plainly, 0)."""
+        """A lookup step the policy chose: its guess (``guess``) and its rows' accepted draft tokens, the
+        blind rows' counted as 0, a row's mean (read; ``miss``: it found no match and decoded plainly, 0)."""
         self.guessed_sum = SCALE_DECAY * self.guessed_sum + guessed
         self.realized_sum = SCALE_DECAY * self.realized_sum + realized
         self.totals["lookups"] += 1

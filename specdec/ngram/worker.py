@@ -258,11 +258,11 @@ class NgramWorker:
                                               launched, seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)
         plan = self._plan(rows, max_size, ahead=ahead)
         self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
-        guess = self.policy.guess(plan[0] if plan else max_size) \
-            if self.policy is not None and self.force is None and max_size else None
+        guess = self._guess(plan[0] if plan else max_size, len(rows))
         if plan is None:
             if guess is not None:  # the policy looked up and found nothing: its guess realized 0 tokens
-                self.policy.observe_outcome(guess, 0.0, miss=True)
+                self.policy.observe_outcome(guess[0], 0.0, miss=True)
+                self.policy.observe_blind(np.zeros(int(guess[1].sum())))
             return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling,
                                       seq_lens_cpu=seq_lens_cpu, rows_cpu=rows.tolist(), slots_reserved=slots_reserved)
         n, trees, drafted = plan
@@ -281,7 +281,7 @@ class NgramWorker:
         if not size:
             return self._launch_plain(req_pool_indices, seq_lens, verified_ids, sampling, seq_lens_cpu=seq_lens_cpu,
                                       rows_cpu=rows.tolist(), slots_reserved=slots_reserved)
-        guess = self.policy.guess(size) if self.policy is not None and self.force is None else None
+        guess = self._guess(size, len(rows))
         bs = len(rows)
         drafts = torch.empty(bs, size - 1, dtype=torch.int64, device=seq_lens.device)  # [bs, size - 1]
         draft_lens = torch.empty(bs, dtype=torch.int32, device=seq_lens.device)  # [bs]
@@ -316,11 +316,11 @@ class NgramWorker:
                          draft_tokens=tokens.flatten())
 
     def _verify(self, req_pool_indices, seq_lens, sampling, tree: BuiltTree, n: int, rows: np.ndarray,
-                guess: float | None, *, drafted: np.ndarray | None = None, draft_lens: torch.Tensor | None = None,
+                guess: tuple[float, np.ndarray] | None, *, drafted: np.ndarray | None = None, draft_lens: torch.Tensor | None = None,
                 seq_lens_cpu, slots_reserved: bool) -> PendingDecode:
         """Verify ``tree`` (``n`` nodes a request), commit the accepted K/V; ``result()`` reads it. Each row's
         drafted depth: ``drafted`` [bs] (host trees) or ``draft_lens`` [bs] (device, read with the step);
-        ``guess``: the policy's, for its calibration."""
+        ``guess``: the policy's and its blind rows (``_guess``), for its calibration."""
         tree_slots = step_slots(self.memory, req_pool_indices, seq_lens, n, seq_lens_cpu=seq_lens_cpu,
                                 rows_cpu=rows.tolist(), reserved=slots_reserved)
         logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
@@ -352,11 +352,23 @@ class NgramWorker:
                 # NOTE: a device chain's padding (its root repeated) is accepted where the target repeats it
                 self.policy.observe_accepts(rows, depth, np.minimum(accepted, depth))
                 if guess is not None:
-                    self.policy.observe_outcome(guess, float(np.mean(accepted)))
+                    got, blind = np.asarray(accepted, dtype=np.float64), guess[1]
+                    self.policy.observe_outcome(guess[0], float(np.where(blind, 0.0, got).mean()))
+                    self.policy.observe_blind(got[blind])
             return DecodeOutput(tokens=[r[2: 3 + k] for r, k in zip(host, accepted)], seq_lens=new_lens,
                                 accept_lengths=accepted, shape=f"ngram{n}")
 
         return PendingDecode(seq_lens + accept + 1, next_tokens, read)
+
+    def _guess(self, n: int, bs: int) -> tuple[float, np.ndarray] | None:
+        """The policy's guess for a lookup of ``n`` nodes a request and its blind rows ([bs] bool), where it
+        chose this step (None: forced, no policy, or plain)."""
+        if self.policy is None or self.force is not None or not n:
+            return None
+        guessed, blind = self.policy.guess(n), self.policy.last_blind
+        if guessed is None:
+            return None
+        return guessed, blind if len(blind) == bs else np.zeros(bs, dtype=bool)  # (the batch lost a request)
 
     def _write_slot_tokens(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Device lookups: the ids of ``tokens`` [k] at their KV ``slots`` [k]."""

@@ -130,9 +130,13 @@ def test_expected_committed_from_reach(in_flight):
     got = policy.expected_committed(rows, 5, reach, in_flight)
     depths = np.clip(np.minimum(reach - int(in_flight), 4), 0, None)
     tails = [sum(rate ** i for i in range(1, d + 1)) for d in depths]
-    want = np.mean([1 + (rate * t if in_flight else t) for t in tails])
+    blind = policy.blind_mean()  # a row without a reach: what blind rows accepted (the prior before any)
+    want = np.mean([1 + (blind if d == 0 else rate * t if in_flight else t) for d, t in zip(depths, tails)])
     assert got == pytest.approx(want)
-    assert policy.expected_committed(rows[:1], 5, reach[:1], in_flight) == 1.0  # no match: one token
+    assert policy.expected_committed(rows[:1], 5, reach[:1], in_flight) == pytest.approx(1.0 + blind)
+    for _ in range(300):  # blind rows that never accept: they expect one token, as plain decoding gives
+        policy.observe_blind(np.zeros(4))
+    assert policy.expected_committed(rows[:1], 5, reach[:1], in_flight) == pytest.approx(1.0, abs=1e-3)
 
 
 def _reach_worker(max_reqs: int):

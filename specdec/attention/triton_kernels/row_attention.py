@@ -60,8 +60,11 @@ from specdec.kernels.common import check_tensor
 GPU_SPLIT_LEN, GPU_NUM_PROGRAMS = 256, 8
 CPU_SPLIT_LEN, CPU_NUM_PROGRAMS = 32, 2
 # the GPU's KV tile (entries, warps, pipeline stages), a constant of the run as well (the tile width sets
-# where the online softmax rescales); None: ``launch_config``'s for a 16-row query tile
-GPU_TILE: tuple[int, int, int] | None = None
+# where the online softmax rescales); None: ``launch_config``'s for a 16-row query tile (128 x 4 x 3).
+# Measured on an H200 (Llama-3-8B heads, bf16, one layer, CUDA-graph replay, µs; 128-4-3 -> 64-2-4): bs 1
+# at context 1 k 17.0 -> 17.3, bs 64 98.7 -> 86.3, bs 128 183.1 -> 158.6; at 4 k 23.9 -> 25.5, 300.6 -> 274.5,
+# 587.7 -> 531.9 (benchmarks/bench_row_attention.py; benchmarks/results/2026-11-29-h200-det-rows)
+GPU_TILE: tuple[int, int, int] | None = (64, 2, 4)
 
 
 def split_plan(device: torch.device) -> tuple[int, int]:

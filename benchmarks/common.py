@@ -11,6 +11,9 @@ import torch
 
 def run_metadata() -> dict:
     commit = os.environ.get("SPECDEC_COMMIT")
+    if not commit and os.path.exists(".commit"):  # NOTE: on the device the tree's git HEAD is the session's first
+        with open(".commit") as f:  # commit, not the working tree's: scripts write .commit before a call
+            commit = f.read().strip()
     if not commit:
         try:
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,

@@ -14,8 +14,9 @@ has when it chooses:
     a step still in flight  E = 1 + p (p + p^2 + ... + p^d)          d = min(reach - 1, n - 1)
 
 (in flight: the match predicts the unread step's token too, right with probability about p, and
-spends one token of its reach on it). A row with no match expects 1 token, as plain decoding gives
-it, so a copied span is taken up the step after it begins and left the step after it ends. Without
+spends one token of its reach on it). A row with no match expects 1 token plus what such rows
+accepted lately (blind rows, below): 1 where they accept nothing, as plain decoding gives it, so a
+copied span is taken up the step after it begins and left the step after it ends. Without
 ``reach`` (the cross-request cache on: rows without a match of their own may still draft), d is the
 row's decaying mean depth of its drafted trees' first m nodes, m = 0 .. N - 1.
 
@@ -23,11 +24,12 @@ Blind rows: a row whose reach is 0 when the host chooses may still draft when th
 lookups run after the unread step, which the host's history lacks; a host lookup reads it first), so
 it expects the decaying mean of what blind rows of earlier lookup steps accepted, not 0.
 
-Drafted tokens' calibration (of the model's rows): the model above is a guess (a match's reach is not what the row's tree
-drafts, acceptance is not geometric, and the steps the policy picks are those it guessed high on),
-so every lookup step it chose is checked when read, its mean drafted-and-accepted tokens a row
-against the model's guess for that step (a lookup that found no match: 0 against the guess), and
-the drafted part of every later guess is scaled by their decaying ratio:
+Drafted tokens' calibration (of the model's rows): the model above is a guess (a match's reach is
+not what the row's tree drafts, acceptance is not geometric, and the steps the policy picks are
+those it guessed high on), so every lookup step it chose is checked when read, its mean
+drafted-and-accepted tokens a row with a reach against the model's guess for that step (a lookup
+that found no match: 0 against the guess), and the drafted part of every later guess is scaled by
+their decaying ratio:
 
     E' = 1 + scale (E - 1),   scale = sum realized / sum guessed, within SCALE_CLIP
 

@@ -20,8 +20,9 @@ tokens are distinct by construction). A request whose lookup finds nothing draft
 verifies only its root, which is a plain decode step for that request.
 
 The host provides each request's tokens (``specdec.host.TokenHistory``) up to the last step it
-read: what host lookups draft from, and what the choice looks each row's reach up in. Under overlap scheduling the next step is chosen before the step in flight is read
-(``needs_last_step_read``): a plain step launches past it (it needs nothing of it), a lookup reads
+read: what host lookups draft from, and where the choice looks each row's reach up. Under overlap
+scheduling the next step is chosen before the step in flight is read (``needs_last_step_read``): a
+plain step launches past it (it needs nothing of it), and so does a device lookup; a host lookup reads
 it first, or, with ``run_ahead`` (off by default: measured slower, see there), runs ahead of it
 (``ahead.py``): it guesses that step's tokens (the path it drafted, accepted whole, and the bonus
 its latest match predicts, ``guess_next``) and drafts the tree that follows them, which is right
@@ -304,7 +305,8 @@ class NgramWorker:
             device, depth = seq_lens.device, torch.arange(n, device=seq_lens.device)
             self._chains[(bs, n)] = (
                 depth,
-                torch.tril(torch.ones(n, n, dtype=torch.bool, device=device)).flatten().repeat(bs),  # node i sees j <= i
+                # the mask: node i sees nodes j <= i
+                torch.tril(torch.ones(n, n, dtype=torch.bool, device=device)).flatten().repeat(bs),
                 torch.arange(bs * n, device=device).view(bs, n),
                 torch.where(depth < n - 1, depth + 1, -1).repeat(bs, 1),  # next_token: the next node
                 torch.full((bs, n), -1, dtype=torch.int64, device=device),  # no siblings
@@ -316,8 +318,8 @@ class NgramWorker:
                          draft_tokens=tokens.flatten())
 
     def _verify(self, req_pool_indices, seq_lens, sampling, tree: BuiltTree, n: int, rows: np.ndarray,
-                guess: tuple[float, np.ndarray] | None, *, drafted: np.ndarray | None = None, draft_lens: torch.Tensor | None = None,
-                seq_lens_cpu, slots_reserved: bool) -> PendingDecode:
+                guess: tuple[float, np.ndarray] | None, *, drafted: np.ndarray | None = None,
+                draft_lens: torch.Tensor | None = None, seq_lens_cpu, slots_reserved: bool) -> PendingDecode:
         """Verify ``tree`` (``n`` nodes a request), commit the accepted K/V; ``result()`` reads it. Each row's
         drafted depth: ``drafted`` [bs] (host trees) or ``draft_lens`` [bs] (device, read with the step);
         ``guess``: the policy's and its blind rows (``_guess``), for its calibration."""
@@ -337,7 +339,9 @@ class NgramWorker:
             sampling.record_logprobs(logits[nodes], tokens)  # each token under its node's logits
         accept = result.accept_length  # [bs]
         next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
-        columns = [seq_lens[:, None], accept[:, None], tokens] + ([draft_lens[:, None].long()] if drafted is None else [])
+        columns = [seq_lens[:, None], accept[:, None], tokens]
+        if drafted is None:  # device drafts: their lengths come back with the step
+            columns.append(draft_lens[:, None].long())
         host_view = copy_to_host_async(torch.cat(columns, 1))  # [bs, 2 + n (+ 1)]
 
         def read() -> DecodeOutput:

@@ -70,7 +70,8 @@ def random_histories(seed: int) -> list[list[int]]:
         h = []
         while len(h) < int(rng.integers(2, 90)):
             start = int(rng.integers(0, len(base)))
-            h += base[start: start + int(rng.integers(1, 8))] + rng.integers(0, 6, size=int(rng.integers(0, 2))).tolist()
+            h += base[start: start + int(rng.integers(1, 8))]
+            h += rng.integers(0, 6, size=int(rng.integers(0, 2))).tolist()
         out.append(h[:90])
     return out
 
@@ -113,5 +114,5 @@ def test_input_errors(impl):
     with pytest.raises(ValueError, match="req_pool_indices"):
         run(impl, {**batch, "req_pool_indices": torch.tensor([99])}, 2, min_n=1, max_n=2)
     with pytest.raises(ValueError, match="min_n"):
-        K.ngram_match(**batch, drafts=torch.zeros(1, 2, dtype=torch.int64), draft_lens=torch.zeros(1, dtype=torch.int32),
-                      min_n=3, max_n=2)
+        K.ngram_match(**batch, drafts=torch.zeros(1, 2, dtype=torch.int64),
+                      draft_lens=torch.zeros(1, dtype=torch.int32), min_n=3, max_n=2)

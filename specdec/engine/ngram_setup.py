@@ -123,9 +123,9 @@ WARM_UP_PARAMS = ({"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": True},
 
 
 def warm_up(engine) -> dict[str, int]:
-    """Run every verify size once, greedy and sampled, before serving: the verify's eager kernels
-    (acceptance, KV commit) are compiled per size, and a size first used by a request stalled its
-    step 50-140 ms on an H200 (benchmarks/results/2026-11-29-h200-ngram/). Then the worker's
+    """Run every verify size once before serving, greedy and sampled, and greedy for one request alone:
+    the verify's eager kernels (acceptance, KV commit) are compiled per size, and a size first used by a
+    request stalled its step 50-140 ms on an H200 (benchmarks/results/2026-11-29-h200-ngram/). Then the worker's
     statistics and the prefix cache start afresh. Returns the decode steps run, by shape."""
     worker, steps = engine.worker, engine.scheduler.decoder.spec_shape_steps
     prompt = WARM_UP_PROMPT[: max(engine.context_length - WARM_UP_PARAMS[0]["max_new_tokens"], 1)]
@@ -133,6 +133,10 @@ def warm_up(engine) -> dict[str, int]:
         for n in worker.budget.sizes:
             worker.force = n
             engine.generate(input_ids=[list(prompt)] * len(WARM_UP_PARAMS), sampling_params=list(WARM_UP_PARAMS))
+            # NOTE: and one request alone: Triton specializes integer arguments equal to 1, so a batch of one
+            # compiles kernels of its own (a fresh process's first 12-node lookup at one request stalled ~0.6 s
+            # on an H200 after a warm-up of pairs alone: benchmarks/results/2026-11-29-h200-ngram-device)
+            engine.generate(input_ids=[list(prompt)], sampling_params=[WARM_UP_PARAMS[0]])
         return dict(steps)
     finally:
         worker.forget_warm_up()

@@ -5,8 +5,9 @@ positions in KV, then its root (the last committed token, not in KV yet), L = se
 all. The draft follows the longest latest match of the history's suffix, as
 ``specdec.ngram.lookup.propose_ngram`` finds it on the host: the longest n in [min_n, max_n] whose last
 n tokens occur earlier, ending at p < L - 1, and among those the latest p; the draft is
-history[p + 1 : p + 1 + k] (k = ``drafts``' width, cut at the history's end). Rows without a match,
-and each row's entries past its draft, hold the root (a valid token: the target verifies every node).
+history[p + 1 : p + 1 + k] (k = ``chains``' width - 1, cut at the history's end). Each request's chain
+is its root, then its draft, then the root again past the draft's end (rows without a match: the root
+throughout; a valid token: the target verifies every node).
 
 Reading the history from the KV slots keeps it right by construction: every forward of the n-gram
 worker writes each new token's id at its KV slot (``slot_tokens``), and a cached prefix shares the
@@ -26,43 +27,43 @@ __all__ = ["ngram_match", "ngram_match_ref"]
 
 
 def ngram_match(
-    slot_tokens: torch.Tensor,  # [num_slots] int32: the token id each KV slot holds
+    slot_tokens: torch.Tensor,  # [num_slots] int32 / int64: the token id each KV slot holds
     req_to_token: torch.Tensor,  # [max_reqs, max_context] KV slot of each request position
     req_pool_indices: torch.Tensor,  # [bs]
     seq_lens: torch.Tensor,  # [bs] tokens in KV (the root is not)
     roots: torch.Tensor,  # [bs] each request's last committed token
-    drafts: torch.Tensor,  # [bs, k] int64, written: each request's draft, the root past its end
-    draft_lens: torch.Tensor,  # [bs] int32, written: tokens drafted (0: no match)
+    chains: torch.Tensor,  # [bs, k + 1] int64, written: each request's root, draft, then its root again
+    draft_lens: torch.Tensor,  # [bs] int32 / int64, written: tokens drafted (0: no match)
     *,
     min_n: int,
     max_n: int,
 ) -> None:
     """Each request's draft chain after the longest latest match of its history's suffix (module docstring)."""
     bs, device = check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens})
-    check_tensor("slot_tokens", slot_tokens, dtype=torch.int32, dim=1, device=device)
+    check_tensor("slot_tokens", slot_tokens, dtype=INDEX_DTYPES, dim=1, device=device)
     check_tensor("roots", roots, dtype=INDEX_DTYPES, shape=(bs,), device=device)
-    check_tensor("drafts", drafts, dtype=torch.int64, dim=2, device=device)
-    check_tensor("draft_lens", draft_lens, dtype=torch.int32, shape=(bs,), device=device)
-    if drafts.shape[0] != bs:
-        raise ValueError(f"drafts: expected {bs} rows, got {drafts.shape[0]}")
+    check_tensor("chains", chains, dtype=torch.int64, dim=2, device=device)
+    check_tensor("draft_lens", draft_lens, dtype=INDEX_DTYPES, shape=(bs,), device=device)
+    if chains.shape[0] != bs or chains.shape[1] < 1 or not chains.is_contiguous():
+        raise ValueError(f"chains: expected a contiguous [{bs}, k + 1] tensor, got {tuple(chains.shape)}")
     if not 1 <= min_n <= max_n:
         raise ValueError(f"ngram_match: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
     impl = select_impl("ngram_match", ngram_match_ref, device)
-    impl(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, drafts, draft_lens, min_n=min_n, max_n=max_n)
+    impl(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, min_n=min_n, max_n=max_n)
 
 
-def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, drafts, draft_lens, *,
+def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, *,
                     min_n: int, max_n: int) -> None:
     """Specification of ``ngram_match``: each request's history gathered, then ``propose_ngram``."""
     from specdec.ngram.lookup import propose_ngram
 
-    k = drafts.shape[1]
+    k = chains.shape[1] - 1
     for b, (row, seq_len, root) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(), roots.tolist())):
         table = table_row(req_to_token, row, b)
         if not 0 <= seq_len <= table.shape[0]:
             raise ValueError(f"seq_lens: request {b} has {seq_len} tokens, its row holds {table.shape[0]}")
         history = np.append(slot_tokens[table[:seq_len].long()].cpu().numpy().astype(np.int64), root)
         draft = propose_ngram(history, min_n=min_n, max_n=max_n, k=k)
-        drafts[b] = root
-        drafts[b, : len(draft)] = torch.from_numpy(draft)
+        chains[b] = root
+        chains[b, 1: 1 + len(draft)] = torch.from_numpy(draft)
         draft_lens[b] = len(draft)

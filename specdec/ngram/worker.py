@@ -120,7 +120,8 @@ class NgramWorker:
         # device lookups (``ngram.device_lookup``): the token id each KV slot holds (the padding slot
         # of CUDA-graph batches last), written by every forward of this worker, which
         # ``specdec.kernels.ngram_match`` reads each request's history from
-        self.slot_tokens = torch.zeros(memory.capacity + 1, dtype=torch.int32, device=memory.req_to_token.device) \
+        # (int64, as the token ids written: no cast kernel a write)
+        self.slot_tokens = torch.zeros(memory.capacity + 1, dtype=torch.int64, device=memory.req_to_token.device) \
             if ngram.device_lookup else None
         self._chains: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (bs, n) -> a chain's constant fields
         self._start_afresh()
@@ -284,23 +285,22 @@ class NgramWorker:
                                       rows_cpu=rows.tolist(), slots_reserved=slots_reserved)
         guess = self._guess(size, len(rows))
         bs = len(rows)
-        drafts = torch.empty(bs, size - 1, dtype=torch.int64, device=seq_lens.device)  # [bs, size - 1]
-        draft_lens = torch.empty(bs, dtype=torch.int32, device=seq_lens.device)  # [bs]
-        ngram_match(self.slot_tokens, self.memory.req_to_token, req_pool_indices, seq_lens, verified_ids, drafts,
+        chains = torch.empty(bs, size, dtype=torch.int64, device=seq_lens.device)  # [bs, size] root, draft
+        draft_lens = torch.empty(bs, dtype=torch.int64, device=seq_lens.device)  # [bs]
+        ngram_match(self.slot_tokens, self.memory.req_to_token, req_pool_indices, seq_lens, verified_ids, chains,
                     draft_lens, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window)
-        tree = self._chain_tree(verified_ids, drafts, seq_lens)
+        tree = self._chain_tree(chains, seq_lens)
         return self._verify(req_pool_indices, seq_lens, sampling, tree, size, rows, guess, draft_lens=draft_lens,
                             seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)
 
     def _chain_tree(
         self,
-        verified_ids: torch.Tensor,  # [bs] the roots
-        drafts: torch.Tensor,  # [bs, n - 1]
+        chains: torch.Tensor,  # [bs, n] each request's root, then its draft
         seq_lens: torch.Tensor,  # [bs]
     ) -> BuiltTree:
-        """Each request's chain root, drafts[0], drafts[1], ... as the tree EAGLE's verify takes
-        (``device_tree``'s fields; all but the tokens and positions the same every step of a shape)."""
-        bs, n = drafts.shape[0], drafts.shape[1] + 1
+        """Each request's chain as the tree EAGLE's verify takes (``device_tree``'s fields; all but the
+        tokens and positions the same every step of a shape)."""
+        bs, n = chains.shape
         if (bs, n) not in self._chains:
             device, depth = seq_lens.device, torch.arange(n, device=seq_lens.device)
             self._chains[(bs, n)] = (
@@ -312,10 +312,9 @@ class NgramWorker:
                 torch.full((bs, n), -1, dtype=torch.int64, device=device),  # no siblings
             )
         depth, mask, index, next_token, next_sibling = self._chains[(bs, n)]
-        tokens = torch.cat([verified_ids[:, None].to(drafts.dtype), drafts], 1)  # [bs, n]
         return BuiltTree(tree_mask=mask, positions=(seq_lens[:, None] + depth).flatten(), retrive_index=index,
                          retrive_next_token=next_token, retrive_next_sibling=next_sibling,
-                         draft_tokens=tokens.flatten())
+                         draft_tokens=chains.flatten())
 
     def _verify(self, req_pool_indices, seq_lens, sampling, tree: BuiltTree, n: int, rows: np.ndarray,
                 guess: tuple[float, np.ndarray] | None, *, drafted: np.ndarray | None = None,
@@ -341,7 +340,7 @@ class NgramWorker:
         next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
         columns = [seq_lens[:, None], accept[:, None], tokens]
         if drafted is None:  # device drafts: their lengths come back with the step
-            columns.append(draft_lens[:, None].long())
+            columns.append(draft_lens[:, None])
         host_view = copy_to_host_async(torch.cat(columns, 1))  # [bs, 2 + n (+ 1)]
 
         def read() -> DecodeOutput:
@@ -377,7 +376,7 @@ class NgramWorker:
     def _write_slot_tokens(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Device lookups: the ids of ``tokens`` [k] at their KV ``slots`` [k]."""
         if self.slot_tokens is not None:
-            self.slot_tokens[slots] = tokens.to(torch.int32)
+            self.slot_tokens[slots] = tokens.to(torch.int64)  # (no kernel where they are int64 already)
 
     def _max_size(self, bs: int) -> int:
         """The largest verify size (nodes a request, root included) allowed at ``bs``; 0: none."""

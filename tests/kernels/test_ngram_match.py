@@ -25,39 +25,40 @@ def kv_batch(histories: list[list[int]], *, ctx: int = 96, seed: int = 0, device
     gen = torch.Generator().manual_seed(seed)
     rows = 2 * len(histories) + 1
     req_to_token = torch.randperm(rows * ctx, generator=gen).view(rows, ctx).to(torch.int32)
-    slot_tokens = torch.full((rows * ctx,), -5, dtype=torch.int32)
+    slot_tokens = torch.full((rows * ctx,), -5, dtype=torch.int64)
     for b, h in enumerate(histories):
-        slot_tokens[req_to_token[2 * b + 1, : len(h) - 1].long()] = torch.tensor(h[:-1], dtype=torch.int32)
+        slot_tokens[req_to_token[2 * b + 1, : len(h) - 1].long()] = torch.tensor(h[:-1], dtype=torch.int64)
     return dict(slot_tokens=slot_tokens.to(device), req_to_token=req_to_token.to(device),
                 req_pool_indices=torch.tensor([2 * b + 1 for b in range(len(histories))], device=device),
                 seq_lens=torch.tensor([len(h) - 1 for h in histories], device=device),
                 roots=torch.tensor([h[-1] for h in histories], device=device))
 
 
-def run(impl, batch: dict, k: int, **kw) -> tuple[list[list[int]], list[int]]:
+def run(impl, batch: dict, k: int, *, lens_dtype=torch.int64, **kw) -> tuple[list[list[int]], list[int]]:
+    """Each request's chain (root, then k entries) and draft length, as ``impl`` writes them."""
     bs = batch["roots"].shape[0]
     device = batch["roots"].device
-    drafts = torch.full((bs, k), -1, dtype=torch.int64, device=device)
-    lens = torch.full((bs,), -1, dtype=torch.int32, device=device)
-    impl(**batch, drafts=drafts, draft_lens=lens, **kw)
-    return drafts.cpu().tolist(), lens.cpu().tolist()
+    chains = torch.full((bs, k + 1), -1, dtype=torch.int64, device=device)
+    lens = torch.full((bs,), -1, dtype=lens_dtype, device=device)
+    impl(**batch, chains=chains, draft_lens=lens, **kw)
+    return chains.cpu().tolist(), lens.cpu().tolist()
 
 
 def expected(histories: list[list[int]], k: int, *, min_n: int, max_n: int):
-    drafts, lens = [], []
+    chains, lens = [], []
     for h in histories:
         d = propose_ngram_ref(np.asarray(h), min_n=min_n, max_n=max_n, k=k).tolist()
-        drafts.append(d + [h[-1]] * (k - len(d)))
+        chains.append([h[-1]] + d + [h[-1]] * (k - len(d)))
         lens.append(len(d))
-    return drafts, lens
+    return chains, lens
 
 
 def test_worked_example():
-    """The lookup module's example: "5 9" ends last at p = 5, so the draft is 7 8 5; a row with no match
-    drafts nothing and holds its root."""
+    """The lookup module's example: "5 9" ends last at p = 5, so the draft is 7 8 5 after the root 9; a
+    row with no match drafts nothing and holds its root."""
     histories = [[5, 9, 7, 2, 5, 9, 7, 8, 5, 9], [1, 2, 3, 4]]
-    drafts, lens = run(K.ngram_match_ref, kv_batch(histories), 3, min_n=1, max_n=3)
-    assert drafts == [[7, 8, 5], [4, 4, 4]] and lens == [3, 0]
+    chains, lens = run(K.ngram_match_ref, kv_batch(histories), 3, min_n=1, max_n=3)
+    assert chains == [[9, 7, 8, 5], [4, 4, 4, 4]] and lens == [3, 0]
 
 
 def random_histories(seed: int) -> list[list[int]]:
@@ -90,8 +91,11 @@ def test_triton_equals_reference(device, min_n, max_n, k):
     for seed in range(2):
         histories = random_histories(seed + 10)
         want = expected(histories, k, min_n=min_n, max_n=max_n)
-        assert run(triton_ngram.ngram_match, kv_batch(histories, seed=seed, device=device), k,
-                   min_n=min_n, max_n=max_n) == want
+        batch = kv_batch(histories, seed=seed, device=device)
+        assert run(triton_ngram.ngram_match, batch, k, min_n=min_n, max_n=max_n) == want
+        # slot ids and draft lengths in int32 as well
+        batch32 = {**batch, "slot_tokens": batch["slot_tokens"].to(torch.int32)}
+        assert run(triton_ngram.ngram_match, batch32, k, lens_dtype=torch.int32, min_n=min_n, max_n=max_n) == want
 
 
 def test_long_history_crosses_blocks():
@@ -101,7 +105,7 @@ def test_long_history_crosses_blocks():
     h[100:104] = h[600:604] = h[-4:] = [60, 61, 62, 63]  # "60 61 62 63" also ends at 103 and 603: 603 is latest
     batch = kv_batch([h], ctx=720)
     want = expected([h], 5, min_n=1, max_n=4)
-    assert want[0][0] == h[604:609]
+    assert want[0][0] == [h[-1]] + h[604:609]
     assert run(K.ngram_match, batch, 5, min_n=1, max_n=4) == want
     assert run(K.ngram_match_ref, batch, 5, min_n=1, max_n=4) == want
 
@@ -114,5 +118,8 @@ def test_input_errors(impl):
     with pytest.raises(ValueError, match="req_pool_indices"):
         run(impl, {**batch, "req_pool_indices": torch.tensor([99])}, 2, min_n=1, max_n=2)
     with pytest.raises(ValueError, match="min_n"):
-        K.ngram_match(**batch, drafts=torch.zeros(1, 2, dtype=torch.int64),
-                      draft_lens=torch.zeros(1, dtype=torch.int32), min_n=3, max_n=2)
+        K.ngram_match(**batch, chains=torch.zeros(1, 3, dtype=torch.int64),
+                      draft_lens=torch.zeros(1, dtype=torch.int64), min_n=3, max_n=2)
+    with pytest.raises(ValueError, match="chains"):
+        K.ngram_match(**batch, chains=torch.zeros(1, 6, dtype=torch.int64)[:, ::2],
+                      draft_lens=torch.zeros(1, dtype=torch.int64), min_n=1, max_n=2)

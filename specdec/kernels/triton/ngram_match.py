@@ -4,7 +4,7 @@ Grid ``(bs,)``: program b walks its history's candidate end positions p < L - 1 
 for each p it counts how many of the tokens ending there equal the suffix's, from the last one back
 (at most MAX_N, each a gather through ``req_to_token`` and ``slot_tokens``), and keeps the best key
 n * 2^32 + p over the p whose count n reaches MIN_N (the longest match, then the latest). The draft is
-then the tokens after that p. Every access is masked to its row; a request whose row or length is out
+then the tokens after that p, written after the root. Every access is masked to its row; a request whose row or length is out
 of range drafts nothing (``error_flag`` on CPU, as the reference raises).
 """
 
@@ -31,7 +31,7 @@ def _history(slot_tokens, table, pos, seq_len, root, mask):
 
 
 @triton.jit
-def _ngram_match_kernel(slot_tokens, req_to_token, rows_ptr, lens_ptr, roots_ptr, drafts, draft_lens, error_ptr,
+def _ngram_match_kernel(slot_tokens, req_to_token, rows_ptr, lens_ptr, roots_ptr, chains, draft_lens, error_ptr,
                         max_reqs, ctx, K, MIN_N: tl.constexpr, MAX_N: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
     b = tl.program_id(0)
@@ -59,29 +59,31 @@ def _ngram_match_kernel(slot_tokens, req_to_token, rows_ptr, lens_ptr, roots_ptr
         best = tl.maximum(best, tl.max(key))
     end = best % 4294967296  # the match's last position, where best >= 0
     n_draft = tl.where(best >= 0, tl.minimum(K, seq_len - end), 0)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)  # chain entry 1 + j holds draft token j
     in_draft = offs_k < n_draft
     draft = _history(slot_tokens, table, end + 1 + offs_k, seq_len, root, in_draft)
-    tl.store(drafts + b.to(tl.int64) * K + offs_k, tl.where(in_draft, draft, root), mask=offs_k < K)
-    tl.store(draft_lens + b, n_draft.to(tl.int32))
+    chain = chains + b.to(tl.int64) * (K + 1)
+    tl.store(chain, root)
+    tl.store(chain + 1 + offs_k, tl.where(in_draft, draft, root), mask=offs_k < K)
+    tl.store(draft_lens + b, n_draft)
 
 
-@custom_op("ngram_match", ("drafts", "draft_lens", "error_flag"))
+@custom_op("ngram_match", ("chains", "draft_lens", "error_flag"))
 def _ngram_match_op(slot_tokens: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-                    seq_lens: torch.Tensor, roots: torch.Tensor, drafts: torch.Tensor, draft_lens: torch.Tensor,
+                    seq_lens: torch.Tensor, roots: torch.Tensor, chains: torch.Tensor, draft_lens: torch.Tensor,
                     min_n: int, max_n: int, error_flag: torch.Tensor) -> None:
-    bs, k = drafts.shape
+    bs, k = chains.shape[0], chains.shape[1] - 1
     if bs:
         _ngram_match_kernel[(bs,)](
-            slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, drafts, draft_lens, error_flag,
+            slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, error_flag,
             req_to_token.shape[0], req_to_token.shape[1], k, MIN_N=min_n, MAX_N=max_n,
             BLOCK_N=next_pow2(max_n), BLOCK=_BLOCK, BLOCK_K=next_pow2(k))
 
 
-def ngram_match(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, drafts, draft_lens, *, min_n: int,
+def ngram_match(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, *, min_n: int,
                 max_n: int, error_flag: torch.Tensor | None = None) -> None:
-    flag = error_flag_for(drafts.shape[0], req_to_token.device, error_flag)
-    _ngram_match_op(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, drafts, draft_lens, min_n, max_n,
+    flag = error_flag_for(chains.shape[0], req_to_token.device, error_flag)
+    _ngram_match_op(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, min_n, max_n,
                     flag)
     raise_on_cpu(flag, lambda b, code: "ngram_match: " + _ERRORS[code].format(b=b))
 

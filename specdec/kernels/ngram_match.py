@@ -2,10 +2,10 @@
 
 A request's history is its committed tokens: ``slot_tokens[req_to_token[row, i]]`` for the ``seq_len``
 positions in KV, then its root (the last committed token, not in KV yet), L = seq_len + 1 tokens in
-all. The draft follows the longest latest match of the history's suffix, as
-``specdec.ngram.lookup.propose_ngram`` finds it on the host: the longest n in [min_n, max_n] whose last
-n tokens occur earlier, ending at p < L - 1, and among those the latest p; the draft is
-history[p + 1 : p + 1 + k] (k = ``chains``' width - 1, cut at the history's end). Each request's chain
+all. The draft follows the longest latest match of the history's suffix, as the host's lookup
+(``specdec.ngram.lookup.propose_ngram``) finds it: the longest n in [min_n, max_n] whose last n tokens
+occur earlier, ending at p < L - 1, and among those the latest p (``latest_longest_match``); the
+draft is history[p + 1 : p + 1 + k] (k = ``chains``' width - 1, cut at the history's end). Each request's chain
 is its root, then its draft, then the root again past the draft's end (rows without a match: the root
 throughout; a valid token: the target verifies every node).
 
@@ -23,7 +23,7 @@ import torch
 from specdec.kernels.common import INDEX_DTYPES, check_rows, check_tensor, table_row
 from specdec.kernels.dispatch import select_impl
 
-__all__ = ["ngram_match", "ngram_match_ref"]
+__all__ = ["latest_longest_match", "ngram_match", "ngram_match_ref"]
 
 
 def ngram_match(
@@ -54,16 +54,31 @@ def ngram_match(
 
 def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, *,
                     min_n: int, max_n: int) -> None:
-    """Specification of ``ngram_match``: each request's history gathered, then ``propose_ngram``."""
-    from specdec.ngram.lookup import propose_ngram
-
+    """Specification of ``ngram_match``: each request's history gathered, then ``latest_longest_match``."""
     k = chains.shape[1] - 1
     for b, (row, seq_len, root) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(), roots.tolist())):
         table = table_row(req_to_token, row, b)
         if not 0 <= seq_len <= table.shape[0]:
             raise ValueError(f"seq_lens: request {b} has {seq_len} tokens, its row holds {table.shape[0]}")
         history = np.append(slot_tokens[table[:seq_len].long()].cpu().numpy().astype(np.int64), root)
-        draft = propose_ngram(history, min_n=min_n, max_n=max_n, k=k)
+        end = latest_longest_match(history, min_n=min_n, max_n=max_n)
+        draft = history[end + 1: end + 1 + k] if end >= 0 else history[:0]
         chains[b] = root
         chains[b, 1: 1 + len(draft)] = torch.from_numpy(draft)
         draft_lens[b] = len(draft)
+
+
+def latest_longest_match(history: np.ndarray, *, min_n: int, max_n: int) -> int:
+    """The end p < L - 1 of the longest latest match of ``history``'s suffix of min_n .. max_n tokens
+    (-1: none), as the kernel finds it: each p's run of tokens equal to the suffix's, counted back from p
+    and from L - 1 up to max_n, then the largest (run, p)."""
+    length = history.shape[0]
+    ends = np.arange(length - 1)  # [L - 1] candidate ends p
+    alive = np.ones(length - 1, dtype=bool)
+    run = np.zeros(length - 1, dtype=np.int64)
+    for j in range(max_n):
+        alive &= ends - j >= 0
+        alive &= history[np.maximum(ends - j, 0)] == history[length - 1 - j] if length - 1 - j >= 0 else False
+        run += alive
+    key = np.where(run >= min_n, run * length + ends, -1)
+    return int(key.max() % length) if key.size and key.max() >= 0 else -1

@@ -93,8 +93,9 @@ class RunnerUpExplorer:
 
     Where the caller gives each choice's step time, a run's expected loss is held to ``explore_share``
     of the served time since the runner-up last ran: a run of k steps of ``ms_r`` milliseconds loses
-    k ms_r (1 - score_r / score_best), so it waits at least that / (explore_share ms_best) steps. (A
-    lookup at 32 requests takes ~3x a plain step: runs every 64 steps were NGRAM's largest loss.)"""
+    k ms_r (1 - score_r / score_best), so it waits at least that / (explore_share ms_best) steps. (NGRAM's
+    host lookups at 32 requests took ~3x a plain step on an H200, so a run of 3 every 64 steps could cost
+    several per cent of the served time where lookups do not pay.)"""
 
     def __init__(self, *, explore_every: int = 64, explore_steps: int = 3, explore_share: float = 0.02) -> None:
         self.explore_every, self.explore_steps, self.explore_share = explore_every, explore_steps, explore_share

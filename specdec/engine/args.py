@@ -202,7 +202,9 @@ class EngineArgs:
     speculative_ngram_min_bfs_breadth: int | None = dataclasses.field(default=None, metadata=flag(
         "NGRAM: draft-tree children of the root for the longest match (default 1)", group=SPEC))
     speculative_ngram_max_bfs_breadth: int | None = dataclasses.field(default=None, metadata=flag(
-        "NGRAM: draft-tree children of the root for the shortest match; 1 drafts chains (default 10)", group=SPEC))
+        "NGRAM: draft-tree children of the root for the shortest match; 1 drafts chains (default 10). A "
+        "BFS-breadth, match-type or cache flag drafts on the host, each lookup reading the step before; "
+        "without them NGRAM drafts chains on the device", group=SPEC))
     speculative_ngram_match_type: str | None = dataclasses.field(default=None, metadata=flag(
         "NGRAM: BFS (children by recency) or PROB (by frequency, nodes by path probability) (default BFS)",
         group=SPEC, choices=["BFS", "PROB"]))

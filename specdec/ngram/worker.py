@@ -330,8 +330,9 @@ class NgramWorker:
         if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
             logits = sampling.process(logits.float(), tree)
         result = self.verifiers[n](tree, logits, sampling, seq_lens)
-        commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices, seq_lens, result,
-                           num_draft_tokens=n, topk=self.config.topk)
+        if self.config.topk > 1:  # a chain's accepted nodes are in place already (node t at seq_len + t)
+            commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices, seq_lens, result,
+                               num_draft_tokens=n, topk=self.config.topk)
         nodes = result.accept_index.clamp(min=0)  # [bs, n] accepted path, the root past k
         tokens = result.predicts[nodes]  # [bs, n] committed tokens, padding past k
         if getattr(sampling, "top_logprobs_num", None) is not None:

@@ -127,27 +127,27 @@ class NgramPolicy:
 
     def _expected(self, rows: np.ndarray, sizes: np.ndarray, reach: np.ndarray | None,
                   in_flight: bool) -> np.ndarray:  # [len(sizes)]
-        modeled, blind = self._drafted(rows, sizes, reach, in_flight)
+        modeled, blind, _ = self._drafted(rows, sizes, reach, in_flight)
         return 1.0 + self.scale() * modeled + blind
 
     def _drafted(self, rows: np.ndarray, sizes: np.ndarray, reach: np.ndarray | None,
-                 in_flight: bool) -> tuple[np.ndarray, np.ndarray]:
+                 in_flight: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Mean drafted-and-accepted tokens a row for each size, ([S], [S]): the model's over the rows
-        with a reach (unscaled), and the blind rows' learned mean (sets ``last_blind``)."""
+        with a reach (unscaled), and the blind rows' learned mean; and which rows are blind ([bs] bool)."""
         rate = self.all_hits / (self.all_hits + self.all_misses)
         p = (self.hits[rows] + PRIOR_WEIGHT * rate) / (self.hits[rows] + self.misses[rows] + PRIOR_WEIGHT)
         p = np.minimum(p, 0.999)[:, None]  # [bs, 1]
         if reach is None:
             d, in_flight = self.depth[rows][:, sizes - 1], False  # [bs, S]
-            self.last_blind = np.zeros(len(rows), dtype=bool)
+            blind = np.zeros(len(rows), dtype=bool)
         else:
             d = np.clip(np.minimum(reach[:, None] - int(in_flight), sizes[None, :] - 1), 0, None)  # [bs, S]
-            self.last_blind = reach - int(in_flight) <= 0
+            blind = reach - int(in_flight) <= 0  # [bs]
         drafted = p * (1.0 - p ** d) / (1.0 - p)  # p + ... + p^d
         if in_flight:
             drafted = p * drafted
-        blind = self.last_blind[:, None]
-        return np.where(blind, 0.0, drafted).mean(0), (blind * np.minimum(self.blind_mean(), sizes - 1)).mean(0)
+        modeled = np.where(blind[:, None], 0.0, drafted).mean(0)
+        return modeled, (blind[:, None] * np.minimum(self.blind_mean(), sizes - 1)).mean(0), blind
 
     def scores(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
                in_flight: bool = False) -> dict[str, float]:
@@ -155,7 +155,7 @@ class NgramPolicy:
         sizes = np.asarray([n for n in self.sizes if n <= max_size], dtype=np.int64)
         self.guesses = {}
         if sizes.size:
-            modeled, blind = self._drafted(rows, sizes, reach, in_flight)
+            modeled, blind, self.last_blind = self._drafted(rows, sizes, reach, in_flight)
             tokens = 1.0 + self.scale() * modeled + blind
             for n, t, guess in zip(sizes.tolist(), tokens.tolist(), modeled.tolist()):
                 out[size_name(n)] = t / self.step_ms(size_name(n), bs)

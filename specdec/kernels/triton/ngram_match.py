@@ -4,8 +4,13 @@ Grid ``(bs,)``: program b walks its history's candidate end positions p < L - 1 
 for each p it counts how many of the tokens ending there equal the suffix's, from the last one back
 (at most MAX_N, each a gather through ``req_to_token`` and ``slot_tokens``), and keeps the best key
 n * 2^32 + p over the p whose count n reaches MIN_N (the longest match, then the latest). The draft is
-then the tokens after that p, written after the root. Every access is masked to its row; a request whose row or length is out
-of range drafts nothing (``error_flag`` on CPU, as the reference raises).
+then the tokens after that p, written after the root. Every access is masked to its row; a request
+whose row or length is out of range drafts nothing (``error_flag`` on CPU, as the reference raises).
+
+NOTE: one program walks a request's whole history, L / BLOCK blocks of two dependent gathers (most
+later rounds are masked off: few candidates survive the first token), so its time grows with the
+context; measured only at 1-2 k tokens (SmolLM2 on an H200). Longer contexts would want the ends split
+over several programs and their keys merged.
 """
 
 from __future__ import annotations

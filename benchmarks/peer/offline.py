@@ -148,12 +148,10 @@ class SpecdecEngine:
         from specdec.ngram.worker import LOOK_UP_EVERY_STEP, NgramWorker
 
         worker = self.engine.worker
-        if isinstance(worker, NgramWorker) and choice in ("auto", "plain", "lookup", "ahead"):
-            # NOTE: 0, every step plain; ahead: the policy's choices, each lookup running ahead of the step in flight
-            worker.force = {"auto": None, "ahead": None, "plain": 0, "lookup": LOOK_UP_EVERY_STEP}[choice]
-            worker.run_ahead = choice == "ahead"
+        if isinstance(worker, NgramWorker) and choice in ("auto", "plain", "lookup"):
+            worker.force = {"auto": None, "plain": 0, "lookup": LOOK_UP_EVERY_STEP}[choice]  # NOTE: 0, every step plain
         elif isinstance(worker, NgramWorker) or not hasattr(worker, "force"):
-            raise SystemExit("--force: auto, plain, lookup or ahead with --config ngram; "
+            raise SystemExit("--force: auto, plain or lookup with --config ngram; "
                              "auto, plain or SxKxN with eagle3")
         else:
             worker.force = AUTO if choice == "auto" else None if choice == "plain" else SpecShape.parse(choice)
@@ -511,8 +509,8 @@ def main() -> None:
                         "kernels over one more (untimed) pass of the largest concurrency, or (decode) 8 more steps "
                         "at each point, to this file")
     parser.add_argument("--force", default="auto", help="diagnostics, specdec eagle3 / ngram: each cell once per "
-                        "choice, comma-separated (auto: adaptive's; plain; ngram also lookup: every step, "
-                        "ahead: lookups run ahead of the step in flight; eagle3 also SxKxN); "
+                        "choice, comma-separated (auto: adaptive's; plain; ngram also lookup: every step; "
+                        "eagle3 also SxKxN); "
                         "rows carry \"force\"")
     parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
                         "choices of --force interleaved), one row each")

@@ -168,8 +168,8 @@ class DecodeLauncher:
 
     def needs_read(self, reqs: list[Request], *, in_flight: bool = True) -> bool:
         """Whether the next step of ``reqs`` must wait until the step in flight is read: an n-gram
-        worker's lookup that does not run ahead of that step drafts from the tokens it commits; its
-        plain steps need nothing of it. NOTE: this makes the n-gram step's choice (once), which the
+        worker's host lookup drafts from the tokens it commits; its plain steps and device lookups
+        need nothing of it on the host. NOTE: this makes the n-gram step's choice (once), which the
         next ``launch`` takes.
         ``in_flight``: whether a step is in flight (False: the host has every token)."""
         if self.token_table is None:
@@ -245,8 +245,9 @@ class DecodeLauncher:
         if speculative and self.token_table is not None:
             if previous is None:
                 self.token_table.sync(reqs)
-            elif self._read_first is not False:  # NOTE: only a lookup that runs ahead may launch past an unread step
-                raise RuntimeError("an n-gram step launched past an unread step without a plain choice (needs_read)")
+            elif self._read_first is not False:  # NOTE: a host lookup must not launch past an unread step
+                raise RuntimeError("an n-gram step launched past an unread step without a choice that may "
+                                   "(needs_read)")
             self._read_first = None
         kw = dict(seq_lens_cpu=seq_lens_cpu, rows_cpu=rows_cpu)
         if self.worker is None:

@@ -351,8 +351,8 @@ class Scheduler:
             self.new_token_ratio.decay()
         # NOTE: logits processors read a request's committed tokens (penalty counts, grammar
         # state), which an unread step would leave stale: such batches run without overlap. An
-        # n-gram lookup that cannot run ahead of the step in flight reads it first and is then left
-        # in flight itself
+        # n-gram lookup drafted on the host reads the step in flight first and is then left in
+        # flight itself
         sync = not self.overlap or self.decoder.needs_processing(batch)
         if sync or self.decoder.needs_read(batch, in_flight=self.launched is not None):
             finished += self._read_launched()

@@ -13,10 +13,6 @@ histories.
                          recency, sharing its prefix), cut level by level; PROB: per request
     pack_batch           the verify's arrays, filled a node column at a time over the batch
     match_reach          how many tokens follow each row's latest longest match (the policy's view)
-    guess_next           a lookup ahead of an unread step: the token after the latest longest match
-                         (the guess of the unread step's last token)
-    first_child_path     each row's path of first children (its latest match): what a verify
-                         step is expected to commit, less the bonus
 
 Shapes: bs rows, M = MAX_MATCHES ends a row, D = the largest draft-node limit of the batch.
 """
@@ -241,43 +237,3 @@ def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: 
         return np.zeros(len(lengths), dtype=np.int64)
     n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
     return np.minimum(np.where(n > 0, lengths - 1 - ends[:, 0], 0), cap)
-
-
-def guess_next(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, per_row: bool) -> np.ndarray:
-    """[bs] the token after each row's latest longest match (``history`` [bs, >= max length], ``lengths``
-    [bs]), -1 without one: a lookup ahead of an unread step guesses that step's last committed token
-    (its bonus) so, and drafts the tree that follows it. Worked example (min_n 1):
-
-        history  5 9 7 2 5 9 | the unread step commits ?      latest match of "5 9" ends at 1
-        guess 7 for ?; the step after drafts from  5 9 7 2 5 9 7  (its root: ? on the device)
-
-    ``per_row``: ``propose_ngram`` row by row (small batches), else ``find_matches_batch``."""
-    if per_row:
-        guessed = np.full(len(lengths), -1, dtype=np.int64)
-        for b in range(len(lengths)):
-            after = propose_ngram(history[b, : lengths[b]], min_n=min_n, max_n=max_n, k=1)
-            if after.shape[0]:
-                guessed[b] = after[0]
-        return guessed
-    if int(lengths.max(initial=0)) < 2:
-        return np.full(len(lengths), -1, dtype=np.int64)
-    n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
-    at = np.where(n > 0, ends[:, 0] + 1, 0)  # [bs] (a match ends before the last token: at < length)
-    return np.where(n > 0, history[np.arange(len(lengths)), at], -1).astype(np.int64)
-
-
-def first_child_path(trees: BatchTrees, nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens [bs, nodes], lengths [bs]): each row's path from the root through first children (the
-    latest match's continuation) within its first ``nodes`` nodes. In BFS order a node's children
-    follow it, so one pass over the columns finds each next first child."""
-    bs = trees.tokens.shape[0]
-    path = np.zeros((bs, max(nodes, 1)), dtype=np.int64)
-    lengths = np.zeros(bs, dtype=np.int64)
-    current = np.zeros(bs, dtype=np.int64)  # [bs] the path's last node (0: the root)
-    for i in range(min(nodes, trees.tokens.shape[1])):
-        step = (i < trees.sizes) & (trees.parents[:, i] == current)  # [bs] node i + 1 extends the path
-        b = np.flatnonzero(step)
-        path[b, lengths[b]] = trees.tokens[b, i]
-        lengths[b] += 1
-        current[b] = i + 1
-    return path, lengths

@@ -23,17 +23,9 @@ The host provides each request's tokens (``specdec.host.TokenHistory``) up to th
 read: what host lookups draft from, and where the choice looks each row's reach up. Under overlap
 scheduling the next step is chosen before the step in flight is read (``needs_last_step_read``): a
 plain step launches past it (it needs nothing of it), and so does a device lookup; a host lookup reads
-it first, or, with ``run_ahead`` (off by default: measured slower, see there), runs ahead of it
-(``ahead.py``): it guesses that step's tokens (the path it drafted, accepted whole, and the bonus
-its latest match predicts, ``guess_next``) and drafts the tree that follows them, which is right
-where the guess is (the policy prices that: ``policy.py``, "a step still in flight");
-verification keeps any tree lossless. Worked example, a plain step in flight:
-
-    history read   ... 5 9 7 2 5 9         unread step: commits x
-    latest match of "5 9" is followed by 7 -> guess x = 7, the tree drafted from ... 5 9 7 2 5 9 7
-
-With the cross-request cache on a lookup always reads the step in flight first. Either way the
-host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the
+it first. (Host lookups that ran ahead of it on a guess of its tokens were measured slower than reading
+first, and device lookups made them moot: benchmarks/results/2026-11-29-h200-ngram-ahead.) Either way
+the host has reserved the step's slots (``slots_reserved``, as for EAGLE). Each verify size replays the
 host's target-verify CUDA graphs (``verify_graph_sizes``); the worker itself captures nothing.
 
 Step times under that mixed pipeline (``LaunchClock``): a step's time runs from its choice to the
@@ -59,9 +51,7 @@ from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.kernels import ngram_match
 from specdec.eagle.served import PLAIN, LaunchClock
-from specdec.ngram.ahead import AheadGuess
-from specdec.ngram.batch import (BatchTrees, build_trees_batch, build_trees_ref, first_child_path, guess_next,
-                                 match_reach, pack_batch)
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, match_reach, pack_batch
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.cache import NgramCache, with_cache_drafts
 from specdec.ngram.config import NgramConfig
@@ -158,21 +148,13 @@ class NgramWorker:
                                 min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
             if ngram.cache_capacity else None
         # the next step's choice made ahead of its launch (``needs_last_step_read``): its largest
-        # verify size (0: plain), when it was made, and whether it looks up ahead of an unread step
-        self._choice: tuple[int, float, bool] | None = None
-        # each row's last launch as a lookup ahead of it guesses it (``ahead.py``)
-        self._ahead = AheadGuess(max_reqs, ngram.num_draft_tokens)
+        # verify size (0: plain) and when it was made
+        self._choice: tuple[int, float] | None = None
         # a forced verify size: the warm-up's (``specdec.engine.ngram_setup.warm_up``: every step verifies
         # a chain of that many nodes, drafted from the history's tail); benchmarks' diagnostics: 0 every
         # step plain, LOOK_UP_EVERY_STEP every step looks up (the largest size allowed, no policy);
         # None: the policy's choice and lookups
         self.force: int | None = None
-        # True: a lookup runs ahead of the step in flight (``ahead.py``) instead of reading it first.
-        # NOTE: off: on an H200 (SmolLM2-135M, summarization / HumanEval / MT-bench turn 2 at 1 and 32
-        # requests, one call) lookups that read first gave 1-10 % more tokens a second in 5 of 6 cells (22 %
-        # fewer in the sixth; benchmarks/results/2026-11-29-h200-ngram-ahead): a verify step's own GPU
-        # time, not the wait, sets its cost there, and guesses that miss cost acceptance
-        self.run_ahead = False
 
     def forget_warm_up(self) -> None:
         """After ``specdec.engine.ngram_setup.warm_up``: everything the drafter learned forgotten (the
@@ -196,7 +178,6 @@ class NgramWorker:
         if self.policy is not None:
             self.policy.reset(rows)
         self._reach_of[rows] = 0
-        self._ahead.reset(rows)
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
@@ -213,24 +194,17 @@ class NgramWorker:
     def needs_last_step_read(self, rows_cpu: list[int], *, in_flight: bool = True,
                              sync_history: Callable[[], None] | None = None) -> bool:
         """Choose the next decode step of ``rows_cpu`` now, before the step in flight is read: False
-        where it may launch past that step (a plain step; a lookup running ahead of it), True for a
-        lookup that reads it first. The next ``launch_decode`` takes this choice.
+        where it may launch past that step (a plain step; a device lookup), True for a host lookup, which
+        reads it first. The next ``launch_decode`` takes this choice.
         ``in_flight``: a step is in flight (False: none, the history may be complete);
         ``sync_history``: brings the history up to the tokens read so far (the host keeps it
         current only for lookups), called before the choice looks it up."""
         chosen_at = time.perf_counter()
         rows = np.asarray(rows_cpu, dtype=np.int64)
-        synced = _Once(sync_history)
         device = self.slot_tokens is not None  # a device lookup drafts after the unread step, on the device
-        size = self._choose(rows, in_flight=in_flight and not device, sync_history=synced)
-        if device:
-            self._choice = (size, chosen_at, False)
-            return False
-        ahead = size > 0 and in_flight and self._can_run_ahead()
-        if ahead:
-            synced()  # the lookup ahead drafts from every token read so far
-        self._choice = (size, chosen_at, ahead)
-        return size > 0 and not ahead
+        size = self._choose(rows, in_flight=in_flight and not device, sync_history=_Once(sync_history))
+        self._choice = (size, chosen_at)
+        return size > 0 and not device
 
     def launch_decode(
         self,
@@ -246,19 +220,18 @@ class NgramWorker:
         """Draft, verify and commit one step, or decode plainly where lookups do not pay;
         ``result()`` reads it and frees the rejected slots (unless ``slots_reserved``: the host
         reserved positions seq_len .. seq_len + N - 1 and keeps them).
-        NOTE: a lookup reads the history: after the last step was read, or ahead of it where the
-        choice said so (``needs_last_step_read``)."""
+        NOTE: a host lookup reads the history: after the last step was read (``needs_last_step_read``)."""
         rows = np.asarray(rows_cpu if rows_cpu is not None else req_pool_indices.tolist(), dtype=np.int64)
         if self._choice is None:
             launched = time.perf_counter()  # the step's host work (the lookups) is part of its cost
-            max_size, ahead = self._choose(rows), False
+            max_size = self._choose(rows)
         else:  # chosen ahead: the step's time runs from its choice (the wait for the last step its own)
-            (max_size, launched, ahead), self._choice = self._choice, None
+            (max_size, launched), self._choice = self._choice, None
             max_size = min(max_size, self._max_size(len(rows)))  # the batch may have lost finished requests
         if self.slot_tokens is not None:
             return self._launch_device_lookup(req_pool_indices, seq_lens, verified_ids, sampling, max_size, rows,
                                               launched, seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)
-        plan = self._plan(rows, max_size, ahead=ahead)
+        plan = self._plan(rows, max_size)
         self._time_launch(size_name(plan[0]) if plan else MISS if max_size else PLAIN, len(rows), launched)
         guess = self._guess(plan[0] if plan else max_size, len(rows))
         if plan is None:
@@ -428,30 +401,23 @@ class NgramWorker:
         return match_reach(history, lengths, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window,
                            cap=cap, per_row=len(rows) < BATCH_PATH_MIN_BS)
 
-    def _plan(self, rows: np.ndarray, max_size: int, *,
-              ahead: bool = False) -> tuple[int, BatchTrees, np.ndarray] | None:
+    def _plan(self, rows: np.ndarray, max_size: int) -> tuple[int, BatchTrees, np.ndarray] | None:
         """This step's verify size n, the rows' trees and each one's drafted depth within n - 1
-        nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match).
-        ``ahead``: the step launches past an unread one (chains past its guessed tokens)."""
+        nodes ([bs]), within ``max_size`` (0: plain); None: a plain step (the choice, or no match)."""
         if not max_size:
-            self._ahead.reset(rows)  # a plain step: nothing drafted
             return None
         bs = len(rows)
         limits = np.asarray(self.budget.limits(rows.tolist(), bs), dtype=np.int64)
         if self.force not in (None, LOOK_UP_EVERY_STEP):  # the warm-up: chains of max_size - 1 nodes, any tokens
             trees = self._tail_chains(rows, max_size - 1)
-        elif ahead:
-            trees = self._trees_ahead(rows, limits, max_size)
         else:
             lengths = self.history.num_tokens[rows]
             trees = self._trees(self.history.token_ids[rows, : int(lengths.max())], lengths, limits)
-            self._ahead.launched(rows, lengths, *first_child_path(trees, max_size - 1))
         depth = trees.cumulative_depth(self.ngram.num_draft_tokens)  # [bs, N]
         if self.policy is not None:
             self.policy.observe_drafts(rows, depth)
         largest = min(int(trees.sizes.max()), max_size - 1)
         if largest == 0:
-            self._ahead.reset(rows)  # a plain step: nothing drafted
             return None
         n = self.budget.step_size(largest)
         return n, trees, depth[:, n - 1]
@@ -462,31 +428,6 @@ class NgramWorker:
         positions = np.maximum(lengths[:, None] - nodes + np.arange(nodes), 0)  # [bs, nodes]
         tokens = self.history.token_ids[rows[:, None], positions].astype(np.int64)
         return BatchTrees(tokens, np.tile(np.arange(nodes), (len(rows), 1)), np.full(len(rows), nodes))
-
-    def _can_run_ahead(self) -> bool:
-        """Lookups run ahead of an unread step where ``run_ahead`` is set, except with the cross-request
-        cache (its drafts are trees from other requests' tokens) and in the warm-up (tail chains, read
-        first)."""
-        return self.run_ahead and self.cache is None and self.force in (None, LOOK_UP_EVERY_STEP)
-
-    def _trees_ahead(self, rows: np.ndarray, limits: np.ndarray, max_size: int) -> BatchTrees:
-        """Each row's tree past the unread step's guessed tokens (``guess_next``), and what it assumes
-        that step commits (its path where built on a right guess, then the guessed bonus), recorded
-        for the next lookup ahead (``ahead.py``). A row without a guess, or whose history is not read
-        yet (prefilled since), drafts nothing."""
-        guess = self._ahead.guessed_history(rows, self.history.token_ids, self.history.num_tokens)
-        guessed = guess_next(guess.history, guess.lengths, min_n=self.ngram.min_match_window,
-                             max_n=self.ngram.max_match_window, per_row=len(rows) < BATCH_PATH_MIN_BS)  # [bs]
-        has = (guessed >= 0) & (guess.read > 0)
-        bs, ar = len(rows), np.arange(len(rows))
-        history = np.concatenate([guess.history, np.zeros((bs, 1), dtype=guess.history.dtype)], 1)
-        history[ar, guess.lengths] = np.where(has, guessed, 0)  # each row's guessed history, then its guess
-        trees = self._trees(history, guess.lengths + has, np.where(has, limits, 0))
-        path_len = guess.lengths - guess.read  # [bs] the step in flight's path, where built on a right guess
-        assumed = history[ar[:, None], np.minimum(guess.read[:, None] + np.arange(int(path_len.max()) + 1),
-                                                  history.shape[1] - 1)].astype(np.int64)  # [bs, longest + 1]
-        self._ahead.launched(rows, guess.read, *first_child_path(trees, max_size - 1), assumed, path_len + has)
-        return trees
 
     def _trees(self, history: np.ndarray, lengths: np.ndarray, limits: np.ndarray) -> BatchTrees:
         """The rows' trees from ``history`` [bs, >= longest] of ``lengths`` [bs], at most ``limits`` [bs] nodes."""

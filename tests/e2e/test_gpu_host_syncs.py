@@ -71,21 +71,19 @@ def test_plain_steps_sync_only_to_read():
     assert_no_leak(eng)
 
 
-@pytest.mark.parametrize("drafter", [{}, {"speculative_ngram_max_bfs_breadth": 2}], ids=["device", "host-ahead"])
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_ngram_lookups_ahead_sync_only_to_read(params, drafter):
+def test_ngram_device_lookups_sync_only_to_read(params):
     """NGRAM with every step looking up (``LOOK_UP_EVERY_STEP``): each lookup, drafted on the device (the
-    default) or run ahead on the host, launches past the step in flight, so its draft reaches the device
-    without waiting for the queued steps."""
+    default), launches past the step in flight without waiting for the queued steps."""
     from specdec.engine.engine import Engine
     from specdec.ngram.worker import LOOK_UP_EVERY_STEP
 
     target, _ = make_pair("EAGLE", "mixed", dtype=torch.bfloat16)
     eng = Engine(target_model=target.cuda(), device="cuda", attention_backend="triton", speculative_algorithm="NGRAM",
                  max_total_tokens=8192, max_running_requests=16, speculative_ngram_max_match_window_size=4,
-                 speculative_num_draft_tokens=6, **drafter)
-    assert eng.scheduler.overlap and eng.runner.graphs and eng.worker.ngram.device_lookup == (not drafter)
-    eng.worker.force, eng.worker.run_ahead = LOOK_UP_EVERY_STEP, True
+                 speculative_num_draft_tokens=6)
+    assert eng.scheduler.overlap and eng.runner.graphs and eng.worker.ngram.device_lookup
+    eng.worker.force = LOOK_UP_EVERY_STEP
     recorder = _steady_state_syncs(eng, 8, params)  # 8 tokens of the vocabulary: the prompts repeat themselves
     assert not _ours(recorder), recorder.summary()
     assert sum(n for shape, n in eng.scheduler.spec_shape_steps.items() if shape != "plain") >= 4

@@ -1,11 +1,10 @@
 """NGRAM under overlap scheduling (issue #42): the policy's plain steps launch past the unread
 step like plain decoding's; its lookups do too where they draft on the device (the default: chains
-from the KV slots' token ids, ``specdec.kernels.ngram_match``), and where they draft trees on the
-host they read that step first or, with ``run_ahead``, run ahead of it (drafting past its guessed
-tokens; never with the cross-request cache). Greedy
-output equals plain decoding whatever the choices, with page size 1 and 16, chunked prefill,
-retraction and the prefix cache; no KV slot leaks; a lookup ahead of a copied span drafts what the
-span holds; step times run from each step's choice.
+from the KV slots' token ids, ``specdec.kernels.ngram_match``), and where they draft on the host
+(trees, the cross-request cache) they read that step first. Greedy output equals plain decoding
+whatever the choices, with page size 1 and 16, chunked prefill, retraction and the prefix cache; no
+KV slot leaks; a device lookup past the step in flight drafts what a copied span holds; step times
+run from each step's choice.
 
 The choices are forced (``policy.choose`` replaced by a fixed pattern), so that plain and lookup
 steps alternate in runs of every length, at every transition.
@@ -59,11 +58,10 @@ def _prompts(target, seed):
     return repetitive_prompts(target.config.vocab_size, seed=seed) + prompts_of([4, 17], target.config.vocab_size)
 
 
-def _check_pipeline(rec: Recorder, *, ahead: bool) -> None:
-    """Plain choices launched past unread steps (overlapped), and lookups did too (``ahead``: device
-    lookups, host lookups ahead) or never."""
+def _check_pipeline(rec: Recorder, *, device: bool) -> None:
+    """Plain choices launched past unread steps (overlapped), and lookups did too (``device``) or never."""
     assert any(size == 0 and past for size, past in rec.launches)
-    assert any(size > 0 and past for size, past in rec.launches) == ahead
+    assert any(size > 0 and past for size, past in rec.launches) == device
     assert any(size > 0 for size, _ in rec.launches)
 
 
@@ -77,21 +75,19 @@ DRAFTERS = {"device": {}, "host-tree": {"speculative_ngram_max_bfs_breadth": 2}}
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("breadth, ahead", [(None, True), (1, True), (3, True), (3, False)],
-                         ids=["device", "host-chain", "tree", "tree-read-first"])
-def test_alternating_choices_equal_plain_decoding(page_size, breadth, ahead):
+@pytest.mark.parametrize("breadth", [None, 1, 3], ids=["device", "host-chain", "host-tree"])
+def test_alternating_choices_equal_plain_decoding(page_size, breadth):
     target, _ = make_pair("EAGLE", "mixed")
     prompts = _prompts(target, seed=0)
     params = [{"temperature": 0, "max_new_tokens": m, "ignore_eos": True} for m in (30, 9, 25, 1, 40, 16, 22)]
     expected = plain_engine(target, page_size=page_size).generate(input_ids=prompts, sampling_params=params)
     eng = _engine(target, page_size=page_size, speculative_ngram_max_bfs_breadth=breadth)
     assert eng.worker.ngram.device_lookup == (breadth is None)
-    eng.worker.run_ahead = ahead
     assert eng.scheduler.overlap
     rec = Recorder(eng)
     got = eng.generate(input_ids=prompts, sampling_params=params)
     assert _ids(got) == _ids(expected)
-    _check_pipeline(rec, ahead=ahead)
+    _check_pipeline(rec, device=breadth is None)
     assert _accepted_several(got)
     assert_no_leak(eng)
 
@@ -126,7 +122,7 @@ def test_retraction_under_a_small_kv_pool(drafter):
     got = eng.generate(input_ids=prompts, sampling_params=params)
     assert _ids(got) == _ids(expected)
     assert eng.cache_stats()["num_retracted_reqs"] > 0
-    _check_pipeline(rec, ahead=drafter == "device")
+    _check_pipeline(rec, device=drafter == "device")
     assert _accepted_several(got)
     assert_no_leak(eng)
 
@@ -146,7 +142,7 @@ def test_prefix_cache_and_a_second_run(drafter):
     assert _ids(first) == _ids(second) == expected
     assert sum(o["meta_info"]["cached_tokens"] for o in second) > 0
     assert _accepted_several(second)
-    _check_pipeline(rec, ahead=drafter == "device")
+    _check_pipeline(rec, device=drafter == "device")
     assert_no_leak(eng)
 
 
@@ -162,39 +158,37 @@ def test_learned_policy_under_overlap():
     assert_no_leak(eng)
 
 
-def test_ahead_lookups_draft_the_copied_span():
-    """A lookup ahead of an unread step guesses its tokens right where the output copies a span:
-    on the perfect-draft target a prompt holding a stretch of its own chain is continued by copying
-    it, and every lookup, launched past the step in flight, has its chain accepted whole."""
+def test_device_lookups_draft_the_copied_span():
+    """A device lookup past an unread step drafts from that step's tokens too: on the perfect-draft
+    target a prompt holding a stretch of its own chain is continued by copying it, and every lookup,
+    launched past the step in flight, has its chain accepted whole."""
     target, _ = make_pair("EAGLE", "perfect")
     stretch = chain_of(target, 11, 60)
     prompt = stretch + [5, 7] + stretch[:3]
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompt, sampling_params=params)
-    eng = _engine(target, speculative_ngram_max_bfs_breadth=3)
-    eng.worker.run_ahead = True
+    eng = _engine(target)
     rec = Recorder(eng, [1])
     got = eng.generate(input_ids=prompt, sampling_params=params)
     assert got["output_ids"] == expected["output_ids"]
-    assert sum(past for _, past in rec.launches) >= len(rec.launches) - 1  # all but the first ran ahead
+    assert sum(past for _, past in rec.launches) >= len(rec.launches) - 1  # all but the first overlapped
     accepts = got["meta_info"]["spec_accept_lengths"]
     assert min(accepts[:-1]) == SMALL["speculative_num_draft_tokens"] - 1, accepts  # whole chains (the last: cut)
     assert_no_leak(eng)
 
 
-def test_ahead_lookups_recover_after_a_wrong_guess():
-    """A wrong guess spoils one step, not every step after it (``ahead.py``): the output copies a
-    stretch S1 of the prompt, which the prompt follows with 5 where the target continues its own chain
-    c1 c2 ... instead; the prompt also holds that chain (S0), so after the break copying resumes, and
-    the lookups, each ahead of the last, have whole chains accepted again."""
+def test_device_lookups_resume_after_a_copied_span_breaks():
+    """The output copies a stretch S1 of the prompt, which the prompt follows with 5 where the target
+    continues its own chain c1 c2 ... instead; the prompt also holds that chain (S0), so after the
+    break copying resumes, and device lookups, each past the step before, have whole chains accepted
+    again."""
     target, _ = make_pair("EAGLE", "perfect")
     s1 = chain_of(target, 11, 20)
     s0 = chain_of(target, chain_of(target, s1[-1], 2)[1], 30)
     prompt = s0 + [5, 7] + s1 + [5] + s1[:3]
     params = {"temperature": 0, "max_new_tokens": 42, "ignore_eos": True}
     expected = plain_engine(target).generate(input_ids=prompt, sampling_params=params)
-    eng = _engine(target, speculative_ngram_max_bfs_breadth=3)
-    eng.worker.run_ahead = True
+    eng = _engine(target)
     Recorder(eng, [1])
     got = eng.generate(input_ids=prompt, sampling_params=params)
     assert got["output_ids"] == expected["output_ids"]
@@ -207,16 +201,15 @@ def test_ahead_lookups_recover_after_a_wrong_guess():
 
 def test_cross_request_cache_lookups_read_first():
     """With the cross-request cache on, lookups (trees that may come from other requests) read the
-    step in flight first even with ``run_ahead``; plain steps still overlap."""
+    step in flight first; plain steps still overlap."""
     target, _ = make_pair("EAGLE", "mixed")
     prompts = _prompts(target, seed=3)
     params = {"temperature": 0, "max_new_tokens": 20, "ignore_eos": True}
     expected = _ids(plain_engine(target).generate(input_ids=prompts, sampling_params=params))
     eng = _engine(target, speculative_ngram_capacity=1000)
-    eng.worker.run_ahead = True
     rec = Recorder(eng)
     assert _ids(eng.generate(input_ids=prompts, sampling_params=params)) == expected
-    _check_pipeline(rec, ahead=False)
+    _check_pipeline(rec, device=False)
     assert_no_leak(eng)
 
 
@@ -232,7 +225,7 @@ def test_a_lookup_past_an_unread_step_is_refused():
     eng.step()  # a lookup step, left in flight
     batch = [r for r in sched.running if not r.finished]
     assert sched.launched is not None and sched.decoder.needs_read(batch)
-    with pytest.raises(RuntimeError, match="without a plain choice"):
+    with pytest.raises(RuntimeError, match="without a choice that may"):
         sched.decoder.launch(batch, sched.launched)
 
 

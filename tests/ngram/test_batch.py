@@ -5,10 +5,7 @@ cumulative depths the policy reads."""
 import numpy as np
 import pytest
 
-from specdec.ngram.batch import (
-    BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, first_child_path, guess_next,
-    match_reach, pack_batch,
-)
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch
 from specdec.ngram.lookup import propose_ngram_ref
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.tree import build_tree, find_matches, pack_trees
@@ -70,39 +67,6 @@ def test_match_reach_batch_equals_per_row(seed):
         for b, length in enumerate(lengths):
             want = min(int(length) - 1 - int(ends[b, 0]), cap) if length >= 2 and n[b] else 0
             assert rows[b] == want
-
-
-@pytest.mark.parametrize("seed", range(2))
-def test_guess_next_is_the_token_after_the_latest_longest_match(seed):
-    """Both paths against ``propose_ngram_ref``'s one-token draft (-1: none)."""
-    rng = np.random.default_rng(seed)
-    for _ in range(40):
-        config, history, lengths, _ = _random_case(rng)
-        drafts = [propose_ngram_ref(history[b, :length], min_n=config.min_match_window,
-                                    max_n=config.max_match_window, k=1) for b, length in enumerate(lengths)]
-        want = [int(d[0]) if d.shape[0] else -1 for d in drafts]
-        for per_row in (True, False):
-            got = guess_next(history, lengths, min_n=config.min_match_window, max_n=config.max_match_window,
-                             per_row=per_row)
-            assert got.tolist() == want
-
-
-def test_guess_next_of_the_docstring_example():
-    assert guess_next(np.asarray([[5, 9, 7, 2, 5, 9]]), np.asarray([6]), min_n=1, max_n=3, per_row=True).tolist() == [7]
-
-
-def test_first_child_path():
-    """The root's first child, its first child, ... within the first ``nodes`` nodes. The tree:
-
-        root -> 7 (1) -> 2 (3) -> 4 (5)
-             -> 8 (2)    3 (4)
-    """
-    trees = BatchTrees(np.asarray([[7, 8, 2, 3, 4], [6, 0, 0, 0, 0]]), np.asarray([[0, 0, 1, 1, 3], [0] * 5]),
-                       np.asarray([5, 1]))
-    path, lengths = first_child_path(trees, 5)
-    assert lengths.tolist() == [3, 1] and path[0, :3].tolist() == [7, 2, 4] and path[1, 0] == 6
-    path, lengths = first_child_path(trees, 3)  # node 5 cut
-    assert lengths.tolist() == [2, 1] and path[0, :2].tolist() == [7, 2]
 
 
 def test_bfs_batch_of_the_module_example():

@@ -28,11 +28,11 @@ from specdec.eagle.output import copy_to_host_async
 from specdec.engine.batch_flags import BatchStatics
 from specdec.engine.logits_process import ProcessorBatch, apply_processors
 from specdec.engine.sampling import SamplingBatch, probs_from_logits, sample
+from specdec.models.ops.topk import argmax
 
 # a seeded request's verification coins a step: a fixed block (``BatchSampling.uniforms``), as many as
 # the largest verify trees the defaults build (NGRAM's 12 nodes, EAGLE's up to 64)
 SEEDED_COINS = 64
-from specdec.models.ops.topk import argmax
 
 
 # the logprob reported for a token of probability zero (JSON has no -inf; OpenAI's value)

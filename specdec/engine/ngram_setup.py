@@ -74,7 +74,7 @@ def ngram_configs(args: EngineArgs, *, draft_model=None) -> tuple[SpecConfig, Ng
     ngram = NgramConfig(
         num_draft_tokens=args.speculative_num_draft_tokens or max_window,
         min_match_window=get("min_match_window_size", DEFAULT_MIN_MATCH_WINDOW), max_match_window=max_window,
-        min_bfs_breadth=get("min_bfs_breadth", min(DEFAULT_MIN_BFS_BREADTH, breadth)),
+        min_bfs_breadth=get("min_bfs_breadth", DEFAULT_MIN_BFS_BREADTH),
         max_bfs_breadth=get("max_bfs_breadth", breadth), match_type=get("match_type", "BFS"),
         adaptive=args.speculative_adaptive != "off", max_verify_rows=args.speculative_adaptive_max_verify_rows,
         cache_capacity=get("capacity", 0), cache_branch_length=get("branch_length", DEFAULT_BRANCH_LENGTH),

@@ -324,7 +324,8 @@ class NgramWorker:
             new_lens = [s + k + 1 for s, k in zip(old_lens, accepted)]
             if not slots_reserved:
                 self.memory.truncate(rows.tolist(), [s + n for s in old_lens], new_lens)
-            self.budget.observe(rows.tolist(), depth.tolist(), accepted)
+            if drafted is not None:  # host trees: the rows' node budgets (device chains draft n - 1 each)
+                self.budget.observe(rows.tolist(), drafted.tolist(), accepted)
             if self.policy is not None:
                 # NOTE: a device chain's padding (its root repeated) is accepted where the target repeats it
                 self.policy.observe_accepts(rows, depth, np.minimum(accepted, depth))

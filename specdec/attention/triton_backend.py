@@ -13,16 +13,15 @@ TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): 
 (prefix, ancestors, itself; built on the device) with the split plan of the decode batch of as many
 requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
 graphs; eagerly unless the plans' bounds differ), and with the linear layers' one tiling for 1-8
-rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. It reads
-the prefix once per node instead of once per request (from L2 for the nodes after the first), so it
-runs while the batch has at most ``verify_as_decode_max_rows`` nodes (VERIFY_AS_DECODE_MAX_ROWS: a
-tree of 8 at 8 requests, a chain of 4 at 16); larger verify batches, and one whose requests have
-trees of different sizes, run the extend kernel under the tree mask. Measured on an H200 (8B shape,
-context 1 k, whole steps, against the extend kernel): no cost at bs 1 (tree 5x4x8 6.26 against 6.30
-ms, chain 5.62 against 5.63), +12% at bs 8 with the 8-node tree (7.95 against 7.10 ms) and +3% with
-the chain (6.39 against 6.20); with it SmolLM2's bf16 greedy answers with EAGLE-3 equal plain
-decoding's in 80 of 80 at 8 requests at once, against 12-13 of 80 through the extend kernel
-(benchmarks/results/2026-11-29-h200-bf16-agreement).
+rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. A
+request's nodes share the decode kernel's query tile (as many as fit beside its GQA group: 4 nodes
+of 4 heads in 16 rows), so a tree that fits one tile reads its prefix once, as the extend kernel
+does, and one of two tiles twice. Verify batches run so when every request has the same tree of at
+most ``verify_rows_max_nodes`` nodes (VERIFY_ROWS_MAX_NODES), or when the batch has at most
+``verify_as_decode_max_rows`` nodes in all (VERIFY_AS_DECODE_MAX_ROWS: small batches, where reading
+the prefix twice costs little beside the weights); others run the extend kernel under the tree mask.
+With it SmolLM2's bf16 greedy answers with EAGLE-3 equal plain decoding's in 80 of 80 at 8 requests
+at once, against 12-13 of 80 through the extend kernel (benchmarks/results/2026-11-29-h200-bf16-agreement).
 
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose
@@ -68,6 +67,7 @@ from specdec.attention.triton_kernels.common import check_device
 from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled
 
 VERIFY_AS_DECODE_MAX_ROWS = 64
+VERIFY_ROWS_MAX_NODES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +97,9 @@ class VerifyRowsMetadata:
     # the decode batch whose split plan the rows take: its requests and longest KV list (host ints)
     plan_seqs: int
     plan_max_kv_len: int
+    # nodes a request (request-major rows) and [bs] the prefix their lists share: node groups
+    nodes_per_seq: int
+    prefix_lens: torch.Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,14 +121,16 @@ class TritonBackend(AttentionBackend):
     supports_sliding_window = True
 
     def __init__(self, *, num_splits: int | None = None,
-                 verify_as_decode_max_rows: int = VERIFY_AS_DECODE_MAX_ROWS) -> None:
+                 verify_as_decode_max_rows: int = VERIFY_AS_DECODE_MAX_ROWS,
+                 verify_rows_max_nodes: int = VERIFY_ROWS_MAX_NODES) -> None:
         """``num_splits`` forces the split-KV count (default: planned from the grid and lengths);
-        ``verify_as_decode_max_rows``: the most tree nodes a verify batch runs as decode steps
-        (module docstring; 0: always the extend kernel)."""
+        ``verify_as_decode_max_rows`` / ``verify_rows_max_nodes``: the verify batches whose nodes run
+        as decode steps (module docstring; both 0: always the extend kernel)."""
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits={num_splits}: expected >= 1 or None")
         self.num_splits = num_splits
         self.verify_as_decode_max_rows = verify_as_decode_max_rows
+        self.verify_rows_max_nodes = verify_rows_max_nodes
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_device(batch.input_ids.device)
@@ -141,8 +146,7 @@ class TritonBackend(AttentionBackend):
         if batch_invariant_enabled():  # eager or under a CUDA graph: planned on the device alone
             batch.attn_metadata = plan_row_kv(batch)
             return
-        if (batch.forward_mode == ForwardMode.TARGET_VERIFY and batch.num_tokens <= self.verify_as_decode_max_rows
-                and _same_tree_size(batch)):
+        if batch.forward_mode == ForwardMode.TARGET_VERIFY and self._verifies_as_decode(batch):
             batch.attn_metadata = _plan_verify_rows(batch)
             return
         if batch.static_max_seq_len is not None:
@@ -162,6 +166,12 @@ class TritonBackend(AttentionBackend):
             max_prefix_len=max(prefix_lens, default=0),
             use_decode=mask is None and all(q == 1 for q in layout.q_lens),
         )
+
+    def _verifies_as_decode(self, batch: ForwardBatch) -> bool:
+        """Whether a verify batch's nodes run as decode steps (module docstring)."""
+        nodes = batch.num_tokens // max(batch.batch_size, 1)
+        return (batch.num_tokens <= self.verify_as_decode_max_rows or nodes <= self.verify_rows_max_nodes) \
+            and _same_tree_size(batch)
 
     @staticmethod
     def _plan_static(batch: ForwardBatch) -> TritonMetadata:
@@ -201,7 +211,7 @@ class TritonBackend(AttentionBackend):
         elif isinstance(md, VerifyRowsMetadata):
             decode_attention_rows(q3, k_buf, v_buf, md.rows.kv_table, md.rows.row_lens, out, sm_scale=layer.scaling,
                                   max_kv_len=md.plan_max_kv_len, plan_seqs=md.plan_seqs, num_splits=self.num_splits,
-                                  window=window)
+                                  window=window, nodes_per_seq=md.nodes_per_seq, prefix_lens=md.prefix_lens)
         elif isinstance(md, RowKV):
             row_attention(q3, k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out, sm_scale=layer.scaling,
                           max_kv_len=md.max_kv_len, window=window)
@@ -238,7 +248,9 @@ def _plan_verify_rows(batch: ForwardBatch) -> VerifyRowsMetadata:
         bound = batch.static_max_seq_len
     else:
         bound = max(batch.host_prefix_lens(), default=0)
-    return VerifyRowsMetadata(rows=plan_row_kv(batch), plan_seqs=batch.batch_size, plan_max_kv_len=bound + 1)
+    return VerifyRowsMetadata(rows=plan_row_kv(batch), plan_seqs=batch.batch_size, plan_max_kv_len=bound + 1,
+                              nodes_per_seq=batch.num_tokens // max(batch.batch_size, 1),
+                              prefix_lens=batch.prefix_lens)
 
 
 def _tree_mask(

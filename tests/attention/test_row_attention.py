@@ -251,10 +251,10 @@ def test_deterministic_verify_node_equals_decode_step_with_window(backend):
 
 
 def test_default_verify_through_extend_kernel_differs_from_decode():
-    """The check above can fail: through the extend kernel (``verify_as_decode_max_rows=0``, 3 splits)
+    """The check above can fail: through the extend kernel (both verify-as-decode bounds 0, 3 splits)
     the same nodes differ from the decode steps in fp32 (summation order), within rounding."""
     out_verify, out_decode = verify_then_decode("triton", None, deterministic=False, num_splits=3,
-                                                verify_as_decode_max_rows=0)
+                                                verify_as_decode_max_rows=0, verify_rows_max_nodes=0)
     assert not torch.equal(out_verify, out_decode)
     torch.testing.assert_close(out_verify, out_decode, rtol=1e-5, atol=1e-5)
 

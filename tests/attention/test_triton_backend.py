@@ -931,9 +931,10 @@ def test_gpu_engine_lossless(shape, algorithm, kind, bs, page_size):
     assert [r["output_ids"] for r in results] == expected
 
 
-def test_verify_runs_as_decode_steps_up_to_the_row_cap():
-    """Tree nodes run as decode steps up to ``verify_as_decode_max_rows`` nodes a batch (and trees of one
-    size); larger batches and mixed tree sizes take the extend kernel."""
+def test_verify_runs_as_decode_steps_up_to_the_caps():
+    """Tree nodes run as decode steps up to ``verify_rows_max_nodes`` nodes a tree or
+    ``verify_as_decode_max_rows`` nodes a batch (trees of one size); larger trees in larger batches and
+    mixed tree sizes take the extend kernel."""
     from specdec.attention.triton_backend import TritonMetadata, VerifyRowsMetadata
 
     def plan(name, **kw):
@@ -942,6 +943,7 @@ def test_verify_runs_as_decode_steps_up_to_the_row_cap():
         return type(batch.attn_metadata)
 
     assert plan("verify_chain") is VerifyRowsMetadata  # 2 requests x 5 nodes
-    assert plan("verify_chain", verify_as_decode_max_rows=9) is TritonMetadata
-    assert plan("verify_chain", verify_as_decode_max_rows=10) is VerifyRowsMetadata
+    assert plan("verify_chain", verify_as_decode_max_rows=9, verify_rows_max_nodes=4) is TritonMetadata
+    assert plan("verify_chain", verify_as_decode_max_rows=10, verify_rows_max_nodes=4) is VerifyRowsMetadata
+    assert plan("verify_chain", verify_as_decode_max_rows=9, verify_rows_max_nodes=5) is VerifyRowsMetadata
     assert plan("verify_mixed") is TritonMetadata  # trees of 7 and 12 nodes

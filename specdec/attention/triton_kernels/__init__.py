@@ -1,7 +1,8 @@
 """Triton attention kernels over the paged KV cache (GQA, fp32 accumulation).
 
-* ``decode.py`` — one query row per sequence, split-KV (flash-decoding) over the sequence's slots;
-  ``decode_attention_rows`` runs a verify tree's rows through it, each over its own KV list.
+* ``decode.py`` — one query row per sequence, split-KV (flash-decoding) over the sequence's slots.
+* ``verify_rows.py`` — a verify tree's nodes as decode steps (``decode_attention_rows``): the decode
+  kernel's arithmetic over each node's own KV list, a request's nodes sharing its prefix tiles.
 * ``draft_decode.py`` — one draft step: a request's branches together over its shared prefix
   (read from the request-to-token table), then each branch's own ancestors.
 * ``extend.py`` — several query rows per sequence: an unmasked prefix, then the new-token block
@@ -19,12 +20,7 @@ both are per token, so any page size works. Every attention kernel takes a layer
 docstring says how). This package imports nothing else of specdec except ``specdec.kernels`` (input checks).
 """
 
-from specdec.attention.triton_kernels.decode import (
-    decode_attention,
-    decode_attention_ref,
-    decode_attention_rows,
-    decode_attention_rows_ref,
-)
+from specdec.attention.triton_kernels.decode import decode_attention, decode_attention_ref
 from specdec.attention.triton_kernels.draft_decode import draft_decode_attention, draft_decode_attention_ref
 from specdec.attention.triton_kernels.extend import extend_attention, extend_attention_ref
 from specdec.attention.triton_kernels.merge import (
@@ -35,6 +31,7 @@ from specdec.attention.triton_kernels.merge import (
 )
 from specdec.attention.triton_kernels.row_attention import row_attention, row_attention_ref
 from specdec.attention.triton_kernels.store_kv import store_kv, store_kv_ref
+from specdec.attention.triton_kernels.verify_rows import decode_attention_rows, decode_attention_rows_ref
 
 __all__ = [
     "decode_attention",

@@ -27,6 +27,8 @@ window)``, ``window_span``). The same example at window 5:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -147,47 +149,27 @@ def decode_attention(
     if kv_indptr.shape[0] != q.shape[0] + 1:
         raise ValueError(f"kv_indptr: expected {q.shape[0] + 1} entries, got {kv_indptr.shape[0]}")
     # NOTE: row_lens and the row stride are not read without ROW_TABLE (kv_indptr stands in)
-    _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, kv_indptr, 0, out, sm_scale=sm_scale,
-            max_kv_len=max_kv_len, plan_seqs=q.shape[0], num_splits=num_splits, row_table=False, window=window)
+    launch_decode_grid(q, k_buffer, v_buffer, kv_indptr, kv_indices, kv_indptr, 0, out, sm_scale=sm_scale,
+                       max_kv_len=max_kv_len, plan_seqs=q.shape[0], num_splits=num_splits, row_table=False,
+                       window=window)
 
 
-def decode_attention_rows(
-    q: torch.Tensor,  # [num_rows, num_heads, head_dim]
-    k_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-    v_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-    kv_table: torch.Tensor,  # [num_rows, stride] int32 KV slots of row r in position order
-    row_lens: torch.Tensor,  # [num_rows] int32 entries of row r's list
-    out: torch.Tensor,  # [num_rows, num_heads, head_dim] (written)
-    *,
-    sm_scale: float,
-    max_kv_len: int,
-    plan_seqs: int,
-    num_splits: int | None = None,
-    window: int | None = None,
-) -> None:
-    """Each query row as a decode step over its own list, planned (split count, tiles) as the decode
-    batch of ``plan_seqs`` sequences whose longest is ``max_kv_len``: a verify node of a tree and the
-    decode step of the same token in a batch of as many requests run the same arithmetic, bit for bit
-    (with a ``window`` too: a row's list is its positions 0..its own, so it sees its last ``window``)."""
-    check_qkv(q, k_buffer, v_buffer, out)
-    check_tensor("kv_table", kv_table, dtype=torch.int32, dim=2, device=q.device)
-    check_tensor("row_lens", row_lens, dtype=torch.int32, shape=(q.shape[0],), device=q.device)
-    if kv_table.shape[0] != q.shape[0] or kv_table.stride(1) != 1:
-        raise ValueError(f"kv_table: expected {q.shape[0]} rows with unit last stride, got {tuple(kv_table.shape)}")
-    # NOTE: kv_indptr is not read under ROW_TABLE (row_lens stands in)
-    _launch(q, k_buffer, v_buffer, row_lens, kv_table, row_lens, kv_table.stride(0), out, sm_scale=sm_scale,
-            max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, row_table=True, window=window)
+class DecodePlan(NamedTuple):
+    """How a decode grid of ``plan_seqs`` sequences runs: what a verify node must share with the
+    decode step of its token to equal it bit for bit."""
+    splits: int
+    block_h: int  # query-tile rows: the GROUP heads of a KV head, padded for ``tl.dot``
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
-def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, out, *, sm_scale, max_kv_len,
-            plan_seqs, num_splits, row_table, window) -> None:
-    """The decode grid (sequence, KV head, split), planned for ``plan_seqs`` sequences whose longest
-    windowed range is ``window_span(max_kv_len, window)``; a sequence's slots come from ``kv_indptr``
-    or (``row_table``) from ``row_lens`` and the table's row stride."""
-    num_seqs, hq, d = q.shape
+def decode_plan(q: torch.Tensor, k_buffer: torch.Tensor, *, max_kv_len: int, plan_seqs: int,
+                num_splits: int | None, window: int | None) -> DecodePlan:
+    """The split count and tiles of the decode batch of ``plan_seqs`` sequences whose longest windowed
+    range is ``window_span(max_kv_len, window)``."""
+    hq, d = q.shape[1], q.shape[2]
     hkv = k_buffer.shape[1]
-    if num_seqs == 0:
-        return
     block_h = max(16, triton.next_power_of_2(hq // hkv))
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
@@ -195,20 +177,32 @@ def _launch(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, 
                                 tile=cfg.block_n, num_splits=num_splits)
     if is_streaming_grid(q.device, plan_seqs * hkv, splits):
         cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize, streaming=True)
-    direct = splits == 1
-    partial, lse = split_buffers(out, splits)
-    group = hq // hkv
-    _decode_kernel[(num_seqs, hkv, splits)](
+    return DecodePlan(splits, block_h, cfg.block_n, cfg.num_warps, cfg.num_stages)
+
+
+def launch_decode_grid(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, out, *, sm_scale,
+                       max_kv_len, plan_seqs, num_splits, row_table, window) -> None:
+    """The decode grid (sequence, KV head, split), planned by ``decode_plan``; a sequence's slots come
+    from ``kv_indptr`` or (``row_table``) from ``row_lens`` and the table's row stride."""
+    num_seqs, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    if num_seqs == 0:
+        return
+    plan = decode_plan(q, k_buffer, max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits,
+                       window=window)
+    direct = plan.splits == 1
+    partial, lse = split_buffers(out, plan.splits)
+    _decode_kernel[(num_seqs, hkv, plan.splits)](
         q, k_buffer, v_buffer, partial, lse, kv_indptr, kv_indices, row_lens, row_stride, sm_scale * LOG2E,
         window_arg(window),
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
-        GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
-        BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-        DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device), ROW_TABLE=row_table,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
+        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
+        ROW_TABLE=row_table, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:
         merge_partials(partial, lse, out)
@@ -242,26 +236,3 @@ def decode_attention_ref(
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,khd->hk", q[s].float(), k) * sm_scale
         out[s] = torch.einsum("hk,khd->hd", torch.softmax(scores, dim=-1), v).to(out.dtype)
-
-
-def decode_attention_rows_ref(
-    q: torch.Tensor,
-    k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor,
-    kv_table: torch.Tensor,
-    row_lens: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    sm_scale: float,
-    max_kv_len: int,
-    plan_seqs: int,
-    num_splits: int | None = None,
-    window: int | None = None,
-) -> None:
-    """Specification of ``decode_attention_rows``: ``decode_attention_ref`` over the rows' lists (the
-    plan arguments do not change the result)."""
-    lens = row_lens.tolist()
-    indices = torch.cat([kv_table[r, :n] for r, n in enumerate(lens)]) if lens else kv_table.new_zeros(0)
-    indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    decode_attention_ref(q, k_buffer, v_buffer, indptr, indices, out, sm_scale=sm_scale, max_kv_len=max_kv_len,
-                         window=window)

@@ -1,0 +1,224 @@
+"""``decode_attention_rows``: a verify tree's nodes as decode steps, bit for bit.
+
+Each node (query row) attends over its own KV list (its request's prefix, its ancestors by depth,
+itself) with the arithmetic of ``decode.py``'s kernel planned as the decode batch of ``plan_seqs``
+sequences: the same split count, tiles, warps, split ranges (a row's own length over the splits) and
+online-softmax steps. A node on the accepted path then gives what the decode step of its token gives.
+
+Two grids run that arithmetic:
+
+* per node (``decode.py``'s kernel over a table of lists): every node reads its whole prefix, so a
+  tree of n nodes reads its request's KV n times;
+* **node groups** (``nodes_per_seq`` given, global layers): a program holds several nodes of one
+  request in the decode kernel's query tile (``BLOCK_H`` rows: ``BLOCK_H // GROUP`` nodes of GROUP
+  heads each, where the decode kernel pads its GROUP heads), so each prefix tile is loaded once for
+  them and multiplied in the same ``tl.dot`` shape; rows of a matrix product do not interact, so each
+  row's scores and output are the decode step's. The tiles past the request's prefix hold each node's
+  own ancestors: there the program multiplies the tile once per node, from that node's list, and
+  keeps the node's rows. A row folds exactly the tiles of its own split range (the ranges start on
+  tile boundaries, so every node's tiles line up); a tile outside a row's range leaves the row's
+  softmax state unchanged bit for bit (``online_softmax_step`` with nothing visible).
+
+    request with prefix 300 (tiles of 128), 5 nodes, GROUP 3 (5 nodes a 16-row tile), 2 splits:
+    split 0 of every node: positions 0..255 (chunk 256: ceil(ceil(30x / 2) / 128) * 128)
+    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> 5 node passes
+
+Sliding windows start each row's range at its own ``length - window``, off the tile grid, so local
+layers take the per-node grid.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.attention.triton_kernels.common import (
+    LOG2E,
+    attend_tile,
+    dot_precision,
+    head_dim_block,
+    query_tile,
+    split_chunk,
+    store_rows,
+    tile_dtype,
+)
+from specdec.attention.triton_kernels.decode import (
+    check_qkv,
+    decode_attention_ref,
+    decode_plan,
+    launch_decode_grid,
+)
+from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
+from specdec.kernels.common import check_tensor
+
+
+@triton.jit
+def _node_group_kernel(
+    Q, K, V, O, LSE, kv_table, row_lens, prefix_lens, kv_row_stride, nodes_per_seq, sm_scale_log2,
+    stride_qs, stride_qh,
+    stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_os, stride_oh, stride_osplit,
+    stride_ls, stride_lh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NODES: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    groups = tl.cdiv(nodes_per_seq, NODES)
+    seq = tl.program_id(0) // groups
+    first = seq * nodes_per_seq + (tl.program_id(0) % groups) * NODES  # this program's first row
+    end = (seq + 1) * nodes_per_seq  # past the request's last row
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    node = offs_h // GROUP  # [BLOCK_H] node of each tile row within the program
+    row = first + node  # [BLOCK_H] its query row
+    row_valid = (offs_h < NODES * GROUP) & (row < end)
+    d_valid = offs_d < HEAD_DIM
+    head = kv_head * GROUP + offs_h % GROUP
+    q_mask = row_valid[:, None] & d_valid[None, :]
+    q = tl.load(Q + row.to(tl.int64)[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :],
+                mask=q_mask, other=0.0)
+    q = query_tile(q, K)
+
+    # each row's split range, as the decode kernel cuts its own length
+    kv_len = tl.load(row_lens + row, mask=row_valid, other=0)  # [BLOCK_H]
+    chunk = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    busy = lo < hi
+    t_lo = tl.min(tl.where(busy, lo, 1 << 30), 0)
+    t_hi = tl.max(tl.where(busy, hi, 0), 0)
+    prefix = tl.load(prefix_lens + seq).to(tl.int32)  # entries every node of the request lists alike
+    shared_row = kv_table + first.to(tl.int64) * kv_row_stride
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for start in range(t_lo, t_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        if start + BLOCK_N <= prefix:  # a prefix tile: one load, one product for every node
+            n_valid = offs_n < t_hi
+            visible = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None])
+            slot = tl.load(shared_row + offs_n, mask=n_valid, other=0).to(tl.int64)
+            m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh,
+                                        stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                        DOT_PRECISION)
+        else:  # each node's own ancestors: the tile from its list, kept for its rows
+            for j in tl.static_range(NODES):
+                mine = (node == j) & row_valid  # [BLOCK_H]
+                lo_j = tl.max(tl.where(mine, lo, 0), 0)
+                hi_j = tl.max(tl.where(mine, hi, 0), 0)
+                n_valid = (offs_n >= lo_j) & (offs_n < hi_j)
+                slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid,
+                               other=0).to(tl.int64)
+                m_j, l_j, acc_j = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks,
+                                              stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2,
+                                              m_i, l_i, acc, DOT_PRECISION)
+                m_i = tl.where(mine, m_j, m_i)
+                l_i = tl.where(mine, l_j, l_i)
+                acc = tl.where(mine[:, None], acc_j, acc)
+
+    o_ptrs = O + row.to(tl.int64)[:, None] * stride_os + head[:, None] * stride_oh + split * stride_osplit \
+        + offs_d[None, :]
+    lse_ptrs = LSE + row.to(tl.int64) * stride_ls + head * stride_lh + split
+    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, row_valid, DIRECT)
+
+
+def decode_attention_rows(
+    q: torch.Tensor,  # [num_rows, num_heads, head_dim]
+    k_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    v_buffer: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    kv_table: torch.Tensor,  # [num_rows, stride] int32 KV slots of row r in position order
+    row_lens: torch.Tensor,  # [num_rows] int32 entries of row r's list
+    out: torch.Tensor,  # [num_rows, num_heads, head_dim] (written)
+    *,
+    sm_scale: float,
+    max_kv_len: int,
+    plan_seqs: int,
+    num_splits: int | None = None,
+    window: int | None = None,
+    nodes_per_seq: int | None = None,
+    prefix_lens: torch.Tensor | None = None,  # [num_rows / nodes_per_seq] entries every node lists alike
+) -> None:
+    """Each query row as a decode step over its own list, planned (split count, tiles) as the decode
+    batch of ``plan_seqs`` sequences whose longest is ``max_kv_len``: a verify node of a tree and the
+    decode step of the same token in a batch of as many requests run the same arithmetic, bit for bit
+    (with a ``window`` too: a row's list is its positions 0..its own, so it sees its last ``window``).
+
+    ``nodes_per_seq`` and ``prefix_lens``: the rows are requests' trees of ``nodes_per_seq`` nodes
+    each, request-major, whose lists share their first ``prefix_lens[s]`` entries; global layers
+    then run node groups (module docstring). The result does not depend on the grid."""
+    check_qkv(q, k_buffer, v_buffer, out)
+    check_tensor("kv_table", kv_table, dtype=torch.int32, dim=2, device=q.device)
+    check_tensor("row_lens", row_lens, dtype=torch.int32, shape=(q.shape[0],), device=q.device)
+    if kv_table.shape[0] != q.shape[0] or kv_table.stride(1) != 1:
+        raise ValueError(f"kv_table: expected {q.shape[0]} rows with unit last stride, got {tuple(kv_table.shape)}")
+    if (nodes_per_seq is None) != (prefix_lens is None):
+        raise ValueError("nodes_per_seq and prefix_lens go together")
+    if nodes_per_seq is not None and window is None:
+        _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, out, nodes_per_seq,
+                            sm_scale=sm_scale, max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits)
+        return
+    # NOTE: kv_indptr is not read under ROW_TABLE (row_lens stands in)
+    launch_decode_grid(q, k_buffer, v_buffer, row_lens, kv_table, row_lens, kv_table.stride(0), out,
+                       sm_scale=sm_scale, max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits,
+                       row_table=True, window=window)
+
+
+def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, out, nodes_per_seq, *, sm_scale,
+                        max_kv_len, plan_seqs, num_splits) -> None:
+    """Grid (request x node group, KV head, split) under the decode batch's plan."""
+    num_rows, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    if nodes_per_seq < 1 or num_rows % nodes_per_seq:
+        raise ValueError(f"nodes_per_seq={nodes_per_seq}: expected a divisor of the {num_rows} rows")
+    num_seqs = num_rows // nodes_per_seq
+    check_tensor("prefix_lens", prefix_lens, dim=1, shape=(num_seqs,), device=q.device)
+    if num_rows == 0:
+        return
+    plan = decode_plan(q, k_buffer, max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, window=None)
+    group = hq // hkv
+    nodes = max(1, plan.block_h // group)  # nodes a query tile holds
+    direct = plan.splits == 1
+    partial, lse = split_buffers(out, plan.splits)
+    _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, nodes), hkv, plan.splits)](
+        q, k_buffer, v_buffer, partial, lse, kv_table, row_lens, prefix_lens, kv_table.stride(0), nodes_per_seq,
+        sm_scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        NODES=nodes, DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )
+    if not direct:
+        merge_partials(partial, lse, out)
+
+
+def decode_attention_rows_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    kv_table: torch.Tensor,
+    row_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    sm_scale: float,
+    max_kv_len: int,
+    plan_seqs: int,
+    num_splits: int | None = None,
+    window: int | None = None,
+    nodes_per_seq: int | None = None,
+    prefix_lens: torch.Tensor | None = None,
+) -> None:
+    """Specification of ``decode_attention_rows``: ``decode_attention_ref`` over the rows' lists (the
+    plan arguments, ``nodes_per_seq`` and ``prefix_lens`` included, do not change the result)."""
+    lens = row_lens.tolist()
+    indices = torch.cat([kv_table[r, :n] for r, n in enumerate(lens)]) if lens else kv_table.new_zeros(0)
+    indptr = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+    decode_attention_ref(q, k_buffer, v_buffer, indptr, indices, out, sm_scale=sm_scale, max_kv_len=max_kv_len,
+                         window=window)

@@ -1,0 +1,106 @@
+"""``decode_attention_rows``' node groups (a request's verify nodes in one query tile, sharing its prefix
+tiles) against the per-node grid, bit for bit, and both against the reference.
+
+Random trees of several requests over shuffled slots: prefixes that end inside a tile, on a tile's
+edge and past several tiles, trees deeper than a tile's tail, node groups that fill a tile, leave it
+part empty and split a request over several programs (GQA groups 1-8), one or several KV splits.
+CPU runs the kernels interpreted (16-entry tiles); the GPU test compiles them (the tensor-core
+products whose rows must not depend on their tile's other rows are the point there)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..triton_env import import_kernels, kernel_devices, rand
+
+kernels = import_kernels("specdec.attention.triton_kernels.verify_rows")
+decode_attention_rows = kernels.decode_attention_rows
+decode_attention_rows_ref = kernels.decode_attention_rows_ref
+
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
+D = 16
+
+
+def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int):
+    """(kv_table [bs * nodes, stride] int32, row_lens [bs * nodes] int32, prefix_lens [bs]): request b's
+    nodes list its prefix's slots, then their ancestors' and their own (node 0 the root, each other
+    node's parent an earlier node)."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(num_slots, generator=gen).tolist()
+    stride = max(prefixes) + nodes
+    table = torch.zeros(len(prefixes) * nodes, stride, dtype=torch.int32)
+    lens = []
+    for b, prefix in enumerate(prefixes):
+        own = [slots.pop() for _ in range(prefix + nodes)]
+        parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, nodes)]
+        for i in range(nodes):
+            path, node = [], i
+            while node >= 0:
+                path.append(own[prefix + node])
+                node = parents[node]
+            row = own[:prefix] + path[::-1]
+            table[b * nodes + i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+            lens.append(len(row))
+    return table, torch.tensor(lens, dtype=torch.int32), torch.tensor(prefixes, dtype=torch.int64)
+
+
+def run(op, device, *, hq, hkv, prefixes, nodes, dtype, num_splits=None, plan_seqs=None, grouped=True, seed=0):
+    table, lens, prefix_lens = random_trees(prefixes, nodes, seed=seed, num_slots=max(prefixes) * 3 + 400)
+    num_slots = max(prefixes) * 3 + 400
+    k = rand(num_slots, hkv, D, dtype=dtype, device=device, seed=seed + 1)
+    v = rand(num_slots, hkv, D, dtype=dtype, device=device, seed=seed + 2)
+    q = rand(len(lens), hq, D, dtype=dtype, device=device, seed=seed + 3)
+    out = torch.full_like(q, float("nan"))
+    extra = dict(nodes_per_seq=nodes, prefix_lens=prefix_lens.to(device)) if grouped else {}
+    op(q, k, v, table.to(device), lens.to(device), out, sm_scale=D**-0.5, max_kv_len=max(prefixes) + 1,
+       plan_seqs=plan_seqs or len(prefixes), num_splits=num_splits, **extra)
+    return out
+
+
+CASES = [  # (hq, hkv, prefixes, nodes): GQA group, where prefixes end, tree size
+    (4, 2, [15, 16, 17], 5),  # group 2: 8 nodes a tile
+    (8, 2, [47, 3, 64], 8),  # group 4: two node groups a request
+    (3, 1, [33, 100], 7),  # group 3: 5 nodes a tile (one row left empty), then 2
+    (8, 1, [40], 4),  # group 8: 2 nodes a tile
+    (2, 2, [20, 31, 0], 18),  # MHA: 16 nodes a tile, then 2; a tree deeper than a tile
+]
+
+
+@pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("hq, hkv, prefixes, nodes", CASES)
+def test_node_groups_equal_the_per_node_grid_bit_for_bit(device, dtype, num_splits, hq, hkv, prefixes, nodes,
+                                                         monkeypatch):
+    args = dict(hq=hq, hkv=hkv, prefixes=prefixes, nodes=nodes, dtype=dtype, num_splits=num_splits)
+    launches = []
+    launch = kernels._launch_node_groups
+    monkeypatch.setattr(kernels, "_launch_node_groups", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    grouped = run(decode_attention_rows, device, **args)
+    assert launches == [1]  # the node-group grid ran
+    per_node = run(decode_attention_rows, device, grouped=False, **args)
+    assert grouped.isfinite().all()
+    assert torch.equal(grouped, per_node)
+    ref = run(decode_attention_rows_ref, device, grouped=False, **args)
+    tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    torch.testing.assert_close(grouped.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
+def test_node_groups_follow_the_decode_plan(device):
+    """The plan (``plan_seqs``: the decode batch's split count) changes the bits alike on both grids,
+    so the check above is not vacuous: a different split count gives different fp32 bits."""
+    args = dict(hq=8, hkv=2, prefixes=[90, 70], nodes=6, dtype=torch.float32)
+    one = run(decode_attention_rows, device, num_splits=1, **args)
+    three = run(decode_attention_rows, device, num_splits=3, **args)
+    assert not torch.equal(one, three)
+    torch.testing.assert_close(one, three, rtol=1e-5, atol=1e-5)
+
+
+def test_node_groups_check_their_arguments():
+    args = dict(hq=4, hkv=2, prefixes=[5, 6], nodes=3, dtype=torch.float32)
+    with pytest.raises(ValueError, match="nodes_per_seq=4"):
+        run(lambda *a, nodes_per_seq, **kw: decode_attention_rows(*a, nodes_per_seq=4, **kw), "cpu", **args)
+    with pytest.raises(ValueError, match="go together"):
+        run(lambda *a, prefix_lens, **kw: decode_attention_rows(*a, prefix_lens=None, **kw), "cpu", **args)

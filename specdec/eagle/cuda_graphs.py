@@ -1,11 +1,13 @@
-"""The draft head's two CUDA graphs, on the generic ``specdec.cuda_graph.CudaGraphRunner``.
+"""The draft head's CUDA graphs, on the generic ``specdec.cuda_graph.CudaGraphRunner``.
 
 * ``EAGLEDraftCudaGraphRunner``: the whole multi-step draft of a decode step (the requests' root
   expansions read from the ``DraftState``, S - 1 draft forwards, top-k selection, ancestor-slot
   bookkeeping, ``organize_draft_results``) as one graph.
-* ``EAGLEDraftExtendCudaGraphRunner``: the draft extend after verification, over S + 1 tokens per
-  request: the committed ones, then padding whose K/V goes to the draft's padding slot; the new
-  root expansions are stored into the ``DraftState`` inside the graph (padding requests: its pad row).
+* ``EAGLEDraftExtendCudaGraphRunner``: a draft extend over a fixed number of tokens per request;
+  the new root expansions are stored into the ``DraftState`` inside the graph (padding requests:
+  its pad row). The worker captures it twice: after verification over S + 1 tokens per request
+  (the committed ones, then padding whose K/V goes to the draft's padding slot), and for plain
+  steps over the one committed token per request (no padding rows through the draft head).
 
 Reading and writing the state inside the graphs spares the eager gathers, scatters and input copies
 between them (about ten small kernels a decode step).
@@ -93,25 +95,32 @@ class EAGLEDraftExtendCudaGraphRunner:
         device: torch.device,
         use_graphs: bool = True,
         pool=None,
+        name: str = "draft extend",
     ) -> None:
+        """``num_tokens_per_req`` t: each request's tokens, its committed ones first (the input
+        ``num_committed`` says how many; with t = 1 there is no such input: the one token is)."""
         t = num_tokens_per_req
         backend = draft.attn_backend
         self.needs_host_lengths = backend.plans_on_host
+        self.num_tokens_per_req = t
 
         def plan(padded: int, views, seq_lens_cpu: list[int] | None) -> None:
             backend.plan_static(StaticPlan(ForwardMode.DRAFT_EXTEND, padded_lengths(seq_lens_cpu, padded), q_len=t, own=t,
                                            max_seq_len=max_seq_len, device=device))
 
-        def extend(input_ids, features, positions, out_cache_loc, req_pool_indices, seq_lens, num_committed,
-                   state_rows):
+        def extend(input_ids, features, positions, out_cache_loc, req_pool_indices, seq_lens, state_rows,
+                   num_committed=None):
             bs = req_pool_indices.shape[0]
-            output_rows = torch.arange(bs, device=seq_lens.device) * t + num_committed - 1
+            output_rows = None  # t = 1: each row is its request's committed token
+            if num_committed is not None:  # the root expansion at each request's last committed token
+                output_rows = torch.arange(bs, device=seq_lens.device) * t + num_committed - 1
             root = draft.extend(input_ids=input_ids, features=features, positions=positions,
                                 out_cache_loc=out_cache_loc, req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
                                 extend_lens_cpu=[t] * bs, output_rows=output_rows, static_max_seq_len=max_seq_len)
             state.store(state_rows, *root)
             return root
 
+        committed = [StaticInput("num_committed", 1, torch.int64, pad_value=1)] if t > 1 else []
         self.runner = CudaGraphRunner(
             extend,
             [
@@ -121,10 +130,10 @@ class EAGLEDraftExtendCudaGraphRunner:
                 StaticInput("out_cache_loc", t, torch.int64, pad_value=pad_slot),
                 StaticInput("req_pool_indices", 1, torch.int64),
                 StaticInput("seq_lens", 1, torch.int64),
-                StaticInput("num_committed", 1, torch.int64, pad_value=1),
+                *committed,
                 StaticInput("state_rows", 1, torch.int64, pad_value=state.pad_row),
             ],
-            batch_sizes, device=device, use_graphs=use_graphs, pool=pool, name="draft extend",
+            batch_sizes, device=device, use_graphs=use_graphs, pool=pool, name=name,
             prepare=plan if self.needs_host_lengths else None,
         )
 

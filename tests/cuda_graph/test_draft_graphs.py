@@ -1,7 +1,8 @@
 """The draft head's graphs read and write the ``DraftState`` themselves (run eagerly on CPU, the same
 code path as replay): the draft loop's root expansions come from the requests' rows; the draft
 extend stores each request's new root expansion in its row, and its padding requests' in the pad
-row, never in a live request's row (a padding request's ``req_pool_indices`` entry is 0)."""
+row, never in a live request's row (a padding request's ``req_pool_indices`` entry is 0); a plain
+step's one-token draft extend takes each request's one row, with no committed counts."""
 
 import types
 
@@ -14,10 +15,12 @@ K, HIDDEN, T, MAX_REQS = 2, 4, 3, 10
 
 
 def stub_draft():
-    """A DraftRunner stand-in: ``extend`` returns the features at each request's output row as its
-    root expansion; ``expand`` returns the root it was given."""
+    """A DraftRunner stand-in: ``extend`` returns the features at each request's output row (None:
+    one row a request) as its root expansion; ``expand`` returns the root it was given."""
 
     def extend(*, input_ids, features, output_rows, **_):
+        if output_rows is None:
+            output_rows = torch.arange(input_ids.shape[0])
         picked = features[output_rows]  # [bs, HIDDEN]
         return picked[:, :K].clone(), input_ids[output_rows][:, None].repeat(1, K), picked.clone()
 
@@ -57,6 +60,23 @@ def test_draft_extend_stores_rows_and_padding_in_the_pad_row():
     for now, then in zip((state.topk_p, state.topk_index, state.hidden), before):
         assert torch.equal(now[untouched], then[untouched])
     assert not torch.equal(state.hidden[state.pad_row], before[2][state.pad_row])  # the padding request's
+
+
+def test_one_token_draft_extend_stores_each_requests_row():
+    state = state_with_rows()
+    runner = EAGLEDraftExtendCudaGraphRunner(
+        stub_draft(), state, batch_sizes=[2, 4], num_tokens_per_req=1, feature_size=HIDDEN,
+        feature_dtype=torch.float32, pad_slot=99, max_seq_len=64, device=torch.device("cpu"), use_graphs=False)
+    assert set(runner.runner.inputs) == {"input_ids", "features", "positions", "out_cache_loc", "req_pool_indices",
+                                         "seq_lens", "state_rows"}  # no committed counts: the one token is
+    rows = torch.tensor([5, 2, 7])  # bs 3, replayed at 4: one padding request
+    features, input_ids = torch.randn(3, HIDDEN), torch.tensor([501, 502, 503])
+    out = runner(input_ids=input_ids, features=features, positions=torch.tensor([4, 9, 6]),
+                 out_cache_loc=torch.tensor([40, 41, 42]), req_pool_indices=rows, seq_lens=torch.tensor([4, 9, 6]),
+                 state_rows=rows)
+    assert torch.equal(out[2], features) and torch.equal(state.hidden[rows], features)
+    assert torch.equal(state.topk_index[rows], input_ids[:, None].repeat(1, K))
+    assert runner.runner.buffers["out_cache_loc"][3].item() == 99  # the padding request's token: the pad slot
 
 
 def test_draft_loop_reads_the_requests_rows():

@@ -233,7 +233,7 @@ def count_decode_steps(engine, *, steps: int, warmup: int = 2) -> DecodeOps:
     workers = list(getattr(worker, "workers", {}).values()) or [worker]
     runners = list(engine.runner.graphs.values())
     for w in workers:
-        runners += [g.runner for g in (w.draft_graph, w.draft_extend_graph) if g is not None]
+        runners += [g.runner for g in w.draft_graphs()]
     undo = _patch_triton(counter) + _patch_graphs(counter, runners)
     launch, read = decoder.launch, decoder.read
     decoder.launch = lambda *a, **kw: _in_phase(counter, "launch", launch, *a, **kw)

@@ -12,7 +12,8 @@ lossless speculative step, and a plain step is an ordinary decode step.
 Each shape's verify and draft-loop CUDA graphs are captured only at the batch sizes whose verify
 has at most ``max_verify_rows`` rows (``policy.graph_batch_sizes``), and the policy chooses a shape
 only there (``max_batch``): larger trees at large batches never pay and their graphs' logits would
-hold gigabytes. The draft extend, which plain steps run too, is captured at every size.
+hold gigabytes. Each shape's draft extend is captured at every size, and so is the plain steps'
+one-token draft extend, once: plain steps run on ``base``.
 
 The policy (``AdaptivePolicy``) needs step costs, measured at start-up by the host
 (``specdec.engine.spec_profile``); until it has them, ``force`` decides (default: the configured
@@ -121,14 +122,16 @@ class AdaptiveEAGLEWorker:
             worker.timer = timer
 
     def capture_cuda_graphs(self, *, batch_sizes: list[int], **kw) -> int:
-        """Every shape's draft loop (at its ``graph_sizes``) and draft extend graphs
-        (``EAGLEWorker.capture_cuda_graphs``); from now on a shape is chosen only up to its largest
-        captured size, unless that is the largest of all (past it every choice runs eagerly)."""
+        """Every shape's draft loop (at its ``graph_sizes``) and draft extend graphs, and the plain
+        steps' draft extend on ``base`` (``EAGLEWorker.capture_cuda_graphs``); from now on a shape
+        is chosen only up to its largest captured size, unless that is the largest of all (past it
+        every choice runs eagerly)."""
         total = 0
         self.max_batch.clear()  # NOTE: in place: the policy reads this dict
         for shape, worker in self.workers.items():
             sizes = self.graph_sizes(shape, batch_sizes)
-            total += worker.capture_cuda_graphs(batch_sizes=batch_sizes, draft_batch_sizes=sizes, **kw)
+            total += worker.capture_cuda_graphs(batch_sizes=batch_sizes, draft_batch_sizes=sizes,
+                                                plain_steps=worker is self.base, **kw)
             if sizes[-1] < max(batch_sizes):
                 self.max_batch[shape.name] = sizes[-1]
         return total

@@ -18,10 +18,12 @@ Worked example: prompt a b c (positions 0..2), first sampled token d; step 1 acc
     prefill extend   b@0 c@1 d@2 (features of a b c)        a@0 b@1 c@2, d@park
     step 1 draft     prefix 0..2, frontier from 3           move park -> slot(3); prefix 0..3, frontier from 4
     step 1 extend    e@3 f@4 (features of d e)              e@4, f@park
+    (or a plain step 1, committing e alone)
+    plain extend     e@3 (feature of d)                     move park -> slot(3); e@park
 
 Both draft extends after a verify read the same committed tokens (accepted, then the bonus) and
 take the root expansion at the bonus's row; the aligned one sits one position later, its last
-token parked.
+token parked. A plain step's draft extend reads its one committed token (``plain_slots``: where).
 """
 
 from __future__ import annotations
@@ -72,18 +74,16 @@ class ShiftedInputs:
     def place_root(self, kv, rows: torch.Tensor, root_slots: torch.Tensor) -> None:
         """Nothing to move: the root's draft K/V is in the host's slot before it."""
 
-    def committed_slots(
+    def plain_slots(
         self,
-        slots: torch.Tensor,  # [bs, S+1] slots of positions seq_len + i (committed where i <= k)
-        accept_length: torch.Tensor,  # [bs] k
+        root_slots: torch.Tensor,  # [bs] slots of the roots' position seq_len
         rows: torch.Tensor,  # [bs] request rows
-        pad_slot: torch.Tensor,  # [] the draft's padding slot
-        offsets: torch.Tensor,  # [S+1] 0 .. S
         *,
-        out: torch.Tensor,  # [bs, S+1] written
-    ) -> torch.Tensor:
-        """Where the committed-tokens extend writes: committed token i at position seq_len + i."""
-        return torch.where(offsets[None, :] <= accept_length[:, None], slots, pad_slot, out=out)
+        out: torch.Tensor | None = None,  # [bs] written where given
+    ) -> torch.Tensor:  # [bs]
+        """Where a plain step's draft extend writes its committed token: at position seq_len, the
+        root's slot."""
+        return root_slots if out is None else out.copy_(root_slots)
 
 
 class AlignedInputs:
@@ -127,13 +127,10 @@ class AlignedInputs:
         """Move each root's parked draft K/V into its slot (position seq_len): [bs] each."""
         kv.move((self.park_base + rows)[:, None], root_slots.reshape(-1, 1).contiguous())
 
-    def committed_slots(self, slots, accept_length, rows, pad_slot, offsets, *, out) -> torch.Tensor:
-        """Committed token i at position seq_len + 1 + i: accepted ones (i < k) into the slots of
-        the positions after the root, the bonus (i = k) into the row's parking slot, then padding."""
-        k = accept_length[:, None]  # [bs, 1]
-        after_root = torch.roll(slots, -1, 1)  # [bs, S+1] column i: position seq_len + 1 + i (i < S)
-        torch.where(offsets[None, :] < k, after_root, pad_slot, out=out)
-        return torch.where(offsets[None, :] == k, (self.park_base + rows)[:, None], out, out=out)
+    def plain_slots(self, root_slots, rows, *, out=None) -> torch.Tensor:
+        """A plain step's committed token sits at position seq_len + 1, whose host slot does not
+        exist yet: it goes to the row's parking slot."""
+        return torch.add(rows, self.park_base, out=out)
 
 
 def draft_inputs(standalone: bool, park_base: int | None) -> ShiftedInputs | AlignedInputs:

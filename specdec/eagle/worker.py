@@ -20,6 +20,8 @@ a host may launch the next step from the pending one's device tensors first (ove
 ``slots_reserved``).
 Every tensor between has a shape fixed by the batch size, so the draft loop and the draft extend
 replay CUDA graphs (``capture_cuda_graphs``) and the host's runner may replay the verify forward.
+A plain step (``launch_decode_plain``: the target decodes one token, no tree) keeps the draft in
+step with a draft extend over that one token per request, which replays a graph of its own.
 """
 
 from __future__ import annotations
@@ -119,11 +121,10 @@ class EAGLEWorker:
             replay_seed=self.simulate_seed,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
-        self.extend_offsets = torch.arange(config.num_steps + 1, device=self.device)  # [S + 1] committed token i
-        self.pad_slot_value = torch.tensor(self.pad_slot, device=self.device)  # [] (torch.where(out=) takes tensors)
         self.verifier = TreeVerifier(config, generator=generator, replay=self.replay, simulate_seed=self.simulate_seed)
         self.draft_graph: EAGLEDraftCudaGraphRunner | None = None
-        self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None
+        self.draft_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None  # verified steps: S + 1 tokens
+        self.plain_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None  # plain steps: 1 token
         # set by a benchmark to time the phases of each decode step
         self.timer: PhaseTimer | None = None
 
@@ -135,14 +136,15 @@ class EAGLEWorker:
     @torch.inference_mode()
     def capture_cuda_graphs(
         self, *, batch_sizes: list[int], max_seq_len: int, target_features: int, target_dtype: torch.dtype,
-        use_graphs: bool = True, pool=None, draft_batch_sizes: list[int] | None = None,
+        use_graphs: bool = True, pool=None, draft_batch_sizes: list[int] | None = None, plain_steps: bool = True,
     ) -> int:
-        """Capture the draft loop and the draft extend for each batch size; returns their bytes.
+        """Capture the draft loop and the draft extends for each batch size; returns their bytes.
 
         ``max_seq_len`` bounds every request's length (it sizes the attention plans);
         ``use_graphs=False`` runs the same padded static path eagerly (for tests on CPU);
         ``draft_batch_sizes`` (default ``batch_sizes``) limits the draft loop's graphs (the draft
-        extend, which plain steps run too, is captured at every size).
+        extends are captured at every size); ``plain_steps``: capture the plain steps' one-token
+        draft extend too (False: this worker runs no plain steps, e.g. a non-base adaptive shape).
         """
         if max(batch_sizes) > self.max_batch_size:
             raise ValueError(f"--cuda-graph-max-bs={max(batch_sizes)} exceeds "
@@ -150,18 +152,24 @@ class EAGLEWorker:
         common = dict(max_seq_len=max_seq_len, device=self.device, use_graphs=use_graphs, pool=pool)
         self.draft_graph = EAGLEDraftCudaGraphRunner(self.draft, self.state,
                                                      batch_sizes=draft_batch_sizes or batch_sizes, **common)
+        extend = dict(feature_size=target_features if self.inputs.needs_features else 0, feature_dtype=target_dtype,
+                      pad_slot=self.pad_slot, batch_sizes=batch_sizes, **common)
         self.draft_extend_graph = EAGLEDraftExtendCudaGraphRunner(
-            self.draft, self.state, num_tokens_per_req=self.config.num_steps + 1,
-            feature_size=target_features if self.inputs.needs_features else 0,
-            feature_dtype=target_dtype, pad_slot=self.pad_slot, batch_sizes=batch_sizes, **common)
-        return self.draft_graph.capture() + self.draft_extend_graph.capture()
+            self.draft, self.state, num_tokens_per_req=self.config.num_steps + 1, **extend)
+        if plain_steps:
+            self.plain_extend_graph = EAGLEDraftExtendCudaGraphRunner(
+                self.draft, self.state, num_tokens_per_req=1, name="plain draft extend", **extend)
+        return sum(graph.capture() for graph in self.draft_graphs())
 
     def release_cuda_graphs(self) -> None:
-        """Destroy the draft and draft-extend graphs; both run eagerly from now on."""
-        for graph in (self.draft_graph, self.draft_extend_graph):
-            if graph is not None:
-                graph.runner.release()
-        self.draft_graph = self.draft_extend_graph = None
+        """Destroy the draft and draft-extend graphs; they run eagerly from now on."""
+        for graph in self.draft_graphs():
+            graph.runner.release()
+        self.draft_graph = self.draft_extend_graph = self.plain_extend_graph = None
+
+    def draft_graphs(self) -> list[EAGLEDraftCudaGraphRunner | EAGLEDraftExtendCudaGraphRunner]:
+        """The draft graphs captured (or set up to run the padded path eagerly)."""
+        return [g for g in (self.draft_graph, self.draft_extend_graph, self.plain_extend_graph) if g is not None]
 
     # ---------------------------------------------------------------- prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
@@ -299,8 +307,9 @@ class EAGLEWorker:
 
         Used when speculation is off for these requests (per request, or above the batch-size
         threshold): the target decodes the root, then the draft head extends over the one
-        committed token, so the requests can speculate again in any later step. Slots as in
-        ``launch_decode``, for one position per request.
+        committed token (one row per request: ``_draft_extend_plain``), so the requests can
+        speculate again in any later step. Slots as in ``launch_decode``, for one position per
+        request.
         """
         bs = int(req_pool_indices.shape[0])
         out_cache_loc = step_slots(self.memory, req_pool_indices, seq_lens, 1, seq_lens_cpu=seq_lens_cpu,
@@ -315,15 +324,7 @@ class EAGLEWorker:
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)  # [bs]
         pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
-        # the committed-tokens draft extend with one token per request (its graph replays)
-        width = self.config.num_steps + 1
-        device = next_ids.device
-        tokens = torch.zeros(bs, width, dtype=next_ids.dtype, device=device)  # [bs, S + 1]
-        tokens[:, 0] = next_ids
-        nodes = torch.arange(bs, device=device)[:, None].expand(bs, width)  # rows of out.hidden_states
-        self._draft_extend_committed(req_pool_indices, seq_lens, seq_lens_cpu,
-                                     torch.zeros(bs, dtype=torch.long, device=device), nodes, tokens,
-                                     out.hidden_states, out_cache_loc[:, None].expand(bs, width))
+        self._draft_extend_plain(req_pool_indices, seq_lens, seq_lens_cpu, next_ids, out.hidden_states, out_cache_loc)
         return pending
 
     # ---------------------------------------------------------------- phases
@@ -386,44 +387,34 @@ class EAGLEWorker:
         )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
 
-    def _draft_extend_committed(self, req_pool_indices, seq_lens, seq_lens_cpu, accept_length: torch.Tensor,
-                                nodes, tokens, features, slots) -> None:
-        """A plain step's draft extend over S + 1 tokens per request: the committed one
-        (accept_length + 1, [bs]), then padding; replays the draft-extend graph where one is
-        captured for the batch, whose inputs are computed straight into its buffers and which
-        stores the new root expansions.
-        ``features`` (None for a standalone draft) are read by EAGLE heads only."""
-        bs, width = tokens.shape
-        device = tokens.device
-        offsets = self.extend_offsets  # [width]
-        # the draft KV before the committed tokens: up to the root (EAGLE) or with it (standalone)
-        prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
+    def _draft_extend_plain(
+        self,
+        req_pool_indices: torch.Tensor,  # [bs]
+        seq_lens: torch.Tensor,  # [bs] tokens in KV before the step (the root is not)
+        seq_lens_cpu: list[int] | None,
+        next_ids: torch.Tensor,  # [bs] the committed token
+        features: torch.Tensor | None,  # [bs, target_features] the target's at the root (EAGLE heads only)
+        root_slots: torch.Tensor,  # [bs] the slots of the roots' position seq_len
+    ) -> None:
+        """A plain step's draft extend over its one committed token per request, which stores the
+        new root expansions; replays the one-token draft-extend graph where one is captured for
+        the batch. The draft KV before the token: up to the root (EAGLE) or with it (standalone)."""
+        bs = int(req_pool_indices.shape[0])
+        prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)  # the token's position, [bs]
+        needs = self.inputs.needs_features
+        graph = self.plain_extend_graph
+        if graph is not None and graph.can_run(bs, prefix_cpu):
+            def write_slots(rows):
+                self.inputs.plain_slots(root_slots, req_pool_indices, out=rows)
 
-        def write_slots(rows):
-            self.inputs.committed_slots(slots, accept_length, req_pool_indices, self.pad_slot_value, offsets,
-                                        out=rows.view(bs, width))
-
-        if self.draft_extend_graph is not None and self.draft_extend_graph.can_run(bs, prefix_cpu):
-            self.draft_extend_graph(
-                seq_lens_cpu=prefix_cpu,
-                input_ids=tokens.flatten(),
-                features=(lambda rows: torch.index_select(features, 0, nodes.flatten(), out=rows))
-                if self.inputs.needs_features else (lambda rows: None),
-                positions=lambda rows: torch.add(prefix[:, None], offsets, out=rows.view(bs, width)),
-                out_cache_loc=write_slots,
-                req_pool_indices=req_pool_indices,
-                seq_lens=prefix,
-                num_committed=lambda rows: torch.add(accept_length, 1, out=rows),
-                state_rows=req_pool_indices,
-            )
+            graph(seq_lens_cpu=prefix_cpu, input_ids=next_ids, features=features if needs else (lambda rows: None),
+                  positions=prefix, out_cache_loc=write_slots, req_pool_indices=req_pool_indices, seq_lens=prefix,
+                  state_rows=req_pool_indices)
             return
-        out_cache_loc = torch.empty(bs * width, dtype=torch.int64, device=device)
-        write_slots(out_cache_loc)
         topk_p, topk_index, hidden = self.draft.extend(
-            input_ids=tokens.flatten(), features=features[nodes.flatten()] if self.inputs.needs_features else None,
-            positions=(prefix[:, None] + offsets).flatten(), out_cache_loc=out_cache_loc,
-            req_pool_indices=req_pool_indices, prefix_lens=prefix, extend_lens_cpu=[width] * bs,
-            prefix_lens_cpu=prefix_cpu, output_rows=torch.arange(bs, device=device) * width + accept_length,
+            input_ids=next_ids, features=features if needs else None, positions=prefix,
+            out_cache_loc=self.inputs.plain_slots(root_slots, req_pool_indices), req_pool_indices=req_pool_indices,
+            prefix_lens=prefix, extend_lens_cpu=[1] * bs, prefix_lens_cpu=prefix_cpu,
         )
         self.state.store(req_pool_indices, topk_p, topk_index, hidden)
 

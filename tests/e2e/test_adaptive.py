@@ -107,8 +107,9 @@ def test_large_trees_get_graphs_and_are_chosen_only_up_to_the_verify_row_cap(tmp
     """--speculative-adaptive-max-verify-rows 8 over sizes 1, 2, 4: the (3, 2, 5) tree is captured
     (verify and draft loop) at bs 1 only, the 2- and 3-step chains and the trees of as many nodes
     to bs 2, the 1-step chain at
-    every size, the draft extend at every size; a policy that prefers the tree takes it at bs 1
-    and never past its graphs, and the output is plain greedy decoding's."""
+    every size, the draft extends at every size (the plain steps' one-token extend once, on the
+    base worker); a policy that prefers the tree takes it at bs 1 and never past its graphs, and
+    the output is plain greedy decoding's."""
     from specdec.forward import CaptureHiddenMode, ForwardMode
 
     target, draft = make_pair("EAGLE", "mixed")
@@ -129,6 +130,8 @@ def test_large_trees_get_graphs_and_are_chosen_only_up_to_the_verify_row_cap(tmp
     assert verify == {2: [1, 2, 4], 3: [1, 2], 4: [1, 2], 5: [1]}
     tree = worker.workers[SpecShape(3, 2, 5)]
     assert tree.draft_graph.runner.batch_sizes == [1] and tree.draft_extend_graph.runner.batch_sizes == [1, 2, 4]
+    assert worker.base is tree and tree.plain_extend_graph.runner.batch_sizes == [1, 2, 4]
+    assert all(w.plain_extend_graph is None for w in worker.workers.values() if w is not tree)
     choices = []
     choose = worker.policy.choose
     worker.policy.choose = lambda bs, ctx: choices.append((bs, choose(bs, ctx))) or choices[-1][1]
@@ -204,8 +207,9 @@ def test_profile_stops_at_the_batch_the_kv_cache_holds(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size,overlap", [(1, True), (16, False)])
 def test_gpu_choices_replaying_graphs_are_lossless(page_size, overlap, tmp_path):
-    """On CUDA every shape's draft, verify and draft-extend graphs and the plain decode graph
-    replay in one run, switching every step; fp32 keeps the comparison exact."""
+    """On CUDA every shape's draft, verify and draft-extend graphs and the plain decode graph and
+    its one-token draft extend replay in one run, switching every step; fp32 keeps the comparison
+    exact."""
     target, draft = make_pair("EAGLE3", "mixed")
     target, draft = target.cuda(), draft.cuda()
     prompts = prompts_of([5, 12, 3, 9, 30, 7], target.config.vocab_size, seed=9)
@@ -219,4 +223,6 @@ def test_gpu_choices_replaying_graphs_are_lossless(page_size, overlap, tmp_path)
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     assert {name for g in got for name in g["meta_info"]["spec_shapes"]} == {PLAIN} | {
         s.name for s in spec.worker.shapes}
+    plain_extend = spec.worker.base.plain_extend_graph.runner
+    assert plain_extend.use_graphs and plain_extend.num_calls > 0
     assert_no_leak(spec)

@@ -6,6 +6,7 @@ The GPU tests replay the same path as real graphs (tests/e2e/test_gpu_cuda_graph
 """
 
 import pytest
+import torch
 
 from specdec.forward import CaptureHiddenMode, ForwardMode
 
@@ -26,6 +27,7 @@ def _graph_calls(eng) -> dict[str, int]:
     if eng.worker is not None:
         calls["draft"] = eng.worker.draft_graph.runner.num_calls
         calls["draft extend"] = eng.worker.draft_extend_graph.runner.num_calls
+        calls["plain draft extend"] = eng.worker.plain_extend_graph.runner.num_calls
     return calls
 
 
@@ -82,13 +84,101 @@ def test_shutdown_releases_the_graphs_and_the_engine_runs_eagerly():
     expected = engine(target).generate(input_ids=prompts, sampling_params=_params())
     spec = engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4))
     spec.capture_cuda_graphs(SIZES, use_graphs=False)
-    runners = [*spec.runner.graphs.values(), spec.worker.draft_graph.runner, spec.worker.draft_extend_graph.runner]
+    runners = [*spec.runner.graphs.values(), *(g.runner for g in spec.worker.draft_graphs())]
+    assert len(runners) == len(spec.runner.graphs) + 3  # the draft loop, the verified and the plain draft extends
     spec.shutdown()
-    assert not spec.runner.graphs and spec.worker.draft_graph is None and spec.worker.draft_extend_graph is None
+    assert not spec.runner.graphs and spec.worker.draft_graphs() == []
     assert spec.cuda_graph_bytes == 0 and all(not r.use_graphs and not r._graphs for r in runners)
     got = spec.generate(input_ids=prompts, sampling_params=_params())
     assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
     assert sum(r.num_calls for r in runners) == 0
+    assert_no_leak(spec)
+
+
+def _wide_plain_extend(worker, rows, seq_lens, seq_lens_cpu, next_ids, features, root_slots) -> None:
+    """A plain step's draft extend as it ran before it had a graph of its own (issue #40), eagerly:
+    the verified steps' S + 1 tokens a request, the committed one first, then padding that writes
+    the draft's padding slot; the root expansion read at each request's first row and stored."""
+    bs, width = len(rows), worker.config.num_steps + 1
+    prefix, prefix_cpu = worker.inputs.draft_lens(seq_lens, seq_lens_cpu)
+    tokens = torch.zeros(bs, width, dtype=torch.int64)
+    tokens[:, 0] = next_ids
+    slots = torch.full((bs, width), worker.pad_slot, dtype=torch.int64)
+    # the committed token's slot: position seq_len's (a head), or the row's parking slot (standalone)
+    slots[:, 0] = root_slots if worker.inputs.park_base < 0 else worker.inputs.park_base + rows
+    root = worker.draft.extend(
+        input_ids=tokens.flatten(),
+        features=features.repeat_interleave(width, 0) if worker.inputs.needs_features else None,
+        positions=(prefix[:, None] + torch.arange(width)).flatten(), out_cache_loc=slots.flatten(),
+        req_pool_indices=rows, prefix_lens=prefix, extend_lens_cpu=[width] * bs, prefix_lens_cpu=prefix_cpu,
+        output_rows=torch.arange(bs) * width)
+    worker.state.store(rows, *root)
+
+
+def _draft_memory(worker) -> list[torch.Tensor]:
+    """The draft's state rows and KV slots, but the pad row and slot (padding requests write there)."""
+    state, kv = worker.state, worker.draft_kv
+    live_rows = torch.arange(state.pad_row)
+    live_slots = torch.arange(kv.num_slots) != worker.pad_slot
+    return [state.topk_p[live_rows].clone(), state.topk_index[live_rows].clone(), state.hidden[live_rows].clone(),
+            kv.k[:, live_slots].clone(), kv.v[:, live_slots].clone()]
+
+
+def _restore(worker, memory: list[torch.Tensor]) -> None:
+    state, kv = worker.state, worker.draft_kv
+    live_slots = torch.arange(kv.num_slots) != worker.pad_slot
+    state.topk_p[: state.pad_row], state.topk_index[: state.pad_row], state.hidden[: state.pad_row] = memory[:3]
+    kv.k[:, live_slots], kv.v[:, live_slots] = memory[3:]
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
+def test_plain_steps_extend_the_draft_one_row_a_request(algorithm, graphs):
+    """Above the batch-size threshold steps decode plainly; each one's draft extend (its graph,
+    padded to the captured sizes [2, 8] and run eagerly, or no graph at all) runs one row a request
+    through the draft, and leaves the draft's state and KV cache as the S + 1-token extend plain
+    steps ran before did (``_wide_plain_extend``, from the same memory); greedy output stays plain
+    decoding's."""
+    from .test_standalone import mixed_pair
+
+    target, draft = mixed_pair() if algorithm == "STANDALONE" else make_pair(algorithm, "mixed")  # drafts right often
+    prompts = prompts_of(LENGTHS, target.config.vocab_size, seed=7)
+    expected = engine(target).generate(input_ids=prompts, sampling_params=_params())
+    spec = engine(target, draft, algorithm=algorithm, shape=(3, 1, 4), speculative_batch_size_threshold=3)
+    worker = spec.worker
+    if graphs:
+        spec.capture_cuda_graphs(SIZES, use_graphs=False)
+        assert worker.plain_extend_graph.num_tokens_per_req == 1
+        assert "num_committed" not in worker.plain_extend_graph.runner.inputs
+    graph = worker.plain_extend_graph  # None: every plain step runs eagerly
+    forwards = []  # (mode, rows, requests) of each draft forward
+    model_forward = worker.draft.model.forward
+    worker.draft.model.forward = lambda batch: forwards.append(
+        (batch.forward_mode, batch.num_tokens, batch.batch_size)) or model_forward(batch)
+    extend, checked = worker._draft_extend_plain, []
+
+    def checked_extend(rows, seq_lens, seq_lens_cpu, next_ids, features, root_slots):
+        before = _draft_memory(worker)
+        _wide_plain_extend(worker, rows, seq_lens, seq_lens_cpu, next_ids, features, root_slots)
+        wide = _draft_memory(worker)
+        _restore(worker, before)
+        forwards.clear()
+        calls = graph.runner.num_calls if graph else 0
+        extend(rows, seq_lens, seq_lens_cpu, next_ids, features, root_slots)
+        bs = graph.runner.padded_size(len(rows)) if graph else len(rows)
+        assert graph is None or graph.runner.num_calls == calls + 1
+        assert forwards == [(ForwardMode.DRAFT_EXTEND, bs, bs)]  # one row a request (padding requests included)
+        got = _draft_memory(worker)
+        assert torch.equal(got[1], wide[1])  # the root children's ids
+        for ours, theirs in zip(got, wide):
+            torch.testing.assert_close(ours, theirs)
+        checked.append(len(rows))
+
+    worker._draft_extend_plain = checked_extend
+    got = spec.generate(input_ids=prompts, sampling_params=_params())
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert checked and max(checked) > 3 and set(checked) - set(SIZES)  # padded plain steps too
+    assert sum(sum(g["meta_info"]["spec_accept_lengths"]) for g in got) > 0  # speculative steps between them
     assert_no_leak(spec)
 
 

@@ -66,11 +66,24 @@ def test_worked_example():
     assert aligned.host[0, 6:9].tolist() == [0, 2, -1]
 
 
+def committed_slots(slots: torch.Tensor, accept_length: torch.Tensor, rows: torch.Tensor, *, pad_slot: int,
+                    park_base: int) -> torch.Tensor:  # [bs, W]
+    """The draft extend's slots as the worker's torch ops wrote them: ``slots`` [bs, W] are those of
+    positions seq_len + i. Shifted draft (park_base -1): committed token i (i <= k) at seq_len + i.
+    Aligned: at seq_len + 1 + i, accepted ones (i < k) in the slots after the root, the bonus (i = k)
+    in the row's parking slot. Then padding."""
+    k, i = accept_length[:, None], torch.arange(slots.shape[1])[None, :]
+    if park_base < 0:
+        return torch.where(i <= k, slots, pad_slot)
+    after_root = torch.roll(slots, -1, 1)  # column i: position seq_len + 1 + i (i < W - 1)
+    return torch.where(i < k, after_root, torch.where(i == k, (park_base + rows)[:, None], pad_slot))
+
+
 @pytest.mark.parametrize("park_base", [-1, 300])
 @pytest.mark.parametrize("bs,n,w", [(1, 2, 2), (5, 8, 6), (7, 4, 4)])
 def test_reference_equals_the_torch_chain_it_replaces(bs, n, w, park_base):
     """What the worker computed op by op before the fused launch (compact_accepted_kv_locs, the
-    committed tokens, the host columns, ShiftedInputs / AlignedInputs.committed_slots)."""
+    committed tokens, the host columns, the draft extend's slots: ``committed_slots``)."""
     from specdec.eagle.draft_inputs import AlignedInputs, ShiftedInputs
 
     rng = random.Random(bs * 100 + n)
@@ -84,8 +97,7 @@ def test_reference_equals_the_torch_chain_it_replaces(bs, n, w, park_base):
     nodes = accept.long().clamp(min=0)
     tokens = predicts.long()[nodes]
     inputs = ShiftedInputs() if park_base < 0 else AlignedInputs(park_base)
-    slots = inputs.committed_slots(dst, ks, rows, torch.tensor(pad), torch.arange(w),
-                                   out=torch.empty(bs, w, dtype=torch.long))
+    slots = committed_slots(dst, ks, rows, pad_slot=pad, park_base=park_base)
     prefix, _ = inputs.draft_lens(seq_lens, None)
     local = accept.long() - (torch.arange(bs) * n)[:, None]
     host = torch.cat([rows[:, None], seq_lens[:, None], ks[:, None], tokens, torch.where(accept >= 0, local, -1),

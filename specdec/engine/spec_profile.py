@@ -47,8 +47,9 @@ logger = logging.getLogger(__name__)
 # 5: a shape measured only up to its largest captured batch size, verify GEMMs of 33-64 rows;
 # 6: the slope past LONG_CTX, the draft's bookkeeping kernels, the merge of split partials;
 # 7: the draft step's shared-prefix attention, streaming decode tiles, narrow new-token tiles,
-#    8 steps a timed block; 8: past 64 requests only powers of two and each shape's last size measured)
-PROFILE_FORMAT = 8
+#    8 steps a timed block; 8: past 64 requests only powers of two and each shape's last size measured;
+# 9: a plain step's draft extend over its one token a request, not S + 1)
+PROFILE_FORMAT = 9
 BASE_CTX = 64
 LONG_CTX = 1024
 FAR_CTX = 4096

@@ -107,7 +107,9 @@ def _node_group_kernel(
         m_i, l_i, acc = attend_tile(q, K, V, slot, offs_n < t_hi, visible, kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
                                     DOT_PRECISION)
-    for start in range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N):  # each node's ancestors: its own tile
+    # each node's ancestors: its own tile (one or two tiles, unpipelined: the prefix loop's buffers fill
+    # the shared memory the decode plan sized for one loop)
+    for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
         offs_n = start + tl.arange(0, BLOCK_N)
         for j in tl.static_range(NODES):
             mine = (node == j) & row_valid  # [BLOCK_H]

@@ -2,8 +2,9 @@
 tiles) against the per-node grid, bit for bit, and both against the reference.
 
 Random trees of several requests over shuffled slots: prefixes that end inside a tile, on a tile's
-edge and past several tiles, trees deeper than a tile's tail, node groups that fill a tile, leave it
-part empty and split a request over several programs (GQA groups 1-8), one or several KV splits.
+edge and past several tiles, trees deeper than a tile's tail, node groups that fill a query tile,
+leave it part empty, take a program's two query tiles or several programs (GQA groups 1-8), one or
+several KV splits.
 CPU runs the kernels interpreted (16-entry tiles); the GPU test compiles them (the tensor-core
 products whose rows must not depend on their tile's other rows are the point there)."""
 
@@ -60,7 +61,8 @@ def run(op, device, *, hq, hkv, prefixes, nodes, dtype, num_splits=None, plan_se
 
 CASES = [  # (hq, hkv, prefixes, nodes): GQA group, where prefixes end, tree size
     (4, 2, [15, 16, 17], 5),  # group 2: 8 nodes a tile
-    (8, 2, [47, 3, 64], 8),  # group 4: two node groups a request
+    (8, 2, [47, 3, 64], 8),  # group 4: two query tiles of 4 nodes, one program a request
+    (8, 2, [50, 20], 9),  # three tiles: two programs a request, the second's second tile empty
     (3, 1, [33, 100], 7),  # group 3: 5 nodes a tile (one row left empty), then 2
     (8, 1, [40], 4),  # group 8: 2 nodes a tile
     (2, 2, [20, 31, 0], 18),  # MHA: 16 nodes a tile, then 2; a tree deeper than a tile

@@ -87,13 +87,27 @@ def attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, 
     ``visible`` [M, N] which rows see which. NOTE: slot * stride overflows int32 past
     2^31 / (num_kv_heads * head_dim) slots, hence int64 slots.
     """
+    k, v = load_kv_tile(K, V, slot, n_valid, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid)
+    return fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION)
+
+
+@triton.jit
+def load_kv_tile(K, V, slot, n_valid, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid):
+    """A tile's keys [D, N] and values [N, D] in the cache's dtype (0 where not ``n_valid``)."""
     k = tl.load(K + slot[None, :] * stride_ks + kv_head * stride_kh + offs_d[:, None],
-                mask=n_valid[None, :] & d_valid[:, None], other=0.0).to(q.dtype)  # [D, N]
-    qk = mma(q, k, None, DOT_PRECISION) * sm_scale_log2  # [M, N]
-    qk = tl.where(visible, qk, float("-inf"))
+                mask=n_valid[None, :] & d_valid[:, None], other=0.0)
     v = tl.load(V + slot[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
-                mask=n_valid[:, None] & d_valid[None, :], other=0.0).to(q.dtype)  # [N, D]
-    return online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+                mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """``attend_tile``'s arithmetic over loaded tiles (``load_kv_tile``), cast to the query's dtype:
+    several query tiles can share one load and each get what ``attend_tile`` gives it."""
+    qk = mma(q, k.to(q.dtype), None, DOT_PRECISION) * sm_scale_log2  # [M, N]
+    qk = tl.where(visible, qk, float("-inf"))
+    return online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION)
 
 
 @triton.jit

@@ -9,19 +9,22 @@ Two grids run that arithmetic:
 
 * per node (``decode.py``'s kernel over a table of lists): every node reads its whole prefix, so a
   tree of n nodes reads its request's KV n times;
-* **node groups** (``nodes_per_seq`` given, global layers): a program holds several nodes of one
-  request in the decode kernel's query tile (``BLOCK_H`` rows: ``BLOCK_H // GROUP`` nodes of GROUP
-  heads each, where the decode kernel pads its GROUP heads), so each prefix tile is loaded once for
-  them and multiplied in the same ``tl.dot`` shape; rows of a matrix product do not interact, so each
-  row's scores and output are the decode step's. The tiles past the request's prefix hold each node's
-  own ancestors: there the program multiplies the tile once per node, from that node's list, and
-  keeps the node's rows. A row folds exactly the tiles of its own split range (the ranges start on
-  tile boundaries, so every node's tiles line up); a tile outside a row's range leaves the row's
-  softmax state unchanged bit for bit (``online_softmax_step`` with nothing visible).
+* **node groups** (``nodes_per_seq`` given, global layers): a program holds nodes of one request in
+  the decode kernel's query tile (``BLOCK_H`` rows: ``BLOCK_H // GROUP`` nodes of GROUP heads each,
+  where the decode kernel pads its GROUP heads), and a tree larger than one tile in two such tiles
+  (``PAIR``), so each prefix tile is loaded once for up to twice that many nodes and multiplied in
+  the decode kernel's ``tl.dot`` shape once per query tile; rows of a matrix product do not
+  interact, so each row's scores and output are the decode step's. The tiles past the request's
+  prefix hold each node's own ancestors: there the program multiplies the tile once per node, from
+  that node's list, and keeps the node's rows. A row folds exactly the tiles of its own split range
+  (the ranges start on tile boundaries, so every node's tiles line up); a tile outside a row's
+  range leaves the row's softmax state unchanged bit for bit (``online_softmax_step`` with nothing
+  visible).
 
-    request with prefix 300 (tiles of 128), 5 nodes, GROUP 3 (5 nodes a 16-row tile), 2 splits:
-    split 0 of every node: positions 0..255 (chunk 256: ceil(ceil(30x / 2) / 128) * 128)
-    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> 5 node passes
+    request with prefix 300 (tiles of 128), 8 nodes, GROUP 4 (4 nodes a 16-row tile: PAIR), 2 splits:
+    split 0 of every node: positions 0..255 (chunk 256: ceil(ceil(30x / 2) / 128) * 128), each tile
+      loaded once, multiplied by both query tiles
+    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> 8 node passes
 
 Sliding windows start each row's range at its own ``length - window``, off the tile grid, so local
 layers take the per-node grid.
@@ -37,7 +40,9 @@ from specdec.attention.triton_kernels.common import (
     LOG2E,
     attend_tile,
     dot_precision,
+    fold_tile,
     head_dim_block,
+    load_kv_tile,
     query_tile,
     split_chunk,
     store_rows,
@@ -54,6 +59,45 @@ from specdec.kernels.common import check_tensor
 
 
 @triton.jit
+def _group_rows(first, end, offs_h, GROUP: tl.constexpr, NODES: tl.constexpr):
+    """The tile rows of the node group whose first row is ``first``: each row's node within the group,
+    query row, whether it is real (before ``end``, the request's last row + 1) and query head offset."""
+    node = offs_h // GROUP  # [BLOCK_H]
+    row = first + node
+    return node, row, (offs_h < NODES * GROUP) & (row < end), offs_h % GROUP
+
+
+@triton.jit
+def _split_range(row_lens, row, row_valid, split, BLOCK_N: tl.constexpr):
+    """Each row's [lo, hi) in this split, as the decode kernel cuts its own length."""
+    kv_len = tl.load(row_lens + row, mask=row_valid, other=0)  # [BLOCK_H]
+    lo = split * split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
+    return lo, tl.minimum(lo + split_chunk(kv_len, tl.num_programs(2), BLOCK_N), kv_len)
+
+
+@triton.jit
+def _fold_ancestors(q, K, V, kv_table, kv_row_stride, first, node, row_valid, lo, hi, offs_n, kv_head, stride_ks,
+                    stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                    NODES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A tile past the request's prefix: each node's own entries (its ancestors), one pass a node,
+    kept for that node's rows."""
+    for j in tl.static_range(NODES):
+        mine = (node == j) & row_valid  # [BLOCK_H]
+        lo_j = tl.max(tl.where(mine, lo, 0), 0)
+        hi_j = tl.max(tl.where(mine, hi, 0), 0)
+        n_valid = (offs_n >= lo_j) & (offs_n < hi_j)
+        slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid,
+                       other=0).to(tl.int64)
+        m_j, l_j, acc_j = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
+                                      stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                      DOT_PRECISION)
+        m_i = tl.where(mine, m_j, m_i)
+        l_i = tl.where(mine, l_j, l_i)
+        acc = tl.where(mine[:, None], acc_j, acc)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _node_group_kernel(
     Q, K, V, O, LSE, kv_table, row_lens, prefix_lens, kv_row_stride, nodes_per_seq, sm_scale_log2,
     stride_qs, stride_qh,
@@ -61,74 +105,82 @@ def _node_group_kernel(
     stride_os, stride_oh, stride_osplit,
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NODES: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NODES: tl.constexpr, PAIR: tl.constexpr,
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    groups = tl.cdiv(nodes_per_seq, NODES)
-    seq = tl.program_id(0) // groups
-    first = seq * nodes_per_seq + (tl.program_id(0) % groups) * NODES  # this program's first row
+    # a program: NODES nodes of one request (a second NODES in a second query tile under PAIR)
+    span = NODES * (2 if PAIR else 1)
+    programs = tl.cdiv(nodes_per_seq, span)
+    seq = tl.program_id(0) // programs
+    first = seq * nodes_per_seq + (tl.program_id(0) % programs) * span  # this program's first row
     end = (seq + 1) * nodes_per_seq  # past the request's last row
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    node = offs_h // GROUP  # [BLOCK_H] node of each tile row within the program
-    row = first + node  # [BLOCK_H] its query row
-    row_valid = (offs_h < NODES * GROUP) & (row < end)
     d_valid = offs_d < HEAD_DIM
-    head = kv_head * GROUP + offs_h % GROUP
-    q_mask = row_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + row.to(tl.int64)[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :],
-                mask=q_mask, other=0.0)
-    q = query_tile(q, K)
 
-    # each row's split range, as the decode kernel cuts its own length
-    kv_len = tl.load(row_lens + row, mask=row_valid, other=0)  # [BLOCK_H]
-    chunk = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
-    busy = lo < hi
-    t_lo = tl.min(tl.where(busy, lo, 1 << 30), 0)
-    t_hi = tl.max(tl.where(busy, hi, 0), 0)
+    node0, row0, valid0, h0 = _group_rows(first, end, offs_h, GROUP, NODES)
+    mask0 = valid0[:, None] & d_valid[None, :]
+    q0 = tl.load(Q + row0.to(tl.int64)[:, None] * stride_qs + (kv_head * GROUP + h0)[:, None] * stride_qh
+                 + offs_d[None, :], mask=mask0, other=0.0)
+    q0 = query_tile(q0, K)
+    lo0, hi0 = _split_range(row_lens, row0, valid0, split, BLOCK_N)
+    busy0 = lo0 < hi0
+    t_lo = tl.min(tl.where(busy0, lo0, 1 << 30), 0)
+    t_hi = tl.max(tl.where(busy0, hi0, 0), 0)
+    m0 = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l0 = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    if PAIR:
+        node1, row1, valid1, h1 = _group_rows(first + NODES, end, offs_h, GROUP, NODES)
+        mask1 = valid1[:, None] & d_valid[None, :]
+        q1 = tl.load(Q + row1.to(tl.int64)[:, None] * stride_qs + (kv_head * GROUP + h1)[:, None] * stride_qh
+                     + offs_d[None, :], mask=mask1, other=0.0)
+        q1 = query_tile(q1, K)
+        lo1, hi1 = _split_range(row_lens, row1, valid1, split, BLOCK_N)
+        busy1 = lo1 < hi1
+        t_lo = tl.minimum(t_lo, tl.min(tl.where(busy1, lo1, 1 << 30), 0))
+        t_hi = tl.maximum(t_hi, tl.max(tl.where(busy1, hi1, 0), 0))
+        m1 = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l1 = tl.zeros([BLOCK_H], tl.float32)
+        acc1 = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+
     prefix = tl.load(prefix_lens + seq).to(tl.int32)  # entries every node of the request lists alike
     shared_row = kv_table + first.to(tl.int64) * kv_row_stride
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     # NOTE: two loops, not one with a branch: a branch in the loop keeps Triton from pipelining its loads
     # (the 8B verify of a 4-node chain at bs 32 took 13 % longer than the extend kernel with one)
     shared_end = tl.minimum(prefix // BLOCK_N * BLOCK_N, t_hi)  # tiles wholly inside the prefix end here
-    for start in range(t_lo, shared_end, BLOCK_N):  # one load, one product for every node
+    for start in range(t_lo, shared_end, BLOCK_N):  # one load for every node, one product a query tile
         offs_n = start + tl.arange(0, BLOCK_N)
-        visible = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None])
         slot = tl.load(shared_row + offs_n).to(tl.int64)
-        m_i, l_i, acc = attend_tile(q, K, V, slot, offs_n < t_hi, visible, kv_head, stride_ks, stride_kh,
-                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                    DOT_PRECISION)
+        k, v = load_kv_tile(K, V, slot, offs_n < t_hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                            d_valid)
+        visible0 = (offs_n[None, :] >= lo0[:, None]) & (offs_n[None, :] < hi0[:, None])
+        m0, l0, acc0 = fold_tile(q0, k, v, visible0, sm_scale_log2, m0, l0, acc0, DOT_PRECISION)
+        if PAIR:
+            visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
+            m1, l1, acc1 = fold_tile(q1, k, v, visible1, sm_scale_log2, m1, l1, acc1, DOT_PRECISION)
     # each node's ancestors: its own tile (one or two tiles, unpipelined: the prefix loop's buffers fill
     # the shared memory the decode plan sized for one loop)
     for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
         offs_n = start + tl.arange(0, BLOCK_N)
-        for j in tl.static_range(NODES):
-            mine = (node == j) & row_valid  # [BLOCK_H]
-            lo_j = tl.max(tl.where(mine, lo, 0), 0)
-            hi_j = tl.max(tl.where(mine, hi, 0), 0)
-            n_valid = (offs_n >= lo_j) & (offs_n < hi_j)
-            slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid,
-                           other=0).to(tl.int64)
-            m_j, l_j, acc_j = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks,
-                                          stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2,
-                                          m_i, l_i, acc, DOT_PRECISION)
-            m_i = tl.where(mine, m_j, m_i)
-            l_i = tl.where(mine, l_j, l_i)
-            acc = tl.where(mine[:, None], acc_j, acc)
+        m0, l0, acc0 = _fold_ancestors(q0, K, V, kv_table, kv_row_stride, first, node0, valid0, lo0, hi0, offs_n,
+                                       kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid,
+                                       sm_scale_log2, m0, l0, acc0, NODES, DOT_PRECISION)
+        if PAIR:
+            m1, l1, acc1 = _fold_ancestors(q1, K, V, kv_table, kv_row_stride, first + NODES, node1, valid1, lo1,
+                                           hi1, offs_n, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                                           d_valid, sm_scale_log2, m1, l1, acc1, NODES, DOT_PRECISION)
 
-    o_ptrs = O + row.to(tl.int64)[:, None] * stride_os + head[:, None] * stride_oh + split * stride_osplit \
-        + offs_d[None, :]
-    lse_ptrs = LSE + row.to(tl.int64) * stride_ls + head * stride_lh + split
-    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, row_valid, DIRECT)
+    store_rows(acc0, m0, l0, O + row0.to(tl.int64)[:, None] * stride_os + (kv_head * GROUP + h0)[:, None] * stride_oh
+               + split * stride_osplit + offs_d[None, :],
+               LSE + row0.to(tl.int64) * stride_ls + (kv_head * GROUP + h0) * stride_lh + split, mask0, valid0, DIRECT)
+    if PAIR:
+        store_rows(acc1, m1, l1, O + row1.to(tl.int64)[:, None] * stride_os
+                   + (kv_head * GROUP + h1)[:, None] * stride_oh + split * stride_osplit + offs_d[None, :],
+                   LSE + row1.to(tl.int64) * stride_ls + (kv_head * GROUP + h1) * stride_lh + split, mask1, valid1,
+                   DIRECT)
 
 
 def decode_attention_rows(
@@ -186,9 +238,10 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
     plan = decode_plan(q, k_buffer, max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, window=None)
     group = hq // hkv
     nodes = max(1, plan.block_h // group)  # nodes a query tile holds
+    pair = nodes_per_seq > nodes  # a program of two query tiles: its prefix tiles loaded once for both
     direct = plan.splits == 1
     partial, lse = split_buffers(out, plan.splits)
-    _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, nodes), hkv, plan.splits)](
+    _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, nodes * (2 if pair else 1)), hkv, plan.splits)](
         q, k_buffer, v_buffer, partial, lse, kv_table, row_lens, prefix_lens, kv_table.stride(0), nodes_per_seq,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1),
@@ -196,7 +249,7 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
-        NODES=nodes, DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
+        NODES=nodes, PAIR=pair, DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:

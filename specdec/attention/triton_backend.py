@@ -14,14 +14,16 @@ TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): 
 requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
 graphs; eagerly unless the plans' bounds differ), and with the linear layers' one tiling for 1-8
 rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. A
-request's nodes share the decode kernel's query tile (as many as fit beside its GQA group: 4 nodes
-of 4 heads in 16 rows), so a tree that fits one tile reads its prefix once, as the extend kernel
-does, and one of two tiles twice. Verify batches run so when every request has the same tree of at
-most ``verify_rows_max_nodes`` nodes (VERIFY_ROWS_MAX_NODES), or when the batch has at most
-``verify_as_decode_max_rows`` nodes in all (VERIFY_AS_DECODE_MAX_ROWS: small batches, where reading
-the prefix twice costs little beside the weights); others run the extend kernel under the tree mask.
-With it SmolLM2's bf16 greedy answers with EAGLE-3 equal plain decoding's in 80 of 80 at 8 requests
-at once, against 12-13 of 80 through the extend kernel (benchmarks/results/2026-11-29-h200-bf16-agreement).
+request's nodes share the decode kernel's query tile (4 nodes of 4 heads in 16 rows) and a program
+two such tiles, so a tree of up to 8 nodes under GQA 4 reads its prefix once, as the extend kernel
+does. Verify batches run so when every request has the same tree of at most
+``verify_rows_max_nodes`` nodes (VERIFY_ROWS_MAX_NODES), or when the batch has at most
+``verify_as_decode_max_rows`` nodes in all (VERIFY_AS_DECODE_MAX_ROWS); others run the extend
+kernel under the tree mask. Measured on an H200 (benchmarks/results/2026-11-29-h200-verify-node-groups):
+SmolLM2's bf16 greedy answers with EAGLE-3 equal plain decoding's in 8/8, 80/80, 79/80, 122/128 and
+233/256 at 1-128 requests at once (vLLM 0.26 beside it: 8/8, 43/80, 36/80, 54/128, 123/256); on the
+8B shape at context 1 k the verify forward costs what the extend kernel's does at 8 requests and
+1-12 % more at 32-64.
 
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose

@@ -103,8 +103,9 @@ def test_node_groups_follow_the_decode_plan(device):
 
 
 def test_node_groups_check_their_arguments():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     args = dict(hq=4, hkv=2, prefixes=[5, 6], nodes=3, dtype=torch.float32)
     with pytest.raises(ValueError, match="nodes_per_seq=4"):
-        run(lambda *a, nodes_per_seq, **kw: decode_attention_rows(*a, nodes_per_seq=4, **kw), "cpu", **args)
+        run(lambda *a, nodes_per_seq, **kw: decode_attention_rows(*a, nodes_per_seq=4, **kw), device, **args)
     with pytest.raises(ValueError, match="go together"):
-        run(lambda *a, prefix_lens, **kw: decode_attention_rows(*a, prefix_lens=None, **kw), "cpu", **args)
+        run(lambda *a, prefix_lens, **kw: decode_attention_rows(*a, prefix_lens=None, **kw), device, **args)

@@ -59,20 +59,39 @@ from specdec.kernels.common import check_tensor
 
 
 @triton.jit
-def _group_rows(first, end, offs_h, GROUP: tl.constexpr, NODES: tl.constexpr):
-    """The tile rows of the node group whose first row is ``first``: each row's node within the group,
-    query row, whether it is real (before ``end``, the request's last row + 1) and query head offset."""
+def _query_group(Q, K, row_lens, first, end, kv_head, split, offs_h, offs_d, d_valid, stride_qs, stride_qh,
+                 GROUP: tl.constexpr, NODES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query tile of the node group whose first row is ``first`` (``end``: past the request's
+    last row) and each tile row's node within the group, query row, query head, whether it is real,
+    and its [lo, hi) in this split, as the decode kernel cuts its own length."""
     node = offs_h // GROUP  # [BLOCK_H]
     row = first + node
-    return node, row, (offs_h < NODES * GROUP) & (row < end), offs_h % GROUP
+    valid = (offs_h < NODES * GROUP) & (row < end)
+    head = kv_head * GROUP + offs_h % GROUP
+    q = tl.load(Q + row.to(tl.int64)[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :],
+                mask=valid[:, None] & d_valid[None, :], other=0.0)
+    kv_len = tl.load(row_lens + row, mask=valid, other=0)
+    chunk = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    return query_tile(q, K), node, row, head, valid, lo, hi
 
 
 @triton.jit
-def _split_range(row_lens, row, row_valid, split, BLOCK_N: tl.constexpr):
-    """Each row's [lo, hi) in this split, as the decode kernel cuts its own length."""
-    kv_len = tl.load(row_lens + row, mask=row_valid, other=0)  # [BLOCK_H]
-    lo = split * split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
-    return lo, tl.minimum(lo + split_chunk(kv_len, tl.num_programs(2), BLOCK_N), kv_len)
+def _busy_span(lo, hi):
+    """[first, last) position any row of the tile folds in this split (empty: [2^30, 0))."""
+    busy = lo < hi
+    return tl.min(tl.where(busy, lo, 1 << 30), 0), tl.max(tl.where(busy, hi, 0), 0)
+
+
+@triton.jit
+def _store_group(acc, m_i, l_i, O, LSE, row, head, valid, split, offs_d, d_valid, stride_os, stride_oh,
+                 stride_osplit, stride_ls, stride_lh, DIRECT: tl.constexpr):
+    """``store_rows`` for a node group's tile rows."""
+    o_ptrs = O + row.to(tl.int64)[:, None] * stride_os + head[:, None] * stride_oh + split * stride_osplit \
+        + offs_d[None, :]
+    lse_ptrs = LSE + row.to(tl.int64) * stride_ls + head * stride_lh + split
+    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, valid[:, None] & d_valid[None, :], valid, DIRECT)
 
 
 @triton.jit
@@ -120,28 +139,20 @@ def _node_group_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < HEAD_DIM
 
-    node0, row0, valid0, h0 = _group_rows(first, end, offs_h, GROUP, NODES)
-    mask0 = valid0[:, None] & d_valid[None, :]
-    q0 = tl.load(Q + row0.to(tl.int64)[:, None] * stride_qs + (kv_head * GROUP + h0)[:, None] * stride_qh
-                 + offs_d[None, :], mask=mask0, other=0.0)
-    q0 = query_tile(q0, K)
-    lo0, hi0 = _split_range(row_lens, row0, valid0, split, BLOCK_N)
-    busy0 = lo0 < hi0
-    t_lo = tl.min(tl.where(busy0, lo0, 1 << 30), 0)
-    t_hi = tl.max(tl.where(busy0, hi0, 0), 0)
+    q0, node0, row0, head0, valid0, lo0, hi0 = _query_group(Q, K, row_lens, first, end, kv_head, split, offs_h,
+                                                            offs_d, d_valid, stride_qs, stride_qh, GROUP, NODES,
+                                                            BLOCK_N)
+    t_lo, t_hi = _busy_span(lo0, hi0)
     m0 = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l0 = tl.zeros([BLOCK_H], tl.float32)
     acc0 = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     if PAIR:
-        node1, row1, valid1, h1 = _group_rows(first + NODES, end, offs_h, GROUP, NODES)
-        mask1 = valid1[:, None] & d_valid[None, :]
-        q1 = tl.load(Q + row1.to(tl.int64)[:, None] * stride_qs + (kv_head * GROUP + h1)[:, None] * stride_qh
-                     + offs_d[None, :], mask=mask1, other=0.0)
-        q1 = query_tile(q1, K)
-        lo1, hi1 = _split_range(row_lens, row1, valid1, split, BLOCK_N)
-        busy1 = lo1 < hi1
-        t_lo = tl.minimum(t_lo, tl.min(tl.where(busy1, lo1, 1 << 30), 0))
-        t_hi = tl.maximum(t_hi, tl.max(tl.where(busy1, hi1, 0), 0))
+        q1, node1, row1, head1, valid1, lo1, hi1 = _query_group(Q, K, row_lens, first + NODES, end, kv_head, split,
+                                                                offs_h, offs_d, d_valid, stride_qs, stride_qh, GROUP,
+                                                                NODES, BLOCK_N)
+        lo1_any, hi1_any = _busy_span(lo1, hi1)
+        t_lo = tl.minimum(t_lo, lo1_any)
+        t_hi = tl.maximum(t_hi, hi1_any)
         m1 = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l1 = tl.zeros([BLOCK_H], tl.float32)
         acc1 = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -173,14 +184,11 @@ def _node_group_kernel(
                                            hi1, offs_n, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                                            d_valid, sm_scale_log2, m1, l1, acc1, NODES, DOT_PRECISION)
 
-    store_rows(acc0, m0, l0, O + row0.to(tl.int64)[:, None] * stride_os + (kv_head * GROUP + h0)[:, None] * stride_oh
-               + split * stride_osplit + offs_d[None, :],
-               LSE + row0.to(tl.int64) * stride_ls + (kv_head * GROUP + h0) * stride_lh + split, mask0, valid0, DIRECT)
+    _store_group(acc0, m0, l0, O, LSE, row0, head0, valid0, split, offs_d, d_valid, stride_os, stride_oh,
+                 stride_osplit, stride_ls, stride_lh, DIRECT)
     if PAIR:
-        store_rows(acc1, m1, l1, O + row1.to(tl.int64)[:, None] * stride_os
-                   + (kv_head * GROUP + h1)[:, None] * stride_oh + split * stride_osplit + offs_d[None, :],
-                   LSE + row1.to(tl.int64) * stride_ls + (kv_head * GROUP + h1) * stride_lh + split, mask1, valid1,
-                   DIRECT)
+        _store_group(acc1, m1, l1, O, LSE, row1, head1, valid1, split, offs_d, d_valid, stride_os, stride_oh,
+                     stride_osplit, stride_ls, stride_lh, DIRECT)
 
 
 def decode_attention_rows(

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.usefixtures("triton_interpreter")
 D = 16
 
 
-def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int):
+def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int, chain: bool = False):
     """(kv_table [bs * nodes, stride] int32, row_lens [bs * nodes] int32, prefix_lens [bs]): request b's
     nodes list its prefix's slots, then their ancestors' and their own (node 0 the root, each other
-    node's parent an earlier node)."""
+    node's parent an earlier node; under ``chain`` the one before it)."""
     gen = torch.Generator().manual_seed(seed)
     slots = torch.randperm(num_slots, generator=gen).tolist()
     stride = max(prefixes) + nodes
@@ -34,7 +34,7 @@ def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int):
     lens = []
     for b, prefix in enumerate(prefixes):
         own = [slots.pop() for _ in range(prefix + nodes)]
-        parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, nodes)]
+        parents = [-1] + [i - 1 if chain else int(torch.randint(0, i, (), generator=gen)) for i in range(1, nodes)]
         for i in range(nodes):
             path, node = [], i
             while node >= 0:
@@ -46,8 +46,9 @@ def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int):
     return table, torch.tensor(lens, dtype=torch.int32), torch.tensor(prefixes, dtype=torch.int64)
 
 
-def run(op, device, *, hq, hkv, prefixes, nodes, dtype, num_splits=None, plan_seqs=None, grouped=True, seed=0):
-    table, lens, prefix_lens = random_trees(prefixes, nodes, seed=seed, num_slots=max(prefixes) * 3 + 400)
+def run(op, device, *, hq, hkv, prefixes, nodes, dtype, num_splits=None, plan_seqs=None, grouped=True, seed=0,
+        chain=False):
+    table, lens, prefix_lens = random_trees(prefixes, nodes, seed=seed, num_slots=max(prefixes) * 3 + 400, chain=chain)
     num_slots = max(prefixes) * 3 + 400
     k = rand(num_slots, hkv, D, dtype=dtype, device=device, seed=seed + 1)
     v = rand(num_slots, hkv, D, dtype=dtype, device=device, seed=seed + 2)
@@ -87,6 +88,19 @@ def test_node_groups_equal_the_per_node_grid_bit_for_bit(device, dtype, num_spli
     ref = run(decode_attention_rows_ref, device, grouped=False, **args)
     tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
     torch.testing.assert_close(grouped.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("hq, hkv, prefixes, nodes", [CASES[1], CASES[5]])
+def test_node_group_chains_equal_the_per_node_grid_bit_for_bit(device, num_splits, hq, hkv, prefixes, nodes):
+    """A chain: one pass over the ancestors' tile, from the last node's list, serves every node of a
+    query tile (each row's entries past its own length not visible to it); across a tile's edge too."""
+    args = dict(hq=hq, hkv=hkv, prefixes=prefixes, nodes=nodes, dtype=torch.bfloat16, num_splits=num_splits,
+                chain=True)
+    grouped = run(decode_attention_rows, device, **args)
+    assert grouped.isfinite().all()
+    assert torch.equal(grouped, run(decode_attention_rows, device, grouped=False, **args))
 
 
 @pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))

@@ -15,8 +15,10 @@ Two grids run that arithmetic:
   (``PAIR``), so each prefix tile is loaded once for up to twice that many nodes and multiplied in
   the decode kernel's ``tl.dot`` shape once per query tile; rows of a matrix product do not
   interact, so each row's scores and output are the decode step's. The tiles past the request's
-  prefix hold each node's own ancestors: there the program multiplies the tile once per node, from
-  that node's list, and keeps the node's rows. A row folds exactly the tiles of its own split range
+  prefix hold each node's own ancestors: there the program multiplies the tile from one node's list
+  for the rows of that node and of its ancestors (their lists are prefixes of it, and a row's entries
+  past its own length lie outside its range), so once for a chain and at most once a leaf for a tree,
+  and keeps those rows. A row folds exactly the tiles of its own split range
   (the ranges start on tile boundaries, so every node's tiles line up); a tile outside a row's
   range leaves the row's softmax state unchanged bit for bit (``online_softmax_step`` with nothing
   visible).
@@ -24,7 +26,8 @@ Two grids run that arithmetic:
     request with prefix 300 (tiles of 128), 8 nodes, GROUP 4 (4 nodes a 16-row tile: PAIR), 2 splits:
     split 0 of every node: positions 0..255 (chunk 256: ceil(ceil(30x / 2) / 128) * 128), each tile
       loaded once, multiplied by both query tiles
-    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> 8 node passes
+    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> a pass a query tile
+      for a chain, one a leaf of the tile's nodes for a tree
 
 Sliding windows start each row's range at its own ``length - window``, off the tile grid, so local
 layers take the per-node grid.
@@ -62,10 +65,9 @@ from specdec.kernels.common import check_tensor
 def _query_group(Q, K, row_lens, first, end, kv_head, split, offs_h, offs_d, d_valid, stride_qs, stride_qh,
                  GROUP: tl.constexpr, NODES: tl.constexpr, BLOCK_N: tl.constexpr):
     """The query tile of the node group whose first row is ``first`` (``end``: past the request's
-    last row) and each tile row's node within the group, query row, query head, whether it is real,
-    and its [lo, hi) in this split, as the decode kernel cuts its own length."""
-    node = offs_h // GROUP  # [BLOCK_H]
-    row = first + node
+    last row) and each tile row's query row, query head, whether it is real, list length and [lo, hi)
+    in this split, as the decode kernel cuts its own length."""
+    row = first + offs_h // GROUP  # [BLOCK_H]
     valid = (offs_h < NODES * GROUP) & (row < end)
     head = kv_head * GROUP + offs_h % GROUP
     q = tl.load(Q + row.to(tl.int64)[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :],
@@ -74,7 +76,7 @@ def _query_group(Q, K, row_lens, first, end, kv_head, split, offs_h, offs_d, d_v
     chunk = split_chunk(kv_len, tl.num_programs(2), BLOCK_N)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, kv_len)
-    return query_tile(q, K), node, row, head, valid, lo, hi
+    return query_tile(q, K), row, head, valid, kv_len, lo, hi
 
 
 @triton.jit
@@ -95,24 +97,35 @@ def _store_group(acc, m_i, l_i, O, LSE, row, head, valid, split, offs_d, d_valid
 
 
 @triton.jit
-def _fold_ancestors(q, K, V, kv_table, kv_row_stride, first, node, row_valid, lo, hi, offs_n, kv_head, stride_ks,
-                    stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+def _fold_ancestors(q, K, V, kv_table, kv_row_stride, row_lens, first, end, row, kv_len, lo, hi, offs_n, kv_head,
+                    stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
                     NODES: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """A tile past the request's prefix: each node's own entries (its ancestors), one pass a node,
-    kept for that node's rows."""
+    """A tile past the request's prefix, where each node lists its own ancestors. One pass over node
+    j's list serves every row whose list is a prefix of j's (j and its ancestors: j's entries past a
+    row's length lie outside the row's [lo, hi), so they add exactly nothing to it). A row that sees
+    this tile takes the group's last node that lists the row's own slot at the row's last position
+    (a slot is one token's, a list a path from the root); rows that see nothing here take no pass.
+    So a chain takes one pass and a tree at most one a leaf (nodes after their parents)."""
+    visible = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None])  # [BLOCK_H, BLOCK_N]
+    sees = tl.max(visible.to(tl.int32), 1) > 0  # [BLOCK_H] (a real row, its list past this tile's start)
+    own = tl.load(kv_table + row.to(tl.int64) * kv_row_stride + kv_len - 1, mask=sees, other=-1)
+    take = tl.full(own.shape, -1, tl.int32)  # [BLOCK_H] the node whose list a row's pass reads
     for j in tl.static_range(NODES):
-        mine = (node == j) & row_valid  # [BLOCK_H]
-        lo_j = tl.max(tl.where(mine, lo, 0), 0)
-        hi_j = tl.max(tl.where(mine, hi, 0), 0)
-        n_valid = (offs_n >= lo_j) & (offs_n < hi_j)
-        slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid,
-                       other=0).to(tl.int64)
-        m_j, l_j, acc_j = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
-                                      stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                      DOT_PRECISION)
-        m_i = tl.where(mine, m_j, m_i)
-        l_i = tl.where(mine, l_j, l_i)
-        acc = tl.where(mine[:, None], acc_j, acc)
+        len_j = tl.load(row_lens + first + j, mask=first + j < end, other=0)
+        holds = sees & (kv_len <= len_j)
+        at = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + kv_len - 1, mask=holds, other=-2)
+        take = tl.where(holds & (at == own), j, take)
+    for j in tl.static_range(NODES):
+        mine = take == j  # [BLOCK_H]
+        if tl.max(mine.to(tl.int32), 0) > 0:
+            n_valid = offs_n < tl.load(row_lens + first + j)
+            slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid,
+                           other=0).to(tl.int64)
+            m_j, l_j, acc_j = attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, stride_vs,
+                                          stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION)
+            m_i = tl.where(mine, m_j, m_i)
+            l_i = tl.where(mine, l_j, l_i)
+            acc = tl.where(mine[:, None], acc_j, acc)
     return m_i, l_i, acc
 
 
@@ -139,17 +152,17 @@ def _node_group_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < HEAD_DIM
 
-    q0, node0, row0, head0, valid0, lo0, hi0 = _query_group(Q, K, row_lens, first, end, kv_head, split, offs_h,
-                                                            offs_d, d_valid, stride_qs, stride_qh, GROUP, NODES,
-                                                            BLOCK_N)
+    q0, row0, head0, valid0, len0, lo0, hi0 = _query_group(Q, K, row_lens, first, end, kv_head, split, offs_h,
+                                                           offs_d, d_valid, stride_qs, stride_qh, GROUP, NODES,
+                                                           BLOCK_N)
     t_lo, t_hi = _busy_span(lo0, hi0)
     m0 = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l0 = tl.zeros([BLOCK_H], tl.float32)
     acc0 = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     if PAIR:
-        q1, node1, row1, head1, valid1, lo1, hi1 = _query_group(Q, K, row_lens, first + NODES, end, kv_head, split,
-                                                                offs_h, offs_d, d_valid, stride_qs, stride_qh, GROUP,
-                                                                NODES, BLOCK_N)
+        q1, row1, head1, valid1, len1, lo1, hi1 = _query_group(Q, K, row_lens, first + NODES, end, kv_head, split,
+                                                               offs_h, offs_d, d_valid, stride_qs, stride_qh, GROUP,
+                                                               NODES, BLOCK_N)
         lo1_any, hi1_any = _busy_span(lo1, hi1)
         t_lo = tl.minimum(t_lo, lo1_any)
         t_hi = tl.maximum(t_hi, hi1_any)
@@ -176,13 +189,14 @@ def _node_group_kernel(
     # the shared memory the decode plan sized for one loop)
     for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
         offs_n = start + tl.arange(0, BLOCK_N)
-        m0, l0, acc0 = _fold_ancestors(q0, K, V, kv_table, kv_row_stride, first, node0, valid0, lo0, hi0, offs_n,
-                                       kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid,
-                                       sm_scale_log2, m0, l0, acc0, NODES, DOT_PRECISION)
+        m0, l0, acc0 = _fold_ancestors(q0, K, V, kv_table, kv_row_stride, row_lens, first, end, row0, len0, lo0,
+                                       hi0, offs_n, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
+                                       d_valid, sm_scale_log2, m0, l0, acc0, NODES, DOT_PRECISION)
         if PAIR:
-            m1, l1, acc1 = _fold_ancestors(q1, K, V, kv_table, kv_row_stride, first + NODES, node1, valid1, lo1,
-                                           hi1, offs_n, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                                           d_valid, sm_scale_log2, m1, l1, acc1, NODES, DOT_PRECISION)
+            m1, l1, acc1 = _fold_ancestors(q1, K, V, kv_table, kv_row_stride, row_lens, first + NODES, end, row1,
+                                           len1, lo1, hi1, offs_n, kv_head, stride_ks, stride_kh, stride_vs,
+                                           stride_vh, offs_d, d_valid, sm_scale_log2, m1, l1, acc1, NODES,
+                                           DOT_PRECISION)
 
     _store_group(acc0, m0, l0, O, LSE, row0, head0, valid0, split, offs_d, d_valid, stride_os, stride_oh,
                  stride_osplit, stride_ls, stride_lh, DIRECT)

@@ -3,9 +3,12 @@ and spread, and the warning when runs disagree (the embedded stories260K on CPU)
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from specdec.bench import throughput
+from specdec.bench.step_log import StepLog, choices
 from specdec.bench.throughput import ThroughputSettings, TimingPlan
 from specdec.engine import embedded
 from specdec.engine.engine import Engine
@@ -36,14 +39,40 @@ def test_repeated_runs_each_prefill_from_an_empty_cache_and_agree():
     assert res["throughput_tok_s"] == pytest.approx(sum(rates) / 2)  # the median of two
     assert res["spread"]["relative"] == pytest.approx(max(rates) / min(rates) - 1)
     assert res["repeats_identical"] and res["warmup_seconds"] > 0
+    # the timed runs' engine steps (the warm-up's not): 3 prompts prefilled a run, the rest plain decode
+    assert res["steps"]["prefill"]["steps"] >= 2 and set(res["steps"]) == {"prefill", "decode"}
+    assert res["steps"]["decode"]["ms"] > 0
+
+
+def test_step_log_files_steps_by_the_policys_choice():
+    """A speculative engine's steps go under the decode choice its policy counted (NGRAM's cost-aware
+    steps: plain or a lookup of N nodes), prefills apart; the counts are the engine's, and ``take``
+    starts over."""
+    engine = Engine(embedded.DEFAULT_MODEL, device="cpu", speculative_algorithm="NGRAM", speculative_adaptive="on")
+    log = StepLog(engine)
+    req = engine.make_request("Once upon a time", None, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+    engine.add_request(req)
+    before = choices(engine)
+    while not req.finished:
+        log.step()
+    steps = log.take()
+    decided = {k: n - before.get(k, 0) for k, n in choices(engine).items() if n != before.get(k, 0)}
+    assert steps["prefill"]["steps"] == 1
+    assert decided and {k: v["steps"] for k, v in steps.items() if k != "prefill"} == decided
+    assert log.take() == {}
+    log.forced = "lookup"
+    engine.add_request(engine.make_request("The cat", None, {"temperature": 0, "max_new_tokens": 3}))
+    for _ in range(3):
+        log.step()
+    assert set(log.take()) <= {"prefill", "lookup"}
 
 
 def test_a_short_pass_is_repeated_to_last_min_seconds(monkeypatch):
     engine = Engine(embedded.DEFAULT_MODEL, device="cpu")
     prompts = embedded.load_prompts("tinystories", 2)
     params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
-    clock = iter(range(0, 10_000, 1))  # each perf_counter() call advances one second: every pass lasts 1 s
-    monkeypatch.setattr(throughput.time, "perf_counter", lambda: float(next(clock)))
+    clock = iter(range(0, 10_000, 1))  # each of the pass's clock reads advances one second: a pass lasts 1 s
+    monkeypatch.setattr(throughput, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
     res = throughput._run(engine, prompts, params, TimingPlan(full_warmup=True, repeats=1, min_seconds=3.0),
                           desc="t", progress=False)
     assert res["passes_per_run"] == 3 and res["runs"][0]["completion_tokens"] == 3 * 2 * 4
@@ -52,7 +81,8 @@ def test_a_short_pass_is_repeated_to_last_min_seconds(monkeypatch):
 
 def test_runs_that_disagree_are_reported(capsys):
     run = {"throughput_tok_s": 100.0, "spread": {"min": 90.0, "max": 110.0, "relative": 110 / 90 - 1},
-           "runs": [{}, {}, {}], "passes_per_run": 2, "acceptance_length": 2.0, "acceptance_histogram": {2: 1}}
+           "runs": [{}, {}, {}], "passes_per_run": 2, "acceptance_length": 2.0, "acceptance_histogram": {2: 1},
+           "steps": {"3x1x4": {"steps": 40, "ms": 2.5}, "prefill": {"steps": 2, "ms": 10.0}}}
     res = {"note": None, "ignore_eos": True, "model_path": "m", "dataset": "d", "num_prompts": 1,
            "max_new_tokens": 4, "temperature": 0, "algorithm": "EAGLE", "num_steps": 1, "topk": 1,
            "num_draft_tokens": 2, "attention_backend": "torch_native", "baseline": dict(run, spread={
@@ -61,6 +91,7 @@ def test_runs_that_disagree_are_reported(capsys):
     throughput.print_report(res)
     out = capsys.readouterr()
     assert "median of 3 runs, 90.0-110.0, 2 passes" in out.out
+    assert "Steps, speculative: 3x1x4 40 x 2.50 ms, prefill 2 x 10.00 ms" in out.out
     assert "timed speculative runs disagree by 22.2 %" in out.err and "baseline" not in out.err
 
 

@@ -2,7 +2,6 @@
 every decode step plain and labels it so, ``auto`` hands the choice back to the policy (whose picks
 label the steps), and a tree shape is refused by name."""
 
-import collections
 import importlib.util
 from pathlib import Path
 
@@ -23,7 +22,7 @@ def _bench_engine():
     bench = offline.SpecdecEngine.__new__(offline.SpecdecEngine)
     bench.engine = ngram_engine(target, speculative_adaptive="on")
     bench.tokenizer, bench.reqs, bench.texts = None, {}, {}
-    bench.step_log, bench.forced = collections.defaultdict(lambda: [0, 0.0]), "auto"
+    bench.step_log = offline.StepLog(bench.engine)
     return bench, repetitive_prompts(target.config.vocab_size)
 
 
@@ -32,7 +31,7 @@ def _decode_all(bench, prompts, tag):
         bench.add(f"{tag}{i}", ids, 24, ignore_eos=True)
     while bench.engine.scheduler.has_work:
         bench.step()
-    return {kind for kind in bench.take_steps() if kind != "prefill"}
+    return {kind for kind in bench.step_log.take() if kind != "prefill"}
 
 
 def test_forced_plain_then_auto():

@@ -45,6 +45,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.bench.step_log import StepLog, choices, format_steps
+
 PROFILE: str | None = None  # --profile: where profile_host appends
 TRACE: str | None = None  # --trace: where trace_device appends
 TRACED_STEPS = 8  # the decode workload's steps traced after its timed ones (--trace)
@@ -71,9 +73,7 @@ class SpecdecEngine:
         self.tokenizer = self.engine.tokenizer
         self.reqs: dict[str, object] = {}
         self.texts: dict[str, str] = {}
-        # engine steps by kind (prefill, or the decode step's choice): [steps, seconds]
-        self.step_log: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
-        self.forced = "auto"  # --force's choice in effect (``force``)
+        self.step_log = StepLog(self.engine)  # engine steps by kind (prefill, or the decode step's choice)
 
     def add(self, rid: str, ids: list[int], max_tokens: int, *, ignore_eos: bool) -> None:
         req = self.engine.make_request(input_ids=ids, rid=rid, sampling_params={
@@ -82,29 +82,9 @@ class SpecdecEngine:
         self.reqs[rid] = req
 
     def step(self) -> None:
-        scheduler = self.engine.scheduler
-        prefilled, chosen = scheduler.prefill_tokens, self.choices()
-        start = time.perf_counter()
-        for req in self.engine.step():
+        for req in self.step_log.step():
             if req.rid in self.reqs:  # the user's path: the answer detokenized as it is handed out
                 self.texts[req.rid] = req.result(self.tokenizer).get("text", "")
-        log = self.step_log["prefill" if scheduler.prefill_tokens != prefilled else self._choice(chosen)]
-        log[0] += 1
-        log[1] += time.perf_counter() - start
-
-    def _choice(self, before: dict[str, int]) -> str:
-        """The decode step's choice: the forced one, what adaptive speculation counted since ``before``, or decode."""
-        if self.forced != "auto":
-            return self.forced
-        return next((k for k, n in self.choices().items() if n != before.get(k, 0)), "decode")
-
-    def take_steps(self) -> dict[str, dict]:
-        """Engine steps by kind since the last call, most time first: {kind: {"steps", "ms"}} (``ms``: the
-        mean of whole ``step`` calls)."""
-        out = {kind: {"steps": n, "ms": 1e3 * sec / n}
-               for kind, (n, sec) in sorted(self.step_log.items(), key=lambda kv: -kv[1][1])}
-        self.step_log.clear()
-        return out
 
     def progress(self, rid: str) -> tuple[list[int], bool]:
         req = self.reqs[rid]
@@ -116,8 +96,7 @@ class SpecdecEngine:
 
     def choices(self) -> dict[str, int]:
         """Decode steps by adaptive speculation's choice so far (plain or a tree shape); {} without."""
-        policy = getattr(self.engine.worker, "policy", None)
-        return dict(policy.chosen) if policy is not None else {}
+        return choices(self.engine)
 
     def lookup_totals(self) -> dict[str, float]:
         """NGRAM's policy: its lookup steps so far, those that found no match, and their guessed and realized
@@ -155,7 +134,7 @@ class SpecdecEngine:
                              "auto, plain or SxKxN with eagle3")
         else:
             worker.force = AUTO if choice == "auto" else None if choice == "plain" else SpecShape.parse(choice)
-        self.forced = choice
+        self.step_log.forced = None if choice == "auto" else choice
 
     def abort(self, rids: list[str]) -> None:
         for rid in rids:
@@ -276,9 +255,8 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, *, tag: str,
            "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None,
            "digests": [digests[f"{tag}-{i}"] for i in range(len(prompts))]}
     if isinstance(engine, SpecdecEngine):
-        row["steps"] = engine.take_steps()
-        summary = ", ".join(f"{kind} {v['steps']} x {v['ms']:.2f} ms" for kind, v in row["steps"].items())
-        print(f"  steps, {tag}: {summary}", file=sys.stderr, flush=True)
+        row["steps"] = engine.step_log.take()
+        print(f"  steps, {tag}: {format_steps(row['steps'])}", file=sys.stderr, flush=True)
         row["tau"] = engine.committed_per_verify(rids)
         chosen = {k: n - chosen_before.get(k, 0) for k, n in engine.choices().items()}
         if any(chosen.values()):  # adaptive speculation's decode steps by choice in this cell

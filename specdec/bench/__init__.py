@@ -9,4 +9,5 @@
     serving_client.py  its streamed requests (sglang's /generate or openai's /v1/completions): TTFT /
                    TPOT / ITL, acceptance, the workload's summary
     report.py      progress bar, acceptance histogram (text and PNG), the commit measured
+    step_log.py    engine steps by kind (prefill, or the decode step's choice) and their wall time
 """

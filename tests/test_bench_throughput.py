@@ -3,7 +3,10 @@ and spread, and the warning when runs disagree (the embedded stories260K on CPU)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +109,36 @@ def test_embedded_prompt_sets_plain_and_gzipped():
     assert len(embedded.load_rows("mt_bench")[0]["turns"]) == 2
     with pytest.raises(ValueError, match="--dataset: unknown dataset 'nope'.*summarization"):
         embedded.load_prompts("nope", 1)
+
+
+def test_the_baseline_engine_is_gone_before_the_speculative_one_is_built():
+    """The speculative engine sizes its KV pool from the memory left: the baseline engine (whose parts
+    hold each other) must be collected first, not merely deleted. In a fresh interpreter: this suite's
+    KV-leak fixture keeps every engine a test builds."""
+    script = """
+import argparse, weakref
+import specdec.engine.engine as engine_module
+from specdec.bench import throughput
+from specdec.cli.bench import add_bench_args, bench_target
+from specdec.engine import embedded
+
+runners = []
+
+class Recording(engine_module.Engine):
+    def __init__(self, *args, **kw):
+        assert all(ref() is None for ref in runners), "an earlier engine's runner is still alive"
+        super().__init__(*args, **kw)
+        runners.append(weakref.ref(self.runner))
+
+engine_module.Engine = Recording
+parser = argparse.ArgumentParser()
+add_bench_args(parser)
+args = parser.parse_args(["--model-path", embedded.DEFAULT_MODEL, "--speculative-algorithm", "EAGLE",
+                          "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu", "--disable-tqdm"])
+res = throughput.run_benchmark(*bench_target(args))
+assert len(runners) == 2 and res["identical_outputs"] == 1
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import gc
 import json
 import math
 import platform
@@ -244,6 +245,11 @@ def run_benchmark(target: BenchTarget, settings: ThroughputSettings, engine_args
         prompts = [render_user_prompt(base_engine.tokenizer, p) for p in prompts]
     baseline = _run(base_engine, prompts, params, plan, desc="baseline", progress=progress)
     del base_engine
+    # NOTE: an engine's parts hold each other (a cycle): without a collection here its KV cache and CUDA
+    # graphs would still hold the GPU while the next engine sizes its KV pool from the free memory
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     spec_engine = Engine(args=engine_args)
     spec = _run(spec_engine, prompts, params, plan, desc="speculative", progress=progress)
     cfg = spec_engine.spec_config

@@ -150,6 +150,27 @@ def cases():
         yield ("compact_accepted_kv_locs", dict(bs=bs, N=n),
                lambda a=cargs: K.compact_accepted_kv_locs(*a, num_draft_tokens=n),
                lambda a=cargs: K.compact_accepted_kv_locs_ref(*a, num_draft_tokens=n), nbytes(accept, *outs))
+    yield from ngram_cases()
+
+
+def ngram_cases():
+    """The n-gram drafter's device lookup over long histories, split over programs (the default) and in one
+    program a request (``span`` = the table's width): floor = each history token's slot and id read once."""
+    for bs in (1, 32):
+        for ctx in (1024, 8192, 32768):
+            table = torch.randperm(bs * ctx, device="cuda").view(bs, ctx).to(torch.int32)
+            slot_tokens = torch.randint(0, 64, (bs * ctx,), device="cuda")  # a small vocabulary: many matches
+            lens = torch.full((bs,), ctx - 1, device="cuda")
+            largs = dict(slot_tokens=slot_tokens, req_to_token=table, req_pool_indices=torch.arange(bs, device="cuda"),
+                         seq_lens=lens, roots=torch.randint(0, 64, (bs,), device="cuda"),
+                         chains=torch.empty(bs, 9, dtype=torch.int64, device="cuda"),
+                         draft_lens=torch.empty(bs, dtype=torch.int64, device="cuda"), min_n=1, max_n=12)
+            merge = K.ngram_merge_buffer(bs, "cuda")
+            for split, span in (("default", None), ("one program", ctx)):
+                yield ("ngram_match", dict(bs=bs, ctx=ctx, split=split),
+                       lambda a=largs, sp=span, m=merge: K.ngram_match(**a, span=sp, merge=m),
+                       (lambda a=largs: K.ngram_match_ref(**a)) if bs == 1 and split == "default" else None,
+                       bs * ctx * (4 + 8))
 
 
 def ratio(x: float | None) -> str:

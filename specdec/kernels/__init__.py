@@ -33,7 +33,7 @@ from specdec.kernels.kv_indices import (
     create_kv_page_indices,
     create_kv_page_indices_ref,
 )
-from specdec.kernels.ngram_match import ngram_match, ngram_match_ref
+from specdec.kernels.ngram_match import ngram_match, ngram_match_ref, ngram_merge_buffer
 from specdec.kernels.packbits import segment_packbits, segment_packbits_ref
 from specdec.kernels.replay import (
     replay_accept_cdf,
@@ -82,6 +82,7 @@ __all__ = [
     "move_kv_slots_ref",
     "ngram_match",
     "ngram_match_ref",
+    "ngram_merge_buffer",
     "build_row_kv_lists",
     "build_row_kv_lists_ref",
     "build_tree_kernel_efficient",

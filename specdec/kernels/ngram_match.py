@@ -23,7 +23,7 @@ import torch
 from specdec.kernels.common import INDEX_DTYPES, check_rows, check_tensor, table_row
 from specdec.kernels.dispatch import select_impl
 
-__all__ = ["latest_longest_match", "ngram_match", "ngram_match_ref"]
+__all__ = ["latest_longest_match", "ngram_merge_buffer", "ngram_match", "ngram_match_ref"]
 
 
 def ngram_match(
@@ -37,8 +37,15 @@ def ngram_match(
     *,
     min_n: int,
     max_n: int,
+    span: int | None = None,
+    merge: torch.Tensor | None = None,
 ) -> None:
-    """Each request's draft chain after the longest latest match of its history's suffix (module docstring)."""
+    """Each request's draft chain after the longest latest match of its history's suffix (module docstring).
+
+    ``span`` and ``merge`` shape the kernel's work and not its result: the history positions one program
+    scans (default: 1,024, more past 64 programs a request) and the [2, >= bs] int64 state in which a
+    request's programs merge their matches (``ngram_merge_buffer``; kept across steps by the caller, fresh per
+    call when None)."""
     bs, device = check_rows(req_to_token, req_pool_indices, {"seq_lens": seq_lens})
     check_tensor("slot_tokens", slot_tokens, dtype=INDEX_DTYPES, dim=1, device=device)
     check_tensor("roots", roots, dtype=INDEX_DTYPES, shape=(bs,), device=device)
@@ -49,12 +56,22 @@ def ngram_match(
     if not 1 <= min_n <= max_n:
         raise ValueError(f"ngram_match: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
     impl = select_impl("ngram_match", ngram_match_ref, device)
-    impl(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, min_n=min_n, max_n=max_n)
+    impl(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, min_n=min_n, max_n=max_n,
+         span=span, merge=merge)
+
+
+def ngram_merge_buffer(num_requests: int, device) -> torch.Tensor:
+    """``ngram_match``'s merge state for launches of up to ``num_requests`` requests: [2, num_requests]
+    int64, row 0 at -1 and row 1 at 0 (every launch leaves it so)."""
+    buf = torch.zeros(2, num_requests, dtype=torch.int64, device=device)
+    buf[0] = -1
+    return buf
 
 
 def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, *,
-                    min_n: int, max_n: int) -> None:
-    """Specification of ``ngram_match``: each request's history gathered, then ``latest_longest_match``."""
+                    min_n: int, max_n: int, span: int | None = None, merge: torch.Tensor | None = None) -> None:
+    """Specification of ``ngram_match``: each request's history gathered, then ``latest_longest_match``
+    (``span`` and ``merge`` only shape the kernel's work)."""
     k = chains.shape[1] - 1
     for b, (row, seq_len, root) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(), roots.tolist())):
         table = table_row(req_to_token, row, b)

@@ -49,7 +49,7 @@ from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_v
 from specdec.eagle.worker import sample_after_prefill
 from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
-from specdec.kernels import ngram_match
+from specdec.kernels import ngram_match, ngram_merge_buffer
 from specdec.eagle.served import PLAIN, LaunchClock
 from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, match_reach, pack_batch
 from specdec.ngram.budget import DraftBudget
@@ -112,6 +112,9 @@ class NgramWorker:
         # ``specdec.kernels.ngram_match`` reads each request's history from
         # (int64, as the token ids written: no cast kernel a write)
         self.slot_tokens = torch.zeros(memory.capacity + 1, dtype=torch.int64, device=memory.req_to_token.device) \
+            if ngram.device_lookup else None
+        # where a lookup's programs merge a long history's matches (``ngram_match``), kept idle between steps
+        self._lookup_merge = ngram_merge_buffer(self._max_reqs, memory.req_to_token.device) \
             if ngram.device_lookup else None
         self._chains: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (bs, n) -> a chain's constant fields
         self._start_afresh()
@@ -261,7 +264,8 @@ class NgramWorker:
         chains = torch.empty(bs, size, dtype=torch.int64, device=seq_lens.device)  # [bs, size] root, draft
         draft_lens = torch.empty(bs, dtype=torch.int64, device=seq_lens.device)  # [bs]
         ngram_match(self.slot_tokens, self.memory.req_to_token, req_pool_indices, seq_lens, verified_ids, chains,
-                    draft_lens, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window)
+                    draft_lens, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window,
+                    merge=self._lookup_merge)
         tree = self._chain_tree(chains, seq_lens)
         return self._verify(req_pool_indices, seq_lens, sampling, tree, size, rows, guess, draft_lens=draft_lens,
                             seq_lens_cpu=seq_lens_cpu, slots_reserved=slots_reserved)

@@ -61,19 +61,19 @@ def test_worked_example():
     assert chains == [[9, 7, 8, 5], [4, 4, 4, 4]] and lens == [3, 0]
 
 
-def random_histories(seed: int) -> list[list[int]]:
-    """Histories that repeat spans of a small vocabulary (many matches of every length), of 1-90 tokens,
-    one whose match runs into the root, one of a single token."""
+def random_histories(seed: int, longest: int = 90) -> list[list[int]]:
+    """Histories that repeat spans of a small vocabulary (many matches of every length), of 1-``longest``
+    tokens, one whose match runs into the root, one of a single token."""
     rng = np.random.default_rng(seed)
     out = [[7], [3, 4, 5, 3, 4, 5, 3, 4]]
     for _ in range(6):
         base = rng.integers(0, 6, size=int(rng.integers(4, 20))).tolist()
         h = []
-        while len(h) < int(rng.integers(2, 90)):
+        while len(h) < int(rng.integers(2, longest)):
             start = int(rng.integers(0, len(base)))
             h += base[start: start + int(rng.integers(1, 8))]
             h += rng.integers(0, 6, size=int(rng.integers(0, 2))).tolist()
-        out.append(h[:90])
+        out.append(h[:longest])
     return out
 
 
@@ -110,6 +110,30 @@ def test_long_history_crosses_blocks():
     assert run(K.ngram_match_ref, batch, 5, min_n=1, max_n=4) == want
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("span", [256, 512])
+def test_split_programs_merge_to_the_same_chains(device, span):
+    """A history split over programs of ``span`` positions (up to four here): the merged match is the
+    one program's, and the merge state is left idle for the next launch, which reuses it."""
+    merge = K.ngram_merge_buffer(8, device)
+    for seed in range(2):
+        histories = random_histories(seed + 20, longest=1000)
+        batch = kv_batch(histories, ctx=1000, seed=seed, device=device)
+        want = expected(histories, 6, min_n=1, max_n=4)
+        assert run(triton_ngram.ngram_match, batch, 6, min_n=1, max_n=4, span=span, merge=merge) == want
+        assert merge[0].eq(-1).all() and merge[1].eq(0).all()
+    assert run(triton_ngram.ngram_match, batch, 6, min_n=1, max_n=4, span=span) == want  # its own state
+
+
+def test_split_span():
+    assert triton_ngram.split_span(96) == (1024, 1)
+    assert triton_ngram.split_span(8192) == (1024, 8)
+    assert triton_ngram.split_span(1_000_000) == (15872, 64)  # at most 64 programs, whole 256-position blocks
+    assert triton_ngram.split_span(1000, 300) == (512, 2)
+    with pytest.raises(ValueError, match="span"):
+        triton_ngram.split_span(1000, 0)
+
+
 @pytest.mark.parametrize("impl", [K.ngram_match_ref, K.ngram_match])
 def test_input_errors(impl):
     batch = kv_batch([[1, 2, 1, 2]])
@@ -123,3 +147,12 @@ def test_input_errors(impl):
     with pytest.raises(ValueError, match="chains"):
         K.ngram_match(**batch, chains=torch.zeros(1, 6, dtype=torch.int64)[:, ::2],
                       draft_lens=torch.zeros(1, dtype=torch.int64), min_n=1, max_n=2)
+
+
+def test_merge_state_errors():
+    batch = kv_batch([[1, 2, 1, 2]])
+    out = dict(chains=torch.zeros(1, 3, dtype=torch.int64), draft_lens=torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="merge"):
+        triton_ngram.ngram_match(**batch, **out, min_n=1, max_n=2, merge=torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="merge"):
+        triton_ngram.ngram_match(**batch, **out, min_n=1, max_n=2, merge=torch.zeros(1, 4, dtype=torch.int64))

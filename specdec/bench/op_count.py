@@ -16,8 +16,9 @@ the interpreter (the graphs' functions on torch's references), whose CPU-only er
 not counted either.
 
 tests/eagle/test_op_count.py pins the counts per step of EAGLE-3 workers at 64 requests (tiny
-random models, overlap on, adaptive on with the shape forced, the graph path run eagerly); run it
-as a script to print them.
+random models, overlap on, adaptive on with the shape forced, the graph path run eagerly), and
+tests/ngram/test_op_count.py an NGRAM engine's lookup and plain steps; run either as a script to
+print them.
 """
 
 from __future__ import annotations
@@ -233,13 +234,15 @@ def count_decode_steps(engine, *, steps: int, warmup: int = 2) -> DecodeOps:
     workers = list(getattr(worker, "workers", {}).values()) or [worker]
     runners = list(engine.runner.graphs.values())
     for w in workers:
-        runners += [g.runner for g in w.draft_graphs()]
+        runners += [g.runner for g in getattr(w, "draft_graphs", list)()]  # (NGRAM has none)
     undo = _patch_triton(counter) + _patch_graphs(counter, runners)
     launch, read = decoder.launch, decoder.read
     decoder.launch = lambda *a, **kw: _in_phase(counter, "launch", launch, *a, **kw)
     decoder.read = lambda *a, **kw: _in_phase(counter, "read", read, *a, **kw)
     undo += [lambda: setattr(decoder, "launch", launch), lambda: setattr(decoder, "read", read)]
-    timer, worker.timer = worker.timer, counter
+    phased = hasattr(worker, "timer")  # (NGRAM's worker times no phases: its launches count as "launch")
+    if phased:
+        timer, worker.timer = worker.timer, counter
     sizes: list[int] = []
     shapes: collections.Counter[str] = collections.Counter()
     try:
@@ -253,7 +256,8 @@ def count_decode_steps(engine, *, steps: int, warmup: int = 2) -> DecodeOps:
                     sizes.append(len(launched.reqs) if launched is not None else 0)
                     shapes.update(collections.Counter(decoder.spec_shape_steps) - before)
     finally:
-        worker.timer = timer
+        if phased:
+            worker.timer = timer
         for fn in reversed(undo):
             fn()
     if len(set(sizes)) != 1:

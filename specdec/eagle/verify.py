@@ -42,16 +42,18 @@ def verify_greedy(
     num_steps: int,
 ) -> VerifyResult:
     bs, n = candidates.shape
-    device = candidates.device
-    predicts = torch.full((bs * n,), -1, dtype=torch.int32, device=device)
-    accept_index = torch.full((bs, num_steps + 1), -1, dtype=torch.int32, device=device)
-    accept_length = torch.zeros(bs, dtype=torch.int32, device=device)
+    sizes = [bs * n, bs * (num_steps + 1), bs]  # predicts, accept_index, accept_length
+    # NOTE: the three outputs in one buffer take one fill and one widening (launches cost host time
+    # between the graphs); untouched entries read -1, and the op writes every accept_length
+    out = torch.full((sum(sizes),), -1, dtype=torch.int32, device=candidates.device)
+    predicts, accept_index, accept_length = out.split(sizes)
     target_predict = argmax(logits).view(bs, n)
     verify_tree_greedy(
-        predicts, accept_index, accept_length, candidates, retrive_index,
+        predicts, accept_index.view(bs, num_steps + 1), accept_length, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, target_predict,
     )
-    return VerifyResult(accept_index.long(), accept_length.long(), predicts.long())
+    predicts, accept_index, accept_length = out.long().split(sizes)
+    return VerifyResult(accept_index.view(bs, num_steps + 1), accept_length, predicts)
 
 
 def verify_sampling(

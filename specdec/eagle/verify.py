@@ -44,16 +44,24 @@ def verify_greedy(
     bs, n = candidates.shape
     sizes = [bs * n, bs * (num_steps + 1), bs]  # predicts, accept_index, accept_length
     # NOTE: the three outputs in one buffer take one fill and one widening (launches cost host time
-    # between the graphs); untouched entries read -1, and the op writes every accept_length
-    out = torch.full((sum(sizes),), -1, dtype=torch.int32, device=candidates.device)
-    predicts, accept_index, accept_length = out.split(sizes)
+    # between the graphs); untouched entries read -1, and the op writes every accept_length. Each starts
+    # on 16 bytes, as Triton specializes a kernel on its pointers' alignment (a new batch size would
+    # otherwise compile another variant)
+    padded = [-(-size // 4) * 4 for size in sizes]
+    out = torch.full((sum(padded),), -1, dtype=torch.int32, device=candidates.device)
+    predicts, accept_index, accept_length = _unpad(out, padded, sizes)
     target_predict = argmax(logits).view(bs, n)
     verify_tree_greedy(
         predicts, accept_index.view(bs, num_steps + 1), accept_length, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, target_predict,
     )
-    predicts, accept_index, accept_length = out.long().split(sizes)
+    predicts, accept_index, accept_length = _unpad(out.long(), padded, sizes)
     return VerifyResult(accept_index.view(bs, num_steps + 1), accept_length, predicts)
+
+
+def _unpad(buffer: torch.Tensor, padded: list[int], sizes: list[int]) -> list[torch.Tensor]:
+    """Views of ``buffer``'s consecutive parts of ``padded`` entries, each cut to its ``sizes`` entry."""
+    return [part[:size] for part, size in zip(buffer.split(padded), sizes)]
 
 
 def verify_sampling(

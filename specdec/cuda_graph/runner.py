@@ -95,6 +95,10 @@ class CudaGraphRunner:
         }
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self._filled_rows = {name: 0 for name in self.buffers}  # rows holding real (stale) inputs
+        # NOTE: the views a replay hands out and fills, made once: slicing a tensor costs host time, and a
+        # step replays several graphs of a dozen inputs each
+        self._row_views: dict[tuple[str, int], torch.Tensor] = {}  # (input, bs) -> its buffer's rows
+        self._output_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (padded, bs) -> outputs
         # bytes the captured graphs hold in the memory pool (measured by ``capture``)
         self.memory_bytes = 0
         # calls served, padded or not (for tests and metrics)
@@ -111,16 +115,20 @@ class CudaGraphRunner:
 
     def rows(self, name: str, bs: int) -> torch.Tensor:
         """Input ``name``'s rows of a ``bs``-request call, to write before passing ``WRITTEN``."""
-        return self.buffers[name][: bs * self.inputs[name].rows_per_request]
+        view = self._row_views.get((name, bs))
+        if view is None:
+            view = self._row_views[(name, bs)] = self.buffers[name][: bs * self.inputs[name].rows_per_request]
+        return view
 
     def _views(self, bs: int) -> dict[str, torch.Tensor]:
-        return {name: buf[: bs * self.inputs[name].rows_per_request] for name, buf in self.buffers.items()}
+        return {name: self.rows(name, bs) for name in self.buffers}
 
     # ---------------------------------------------------------------- capture
     def capture(self) -> None:
         """Warm up and capture every batch size, largest first (smaller ones reuse its memory)."""
         if not self.use_graphs:
             return
+        self._output_views.clear()
         gc.collect()  # NOTE: so that freeing unrelated garbage does not offset the measurement
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)
@@ -150,6 +158,7 @@ class CudaGraphRunner:
         for graph, _ in self._graphs.values():
             graph.reset()
         self._graphs.clear()
+        self._output_views.clear()
         self.use_graphs = False
         self.memory_bytes = 0
 
@@ -162,18 +171,18 @@ class CudaGraphRunner:
         if set(inputs) != set(self.buffers):
             raise ValueError(f"{self.name}: expected inputs {sorted(self.buffers)}, got {sorted(inputs)}")
         for name, value in inputs.items():
-            spec, buf = self.inputs[name], self.buffers[name]
+            spec, view = self.inputs[name], self.rows(name, bs)
             rows = bs * spec.rows_per_request
             if callable(value):
-                value(buf[:rows])
+                value(view)
             elif value.shape[0] != rows or tuple(value.shape[1:]) != spec.trailing:
                 raise ValueError(f"{self.name}: input {name} has shape {tuple(value.shape)}, expected "
                                  f"({rows}, {', '.join(map(str, spec.trailing))})")
             else:
-                buf[:rows].copy_(value)
+                view.copy_(value)
             stale = self._filled_rows[name]
             if stale > rows:  # rows a larger batch filled before are padding now
-                buf[rows:stale].fill_(spec.pad_value)
+                self.buffers[name][rows:stale].fill_(spec.pad_value)
             self._filled_rows[name] = rows
         if self.prepare is not None:
             self.prepare(padded, self._views(padded), host)
@@ -182,6 +191,13 @@ class CudaGraphRunner:
                 raise RuntimeError(f"{self.name}: call capture() before replaying")
             graph, outputs = self._graphs[padded]
             graph.replay()
-        else:
-            outputs = tuple(self.fn(**self._views(padded)))
-        return tuple(o[: bs * (o.shape[0] // padded)] for o in outputs)
+            views = self._output_views.get((padded, bs))
+            if views is None:
+                views = self._output_views[(padded, bs)] = _first_rows(outputs, bs, padded)
+            return views
+        return _first_rows(tuple(self.fn(**self._views(padded))), bs, padded)
+
+
+def _first_rows(outputs: tuple[torch.Tensor, ...], bs: int, padded: int) -> tuple[torch.Tensor, ...]:
+    """Each output's rows of the ``bs`` real requests of a ``padded``-request call."""
+    return tuple(o[: bs * (o.shape[0] // padded)] for o in outputs)

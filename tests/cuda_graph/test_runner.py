@@ -61,6 +61,20 @@ def test_a_writer_fills_its_rows_and_padding_stays():
     assert torch.equal(seen_x[:10], source[picks]) and torch.equal(seen_x[10:], torch.full((6, 3), -1.0))
 
 
+def test_row_views_are_made_once_a_size():
+    """The rows a call fills (and ``rows`` hands a caller) are the same view objects call after call,
+    one per input and batch size; the values follow each call."""
+    seen = []
+    runner = _runner(seen)
+    x5, x3 = runner.rows("x", 5), runner.rows("x", 3)
+    assert x5.shape == (10, 3) and x3.shape == (6, 3) and x5.data_ptr() == x3.data_ptr()
+    runner(5, x=torch.ones(10, 3), rows=torch.arange(5))
+    runner(3, x=torch.full((6, 3), 2.0), rows=torch.arange(3))
+    assert runner.rows("x", 5) is x5 and runner.rows("x", 3) is x3
+    assert torch.equal(x3, torch.full((6, 3), 2.0)) and torch.equal(x5[6:], torch.full((4, 3), -1.0))
+    assert len(runner._row_views) == 2 * 4  # x and rows, each at 5, 3 and the padded sizes 8, 4
+
+
 def test_rejects_wrong_inputs_and_sizes():
     runner = _runner([])
     assert runner.can_run(8) and not runner.can_run(9) and not runner.can_run(0)
@@ -90,3 +104,17 @@ def test_release_destroys_the_graphs_and_later_calls_run_eagerly():
     runner.release()
     assert not runner._graphs and not runner.use_graphs and runner.memory_bytes == 0
     assert torch.equal(runner(2, x=x)[0], x + 1) and calls == [False]  # eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replayed_outputs_are_the_first_rows_of_each_call():
+    """The output views a replay returns are made once per (captured size, batch size) and show each
+    replay's values."""
+    runner = CudaGraphRunner(lambda x: (x * 3,), [StaticInput("x", 2, torch.float32)], [2, 4], device="cuda")
+    runner.capture()
+    for bs in (3, 1, 3, 4):
+        x = torch.arange(2 * bs, dtype=torch.float32, device="cuda") + bs
+        (out,) = runner(bs, x=x)
+        assert out.shape == (2 * bs,) and torch.equal(out, x * 3)
+    assert runner(3, x=torch.zeros(6, device="cuda"))[0] is runner(3, x=torch.ones(6, device="cuda"))[0]

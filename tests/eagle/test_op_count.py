@@ -28,6 +28,8 @@ from ..e2e.test_adaptive import adaptive_engine  # noqa: E402
 BS = int(__import__("os").environ.get("OPS_BS", 64))
 # (steps, topk, draft tokens) -> the most kernels a decode step may launch outside the graphs
 MAX_KERNELS = {(3, 1, 4): 28, (5, 4, 8): 29}
+# the most view / metadata ops (each a dispatch on the host, no launch)
+MAX_VIEWS = {(3, 1, 4): 51, (5, 4, 8): 51}
 
 
 def measure(shape: tuple[int, int, int], tmp_path, *, greedy: bool = True) -> DecodeOps:
@@ -55,6 +57,7 @@ def test_launches_per_decode_step_stay_within_bounds(shape, tmp_path):
     assert ops.bs == BS and ops.shape == "x".join(map(str, shape))
     print(ops.table())
     assert ops.kernels() <= MAX_KERNELS[shape], ops.table()
+    assert ops.per_phase["total"]["views"] <= MAX_VIEWS[shape], ops.table()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from ..e2e.test_ngram import ngram_engine, repetitive_prompts  # noqa: E402
 BS = 4
 # step kind -> the most kernels one decode step may launch outside its graph
 MAX_KERNELS = {"lookup": 25, "plain": 15}
+# the most view / metadata ops (each a dispatch on the host, no launch)
+MAX_VIEWS = {"lookup": 32, "plain": 11}
 
 
 def measure(kind: str) -> DecodeOps:
@@ -56,6 +58,7 @@ def test_launches_per_decode_step_stay_within_bounds(kind):
     assert ops.bs == BS and ops.shape.startswith("ngram" if kind == "lookup" else "plain"), ops.table()
     assert ops.per_phase["total"]["graphs"] == 1, ops.table()  # the verify / decode forward's graph
     assert ops.kernels() <= MAX_KERNELS[kind], ops.table()
+    assert ops.per_phase["total"]["views"] <= MAX_VIEWS[kind], ops.table()
 
 
 if __name__ == "__main__":

@@ -310,10 +310,16 @@ class NgramWorker:
         if self.config.topk > 1:  # a chain's accepted nodes are in place already (node t at seq_len + t)
             commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices, seq_lens, result,
                                num_draft_tokens=n, topk=self.config.topk)
-        nodes = result.accept_index.clamp(min=0)  # [bs, n] accepted path, the root past k
-        tokens = result.predicts[nodes]  # [bs, n] committed tokens, padding past k
-        if getattr(sampling, "top_logprobs_num", None) is not None:
-            sampling.record_logprobs(logits[nodes], tokens)  # each token under its node's logits
+        bs = int(req_pool_indices.shape[0])
+        chains = drafted is None or self.config.topk == 1  # (device lookups always draft chains)
+        # a chain accepts its nodes in order: node t's prediction is committed token t
+        nodes = None if chains else result.accept_index.clamp(min=0)  # [bs, n] accepted path, the root past k
+        tokens = result.predicts.view(bs, n) if chains else result.predicts[nodes]  # [bs, n], padding past k
+        if getattr(sampling, "top_logprobs_num", None) is not None:  # each token under its node's logits
+            if chains:  # (a chain's predictions past its accepted path are -1)
+                sampling.record_logprobs(logits.view(bs, n, -1), tokens.clamp(min=0))
+            else:
+                sampling.record_logprobs(logits[nodes], tokens)
         accept = result.accept_length  # [bs]
         next_tokens = tokens.gather(1, accept[:, None]).squeeze(1)  # [bs] the bonus token
         columns = [seq_lens[:, None], accept[:, None], tokens]

@@ -9,6 +9,7 @@ token position in the target's KV cache and in the draft's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Protocol, Union, runtime_checkable
 
@@ -52,6 +53,40 @@ class KVMemory(Protocol):
         """Free KV slots."""
 
 
+def shared_arange(n: int, device: torch.device | str) -> torch.Tensor:
+    """``torch.arange(n)`` (int64) on ``device``, made once and shared: never write to it.
+
+    Between the CUDA graphs of a decode step every op is a launch that costs host time; a constant
+    rebuilt each step is one of them. NOTE: nothing is cached while a CUDA graph captures (a tensor
+    made then would live in the graph's memory pool and go with it): a capture gets a fresh one."""
+    device = torch.device(device)
+    if _capturing(device):
+        return torch.arange(n, device=device)
+    return _shared_arange(n, device)
+
+
+def shared_full(n: int, value: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``torch.full((n,), value, dtype=dtype)`` on ``device``, made once and shared as ``shared_arange``."""
+    device = torch.device(device)
+    if _capturing(device):
+        return torch.full((n,), value, dtype=dtype, device=device)
+    return _shared_full(n, value, dtype, device)
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_arange(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_full(n: int, value: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.full((n,), value, dtype=dtype, device=device)
+
+
 def table_slots(
     req_to_token: torch.Tensor,  # [max_reqs, max_context] int32
     req_pool_indices: torch.Tensor,  # [bs]
@@ -60,7 +95,7 @@ def table_slots(
 ) -> torch.Tensor:  # [bs * tokens] int64, request by request
     """The slots ``req_to_token`` holds for positions seq_len .. seq_len + tokens - 1 of each request
     (positions the host reserved ahead, read on the device without a host sync)."""
-    positions = seq_lens[:, None] + torch.arange(tokens, device=seq_lens.device)  # [bs, tokens]
+    positions = seq_lens[:, None] + shared_arange(tokens, seq_lens.device)  # [bs, tokens]
     return req_to_token[req_pool_indices[:, None], positions].flatten().long()
 
 

@@ -23,7 +23,7 @@ from specdec.eagle.verify import (
     verify_sampling,
 )
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
-from specdec.host import SamplingInfo, TargetKVCache, TargetModelRunner
+from specdec.host import SamplingInfo, TargetKVCache, TargetModelRunner, shared_full
 from specdec.kernels import compact_accepted_kv_locs
 
 
@@ -47,7 +47,7 @@ def target_verify(
         out_cache_loc=tree_slots,
         req_pool_indices=req_pool_indices,
         prefix_lens=seq_lens,
-        extend_lens=torch.full((bs,), n, dtype=torch.int64, device=seq_lens.device),
+        extend_lens=shared_full(bs, n, torch.int64, seq_lens.device),
         req_to_token=req_to_token,
         kv_cache=target.kv_cache,
         attn_backend=target.attn_backend,

@@ -216,6 +216,20 @@ class DecodeOps:
         return "\n".join(lines)
 
 
+def count_batch_steps(engine, requests: list, *, steps: int = 3) -> DecodeOps:
+    """Add ``requests`` (all decoding at once), step until they all run and a decode step is in
+    flight, count ``steps`` steady steps (``count_decode_steps``), then abort them all."""
+    for req in requests:
+        engine.add_request(req)
+    while len(engine.scheduler.running) < len(requests) or engine.scheduler.launched is None:
+        engine.step()
+    ops = count_decode_steps(engine, steps=steps)
+    for req in list(engine.scheduler.running):
+        engine.abort(req.rid)
+    engine.scheduler.drain()
+    return ops
+
+
 def count_decode_steps(engine, *, steps: int, warmup: int = 2) -> DecodeOps:
     """Run ``warmup`` then ``steps`` engine steps of running requests (each a decode step of the
     same batch) and count their host launches, by phase: the worker's phases, "launch" (the rest

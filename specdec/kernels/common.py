@@ -103,3 +103,12 @@ def table_row(req_to_token: torch.Tensor, row: int, b: int) -> torch.Tensor:
     if not 0 <= row < req_to_token.shape[0]:
         raise ValueError(f"req_pool_indices: request {b} has row {row} outside [0, {req_to_token.shape[0]})")
     return req_to_token[row]
+
+
+def ngram_merge_buffer(num_requests: int, device) -> torch.Tensor:
+    """``ngram_match``'s merge state for launches of up to ``num_requests`` requests: [2, num_requests]
+    int64, row 0 at -1 and row 1 at 0 (every launch leaves it so). Here, below both ``ngram_match``
+    modules, so that the Triton one builds it too without importing the public one."""
+    buf = torch.zeros(2, num_requests, dtype=torch.int64, device=device)
+    buf[0] = -1
+    return buf

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec.kernels.common import INDEX_DTYPES, check_rows, check_tensor, table_row
+from specdec.kernels.common import INDEX_DTYPES, check_rows, check_tensor, ngram_merge_buffer, table_row
 from specdec.kernels.dispatch import select_impl
 
 __all__ = ["latest_longest_match", "ngram_merge_buffer", "ngram_match", "ngram_match_ref"]
@@ -58,14 +58,6 @@ def ngram_match(
     impl = select_impl("ngram_match", ngram_match_ref, device)
     impl(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, min_n=min_n, max_n=max_n,
          span=span, merge=merge)
-
-
-def ngram_merge_buffer(num_requests: int, device) -> torch.Tensor:
-    """``ngram_match``'s merge state for launches of up to ``num_requests`` requests: [2, num_requests]
-    int64, row 0 at -1 and row 1 at 0 (every launch leaves it so)."""
-    buf = torch.zeros(2, num_requests, dtype=torch.int64, device=device)
-    buf[0] = -1
-    return buf
 
 
 def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, chains, draft_lens, *,

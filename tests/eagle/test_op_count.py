@@ -19,7 +19,7 @@ from ..triton_env import import_kernels
 for _module in ("cache_ops", "commit", "frontier", "packbits", "replay", "row_kv", "simulate", "tree_build", "verify"):
     import_kernels(f"specdec.kernels.triton.{_module}")  # interpreted on CPU: launches to count
 
-from specdec.bench.op_count import DecodeOps, count_decode_steps  # noqa: E402
+from specdec.bench.op_count import DecodeOps, count_batch_steps  # noqa: E402
 from specdec.eagle.policy import SpecShape  # noqa: E402
 
 from ..e2e.helpers import make_pair, prompts_of  # noqa: E402
@@ -39,15 +39,8 @@ def measure(shape: tuple[int, int, int], tmp_path, *, greedy: bool = True) -> De
     eng.capture_cuda_graphs([BS], use_graphs=False)
     eng.worker.force = SpecShape(*shape)
     params = {"temperature": 0 if greedy else 0.8, "max_new_tokens": 60, "ignore_eos": True}
-    for ids in prompts_of([5 + i % 7 for i in range(BS)], target.config.vocab_size, seed=3):
-        eng.add_request(eng.make_request(input_ids=ids, sampling_params=params))
-    while len(eng.scheduler.running) < BS or eng.scheduler.launched is None:
-        eng.step()
-    ops = count_decode_steps(eng, steps=3)
-    for req in list(eng.scheduler.running):
-        eng.abort(req.rid)
-    eng.scheduler.drain()
-    return ops
+    prompts = prompts_of([5 + i % 7 for i in range(BS)], target.config.vocab_size, seed=3)
+    return count_batch_steps(eng, [eng.make_request(input_ids=ids, sampling_params=params) for ids in prompts])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts the CPU interpreter's launches")

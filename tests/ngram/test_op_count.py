@@ -20,7 +20,7 @@ for _module in ("cache_ops", "commit", "frontier", "ngram_match", "packbits", "r
                 "verify"):
     import_kernels(f"specdec.kernels.triton.{_module}")  # interpreted on CPU: launches to count
 
-from specdec.bench.op_count import DecodeOps, count_decode_steps  # noqa: E402
+from specdec.bench.op_count import DecodeOps, count_batch_steps  # noqa: E402
 from specdec.ngram.worker import LOOK_UP_EVERY_STEP  # noqa: E402
 
 from ..e2e.helpers import make_pair  # noqa: E402
@@ -40,15 +40,8 @@ def measure(kind: str) -> DecodeOps:
     eng.worker.force = LOOK_UP_EVERY_STEP if kind == "lookup" else 0  # (0: every step plain)
     params = {"temperature": 0, "max_new_tokens": 60, "ignore_eos": True}
     prompts = repetitive_prompts(target.config.vocab_size)
-    for i in range(BS):
-        eng.add_request(eng.make_request(input_ids=prompts[i % len(prompts)], sampling_params=params))
-    while len(eng.scheduler.running) < BS or eng.scheduler.launched is None:
-        eng.step()
-    ops = count_decode_steps(eng, steps=3)
-    for req in list(eng.scheduler.running):
-        eng.abort(req.rid)
-    eng.scheduler.drain()
-    return ops
+    return count_batch_steps(eng, [eng.make_request(input_ids=prompts[i % len(prompts)], sampling_params=params)
+                                   for i in range(BS)])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts the CPU interpreter's launches")

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.kernels.common import ngram_merge_buffer
 from specdec.kernels.triton._common import custom_op, error_flag_for, next_pow2, raise_on_cpu
 
 _ERRORS = {1: "req_pool_indices: request {b} has a row outside req_to_token",
@@ -137,9 +138,8 @@ def ngram_match(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots, ch
                 error_flag: torch.Tensor | None = None) -> None:
     bs, device = chains.shape[0], req_to_token.device
     span, splits = split_span(req_to_token.shape[1], span)
-    if merge is None:  # idle state for this call (``ngram_merge_buffer``); one split never reads it
-        merge = torch.tensor([[-1] * bs, [0] * bs], dtype=torch.int64, device=device) if splits > 1 \
-            else chains.new_empty(2, 1)
+    if merge is None:  # (one split never reads it)
+        merge = ngram_merge_buffer(bs, device) if splits > 1 else chains.new_empty(2, 1)
     elif merge.dtype != torch.int64 or merge.dim() != 2 or merge.shape[0] != 2 or merge.shape[1] < bs \
             or merge.stride(1) != 1 or merge.device != device:
         raise ValueError(f"merge: expected a [2, >= {bs}] int64 tensor on {device} (ngram_merge_buffer), got "

@@ -109,6 +109,7 @@ if [ "$what" = tp ]; then
         fi
         timeout "${TP_TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -p no:cacheprovider -rs --durations=12 \
           -o faulthandler_timeout=200 tests/e2e/test_gpu_custom_all_reduce.py tests/e2e/test_gpu_tensor_parallel.py \
+          tests/e2e/test_gpu_device_index.py \
           2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
         status=${PIPESTATUS[0]}
         if [ -n "$side" ]; then

@@ -89,11 +89,18 @@ vllm_tp_env() {  # vllm_tp_env TP: vLLM's all-reduce at TP ranks without NVLink 
   if [ "$1" -ge 4 ]; then export VLLM_ALLREDUCE_USE_SYMM_MEM=0; else unset VLLM_ALLREDUCE_USE_SYMM_MEM; fi
 }
 
-wait_http() {  # wait_http URL SECONDS: until URL answers 200 (python's urllib: the device image may lack curl)
-  python3 - "$1" "$2" <<'PY'
-import sys, time, urllib.request
+wait_http() {  # wait_http URL SECONDS [PID]: until URL answers 200 (python's urllib: the device image may lack curl),
+  # or the server process PID has exited
+  python3 - "$1" "$2" "${3:-}" <<'PY'
+import os, sys, time, urllib.request
 deadline = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < deadline:
+    try:  # a process that exited stays a zombie ("Z") until the shell waits for it
+        alive = not sys.argv[3] or open(f"/proc/{sys.argv[3]}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        alive = False
+    if not alive:
+        sys.exit(f"the server (pid {sys.argv[3]}) exited before {sys.argv[1]} answered")
     try:
         urllib.request.urlopen(sys.argv[1], timeout=2)
         sys.exit(0)
@@ -132,6 +139,7 @@ case "$what" in
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
     ls $STAGE | wc -l ;;
   install)  # whatever parts were put: vLLM's zip and wheels, the GGUF (each checked against its sha256)
+    mkdir -p $STAGE
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
     cd $STAGE || exit 1
     mkdir -p /tmp/site
@@ -220,7 +228,7 @@ case "$what" in
       python3 -m specdec.cli serve --model-path /tmp/ck/llama-3.1-8b-target --load-format dummy --dp-size "$dp" \
         --tp-size "$tp" --port 30000 > "$OUT/$tag-server.log" 2>&1 &
       pid=$!
-      wait_http http://127.0.0.1:30000/health "${DP_START_TIMEOUT:-240}"
+      wait_http http://127.0.0.1:30000/health "${DP_START_TIMEOUT:-240}" $pid || { tail -3 "$OUT/$tag-server.log"; continue; }
       timeout "${DP_BENCH_TIMEOUT:-150}" python3 -m specdec.cli.bench bench-serving --base-url http://127.0.0.1:30000 \
         --dataset random --random-input-len "${DP_INPUT:-512}" --max-new-tokens "${DP_OUTPUT:-256}" \
         --num-prompts $((2 * c)) --concurrency "$c" --disable-tqdm --output "$OUT/$tag.json" 2>&1 \

@@ -41,6 +41,17 @@ SPEC_CONFIG_FLAGS = (
 )
 
 
+def _bind_current_device(device: torch.device) -> None:
+    """The calling thread's current CUDA device := ``device`` (an indexed GPU; otherwise nothing).
+
+    NOTE: Triton launches on the current device, which is per thread; tensors on another GPU fail
+    there as "cpu tensor?" (a data-parallel replica on cuda:1 failed every request so, twice: first
+    unset, then set only in the thread that built the engine and not in the server's loop thread).
+    """
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
 class Engine:
     def __init__(
         self,
@@ -76,11 +87,7 @@ class Engine:
             TPGroup(rank=0, size=args.tp_size).check(read_target_config(args.model_path))
             self._tp_workers, tp_group = TPWorkers.start(args, type(self))
             args = dataclasses.replace(args, device=rank_device(args.device, 0))
-        device = torch.device(args.device)
-        if device.type == "cuda" and device.index is not None:
-            # NOTE: Triton launches on the current device; tensors on another GPU fail as "cpu tensor?"
-            # (a data-parallel replica on cuda:1 failed every request so)
-            torch.cuda.set_device(device)
+        _bind_current_device(torch.device(args.device))
         try:
             self._load(args, target_model, draft_model, tokenizer, tp_group or TPGroup())
             if self._tp_workers is not None:
@@ -104,6 +111,11 @@ class Engine:
         self.release_cuda_graphs()
         if self._tp_workers is not None:
             self._tp_workers.shutdown()
+
+    def bind_thread(self) -> None:
+        """Make the calling thread's current CUDA device the engine's. The constructor binds its own
+        thread; a loop that steps the engine on another thread (the server's) calls this first."""
+        _bind_current_device(self.memory.req_to_token.device)
 
     def watch_workers(self, listener: Callable[[Exception], None]) -> None:
         """Under tensor parallelism, ``listener(error)`` (from a monitor thread) once a rank fails

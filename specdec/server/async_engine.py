@@ -187,6 +187,7 @@ class AsyncEngine:
 
     # ------------------------------------------------------------ loop thread
     def _run(self) -> None:
+        self.engine.bind_thread()
         while True:
             try:
                 if not self._iteration():

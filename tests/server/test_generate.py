@@ -1,6 +1,7 @@
 """Native /generate over real HTTP: lossless against offline plain greedy, streaming, text, stops."""
 
 import asyncio
+import threading
 
 import httpx
 import pytest
@@ -126,3 +127,20 @@ def test_text_prompt_and_stop_strings(models, live):
     assert all(two not in c["text"] for c in events[:-1]) and events[-2]["text"] == cut
     live.wait_idle()
     assert live.engine_state(kv_is_free)
+
+
+def test_the_engine_loop_thread_binds_the_engines_device(models):
+    """Triton launches on the thread's current CUDA device: the server's loop thread, not the one that
+    built the engine, must take the engine's (a replica on cuda:1 failed every request otherwise)."""
+    from specdec.server.async_engine import AsyncEngine
+
+    _, _, plain = models
+    bound = []
+    plain.bind_thread = lambda: bound.append(threading.current_thread().name)
+    try:
+        loop = AsyncEngine(plain)
+        loop.start()
+        loop.stop()
+    finally:
+        del plain.bind_thread
+    assert bound == ["specdec-engine"]

@@ -5,6 +5,7 @@
 #
 # Here, once (network): bash ../shared/tools/vllm_wheels.sh .vllm 12   (git-ignored; 13 parts, 150 MB)
 #                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
+#                      and, for `dp`, the router's and server's wheels: bash scripts/gpu_peer.sh router-wheels
 # On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); put .peer/tc where
 # an earlier call handed Triton's cache back (below):
 #   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
@@ -40,7 +41,7 @@
 #                                            "1 2 4"), both engines (rows with flags tp_size / tensor_parallel_size);
 #                                            vLLM at tp >= 4 with VLLM_ALLREDUCE_USE_SYMM_MEM=0 (see vllm_env)
 #   bash scripts/gpu_peer.sh dp              `specdec serve --dp-size D --tp-size T` (the replicas behind sglang-router;
-#                                            carry .peer/router, its wheel and orjson's) on the 8B shape, random
+#                                            `install .peer/router` first, in the same call) on the 8B shape, random
 #                                            prompts through `specdec bench-serving`: throughput at DP_POINTS
 #                                            ("DxT:concurrency ...", default 2x1:128 1x2:128 4x1:256 2x2:256 1x4:256)
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
@@ -134,6 +135,16 @@ case "$what" in
       && split -b 24m -d "$src" "$GGUF." && for f in "$GGUF".*; do mkdir "p-${f##*.}"; mv "$f" "p-${f##*.}/"; done \
       && mv gguf.sha256 p-00/)
     ls -la .peer ;;
+  router-wheels)  # here: sglang-router 0.3.2 and what it and `specdec serve` import that the device image lacks
+    # (the server's packages came with vLLM's parts before), 36 MB under .peer/router
+    rm -rf .peer/router && mkdir -p .peer/router
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .peer/router \
+      sglang-router==0.3.2 orjson setproctitle aiohttp multidict yarl frozenlist aiosignal attrs propcache \
+      aiohappyeyeballs idna 'fastapi>=0.110,<0.137' annotated-doc 'starlette>=0.40' 'uvicorn>=0.29' h11 \
+      prometheus_client 'pydantic==2.14.4' 'pydantic-core==2.50.5' annotated-types typing-inspection anyio sniffio \
+      click typing_extensions
+    du -sh .peer/router ;;
   put)
     mkdir -p $STAGE
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
@@ -279,7 +290,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

@@ -25,6 +25,7 @@ configured bound.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 
@@ -94,6 +95,10 @@ class AdaptiveEAGLEWorker:
         self._timer: PhaseTimer | None = None
         # the decode steps launched through the policy, timed from one launch to the next
         self._clock = LaunchClock()
+        # tensor parallelism (``relay_choices``): rank 0 sends each policy choice, the others receive it
+        self._send: Callable[[str], None] | None = None
+        self._receive: Callable[[], str] | None = None
+        self._by_name = {shape.name: shape for shape in self.shapes}
 
     def graph_sizes(self, shape: SpecShape, batch_sizes: list[int]) -> list[int]:
         """The batch sizes ``shape``'s verify and draft loop are captured at."""
@@ -149,15 +154,35 @@ class AdaptiveEAGLEWorker:
         self._clock.reset()
         return self.base.launch_decode_plain(*args, **kw)
 
+    def relay_choices(self, *, send: Callable[[str], None] | None = None,
+                      receive: Callable[[], str] | None = None) -> None:
+        """Tensor parallelism: every rank must take the same choice each step, or their collectives
+        diverge. Unrelayed, each rank's policy chooses from the same inputs and so may not learn from
+        its own clock. Relayed, rank 0's policy chooses, learning the served steps' times and trying
+        runner-ups, and hands each choice's name (``PLAIN``: no speculation) to ``send``; every other
+        rank takes its choices from ``receive``, in order (the ranks run the same steps). Set on every
+        rank before the first step that asks the policy, after the policy is built."""
+        if self.policy is None:
+            raise RuntimeError("relay_choices: the adaptive policy is not built yet")
+        self._send, self._receive = send, receive
+        if send is not None:
+            self.policy.learn_served_step_times()
+
     def choose(self, bs: int, seq_lens_cpu: list[int] | None) -> SpecShape | None:
-        """This step's shape (None: plain): ``force`` unless AUTO, else the policy's choice."""
+        """This step's shape (None: plain): ``force`` unless AUTO, else the policy's choice (rank 0's
+        under a relay)."""
         if self.force != AUTO:
             return self.force
         if self.policy is None:
             return self.configured
+        if self._receive is not None:
+            name = self._receive()
+            return None if name == PLAIN else self._by_name[name]
         context = sum(seq_lens_cpu) / len(seq_lens_cpu) if seq_lens_cpu else self._context
         shape = self.policy.choose(bs, context)
         self._observe_last_step(shape, bs, context)
+        if self._send is not None:
+            self._send(PLAIN if shape is None else shape.name)
         return shape
 
     def _observe_last_step(self, shape: SpecShape | None, bs: int, context: float) -> None:

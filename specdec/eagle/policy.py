@@ -175,8 +175,9 @@ class AdaptivePolicy:
         step of it is read (absent: 1): a real draft's ranking commits more than the static one,
         most for small trees, which would otherwise never be tried.
         ``learn_step_times``: scale the profile by the steps' observed times (``observe_step``) and
-        try each bucket's runner-up every ``explore_every`` steps. NOTE: off under tensor
-        parallelism, where every rank must make the same choice and only step counts are shared."""
+        try each bucket's runner-up every ``explore_every`` steps. NOTE: off where several
+        tensor-parallel ranks each choose (they must make the same choice, and their clocks differ);
+        rank 0 turns it on (``learn_served_step_times``) once the other ranks take its choices."""
         missing = [n for n in [PLAIN] + [s.name for s in shapes] if n not in costs.table]
         if missing:
             raise ValueError(f"adaptive speculation: no step costs for {', '.join(missing)}")
@@ -191,12 +192,21 @@ class AdaptivePolicy:
         self.observed = {s.name: 0.0 for s in shapes}  # summed mean committed tokens of its steps
         self.predicted = {s.name: 0.0 for s in shapes}  # summed static estimates of those steps
         self.chosen: dict[str, int] = {}  # steps by choice, plain included
-        self.step_times = StepTimeCalibration() if learn_step_times else None
-        # NOTE: a runner-up runs 3 steps in a row: the worker times a step only when the one before
-        # it made the same choice (``specdec.eagle.served.LaunchClock``)
-        self.explorer = RunnerUpExplorer(explore_every=explore_every) if learn_step_times else None
+        self.explore_every = explore_every
+        self.step_times: StepTimeCalibration | None = None
+        self.explorer: RunnerUpExplorer | None = None
+        if learn_step_times:
+            self.learn_served_step_times()
         self._reads = 0
         self._refresh()
+
+    def learn_served_step_times(self) -> None:
+        """From now on scale the profile by the served steps' times and try runner-ups."""
+        if self.step_times is None:
+            self.step_times = StepTimeCalibration()
+            # NOTE: a runner-up runs 3 steps in a row: the worker times a step only when the one
+            # before it made the same choice (``specdec.eagle.served.LaunchClock``)
+            self.explorer = RunnerUpExplorer(explore_every=self.explore_every)
 
     def _refresh(self) -> None:
         model = self.stats.model()

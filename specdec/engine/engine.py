@@ -91,7 +91,8 @@ class Engine:
         try:
             self._load(args, target_model, draft_model, tokenizer, tp_group or TPGroup())
             if self._tp_workers is not None:
-                self._tp_workers.wait_ready()
+                self._tp_workers.wait_ready()  # the other ranks take this one's choices from now on
+                self.relay_speculation_choices(send=self._tp_workers.relay_choice)
                 self.scheduler = MirroredScheduler(self.scheduler, self._tp_workers)
         except RuntimeError as e:  # under tensor parallelism: most likely a failed collective
             if self._tp_workers is not None:
@@ -116,6 +117,16 @@ class Engine:
         """Make the calling thread's current CUDA device the engine's. The constructor binds its own
         thread; a loop that steps the engine on another thread (the server's) calls this first."""
         _bind_current_device(self.memory.req_to_token.device)
+
+    def relay_speculation_choices(self, *, send: Callable[[str], None] | None = None,
+                                  receive: Callable[[], str] | None = None) -> None:
+        """Tensor parallelism: rank 0's adaptive policy chooses each step's shape and ``send``s it,
+        the other ranks ``receive`` it (``AdaptiveEAGLEWorker.relay_choices``), so rank 0 may learn
+        from its served step times. Without adaptive speculation, nothing."""
+        from specdec.eagle.adaptive import AdaptiveEAGLEWorker
+
+        if isinstance(self.worker, AdaptiveEAGLEWorker) and self.worker.policy is not None:
+            self.worker.relay_choices(send=send, receive=receive)
 
     def watch_workers(self, listener: Callable[[Exception], None]) -> None:
         """Under tensor parallelism, ``listener(error)`` (from a monitor thread) once a rank fails

@@ -72,7 +72,9 @@ def start_adaptive_policy(engine, batch_sizes: list[int], *, profile_path: str |
     worker = engine.worker
     path = Path(profile_path or engine.args.speculative_adaptive_profile or _cache_path(engine, batch_sizes))
     # NOTE: under tensor parallelism every rank must pick the same shape each step, or their
-    # collectives diverge: all ranks use rank 0's costs (its file, or its measurement)
+    # collectives diverge: all ranks use rank 0's costs (its file, or its measurement), and learn
+    # nothing from their own clocks; once serving, rank 0 chooses alone and learns (the engine's
+    # relay_speculation_choices)
     tp = engine.target_model.tp
     saved = tp.broadcast_object(path.read_text() if tp.rank == 0 and path.is_file() else None)
     if saved is not None:

@@ -42,6 +42,9 @@ from specdec.models.parallel import TPGroup
 __all__ = ["TPWorkerError", "TPWorkers", "MirroredScheduler", "rank_device", "worker_main", "serve_node"]
 
 _STARTUP_POLL_S, _CAUSE_WAIT_S, _JOIN_S = 0.2, 10.0, 10.0
+# a message inside a step: rank 0's speculation choice, these bytes and its name (not pickled: no
+# pickled message starts so)
+_CHOICE = b"\x00choice:"
 
 
 class TPWorkerError(RuntimeError):
@@ -62,6 +65,7 @@ def worker_main(rank: int, topo: Topology, args: Any, engine_cls: type, threads:
         device = rank_device(args.device, topo.local_rank(rank))
         tp = init_distributed(rank, topo, device, custom_all_reduce=not args.disable_custom_all_reduce)
         engine = engine_cls(args=dataclasses.replace(args, device=device), tp_group=tp)
+        engine.relay_speculation_choices(receive=lambda: _receive_choice(conn))
         conn.send(("ready", None))
         stopped = _run_calls(conn, engine)
     except BaseException as e:  # noqa: BLE001 - every failure goes to rank 0, then the process ends
@@ -80,12 +84,21 @@ def _run_calls(conn: Any, engine: Any) -> bool:
     while True:
         try:
             name, call_args = conn.recv()
-        except EOFError:  # rank 0 is gone
+            if name == "shutdown":
+                engine.release_cuda_graphs()  # NOTE: before the process group's teardown (Engine.shutdown)
+                return True
+            getattr(engine.scheduler, name)(*call_args)
+        except EOFError:  # rank 0 is gone (also while a step waited for its choice)
             return False
-        if name == "shutdown":
-            engine.release_cuda_graphs()  # NOTE: before the process group's teardown (Engine.shutdown)
-            return True
-        getattr(engine.scheduler, name)(*call_args)
+
+
+def _receive_choice(conn: Any) -> str:
+    """Rank 0's speculation choice for the step this rank is running (``TPWorkers.relay_choice``)."""
+    data = conn.recv_bytes()
+    if not data.startswith(_CHOICE):
+        raise RuntimeError("rank 0 sent a scheduler call where this rank waited for its speculation choice: "
+                           "the ranks' steps diverged")
+    return data[len(_CHOICE):].decode()
 
 
 def _destroy_process_group() -> None:
@@ -299,6 +312,15 @@ class TPWorkers:
             payload = bytes(ForkingPickler.dumps((name, args)))
             if not args:
                 self._encoded[name] = payload
+        self._send_bytes(payload)
+
+    def relay_choice(self, choice: str) -> None:
+        """Hand every worker this step's speculation choice (a shape's name, or "plain"), which its
+        step waits for (``AdaptiveEAGLEWorker.relay_choices``)."""
+        self.check()
+        self._send_bytes(_CHOICE + choice.encode())
+
+    def _send_bytes(self, payload: bytes) -> None:
         try:
             for conn in self.conns.values():
                 conn.send_bytes(payload)

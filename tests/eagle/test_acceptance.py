@@ -357,7 +357,7 @@ def test_adaptive_worker_revises_its_first_choice_under_overlap_scheduling(monke
 
     worker = AdaptiveEAGLEWorker.__new__(AdaptiveEAGLEWorker)
     worker.policy, worker.force, worker._context = _policy(spec_ms=1.2), AUTO, 100.0
-    worker._clock = served.LaunchClock()
+    worker._clock, worker._send, worker._receive = served.LaunchClock(), None, None
     served_ms = {None: 1.0}  # a shape's served step: 4.8 ms
     now, launched = [0.0], []
     monkeypatch.setattr(served.time, "perf_counter", lambda: now[0])

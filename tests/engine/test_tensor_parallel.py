@@ -137,6 +137,28 @@ def test_tp2_adaptive_speculation(checkpoint, tmp_path):
         engine.shutdown()
 
 
+def test_tp2_adaptive_choices_are_rank0s(checkpoint, tmp_path):
+    """Serving under tensor parallelism, rank 0's policy alone chooses (and learns its served step
+    times) and the other ranks take its choices: here rank 0 runs a cycle of every shape and plain
+    steps that no rank's own policy would choose, and the output stays equal to tp 1's."""
+    path, head = checkpoint
+    plain = _outputs(Engine(path))
+    engine = Engine(path, tp_size=2, speculative_draft_model_path=head, speculative_adaptive="on",
+                    speculative_adaptive_profile=str(tmp_path / "costs.json"), max_running_requests=2,
+                    dist_timeout=60, **SPEC)
+    try:
+        worker = engine.worker
+        assert worker.policy.step_times is not None and worker.policy.explorer is not None
+        cycle = [*worker.shapes, None]
+        chosen = iter(cycle * 100)
+        worker.policy.choose = lambda bs, ctx: next(chosen)
+        assert _outputs(engine) == plain
+        steps = engine.scheduler.spec_shape_steps
+        assert set(steps) == {shape.name for shape in worker.shapes} | {"plain"}, steps
+    finally:
+        engine.shutdown()
+
+
 def _write_char_tokenizer(directory) -> None:
     """A tokenizer.json of one character per token, ids 3..96 (0-2 special), as the server tests'."""
     import string

@@ -45,6 +45,12 @@ def test_repeated_runs_each_prefill_from_an_empty_cache_and_agree():
     # the timed runs' engine steps (the warm-up's not): 3 prompts prefilled a run, the rest plain decode
     assert res["steps"]["prefill"]["steps"] >= 2 and set(res["steps"]) == {"prefill", "decode"}
     assert res["steps"]["decode"]["ms"] > 0
+    # each run's own, summed over the runs
+    for kind in ("prefill", "decode"):
+        per_run = [r["steps"][kind] for r in res["runs"]]
+        assert res["steps"][kind]["steps"] == sum(v["steps"] for v in per_run)
+        assert res["steps"][kind]["ms"] == pytest.approx(
+            sum(v["steps"] * v["ms"] for v in per_run) / res["steps"][kind]["steps"])
 
 
 def test_step_log_files_steps_by_the_policys_choice():
@@ -84,7 +90,9 @@ def test_a_short_pass_is_repeated_to_last_min_seconds(monkeypatch):
 
 def test_runs_that_disagree_are_reported(capsys):
     run = {"throughput_tok_s": 100.0, "spread": {"min": 90.0, "max": 110.0, "relative": 110 / 90 - 1},
-           "runs": [{}, {}, {}], "passes_per_run": 2, "acceptance_length": 2.0, "acceptance_histogram": {2: 1},
+           "runs": [{"throughput_tok_s": r, "steps": {"3x1x4": {"steps": 40, "ms": 2.5}}}
+                    for r in (90.0, 100.0, 110.0)],
+           "passes_per_run": 2, "acceptance_length": 2.0, "acceptance_histogram": {2: 1},
            "steps": {"3x1x4": {"steps": 40, "ms": 2.5}, "prefill": {"steps": 2, "ms": 10.0}}}
     res = {"note": None, "ignore_eos": True, "model_path": "m", "dataset": "d", "num_prompts": 1,
            "max_new_tokens": 4, "temperature": 0, "algorithm": "EAGLE", "num_steps": 1, "topk": 1,
@@ -96,6 +104,7 @@ def test_runs_that_disagree_are_reported(capsys):
     assert "median of 3 runs, 90.0-110.0, 2 passes" in out.out
     assert "Steps, speculative: 3x1x4 40 x 2.50 ms, prefill 2 x 10.00 ms" in out.out
     assert "timed speculative runs disagree by 22.2 %" in out.err and "baseline" not in out.err
+    assert "run 3: 110.0 token/s, 3x1x4 40 x 2.50 ms" in out.err  # each run's steps, to see what differed
 
 
 def test_embedded_prompt_sets_plain_and_gzipped():

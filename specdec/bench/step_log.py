@@ -58,6 +58,16 @@ class StepLog:
         self._log.clear()
 
 
+def merge_steps(logs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Several ``take`` results as one, most time first."""
+    total: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])  # kind: [steps, ms summed]
+    for log in logs:
+        for kind, v in log.items():
+            total[kind][0] += v["steps"]
+            total[kind][1] += v["steps"] * v["ms"]
+    return {kind: {"steps": n, "ms": ms / n} for kind, (n, ms) in sorted(total.items(), key=lambda kv: -kv[1][1])}
+
+
 def format_steps(steps: dict[str, dict]) -> str:
     """``5x4x8 647 x 2.02 ms, prefill 8 x 10.71 ms``."""
     return ", ".join(f"{kind} {v['steps']} x {v['ms']:.2f} ms" for kind, v in steps.items())

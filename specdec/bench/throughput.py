@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from specdec.bench.report import format_histogram, git_commit, plot_histogram, progress_bar
-from specdec.bench.step_log import StepLog, format_steps
+from specdec.bench.step_log import StepLog, format_steps, merge_steps
 from specdec.engine import embedded
 from specdec.engine.args import EngineArgs, flag
 from specdec.engine.embedded import DATASETS
@@ -206,7 +206,7 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
                 tokens += sum(r["meta_info"]["completion_tokens"] for r in out)
                 results += out
             runs.append({"seconds": seconds, "completion_tokens": tokens, "throughput_tok_s": tokens / seconds,
-                         "output_ids": [r["output_ids"] for r in results[:len(prompts)]]})
+                         "steps": steps.take(), "output_ids": [r["output_ids"] for r in results[:len(prompts)]]})
             first = first or results
     rates = [r["throughput_tok_s"] for r in runs]
     committed = [k + 1 for r in first for k in r["meta_info"]["spec_accept_lengths"]]
@@ -215,7 +215,7 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
         "spread": {"min": min(rates), "max": max(rates), "relative": max(rates) / min(rates) - 1},
         "runs": [{k: v for k, v in r.items() if k != "output_ids"} for r in runs],
         "passes_per_run": passes,
-        "steps": steps.take(),
+        "steps": merge_steps([r["steps"] for r in runs]),
         "warmup_seconds": None if math.isinf(warm_s) else warm_s,
         "completion_tokens": runs[0]["completion_tokens"] // passes,
         "verify_steps": len(committed),
@@ -304,8 +304,11 @@ def print_report(res: dict) -> None:
         spread = res[name]["spread"]["relative"]
         if spread > DISAGREEMENT:
             print(f"Warning: the {len(res[name]['runs'])} timed {name} runs disagree by {100 * spread:.1f} % "
-                  f"(> {100 * DISAGREEMENT:.0f} %): the machine was busy, or --min-seconds is too short",
-                  file=sys.stderr)
+                  f"(> {100 * DISAGREEMENT:.0f} %): the machine was busy, or --min-seconds is too short; "
+                  "their steps:", file=sys.stderr)
+            for i, run in enumerate(res[name]["runs"]):
+                print(f"  run {i + 1}: {run['throughput_tok_s']:.1f} token/s, {format_steps(run['steps'])}",
+                      file=sys.stderr)
 
 
 def _rate(run: dict) -> str:

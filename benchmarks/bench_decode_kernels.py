@@ -3,7 +3,8 @@
 Llama-3.1-8B shapes, bf16, one device call (``python benchmarks/bench_decode_kernels.py --parts ...``):
 
   bandwidth  device copy (read + write) and read-only (a large sum) bandwidth: the floors
-  gemm       every linear shape of the target and the EAGLE-3 head at M = 1..32 tokens: cuBLAS
+  gemm       every linear shape of the target and the EAGLE-3 head at M = 1..32 tokens (``--tp N``: as one
+             of N tensor-parallel ranks holds it): cuBLAS
              (F.linear) vs the table's Triton config, without and with programmatic dependent
              launch (``--sweep`` adds candidate configs, timed with PDL), GB/s of weight read; each point is a CUDA
              graph of launches over rotating weight copies (more than 4x L2 in all, so every launch
@@ -45,6 +46,12 @@ SHAPES = {  # name -> (N, K): out_features, in_features
     "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096),
 }
 TINY_SHAPES = {"qkv": (48, 64), "o": (32, 32), "gate_up": (96, 64), "down": (64, 48), "lm_head": (97, 64)}
+ROW_PARALLEL = ("o", "down")  # sharded along K under tensor parallelism; the rest along N
+
+
+def sharded(shapes: dict[str, tuple[int, int]], tp: int) -> dict[str, tuple[int, int]]:
+    """Each weight as one of ``tp`` ranks holds it (the 8B draft head is sharded as the target is)."""
+    return {name: (n, k // tp) if name in ROW_PARALLEL else (n // tp, k) for name, (n, k) in shapes.items()}
 TOKENS = [1, 2, 4, 8, 16, 32]
 L2_BYTES = 50 << 20
 
@@ -58,8 +65,9 @@ def sweep_configs(m: int) -> list:
             C(2, 2048, prefetch=True), C(8, 1024, 8, prefetch=True), C(16, 512, 8, prefetch=True)],
         2: [C(4, 512, prefetch=True), C(4, 512), C(2, 1024, prefetch=True), C(8, 512, 8, prefetch=True)],
     }.get(m, [])
-    dot = [C(16, 256, 4, 4, True), C(32, 256, 4, 4, True), C(16, 512, 4, 3, True), C(64, 128, 4, 4, True)]
-    return elementwise + (dot if m > 2 else [])
+    dot = [C(16, 256, 4, 4, True), C(32, 256, 4, 4, True), C(16, 512, 4, 3, True), C(64, 128, 4, 4, True),
+           C(32, 128, 4, 6, True), C(32, 512, 4, 3, True)]
+    return elementwise + dot  # NOTE: the table takes one tensor-core tiling for 1-8 tokens (bit-equal rows)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -314,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--paths", default="before,gemv,gemv+pdl", help="model paths of the e2e part")
     parser.add_argument("--sweep", action="store_true", help="time candidate configs besides the table's")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--tp", type=int, default=1, help="the gemm part's weights as one of this many "
+                        "tensor-parallel ranks holds them (qkv, gate_up, lm_head: N / tp; o, down: K / tp)")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--rope-tokens", default=",".join(map(str, ROPE_TOKENS)))
     parser.add_argument("--layers", type=int, default=4, help="layers of the breakdown's model")
@@ -334,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args.device = "cpu" if args.dry_run else "cuda"
     parts = set(args.parts.split(","))
-    shapes = TINY_SHAPES if args.dry_run else {s: SHAPES[s] for s in args.shapes.split(",")}
+    shapes = sharded(TINY_SHAPES if args.dry_run else {s: SHAPES[s] for s in args.shapes.split(",")}, args.tp)
     tokens = [int(t) for t in args.tokens.split(",")]
     model_shape = dict(MODEL_SHAPES["tiny" if args.dry_run else "llama-3.1-8b"])
     if args.dry_run:

@@ -20,10 +20,13 @@
 #              scripts/gpu_backends.sh (PYTEST_ARGS=tests/e2e/test_gpu_prefix_cache.py), which has FlashInfer
 #   tp         tensor parallelism on every GPU of the host (two or four), in parts (TP_PARTS, default
 #              "tests allreduce sweep"; each part fits one call):
-#              tests      tests/e2e/test_gpu_tensor_parallel.py and test_gpu_custom_all_reduce.py at tp 2 and, on
+#              tests      tests/e2e/test_gpu_tensor_parallel.py, test_gpu_custom_all_reduce.py (and
+#                         test_gpu_device_index.py) at tp 2 and, on
 #                         four GPUs, tp 4 (~6 min on four); SIDE_TESTS="paths..." runs single-GPU tests at the same
 #                         time on the last GPU (correctness only: nothing timed shares the call)
 #              allreduce  benchmarks/bench_allreduce.py (NCCL vs one-shot latency by size) at 2 and 4 ranks
+#              gemm       benchmarks/bench_decode_kernels.py's GEMMs on one rank's shards at each tp > 1 of TP_SIZES,
+#                         with candidate tilings (--sweep): at tp 2 a step's GEMVs ran at ~77 % of the copy bandwidth (profile)
 #              sweep      the 8B sweep at each of TP_SIZES (default 1, 2 and, on four GPUs, 4): plain, TP_CONFIGS
 #                         and adaptive, bs TP_BS, ctx TP_CTX, each with --profile-device for the collectives'
 #                         share of a step (smallest and largest bs); TP_NCCL=1 adds every tp > 1 with
@@ -116,6 +119,12 @@ if [ "$what" = tp ]; then
           wait "$side" || status=1
           echo "side tests:"; tail -25 "$OUT/gpu_side_tests.log"
         fi ;;
+      gemm)  # one GPU: the skinny GEMMs on one rank's shards (the table's tiling, cuBLAS and candidates)
+        for tp in ${TP_SIZES:-$default_tp}; do
+          [ "$tp" -gt 1 ] || continue
+          (cd benchmarks && timeout "${GEMM_TIMEOUT:-240}" python3 bench_decode_kernels.py --parts bandwidth,gemm \
+            --tp "$tp" --sweep --tokens "${GEMM_TOKENS:-1,4,8}" --output-dir "$OUT/gemm_tp$tp") 2>&1 | tail -14
+        done ;;
       allreduce)
         for n in 2 4; do
           [ "$n" -le "$gpus" ] || continue
@@ -135,7 +144,7 @@ if [ "$what" = tp ]; then
             --profile-device "$OUT/device_profile_$run.txt" ${SYNTHETIC_ARGS:-} --output "$OUT/synthetic_$run.json" \
             2>&1 | tee "$OUT/synthetic_$run.log" | grep -E "^(plain|[0-9]|adaptive|Speedup|  bs)"
         done ;;
-      *) echo "TP_PARTS: tests, allreduce or sweep, not $part"; status=2 ;;
+      *) echo "TP_PARTS: tests, gemm, allreduce or sweep, not $part"; status=2 ;;
     esac
   done
 fi

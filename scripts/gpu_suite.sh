@@ -26,7 +26,8 @@
 #                         time on the last GPU (correctness only: nothing timed shares the call)
 #              allreduce  benchmarks/bench_allreduce.py (NCCL vs one-shot latency by size) at 2 and 4 ranks
 #              gemm       benchmarks/bench_decode_kernels.py's GEMMs on one rank's shards at each tp > 1 of TP_SIZES,
-#                         with candidate tilings (--sweep): at tp 2 a step's GEMVs ran at ~77 % of the copy bandwidth (profile)
+#                         with candidate tilings (--sweep): at tp 2 a step's GEMVs ran at ~77 % of the copy
+#                         bandwidth (2026-11-29-h200x2-scale's profile)
 #              sweep      the 8B sweep at each of TP_SIZES (default 1, 2 and, on four GPUs, 4): plain, TP_CONFIGS
 #                         and adaptive, bs TP_BS, ctx TP_CTX, each with --profile-device for the collectives'
 #                         share of a step (smallest and largest bs); TP_NCCL=1 adds every tp > 1 with

@@ -161,9 +161,10 @@ class AdaptiveEAGLEWorker:
         its own clock. Relayed, rank 0's policy chooses, learning the served steps' times and trying
         runner-ups, and hands each choice's name (``PLAIN``: no speculation) to ``send``; every other
         rank takes its choices from ``receive``, in order (the ranks run the same steps). Set on every
-        rank before the first step that asks the policy, after the policy is built."""
+        rank before the first step that asks the policy, after the policy is built (without one every
+        rank takes the configured shape: nothing to relay)."""
         if self.policy is None:
-            raise RuntimeError("relay_choices: the adaptive policy is not built yet")
+            return
         self._send, self._receive = send, receive
         if send is not None:
             self.policy.learn_served_step_times()

@@ -120,13 +120,12 @@ class Engine:
 
     def relay_speculation_choices(self, *, send: Callable[[str], None] | None = None,
                                   receive: Callable[[], str] | None = None) -> None:
-        """Tensor parallelism: rank 0's adaptive policy chooses each step's shape and ``send``s it,
-        the other ranks ``receive`` it (``AdaptiveEAGLEWorker.relay_choices``), so rank 0 may learn
-        from its served step times. Without adaptive speculation, nothing."""
-        from specdec.eagle.adaptive import AdaptiveEAGLEWorker
-
-        if isinstance(self.worker, AdaptiveEAGLEWorker) and self.worker.policy is not None:
-            self.worker.relay_choices(send=send, receive=receive)
+        """Tensor parallelism: rank 0's speculation policy (adaptive EAGLE's shape, NGRAM's verify size)
+        chooses each step and ``send``s the choice, the other ranks ``receive`` it (the workers'
+        ``relay_choices``), so rank 0 may learn from its served step times. Without a policy, nothing."""
+        relay = getattr(self.worker, "relay_choices", None)
+        if relay is not None:
+            relay(send=send, receive=receive)
 
     def watch_workers(self, listener: Callable[[Exception], None]) -> None:
         """Under tensor parallelism, ``listener(error)`` (from a monitor thread) once a rank fails
@@ -247,10 +246,9 @@ class Engine:
             from specdec.ngram.worker import NgramWorker
 
             token_table = TokenTable(self.memory.max_reqs, self.memory.max_context_len)
-            # cost-aware steps where EAGLE's adaptive speculation would run, on one rank only (the
-            # choice follows host-clock times, which tensor-parallel ranks do not share)
-            tp_size = getattr(getattr(target_model, "tp", None), "size", 1)
-            costs = self._adaptive(self.args.speculative_adaptive, graph_sizes) and tp_size == 1
+            # cost-aware steps where EAGLE's adaptive speculation would run (under tensor parallelism
+            # rank 0's: the choice follows its host clock, and the other ranks take it)
+            costs = self._adaptive(self.args.speculative_adaptive, graph_sizes)
             worker = NgramWorker(self.spec_config, self.ngram_config, self.runner, self.memory, token_table,
                                  max_running_requests=max_running_requests, generator=self.generator,
                                  learn_step_times=costs)

@@ -98,7 +98,7 @@ class NgramWorker:
         """``config``: the shared speculative settings (N = ``ngram.num_draft_tokens`` nodes, depth
         N - 1, thresholds, batch-size threshold); ``ngram``: the drafter's own.
         ``learn_step_times``: with adaptive on, choose each step by served step times
-        (``NgramPolicy``); NOTE: off under tensor parallelism, where ranks must choose alike."""
+        (``NgramPolicy``); under tensor parallelism rank 0 alone chooses so (``relay_choices``)."""
         self.config = config
         self.ngram = ngram
         self.target = target
@@ -117,6 +117,9 @@ class NgramWorker:
         self._lookup_merge = ngram_merge_buffer(self._max_reqs, memory.req_to_token.device) \
             if ngram.device_lookup else None
         self._chains: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (bs, n) -> a chain's constant fields
+        # tensor parallelism (``relay_choices``): rank 0 sends each policy choice, the others receive it
+        self._send: Callable[[str], None] | None = None
+        self._receive: Callable[[], str] | None = None
         self._start_afresh()
         # one verifier per verify size n: its accepted path is at most n - 1 nodes deep
         self.verifiers = {
@@ -158,6 +161,20 @@ class NgramWorker:
         # step plain, LOOK_UP_EVERY_STEP every step looks up (the largest size allowed, no policy);
         # None: the policy's choice and lookups
         self.force: int | None = None
+
+    def relay_choices(self, *, send: Callable[[str], None] | None = None,
+                      receive: Callable[[], str] | None = None) -> None:
+        """Tensor parallelism: every rank must take the same verify size each step, or their
+        collectives diverge, and the policy's choice follows rank 0's clock. Relayed, rank 0's policy
+        chooses and hands each choice (the largest verify size, "0": plain) to ``send``; every other
+        rank drops its policy and takes the choices from ``receive``, in order, after the same history
+        sync and reach lookup rank 0's choice made (their trees come from that history). Without a
+        policy (adaptive off) there is nothing to relay: every rank sizes its steps alike."""
+        if not self._learn_step_times:
+            return
+        self._send, self._receive = send, receive
+        if receive is not None:
+            self._learn_step_times, self.policy = False, None
 
     def forget_warm_up(self) -> None:
         """After ``specdec.engine.ngram_setup.warm_up``: everything the drafter learned forgotten (the
@@ -381,6 +398,12 @@ class NgramWorker:
         if self.policy is not None and max_size:
             reach = None if self.cache is not None else self._reach(rows, sync_history)
             max_size = self.policy.choose(rows, len(rows), max_size, reach, in_flight)
+            if self._send is not None:
+                self._send(str(max_size))
+        elif self._receive is not None and max_size:  # a tensor-parallel rank past 0: rank 0's choice
+            if self.cache is None:
+                self._reach(rows, sync_history)  # NOTE: the history synced as rank 0's choice synced it
+            max_size = int(self._receive())
         elif self.slot_tokens is not None and max_size:  # device lookups without the policy: the rows' reach
             # in the history read so far sizes the chain (0: no row has a match, a plain step)
             longest = int(self._reach(rows, sync_history).max())

@@ -159,6 +159,31 @@ def test_tp2_adaptive_choices_are_rank0s(checkpoint, tmp_path):
         engine.shutdown()
 
 
+# prompts that repeat spans, so n-gram lookups find matches
+REPEATS = [[5, 17, 3, 88, 41, 5, 17, 3, 88, 41, 5, 17], [2, 33, 71, 14, 2, 33, 71, 14, 2, 33]]
+
+
+def test_tp2_ngram_choices_are_rank0s(checkpoint):
+    """NGRAM's cost-aware choice under tensor parallelism is rank 0's, relayed: rank 0 runs a cycle of
+    plain steps and every verify size, and the output stays equal to tp 1's plain decoding."""
+    path, _ = checkpoint
+    params = {**GREEDY, "max_new_tokens": 24}
+    plain = [o["output_ids"] for o in Engine(path).generate(input_ids=REPEATS, sampling_params=params)]
+    engine = Engine(path, tp_size=2, speculative_algorithm="NGRAM", speculative_adaptive="on",
+                    max_running_requests=2, dist_timeout=60)
+    try:
+        worker = engine.worker
+        assert worker.policy is not None  # rank 0 chooses (the other ranks dropped theirs)
+        sizes = iter([0, *worker.budget.sizes] * 100)
+        worker.policy.choose = lambda rows, bs, max_size, *a: min(next(sizes), max_size)
+        out = engine.generate(input_ids=REPEATS, sampling_params=params)
+        assert [o["output_ids"] for o in out] == plain
+        steps = engine.scheduler.spec_shape_steps
+        assert steps["plain"] > 0 and sum(n for k, n in steps.items() if k != "plain") > 0, steps
+    finally:
+        engine.shutdown()
+
+
 def _write_char_tokenizer(directory) -> None:
     """A tokenizer.json of one character per token, ids 3..96 (0-2 special), as the server tests'."""
     import string

@@ -185,8 +185,8 @@ class NgramWorker:
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
                 next_tokens: list[int] | None = None) -> torch.Tensor:
         """Target EXTEND; returns the token after each request's new ones: [bs] (as ``EAGLEWorker.prefill``)."""
-        out = self.target.forward(dataclasses.replace(batch, capture_hidden_mode=self.prefill_hidden))
-        self._write_slot_tokens(batch.out_cache_loc, batch.input_ids)
+        out = self.target.forward(dataclasses.replace(batch, capture_hidden_mode=self.prefill_hidden,
+                                                      token_slots=self.slot_tokens))
         extend_lens = batch.host_extend_lens()
         logits = out.next_token_logits
         if batch.logits_mode == LogitsMode.ALL:  # the host asked for every position (prompt logprobs)
@@ -318,9 +318,9 @@ class NgramWorker:
         ``guess``: the policy's and its blind rows (``_guess``), for its calibration."""
         tree_slots = step_slots(self.memory, req_pool_indices, seq_lens, n, seq_lens_cpu=seq_lens_cpu,
                                 rows_cpu=rows.tolist(), reserved=slots_reserved)
+        # (the tree's tokens recorded at their slots: accepted chain nodes stay in place)
         logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
-                                  tree, tree_slots, num_draft_tokens=n)
-        self._write_slot_tokens(tree_slots, tree.draft_tokens)  # accepted chain nodes stay in place
+                                  tree, tree_slots, num_draft_tokens=n, token_slots=self.slot_tokens)
         if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
             logits = sampling.process(logits.float(), tree)
         result = self.verifiers[n](tree, logits, sampling, seq_lens)
@@ -374,11 +374,6 @@ class NgramWorker:
         if guessed is None:
             return None
         return guessed, blind if len(blind) == bs else np.zeros(bs, dtype=bool)  # (the batch lost a request)
-
-    def _write_slot_tokens(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
-        """Device lookups: the ids of ``tokens`` [k] at their KV ``slots`` [k]."""
-        if self.slot_tokens is not None:
-            self.slot_tokens[slots] = tokens.to(torch.int64)  # (no kernel where they are int64 already)
 
     def _max_size(self, bs: int) -> int:
         """The largest verify size (nodes a request, root included) allowed at ``bs``; 0: none."""
@@ -513,11 +508,11 @@ class NgramWorker:
         """One target token per request (its DECODE graph replays); nothing of the drafter changes."""
         out_cache_loc = step_slots(self.memory, req_pool_indices, seq_lens, 1, seq_lens_cpu=seq_lens_cpu,
                                    rows_cpu=rows_cpu, reserved=slots_reserved)
-        self._write_slot_tokens(out_cache_loc, verified_ids)
         batch = ForwardBatch.decode(
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,
             attn_backend=self.target.attn_backend, capture_hidden_mode=self.decode_hidden, seq_lens_cpu=seq_lens_cpu,
+            token_slots=self.slot_tokens,
         )
         next_ids = sampling.sample(self.target.forward(batch).next_token_logits)  # [bs]
         return pending_one_token(seq_lens, next_ids)

@@ -147,6 +147,37 @@ def test_padded_graph_path_and_chunked_prefill_are_lossless():
     assert_no_leak(eng)
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-path"])
+def test_device_lookups_read_every_requests_exact_history(graphs):
+    """Every forward records its input tokens at their KV slots (``ForwardBatch.token_slots``; on the
+    graph path inside the captured function): after prefill, plain and lookup steps, each running
+    request's KV slots hold exactly its tokens, as its device lookups read them."""
+    target, _ = make_pair("EAGLE", "mixed")
+    eng = ngram_engine(target, max_running_requests=8)
+    assert eng.worker.slot_tokens is not None  # device lookups, the default
+    if graphs:
+        eng.capture_cuda_graphs([2, 8], use_graphs=False)
+        assert eng.runner.graph_token_slots is eng.worker.slot_tokens
+    params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 40, "ignore_eos": True})
+    reqs = [eng.make_request(input_ids=p, sampling_params=params)
+            for p in repetitive_prompts(target.config.vocab_size, seed=2)]
+    for req in reqs:
+        eng.add_request(req)
+    checked = 0
+    for _ in range(12):
+        eng.step()
+        for req in eng.scheduler.running:
+            if not req.output_ids:
+                continue
+            tokens = (req.prompt_ids + req.output_ids)[:req.kv_len]
+            slots = eng.memory.req_to_token[req.row, :req.kv_len].long()
+            assert eng.worker.slot_tokens[slots].tolist() == tokens
+            checked += 1
+    assert checked > 0 and sum(n for k, n in eng.scheduler.spec_shape_steps.items() if k != "plain") > 0
+    if graphs:
+        assert sum(g.num_calls for g in eng.runner.graphs.values()) > 0
+
+
 def test_retraction_under_a_small_kv_pool_is_lossless():
     target, _ = make_pair("EAGLE", "mixed")
     prompts = repetitive_prompts(target.config.vocab_size, seed=2) + prompts_of([12, 20, 7], 97, seed=15)

@@ -143,7 +143,9 @@ class TargetModelRunner(Protocol):
     aux_hidden_layers: tuple[int, ...] | None
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
-        """One forward. Fills ``batch.attn_metadata`` via its backend, then runs the model."""
+        """One forward. Fills ``batch.attn_metadata`` via its backend, then runs the model. Where
+        ``batch.token_slots`` is set, first writes each input token's id at its KV slot there (NGRAM's
+        device lookups; a host with CUDA graphs captures the write, see ``ForwardBatch.token_slots``)."""
 
 
 @runtime_checkable

@@ -88,7 +88,7 @@ class ForwardBatch:
     # [KV slots + 1] int64, persistent: the forward writes each input token's id at its KV slot
     # (``out_cache_loc``) before running, inside its CUDA graph where the graph was captured with this
     # tensor (NGRAM's device lookups read a request's history from it; the padding slot last)
-    token_slots: torch.Tensor | None = None
+    slot_tokens: torch.Tensor | None = None
     # CUDA-graph capture: a static bound on prefix_len + extend_len of every request. When set the
     # backend plans from device tensors only (no host reads, shapes fixed by the bound).
     static_max_seq_len: int | None = None
@@ -108,7 +108,7 @@ class ForwardBatch:
         attn_backend: Any,
         capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
         seq_lens_cpu: list[int] | None = None,
-        token_slots: torch.Tensor | None = None,
+        slot_tokens: torch.Tensor | None = None,
     ) -> "ForwardBatch":
         """Plain decoding: one new token per request, at position seq_len, after its whole cache."""
         ones = torch.ones_like(seq_lens)
@@ -127,7 +127,7 @@ class ForwardBatch:
             capture_hidden_mode=capture_hidden_mode,
             prefix_lens_cpu=seq_lens_cpu,
             extend_lens_cpu=[1] * int(seq_lens.shape[0]),
-            token_slots=token_slots,
+            slot_tokens=slot_tokens,
         )
 
     @property

@@ -144,8 +144,8 @@ class TargetModelRunner(Protocol):
 
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         """One forward. Fills ``batch.attn_metadata`` via its backend, then runs the model. Where
-        ``batch.token_slots`` is set, first writes each input token's id at its KV slot there (NGRAM's
-        device lookups; a host with CUDA graphs captures the write, see ``ForwardBatch.token_slots``)."""
+        ``batch.slot_tokens`` is set, first writes each input token's id at its KV slot there (NGRAM's
+        device lookups; a host with CUDA graphs captures the write, see ``ForwardBatch.slot_tokens``)."""
 
 
 @runtime_checkable

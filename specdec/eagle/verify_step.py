@@ -37,10 +37,10 @@ def target_verify(
     tree_slots: torch.Tensor,  # [bs * N]
     *,
     num_draft_tokens: int,
-    token_slots: torch.Tensor | None = None,
+    slot_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's logits [bs * N, vocab] and features [bs * N, F] at every tree node;
-    ``token_slots``: as ``ForwardBatch.token_slots`` (the nodes' tokens recorded at their slots)."""
+    ``slot_tokens``: as ``ForwardBatch.slot_tokens`` (the nodes' tokens recorded at their slots)."""
     bs, n = int(req_pool_indices.shape[0]), num_draft_tokens
     batch = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
@@ -59,7 +59,7 @@ def target_verify(
         tree_mask=tree.tree_mask,
         prefix_lens_cpu=seq_lens_cpu,
         extend_lens_cpu=[n] * bs,
-        token_slots=token_slots,
+        slot_tokens=slot_tokens,
     )
     out = target.forward(batch)
     return out.next_token_logits, out.hidden_states

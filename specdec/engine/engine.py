@@ -310,7 +310,7 @@ class Engine:
             batch_sizes=batch_sizes, req_to_token=self.memory.req_to_token, pad_slot=self.memory.capacity,
             max_seq_len=bound, decode_hidden=self._decode_hidden(),
             verify_sizes=self.worker.verify_graph_sizes(batch_sizes) if spec else {},
-            token_slots=getattr(self.worker, "slot_tokens", None), pool=pool, use_graphs=use_graphs)
+            slot_tokens=getattr(self.worker, "slot_tokens", None), pool=pool, use_graphs=use_graphs)
         return total + runner_graphs
 
     def capture_prefill_graphs(self, token_counts: list[int], *, use_graphs: bool = True) -> int:

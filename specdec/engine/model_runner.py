@@ -35,7 +35,7 @@ class ModelRunner:
         self.aux_hidden_layers = getattr(model, "aux_hidden_layers", None) or None
         # (forward_mode, capture_hidden_mode, tokens per request) -> captured runner
         self.graphs: dict[tuple[ForwardMode, CaptureHiddenMode, int], CudaGraphRunner] = {}
-        self.graph_token_slots: torch.Tensor | None = None  # where the graphs record their tokens
+        self.graph_slot_tokens: torch.Tensor | None = None  # where the graphs record their tokens
         # prefill forwards' piecewise graphs, for EXTEND batches that capture ``prefill_hidden`` (None: eager)
         self.prefill_graphs: PiecewiseGraphRunner | None = None
         self.prefill_hidden = CaptureHiddenMode.NULL
@@ -53,8 +53,8 @@ class ModelRunner:
         graph = self._graph_for(batch)
         if graph is not None:
             return self._replay(graph, batch)
-        if batch.token_slots is not None:
-            batch.token_slots[batch.out_cache_loc] = batch.input_ids.to(torch.int64)  # (no kernel if int64)
+        if batch.slot_tokens is not None:
+            batch.slot_tokens[batch.out_cache_loc] = batch.input_ids.to(torch.int64)  # (no kernel if int64)
         self.attn_backend.init_forward_metadata(batch)
         if self._pieces_for(batch):
             def attend(q, k, v, layer):
@@ -79,22 +79,22 @@ class ModelRunner:
         max_seq_len: int,
         decode_hidden: CaptureHiddenMode,
         verify_sizes: dict[int, list[int]],
-        token_slots: torch.Tensor | None = None,
+        slot_tokens: torch.Tensor | None = None,
         pool=None,
         use_graphs: bool = True,
     ) -> int:
         """Capture DECODE graphs at ``batch_sizes`` and a TARGET_VERIFY graph per tree size of
-        ``verify_sizes`` (tokens a request -> its batch sizes); returns their bytes. ``token_slots``:
-        the graphs record their input tokens there (``ForwardBatch.token_slots``) and replay only
+        ``verify_sizes`` (tokens a request -> its batch sizes); returns their bytes. ``slot_tokens``:
+        the graphs record their input tokens there (``ForwardBatch.slot_tokens``) and replay only
         for batches that ask for exactly that."""
         device = self.kv_cache.device
-        self.graph_token_slots = token_slots
+        self.graph_slot_tokens = slot_tokens
         kinds = [(ForwardMode.DECODE, decode_hidden, 1, batch_sizes)]
         kinds += [(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n, sizes) for n, sizes in verify_sizes.items()]
         total = 0
         for mode, hidden, tokens, sizes in kinds:
             runner = CudaGraphRunner(
-                self._static_forward(mode, hidden, tokens, req_to_token, max_seq_len, token_slots),
+                self._static_forward(mode, hidden, tokens, req_to_token, max_seq_len, slot_tokens),
                 _target_inputs(tokens, pad_slot, with_tree=mode == ForwardMode.TARGET_VERIFY),
                 sizes, device=device, pool=pool, use_graphs=use_graphs, name=f"target {mode.name.lower()}",
                 prepare=self._host_planner(mode, tokens, max_seq_len) if self.attn_backend.plans_on_host else None,
@@ -136,13 +136,13 @@ class ModelRunner:
             self.prefill_graphs.release()
             self.prefill_graphs = None
 
-    def _static_forward(self, mode, hidden, tokens, req_to_token, max_seq_len, token_slots):
+    def _static_forward(self, mode, hidden, tokens, req_to_token, max_seq_len, slot_tokens):
         logits_mode, logits_dtype = _graph_logits(mode)
 
         def forward(input_ids, positions, out_cache_loc, req_pool_indices, seq_lens, tree_mask=None):
             bs = req_pool_indices.shape[0]
-            if token_slots is not None:  # in the graph: no launch of its own (padding rows: the padding slot)
-                token_slots[out_cache_loc] = input_ids.to(torch.int64)
+            if slot_tokens is not None:  # in the graph: no launch of its own (padding rows: the padding slot)
+                slot_tokens[out_cache_loc] = input_ids.to(torch.int64)
             batch = ForwardBatch(
                 forward_mode=mode, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                 req_pool_indices=req_pool_indices, prefix_lens=seq_lens,
@@ -168,7 +168,7 @@ class ModelRunner:
     def _graph_for(self, batch: ForwardBatch) -> CudaGraphRunner | None:
         if not self.graphs or batch.output_rows is not None or batch.draft_ancestors is not None:
             return None
-        if batch.token_slots is not self.graph_token_slots:  # the graphs record tokens there, or do not
+        if batch.slot_tokens is not self.graph_slot_tokens:  # the graphs record tokens there, or do not
             return None
         if self.attn_backend.plans_on_host and batch.prefix_lens_cpu is None:
             return None

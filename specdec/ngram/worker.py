@@ -186,7 +186,7 @@ class NgramWorker:
                 next_tokens: list[int] | None = None) -> torch.Tensor:
         """Target EXTEND; returns the token after each request's new ones: [bs] (as ``EAGLEWorker.prefill``)."""
         out = self.target.forward(dataclasses.replace(batch, capture_hidden_mode=self.prefill_hidden,
-                                                      token_slots=self.slot_tokens))
+                                                      slot_tokens=self.slot_tokens))
         extend_lens = batch.host_extend_lens()
         logits = out.next_token_logits
         if batch.logits_mode == LogitsMode.ALL:  # the host asked for every position (prompt logprobs)
@@ -320,7 +320,7 @@ class NgramWorker:
                                 rows_cpu=rows.tolist(), reserved=slots_reserved)
         # (the tree's tokens recorded at their slots: accepted chain nodes stay in place)
         logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
-                                  tree, tree_slots, num_draft_tokens=n, token_slots=self.slot_tokens)
+                                  tree, tree_slots, num_draft_tokens=n, slot_tokens=self.slot_tokens)
         if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
             logits = sampling.process(logits.float(), tree)
         result = self.verifiers[n](tree, logits, sampling, seq_lens)
@@ -512,7 +512,7 @@ class NgramWorker:
             verified_ids, seq_lens, out_cache_loc, req_pool_indices,
             req_to_token=self.memory.req_to_token, kv_cache=self.target.kv_cache,
             attn_backend=self.target.attn_backend, capture_hidden_mode=self.decode_hidden, seq_lens_cpu=seq_lens_cpu,
-            token_slots=self.slot_tokens,
+            slot_tokens=self.slot_tokens,
         )
         next_ids = sampling.sample(self.target.forward(batch).next_token_logits)  # [bs]
         return pending_one_token(seq_lens, next_ids)

@@ -149,7 +149,7 @@ def test_padded_graph_path_and_chunked_prefill_are_lossless():
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-path"])
 def test_device_lookups_read_every_requests_exact_history(graphs):
-    """Every forward records its input tokens at their KV slots (``ForwardBatch.token_slots``; on the
+    """Every forward records its input tokens at their KV slots (``ForwardBatch.slot_tokens``; on the
     graph path inside the captured function): after prefill, plain and lookup steps, each running
     request's KV slots hold exactly its tokens, as its device lookups read them."""
     target, _ = make_pair("EAGLE", "mixed")
@@ -157,7 +157,7 @@ def test_device_lookups_read_every_requests_exact_history(graphs):
     assert eng.worker.slot_tokens is not None  # device lookups, the default
     if graphs:
         eng.capture_cuda_graphs([2, 8], use_graphs=False)
-        assert eng.runner.graph_token_slots is eng.worker.slot_tokens
+        assert eng.runner.graph_slot_tokens is eng.worker.slot_tokens
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 40, "ignore_eos": True})
     reqs = [eng.make_request(input_ids=p, sampling_params=params)
             for p in repetitive_prompts(target.config.vocab_size, seed=2)]

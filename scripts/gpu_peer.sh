@@ -58,25 +58,7 @@ GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 SMOL=/tmp/smollm2-bf16
 HEAD=specdec/data/smollm2/eagle3_head
 what="${1:-}"; shift || true
-# Triton's compiled kernels travel between machines (a fresh machine spends minutes compiling specdec's):
-# an earlier call's $OUT/triton-cache.tgz, put (`put .peer/tc`) or carried as .peer/tc/triton-cache.tgz, handed
-# back when it grew
-export TRITON_CACHE_DIR=/tmp/triton-cache
-for cache in .peer/tc/triton-cache.tgz $STAGE/triton-cache.tgz; do
-  if [ -f $cache ] && [ ! -d $TRITON_CACHE_DIR ]; then
-    mkdir -p $TRITON_CACHE_DIR && tar xzf $cache -C $TRITON_CACHE_DIR
-  fi
-done
-cache_before=$(du -sk $TRITON_CACHE_DIR 2>/dev/null | cut -f1)
-
-return_triton_cache() {  # $OUT/triton-cache.tgz where the cache grew and fits what a call hands back (8 files
-  # of 16 MiB at most: the run's own files first)
-  [ -d $TRITON_CACHE_DIR ] && [ "$(du -sk $TRITON_CACHE_DIR | cut -f1)" != "$cache_before" ] || return 0
-  [ "$(ls "$OUT" | wc -l)" -lt 8 ] || { echo "Triton cache not handed back: \$OUT holds 8 files"; return 0; }
-  tar czf /tmp/triton-cache.tgz -C $TRITON_CACHE_DIR . || return 0
-  if [ "$(stat -c %s /tmp/triton-cache.tgz)" -le $((16 * 1024 * 1024)) ]; then cp /tmp/triton-cache.tgz "$OUT/"
-  else echo "Triton cache $(du -h /tmp/triton-cache.tgz | cut -f1): over 16 MiB, not handed back"; fi
-}
+. scripts/triton_cache.sh
 
 vllm_env() {
   export PYTHONPATH="$PYTHONPATH:/tmp/site" VLLM_USE_FLASHINFER_SAMPLER=0

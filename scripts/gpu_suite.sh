@@ -47,6 +47,7 @@ if [ ! -d /tmp/site/flashinfer ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 [ -d /tmp/site ] && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+. scripts/triton_cache.sh
 {
   date -u; echo "commit $SPECDEC_COMMIT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -163,4 +164,5 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     | tee "$OUT/gpu_tests.log" | tail -40
   status=${PIPESTATUS[0]}
 fi
+return_triton_cache
 exit "$status"

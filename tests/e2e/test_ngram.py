@@ -154,13 +154,30 @@ def test_device_lookups_read_every_requests_exact_history(graphs):
     request's KV slots hold exactly its tokens, as its device lookups read them."""
     target, _ = make_pair("EAGLE", "mixed")
     eng = ngram_engine(target, max_running_requests=8)
-    assert eng.worker.slot_tokens is not None  # device lookups, the default
     if graphs:
         eng.capture_cuda_graphs([2, 8], use_graphs=False)
+    _assert_slots_hold_each_requests_tokens(eng)
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_record_each_requests_tokens_at_its_slots():
+    """The same on CUDA with captured graphs: the write of ``slot_tokens`` is part of each replayed
+    decode and verify graph (a graph that lost it would leave stale tokens for the lookups)."""
+    target, _ = make_pair("EAGLE", "mixed")
+    eng = ngram_engine(target.cuda(), max_running_requests=8, device="cuda", attention_backend="triton",
+                       disable_cuda_graph=True)
+    eng.capture_cuda_graphs([1, 2, 4, 8])
+    assert all(g.use_graphs for g in eng.runner.graphs.values())
+    _assert_slots_hold_each_requests_tokens(eng)
+
+
+def _assert_slots_hold_each_requests_tokens(eng) -> None:
+    assert eng.worker.slot_tokens is not None  # device lookups, the default
+    if eng.runner.graphs:
         assert eng.runner.graph_slot_tokens is eng.worker.slot_tokens
     params = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 40, "ignore_eos": True})
     reqs = [eng.make_request(input_ids=p, sampling_params=params)
-            for p in repetitive_prompts(target.config.vocab_size, seed=2)]
+            for p in repetitive_prompts(eng.runner.model.config.vocab_size, seed=2)]
     for req in reqs:
         eng.add_request(req)
     checked = 0
@@ -174,7 +191,7 @@ def test_device_lookups_read_every_requests_exact_history(graphs):
             assert eng.worker.slot_tokens[slots].tolist() == tokens
             checked += 1
     assert checked > 0 and sum(n for k, n in eng.scheduler.spec_shape_steps.items() if k != "plain") > 0
-    if graphs:
+    if eng.runner.graphs:
         assert sum(g.num_calls for g in eng.runner.graphs.values()) > 0
 
 

@@ -174,6 +174,8 @@ def test_step_spread_tells_one_pause_from_a_steady_pace():
     assert spread["slow_steps"] == 1 and spread["slow_excess_ms"] == pytest.approx(50.0)
     steady = bench_synthetic.step_spread(np.full(11, 14.5))
     assert steady["slow_steps"] == 0 and steady["slow_excess_ms"] == 0.0 and steady["p90"] == 14.5
+    named = bench_synthetic.step_spread(np.array([10.0, 60.0, 10.0, 10.0]), ["3x1x4", "2x1x3", "plain", "3x1x4"])
+    assert named["slow"] == [{"step": 1, "ms": 60.0, "shape": "2x1x3"}]
 
 
 def test_profile_trace_needs_profile_device():

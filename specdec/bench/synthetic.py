@@ -120,6 +120,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     shapes_before = collections.Counter(engine.scheduler.spec_shape_steps) if spec else None
     steps = 0
     ends = []  # host clock as each timed step returns
+    read_shapes = []  # the shape of the step each timed step read (speculative engines)
     with around_timed(), GCPauses() as gc_pauses:
         _sync(device)
         t0 = time.perf_counter()
@@ -127,6 +128,8 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
         while steps < settings.decode_steps and sum(len(r.output_ids) for r in reqs) - before < target:
             engine.step()
             ends.append(time.perf_counter())
+            if spec:
+                read_shapes.append(engine.scheduler.decoder.last_shape)
             steps += 1
         _sync(device)
         elapsed = time.perf_counter() - t0
@@ -142,7 +145,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     step_ms = elapsed * 1e3 / steps
     if phases:
         phases["other"] = step_ms - sum(phases.values())
-    spread = step_spread(np.diff([t0] + ends) * 1e3)  # its rate without the pauses: report.add_steady
+    spread = step_spread(np.diff([t0] + ends) * 1e3, read_shapes or None)  # its rate without the pauses: report.add_steady
     point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms, "decode_steps": steps,
              "committed_per_request_step": produced / (bs * steps), "phases_ms": phases,
              "step_ms_spread": spread, "gc": gc_pauses.to_json()}
@@ -153,16 +156,21 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     return point
 
 
-def step_spread(step_ms: np.ndarray) -> dict:
+def step_spread(step_ms: np.ndarray, shapes: list[str | None] | None = None) -> dict:
     """How the host saw a point's steps ([steps] ms between consecutive step returns): quantiles, and
     the time steps took beyond twice the median (a stall spread over every step and one long pause
     look alike in the mean). On the H100's shared host, steps of 10-40 ms came at random in every
     engine, plain included, 0-5 a point (2026-11-27): one such step adds 0.1-0.4 ms to the mean of a
-    point's ~100 steps."""
+    point's ~100 steps. ``shapes`` (each step's read shape): the slow steps are listed with theirs
+    (at tp 2 an adaptive point had 4 steps of ~175 ms more, once, 2026-11-29)."""
     median = float(np.median(step_ms))
-    over = step_ms[step_ms > 2 * median] - median
-    return {"p50": median, "p90": float(np.quantile(step_ms, 0.9)), "max": float(step_ms.max()),
-            "slow_steps": int(over.size), "slow_excess_ms": float(over.sum())}
+    slow = np.flatnonzero(step_ms > 2 * median)
+    over = step_ms[slow] - median
+    out = {"p50": median, "p90": float(np.quantile(step_ms, 0.9)), "max": float(step_ms.max()),
+           "slow_steps": int(over.size), "slow_excess_ms": float(over.sum())}
+    if shapes is not None:
+        out["slow"] = [{"step": int(i), "ms": round(float(step_ms[i]), 2), "shape": shapes[i]} for i in slow[:16]]
+    return out
 
 
 def profile_host(engine, bs: int, settings: SyntheticSettings, vocab: int, title: str) -> None:
@@ -330,7 +338,8 @@ def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_
             spread = p["step_ms_spread"]
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
                   f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}  gc {p['gc']['collections']}  "
-                  f"steps p50 {spread['p50']:.2f} max {spread['max']:.2f} slow {spread['slow_steps']}",
+                  f"steps p50 {spread['p50']:.2f} max {spread['max']:.2f} slow {spread['slow_steps']}"
+                  + "".join(f" [{s['step']}: {s['ms']:.0f} ms {s['shape']}]" for s in spread.get("slow", [])),
                   flush=True)
         if name == "plain":
             results["plain"] = points

@@ -134,6 +134,7 @@ class DecodeLauncher:
         self.device = memory.req_to_token.device
         # decode steps (sub-batches) by tree shape ("SxKxN"; "plain": no draft tree), speculative engines
         self.spec_shape_steps: collections.Counter[str] = collections.Counter()
+        self.last_shape: str | None = None  # the shape of the last step read (benchmarks name slow steps by it)
         # the step plan of the running requests, rebuilt only when they change
         self.plan: Memo[StepPlan] = Memo(self._plan)
         # n-gram drafting under overlap: whether the next launch's choice reads the last step
@@ -299,6 +300,7 @@ class DecodeLauncher:
             verify, shape = out.shape is not None, out.shape or "plain"
             if self.worker is not None:
                 self.spec_shape_steps[shape] += 1
+                self.last_shape = shape
             logprobs = part.sampling.take_logprobs()
             for i, (req, tokens, kv_len) in enumerate(zip(part.reqs, out.tokens, out.seq_lens)):
                 if req.finish_reason is not None:  # finished before: this step ran ahead of it

@@ -167,7 +167,7 @@ def test_dispatch_takes_the_kernel(kernel_on_cpu, m, n):
     assert logits.dtype == torch.float32 and len(kernel_on_cpu) == 2 and kernel_on_cpu[1] == kernel_on_cpu[0]
 
 
-@pytest.mark.parametrize("n", [16, 4096, 28672, 40000])
+@pytest.mark.parametrize("n", [16, 4096, 14336, 28672, 40000, 128256])
 def test_one_tiling_from_1_to_8_tokens(n):
     """A decode step (1 token a request) and a verify of up to 8 rows take the same tiling, of 16
     token rows whatever M: a token's row then does the same arithmetic in both (next test)."""
@@ -176,12 +176,14 @@ def test_one_tiling_from_1_to_8_tokens(n):
 
 
 @pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
-def test_a_tokens_row_is_the_same_bits_at_1_and_8_tokens():
-    """Decode's M = 1 and a verify's M = 8 under the table's tiling: row 0 equal bit for bit."""
-    x = rand(8, 64, dtype=torch.bfloat16, seed=1, scale=2.0)
-    weight = rand(40, 64, dtype=torch.bfloat16, seed=2, scale=0.125)
-    config = gemv._config(1, 40, 64)
-    assert config == gemv._config(8, 40, 64)
+@pytest.mark.parametrize("table_n", [40, 14336], ids=["32x256", "32x512"])
+def test_a_tokens_row_is_the_same_bits_at_1_and_8_tokens(table_n):
+    """Decode's M = 1 and a verify's M = 8 under each of the table's tilings for 1-8 tokens (that
+    of a ``table_n``-row weight, on a 40-row one): row 0 equal bit for bit."""
+    x = rand(8, 1024, dtype=torch.bfloat16, seed=1, scale=2.0)
+    weight = rand(40, 1024, dtype=torch.bfloat16, seed=2, scale=0.125)
+    config = gemv._config(1, table_n, 1024)
+    assert config == gemv._config(8, table_n, 1024)
     one, eight = gk.gemv(x[:1], weight, None, config), gk.gemv(x, weight, None, config)
     assert torch.equal(one[0], eight[0])
 

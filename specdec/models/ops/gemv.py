@@ -62,6 +62,9 @@ MAX_TOKENS = 32  # above this a GEMM reuses each weight tile enough for cuBLAS's
 # ... except against wide weights (qkv, gate_up, lm_head): swap-AB tiles up to this many tokens
 WIDE_MAX_TOKENS = 64
 WIDE_N = 6144
+# weights of this many rows take 32 x 512 chunks, 3 stages at 1-8 tokens (below; the MLP's gate_up
+# and the EAGLE-3 head's lm_head, whole or a tensor-parallel shard)
+MID_N_LOW, MID_N_HIGH = 12288, 40960
 FP8_MAX_TOKENS = 16  # above this an FP8 copy's widening costs more than its bytes save: W8A8 (see the docstring)
 _enabled = True
 
@@ -139,6 +142,15 @@ def _config(m: int, n: int, k: int):
                 128, 5 stages for N = 6144 (qkv 21.3 -> 20.6). o and down stay with cuBLAS, which
                 was as fast or up to 4% faster (2026-11-26-h100-wide-verify)
 
+      N = 12288-40959 (gate_up 28672 and its tp-2 shard 14336, the EAGLE-3 lm_head 32000 and 16000),
+                M = 1-8: 32 x 512, 3 stages, one tiling for all eight as above. H200, µs a call (32 x
+                256 -> 32 x 512): gate_up at tp 2 40.7 -> 32.3 (M = 1), 40.5 -> 32.4 (M = 8), the
+                head's lm_head at tp 2 41.3 -> 34.6; at tp 1 gate_up 62.2 -> 61.5 / 63.9 -> 61.2 and the
+                head's lm_head 67.1 -> 64.1 / 67.0 -> 65.3. Whole steps at tp 2 (one call, A/B): plain
+                bs 1 3.56 -> 3.31 ms, the chain 3x1x4 at bs 1 4.51 -> 4.26, bs 16 unchanged. The target's
+                lm_head (64128, 128256 rows) and qkv (6144) were 1-12 % slower so, o and down (4096)
+                within 3 % (benchmarks/results/2026-11-29-h200x2-relay)
+
     M = 1 and 2 ran an elementwise kernel until 2026-11-29 (4 x 1024 rows, or 8 x 512 prefetched; 4-22%
     faster than cuBLAS on the H100): its sums differ in the last bits from the tensor cores' sums
     of the verify's rows, which alone parted bf16 greedy answers with speculation at one request
@@ -156,6 +168,8 @@ def _config(m: int, n: int, k: int):
         return cfg(128, 128, num_warps=4, num_stages=4, use_dot=True, swap_ab=True)
     if m >= 16 and n >= WIDE_N:
         return cfg(64, 128, num_warps=4, num_stages=6, use_dot=True, swap_ab=True)
+    if MID_N_LOW <= n < MID_N_HIGH:
+        return cfg(32, 512, num_warps=4, num_stages=3, use_dot=True)
     return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
 
 

@@ -5,7 +5,8 @@
 #   smoke      every benchmark script once on small cases (they share specdec.bench.device_timing's timers),
 #              with the GPU tests of those timers: a check after changing them, not a measurement
 #   synthetic  the Llama-3.1-8B-shaped sweep with simulated acceptance (CUDA graphs on), and its plot
-#   tests      every GPU test (GPU_TESTS="paths...": only those);  graphs  only the CUDA-graph and lossless GPU tests
+#   tests      every GPU test (GPU_TESTS="paths...": only those; stopped after GPU_TESTS_TIMEOUT s, 500);
+#              graphs  only the CUDA-graph and lossless GPU tests
 #   adaptive   adaptive speculation: its and the replayed acceptance's GPU tests (the replay's kernels
 #              too), then the 8B sweep (plain, each fixed shape, adaptive)
 #              at ctx 1024 (bs 1-128) and 4096 (bs 1-64: bs 128 x 4k tokens of KV does not fit in 80 GB),
@@ -158,7 +159,8 @@ fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # the server tests are CPU-only and need fastapi/uvicorn, which the device lacks; the FlashInfer /
   # FA3 tests run in scripts/gpu_backends.sh, which restores FlashInfer's prebuilt kernels first
-  python3 -m pytest -m gpu -p no:cacheprovider --ignore=tests/server --ignore=tests/test_bench_serving.py \
+  # interrupted (SIGINT: pytest still reports what ran) before the call's limit, so the Triton cache comes back
+  timeout -s INT "${GPU_TESTS_TIMEOUT:-500}" python3 -m pytest -m gpu -p no:cacheprovider --ignore=tests/server --ignore=tests/test_bench_serving.py \
     --ignore=tests/attention/test_flashinfer_backend.py --ignore=tests/attention/test_flashattention_backend.py \
     --ignore=tests/e2e/test_gpu_backends.py --durations=15 --junitxml="$OUT/gpu_tests.xml" ${GPU_TESTS:-} 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -40

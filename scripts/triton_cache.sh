@@ -1,20 +1,27 @@
 # Sourced by scripts/gpu_suite.sh and scripts/gpu_peer.sh. Triton's compiled kernels travel between
-# machines (a fresh machine spends minutes compiling specdec's): an earlier call's $OUT/triton-cache.tgz,
-# put (`gpu_peer.sh put .peer/tc`) or carried as .peer/tc/triton-cache.tgz, is unpacked before the run, and
-# return_triton_cache hands it back when it grew.
+# machines (a fresh machine spends minutes compiling specdec's: a whole GPU test run did not fit one call).
+# An earlier call's $OUT/triton-cache.tgz (or its parts, triton-cache.tgz.00, .01, ...: a call hands back
+# files of 16 MiB at most), put (`gpu_peer.sh put .peer/tc`) or carried in .peer/tc/, is unpacked before
+# the run, and return_triton_cache hands it back when it grew.
 export TRITON_CACHE_DIR=/tmp/triton-cache
-for cache in .peer/tc/triton-cache.tgz /tmp/peer-parts/triton-cache.tgz; do
-  if [ -f $cache ] && [ ! -d $TRITON_CACHE_DIR ]; then
-    mkdir -p $TRITON_CACHE_DIR && tar xzf $cache -C $TRITON_CACHE_DIR
+for dir in .peer/tc /tmp/peer-parts; do
+  parts=$(ls $dir/triton-cache.tgz $dir/triton-cache.tgz.[0-9]* 2>/dev/null)
+  if [ -n "$parts" ] && [ ! -d $TRITON_CACHE_DIR ]; then
+    mkdir -p $TRITON_CACHE_DIR && cat $parts | tar xz -C $TRITON_CACHE_DIR
   fi
 done
 cache_before=$(du -sk $TRITON_CACHE_DIR 2>/dev/null | cut -f1)
 
-return_triton_cache() {  # $OUT/triton-cache.tgz where the cache grew and fits what a call hands back (8 files
-  # of 16 MiB at most: the run's own files first)
+return_triton_cache() {  # $OUT/triton-cache.tgz, in parts of 15 MiB where it is larger, when the cache grew
+  # and the parts fit beside the run's own files (8 files a call)
   [ -d $TRITON_CACHE_DIR ] && [ "$(du -sk $TRITON_CACHE_DIR | cut -f1)" != "$cache_before" ] || return 0
-  [ "$(ls "$OUT" | wc -l)" -lt 8 ] || { echo "Triton cache not handed back: \$OUT holds 8 files"; return 0; }
   tar czf /tmp/triton-cache.tgz -C $TRITON_CACHE_DIR . || return 0
-  if [ "$(stat -c %s /tmp/triton-cache.tgz)" -le $((16 * 1024 * 1024)) ]; then cp /tmp/triton-cache.tgz "$OUT/"
-  else echo "Triton cache $(du -h /tmp/triton-cache.tgz | cut -f1): over 16 MiB, not handed back"; fi
+  local size room parts
+  size=$(stat -c %s /tmp/triton-cache.tgz)
+  room=$((8 - $(find "$OUT" -type f | wc -l)))
+  parts=$(( (size + 15 * 1024 * 1024 - 1) / (15 * 1024 * 1024) ))
+  if [ "$parts" -gt "$room" ]; then
+    echo "Triton cache $(du -h /tmp/triton-cache.tgz | cut -f1) not handed back: $parts parts, room for $room"
+  elif [ "$parts" -le 1 ]; then cp /tmp/triton-cache.tgz "$OUT/"
+  else split -b 15M -d /tmp/triton-cache.tgz "$OUT/triton-cache.tgz."; fi
 }

@@ -311,7 +311,6 @@ class EAGLEWorker:
         speculate again in any later step. Slots as in ``launch_decode``, for one position per
         request.
         """
-        bs = int(req_pool_indices.shape[0])
         out_cache_loc = step_slots(self.memory, req_pool_indices, seq_lens, 1, seq_lens_cpu=seq_lens_cpu,
                                    rows_cpu=rows_cpu, reserved=slots_reserved)
         self.inputs.place_root(self.draft_kv, req_pool_indices, out_cache_loc)

@@ -6,7 +6,6 @@ fp32 keeps the comparison exact (the CPU test of the same path: tests/e2e/test_g
 """
 
 import pytest
-import torch
 
 from specdec.attention import available_backends
 from specdec.forward import ForwardMode

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch
-from specdec.ngram.lookup import propose_ngram_ref
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.tree import build_tree, find_matches, pack_trees
 

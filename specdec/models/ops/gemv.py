@@ -181,16 +181,17 @@ def _fp8_config(m: int, n: int, k: int):
     H100, µs a call, CUDA-graph replays over rotating weights, the 16-bit table's tiling -> this
     one (benchmarks/results/2026-11-26-h100-draft-fp8):
       M = 1     down 4096x14336 34.6 -> 31.9, EAGLE-3 fc 4096x12288 30.1 -> 28.2 (8 x 2048, no
-                prefetch, for K >= 12288 at N = 4096); the rest as the 16-bit table
+                prefetch, for K >= 12288 at N = 4096); the rest 32 x 256, 4 stages (the 16-bit
+                table's before its 32 x 512 for 12 k-40 k rows, not measured on FP8 weights)
       M = 2     tensor cores as for 3-16 (the elementwise 4 x 512 lost to 16-bit weights on the
                 N = 4096 shapes: down 44.8 against 42.1)
       M = 2-16  32 x 256, 4 stages for N >= 6144 (gate_up 46-48, EAGLE-3 lm_head 50-52); 32 x 512,
                 3 stages for N = 4096 (o 12.1 -> 11.2, down 34.9 -> 31.4, fc 30.4 -> 27.3)
     """
     cfg = _kernels().GemvConfig
-    if m == 1:
-        return cfg(8, 2048) if n < 6144 and k >= 12288 else _config(1, n, k)
-    if n < 6144:
+    if m == 1 and n < 6144 and k >= 12288:
+        return cfg(8, 2048)
+    if n < 6144 and m > 1:
         return cfg(32, 512, num_warps=4, num_stages=3, use_dot=True)
     return cfg(32, 256, num_warps=4, num_stages=4, use_dot=True)
 

@@ -30,7 +30,9 @@
 #                         with candidate tilings (--sweep): at tp 2 a step's GEMVs ran at ~77 % of the copy
 #                         bandwidth (2026-11-29-h200x2-scale's profile)
 #              sweep      the 8B sweep at each of TP_SIZES (default 1, 2 and, on four GPUs, 4): plain, TP_CONFIGS
-#                         and adaptive, bs TP_BS, ctx TP_CTX, each with --profile-device for the collectives'
+#                         and adaptive, bs TP_BS, ctx TP_CTX, DECODE_STEPS plain steps a point (96: with 16, 5-7
+#                         speculative steps made a point's speedup mostly sampling noise, 2026-11-29-h200x2-relay),
+#                         each with --profile-device for the collectives'
 #                         share of a step (smallest and largest bs); TP_NCCL=1 adds every tp > 1 with
 #                         --disable-custom-all-reduce (NCCL only). benchmarks/scale_report.py makes scale.json
 # A/B of source variants (a branch's files against the tree) in whole decode steps: scripts/gpu_ab.sh.
@@ -143,7 +145,7 @@ if [ "$what" = tp ]; then
           tp=${run#tp}; tp=${tp%_nccl}; extra=""; [ "$run" != "${run%_nccl}" ] && extra="--disable-custom-all-reduce"
           timeout "${TP_SWEEP_TIMEOUT:-300}" python3 -m specdec.cli bench --synthetic llama-3.1-8b --tp-size "$tp" $extra \
             --context-len "${TP_CTX:-1024}" --batch-sizes "${TP_BS:-1,2,4,8,16,32,64,128}" \
-            --configs "${TP_CONFIGS:-3,1,4;5,4,8}" --decode-steps "${DECODE_STEPS:-16}" --warmup-steps 2 \
+            --configs "${TP_CONFIGS:-3,1,4;5,4,8}" --decode-steps "${DECODE_STEPS:-96}" --warmup-steps 2 \
             --profile-device "$OUT/device_profile_$run.txt" ${SYNTHETIC_ARGS:-} --output "$OUT/synthetic_$run.json" \
             2>&1 | tee "$OUT/synthetic_$run.log" | grep -E "^(plain|[0-9]|adaptive|Speedup|  bs)"
         done ;;

@@ -42,6 +42,7 @@ class DraftRunner:
         rank_probs: torch.Tensor | None = None,
         replay=None,
         replay_seed: int = 0,
+        replay_steps: torch.Tensor | None = None,
     ) -> None:
         """``root_topk``: children of the root an extend keeps (default ``topk``; more when
         several tree shapes share the draft state)."""
@@ -60,9 +61,11 @@ class DraftRunner:
         # verify draws from
         self.rank_probs = rank_probs
         # benchmark only (a specdec.eagle.replay.DraftReplay): each request's tree follows the recorded
-        # probabilities of the trace row its (seed, row, position) picks, as the verify's path does
+        # probabilities of the trace row its (seed, batch row, verify steps so far) picks, as the
+        # verify's path does; ``replay_steps`` [max_reqs + 1] the counts (``DraftState.replay_steps``)
         self.replay = replay
         self.replay_seed = replay_seed
+        self.replay_steps = replay_steps
         # measurement only (eager): called with each expansion's lists (specdec.eagle.replay.TraceRecorder)
         self.observer = None
 
@@ -140,7 +143,7 @@ class DraftRunner:
         if self.rank_probs is not None:
             root_topk_p = self.rank_probs[0, 0, :k].expand(bs, k)
         if self.replay is not None:
-            rows = self.replay.rows(seq_lens, self.replay_seed)  # [bs] trace rows
+            rows = self.replay.rows(self.replay_steps[req_pool_indices], self.replay_seed)  # [bs] trace rows
             # [bs, K] each; the depth-1 frontier's recorded slots and its children's probabilities [bs*K, K]
             root_topk_p, trace_slots, replay_child_p = self.replay.root(rows, k, children=self.num_steps > 1)
         score_list, token_list, parents_list = [], [], []

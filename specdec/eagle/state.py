@@ -28,6 +28,9 @@ class DraftState:
         self.topk_index = torch.zeros(max_reqs + 1, topk, dtype=torch.int64, device=device)
         # [max_reqs + 1, hidden] draft hidden state of the last committed token
         self.hidden = torch.zeros(max_reqs + 1, hidden_size, dtype=dtype, device=device)
+        # [max_reqs + 1] benchmark only (a replayed trace): each request's verify steps so far, the key of
+        # the trace row its next step replays (specdec.eagle.replay)
+        self.replay_steps = torch.zeros(max_reqs + 1, dtype=torch.int64, device=device)
 
     def store(
         self,

@@ -77,7 +77,9 @@ class TreeVerifier:
         self._simulate_cdf: torch.Tensor | None = None  # [S + 1, P, K] benchmark only
 
     def __call__(self, tree: BuiltTree, logits: torch.Tensor, sampling: SamplingInfo,
-                 seq_lens: torch.Tensor) -> VerifyResult:
+                 seq_lens: torch.Tensor, replay_keys: torch.Tensor | None = None) -> VerifyResult:
+        """``replay_keys`` [bs]: benchmark only, with a replayed trace: each request's key of the row it
+        replays (its verify steps so far, as the draft's)."""
         cfg = self.config
         n = cfg.num_draft_tokens
         candidates = tree.draft_tokens.view(-1, n)
@@ -85,7 +87,7 @@ class TreeVerifier:
         if cfg.simulate_accept_length is not None:
             return simulate_acceptance(candidates, logits, tree.retrive_next_token, num_steps=cfg.num_steps,
                                        mean_committed=cfg.simulate_accept_length, generator=self.generator)
-        cdf = self._simulated_cdf(seq_lens, logits.device)
+        cdf = self._simulated_cdf(replay_keys, logits.device)
         if cdf is not None:
             return simulate_tree_acceptance(
                 candidates, logits, tree.positions, seq_lens, tree.retrive_index, tree.retrive_next_token,
@@ -102,13 +104,13 @@ class TreeVerifier:
             coins=uniforms(bs, n, logits.device) if uniforms is not None else None,
         )
 
-    def _simulated_cdf(self, seq_lens: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    def _simulated_cdf(self, replay_keys: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
         """Benchmark only: the simulated verify's cdf of the child rank each node accepts, each
         request's replayed path [bs, S + 1, 1, K] or the hazards model's [S + 1, P, K]; None when the
         target's own predictions decide."""
         cfg = self.config
         if self.replay is not None:
-            return self.replay.accept_cdf(self.replay.rows(seq_lens, self.simulate_seed), cfg.num_steps, cfg.topk)
+            return self.replay.accept_cdf(self.replay.rows(replay_keys, self.simulate_seed), cfg.num_steps, cfg.topk)
         if cfg.simulate_hazards is not None and self._simulate_cdf is None:
             cdf = child_cdf(cfg.simulate_hazards, device)  # [S + 1, P, K] of the model
             self._simulate_cdf = cdf[:, : cfg.topk, : cfg.topk].contiguous()

@@ -119,6 +119,7 @@ class EAGLEWorker:
             rank_probs=rank_probs(config, memory.req_to_token.device),
             replay=self.replay,
             replay_seed=self.simulate_seed,
+            replay_steps=self.state.replay_steps,
         )
         self.max_batch_size = max_running_requests  # the draft scratch area is sized for this
         self.verifier = TreeVerifier(config, generator=generator, replay=self.replay, simulate_seed=self.simulate_seed)
@@ -202,6 +203,8 @@ class EAGLEWorker:
             extend_lens_cpu=ext.extend_lens_cpu, prefix_lens_cpu=batch.prefix_lens_cpu,
         )
         self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
+        if self.replay is not None:  # a new request replays its trace rows from its first step's
+            self.state.replay_steps[batch.req_pool_indices] = 0
         return next_ids
 
     # ---------------------------------------------------------------- decode
@@ -247,7 +250,10 @@ class EAGLEWorker:
                                              seq_lens_cpu, tree, tree_slots, num_draft_tokens=n)
             if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
                 logits = sampling.process(logits.float(), tree)
-            result = self.verifier(tree, logits, sampling, seq_lens)
+            keys = self.state.replay_steps[req_pool_indices] if self.replay is not None else None
+            result = self.verifier(tree, logits, sampling, seq_lens, replay_keys=keys)
+            if keys is not None:
+                self.state.replay_steps[req_pool_indices] = keys + 1
         extend_graph = self._extend_graph(bs, seq_lens_cpu)
         with maybe_phase(self.timer, "commit"):
             out = self._commit_outputs(bs, extend_graph)

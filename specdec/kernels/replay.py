@@ -36,30 +36,30 @@ def _check_tables(probs: torch.Tensor, next_slot: torch.Tensor, device: torch.de
 
 
 def replay_rows(
-    seq_lens: torch.Tensor,  # [bs] int64 each request's root position
+    keys: torch.Tensor,  # [bs] int64 each request's key (the synthetic engine's: its verify steps so far)
     row_table: torch.Tensor,  # [H] int64 trace rows, H a power of two
     rows: torch.Tensor,  # [bs] int64, written
     *,
     seed: int,
 ) -> None:
     """The trace row each request replays (see the ref)."""
-    device = _device_of("seq_lens", seq_lens)
-    if not (matches(seq_lens, torch.int64, None, device) and seq_lens.dim() == 1
-            and matches(row_table, torch.int64, None, device) and matches(rows, torch.int64, tuple(seq_lens.shape),
+    device = _device_of("keys", keys)
+    if not (matches(keys, torch.int64, None, device) and keys.dim() == 1
+            and matches(row_table, torch.int64, None, device) and matches(rows, torch.int64, tuple(keys.shape),
                                                                           device)):
-        check_tensor("seq_lens", seq_lens, dtype=torch.int64, dim=1)
+        check_tensor("keys", keys, dtype=torch.int64, dim=1)
         check_tensor("row_table", row_table, dtype=torch.int64, dim=1, device=device)
-        check_tensor("rows", rows, dtype=torch.int64, shape=tuple(seq_lens.shape), device=device)
+        check_tensor("rows", rows, dtype=torch.int64, shape=tuple(keys.shape), device=device)
     size = row_table.shape[0]
     if size < 1 or size & (size - 1):
         raise ValueError(f"row_table: expected a power-of-two length, got {size}")
-    select_impl("replay_rows", replay_rows_ref, device)(seq_lens, row_table, rows, seed=int(seed))
+    select_impl("replay_rows", replay_rows_ref, device)(keys, row_table, rows, seed=int(seed))
 
 
-def replay_rows_ref(seq_lens: torch.Tensor, row_table: torch.Tensor, rows: torch.Tensor, *, seed: int) -> None:
+def replay_rows_ref(keys: torch.Tensor, row_table: torch.Tensor, rows: torch.Tensor, *, seed: int) -> None:
     """Specification of ``replay_rows``: request b replays ``row_table[h]``, h the low bits of the
-    ``hash_key`` of (seed, b, seq_lens[b]): the same (seed, row, position) always replays the same row."""
-    rows.copy_(row_table[hash_key(seq_lens, seed) & (row_table.shape[0] - 1)])
+    ``hash_key`` of (seed, b, keys[b]): the same (seed, batch row, key) always replays the same row."""
+    rows.copy_(row_table[hash_key(keys, seed) & (row_table.shape[0] - 1)])
 
 
 def replay_root(

@@ -127,9 +127,10 @@ ENGINES = [pytest.param(dict(device="cpu", attention_backend="torch_native", dis
 @pytest.mark.parametrize("engine_kw", ENGINES)
 @pytest.mark.parametrize("shape", [(3, 1, 4), (3, 2, 4), (4, 4, 8), (6, 8, 32)])
 def test_the_synthetic_engine_commits_what_the_replay_of_its_rows_accepts(tmp_path, shape, engine_kw):
-    """A tiny random target and head replaying the shipped trace: every decode step of one request
-    commits exactly what ``replay_accept_lengths`` gives for the trace row of its root's position
-    (on CUDA the draft loop with its replay runs as a CUDA graph)."""
+    """A tiny random target and head replaying the shipped trace: the k-th decode step of a request
+    commits exactly what ``replay_accept_lengths`` gives for the trace row keyed by k, whatever the
+    shape (so shapes are compared on the same rows; on CUDA the draft loop with its replay runs as a
+    CUDA graph)."""
     from specdec.bench.synthetic import write_dummy_checkpoint
     from specdec.engine.args import EngineArgs
     from specdec.engine.engine import Engine
@@ -151,11 +152,9 @@ def test_the_synthetic_engine_commits_what_the_replay_of_its_rows_accepts(tmp_pa
             assert engine.worker.draft_graph is not None and engine.worker.draft_graph.runner.use_graphs
         replay = engine.worker.replay
         host_replay = DraftReplay(replay.trace, torch.device("cpu"))
-        seq_len, expected = len(prompt), []
-        for _ in accepted:
-            rows = replay.rows(torch.tensor([seq_len], device=replay.probs.device), engine.worker.simulate_seed)
-            expected.append(int(replay_accept_lengths(host_replay, rows.cpu(), steps, k, n)[0]))
-            seq_len += expected[-1] + 1
+        keys = torch.arange(len(accepted), device=replay.probs.device)
+        rows = torch.stack([replay.rows(keys[i:i + 1], engine.worker.simulate_seed)[0] for i in range(len(keys))])
+        expected = replay_accept_lengths(host_replay, rows.cpu(), steps, k, n).tolist()
         assert accepted == expected and max(accepted) >= 2
     finally:
         engine.shutdown()

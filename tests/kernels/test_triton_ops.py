@@ -356,12 +356,12 @@ def test_replay_ops_random(device):
         t, s, big_k = rng.randint(1, 40), rng.randint(2, 7), rng.randint(1, 8)
         bs, k = rng.choice([1, 3, 9] if device == "cpu" else [1, 7, 64, 300]), rng.randint(1, big_k)
         probs, next_slot, path_ranks = replay_tables(rng, t, s, big_k)
-        seq_lens = torch.tensor([rng.randrange([10**4, 2**40][case % 2]) for _ in range(bs)])
+        keys = torch.tensor([rng.randrange([10**4, 2**40][case % 2]) for _ in range(bs)])
         row_table = torch.randint(0, t, (1 << rng.randint(0, 10),))
         seed = rng.choice([0, 7, 2**63 - 1])
         rows = torch.full((bs,), POISON)
-        run_both(K.replay_rows, K.replay_rows_ref, [seq_lens, row_table, rows], device, seed=seed)
-        K.replay_rows_ref(seq_lens, row_table, rows, seed=seed)
+        run_both(K.replay_rows, K.replay_rows_ref, [keys, row_table, rows], device, seed=seed)
+        K.replay_rows_ref(keys, row_table, rows, seed=seed)
         assert ((rows >= 0) & (rows < t)).all()
         outs = [torch.full((bs, k), -1.0), torch.full((bs, k), POISON), torch.full((bs * k, k), -1.0)]
         run_both(K.replay_root, K.replay_root_ref, [rows, probs, next_slot, *outs[:2], None], device)
@@ -382,7 +382,7 @@ def test_replay_ops_reject_bad_arguments():
     rows, slots = torch.zeros(2, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match="row_table: expected a power-of-two length"):
         K.replay_rows(torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), rows, seed=0)
-    with pytest.raises(ValueError, match="seq_lens"):
+    with pytest.raises(ValueError, match="keys"):
         K.replay_rows([1, 2], torch.zeros(4, dtype=torch.int64), rows, seed=0)
     with pytest.raises(ValueError, match="k: expected 1 <= k <= the trace's top-2"):
         K.replay_root(rows, probs, next_slot, torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.int64), None)

@@ -19,12 +19,12 @@ _ROWS_BLOCK = 128
 
 
 @triton.jit
-def _rows_kernel(seq_lens_ptr, table_ptr, rows_ptr, bs, table_mask, seed_key,
+def _rows_kernel(keys_ptr, table_ptr, rows_ptr, bs, table_mask, seed_key,
                  HASH_POSITION: tl.constexpr, HASH_ROW: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = b < bs
-    seq = tl.load(seq_lens_ptr + b, mask=live, other=0)
-    h = (seq * HASH_POSITION + b * HASH_ROW + seed_key) & table_mask  # int64: wraps like the ref's, low bits kept
+    key = tl.load(keys_ptr + b, mask=live, other=0)
+    h = (key * HASH_POSITION + b * HASH_ROW + seed_key) & table_mask  # int64: wraps like the ref's, low bits kept
     tl.store(rows_ptr + b, tl.load(table_ptr + h, mask=live, other=0), mask=live)
 
 
@@ -88,11 +88,11 @@ def _accept_cdf_kernel(rows_ptr, ranks_ptr, cdf_ptr, k, depths, num_rows, record
 
 
 @custom_op("replay_rows", ("rows",))
-def _rows_op(seq_lens: torch.Tensor, row_table: torch.Tensor, rows: torch.Tensor, seed: int) -> None:
-    bs = seq_lens.shape[0]
+def _rows_op(keys: torch.Tensor, row_table: torch.Tensor, rows: torch.Tensor, seed: int) -> None:
+    bs = keys.shape[0]
     if bs:
         _rows_kernel[(triton.cdiv(bs, _ROWS_BLOCK),)](
-            seq_lens, row_table, rows, bs, row_table.shape[0] - 1, seed_term(seed),
+            keys, row_table, rows, bs, row_table.shape[0] - 1, seed_term(seed),
             HASH_POSITION=HASH_POSITION, HASH_ROW=HASH_ROW, BLOCK=_ROWS_BLOCK)
 
 
@@ -126,8 +126,8 @@ def _accept_cdf_op(rows: torch.Tensor, path_ranks: torch.Tensor, cdf: torch.Tens
                                   BLOCK_D=next_pow2(depths), BLOCK_K=next_pow2(k))
 
 
-def replay_rows(seq_lens, row_table, rows, *, seed: int) -> None:
-    _rows_op(seq_lens, row_table, rows, seed)
+def replay_rows(keys, row_table, rows, *, seed: int) -> None:
+    _rows_op(keys, row_table, rows, seed)
 
 
 def replay_root(rows, probs, next_slot, root_p, slots, child_p) -> None:

@@ -203,7 +203,7 @@ class EAGLEWorker:
             extend_lens_cpu=ext.extend_lens_cpu, prefix_lens_cpu=batch.prefix_lens_cpu,
         )
         self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
-        if self.replay is not None:  # a new request replays its trace rows from its first step's
+        if self.replay is not None:  # a new request's first verify step replays the row keyed 0
             self.state.replay_steps[batch.req_pool_indices] = 0
         return next_ids
 

@@ -8,6 +8,8 @@ replayed: no launch overhead, only the kernels. Rows:
 
   default      specdec.models.ops.gemv.linear (the default path: GEMV / tensor-core tiles / cuBLAS by M)
   cublas       F.linear
+  det          gemv.linear under --enable-deterministic-inference (the default path's tensor-core
+               tilings where its table has one, the batch-invariant kernel elsewhere)
   bi           specdec.models.ops.batch_invariant at its launch_for choice
   bi t{T}n{N}k{K}w{W}s{S}
                the same kernel at another launch (T-row tiles, N columns, K chunk, W warps, S stages);
@@ -17,6 +19,9 @@ replayed: no launch overhead, only the kernels. Rows:
 and the floor: the weights' bytes over the GPU's memory bandwidth (--bandwidth-tbs, H200 4.8).
 
     python benchmarks/det_linear.py --m 1 64 128 --json $OUT/det_linear.json
+
+``--per-shape``: each weight shape timed alone (its 32 layers in one graph), so the fastest launch of
+each shape shows (rows with ``shape``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import run_metadata  # noqa: E402
 
+from specdec.forward import batch_invariant  # noqa: E402
 from specdec.models.ops import gemv  # noqa: E402
 from specdec.models.ops import batch_invariant_kernels as bik  # noqa: E402
 
@@ -58,11 +64,16 @@ def forward_linears(fn, xs: dict[int, torch.Tensor], layers, lm_head) -> list[to
 
 
 def time_graph(fn, xs, layers, lm_head, *, replays: int, repeats: int) -> list[float]:
-    forward_linears(fn, xs, layers, lm_head)  # compile / warm outside the capture
+    return time_calls(lambda: forward_linears(fn, xs, layers, lm_head), replays=replays, repeats=repeats)
+
+
+def time_calls(calls, *, replays: int, repeats: int) -> list[float]:
+    """ms of one replay of ``calls()`` captured in a CUDA graph, ``repeats`` samples."""
+    calls()  # compile / warm outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        forward_linears(fn, xs, layers, lm_head)
+        calls()
     graph.replay()
     torch.cuda.synchronize()
     samples = []
@@ -86,6 +97,49 @@ def candidate_launches(m: int) -> list[bik.Launch]:
         return [L(16, 32, 2, 8), L(16, 16, 2, 6), L(16, 16, 4, 8), L(16, 16, 2, 8, block_k=128)]
     return [L(64, n, w, s, block_k=bk) for n, w in ((64, 4), (128, 4), (128, 8)) for s in (4, 5, 6)
             for bk in (64, 128) if not (bk == 128 and s > 5)]
+
+
+def shape_launches(m: int) -> list[bik.Launch]:
+    """--per-shape's candidates: launch_for's and other column counts and depths."""
+    L = bik.Launch
+    if m <= 16:
+        return [L(16, n, 2, s, block_k=128) for n in (16, 32) for s in (6, 8)]
+    return [L(64, n, w, s, block_k=128) for n, w in ((32, 4), (64, 4), (128, 4), (128, 8)) for s in (3, 4, 5)]
+
+
+def per_shape(m: int, args) -> list[dict]:
+    """Each weight shape alone: its layers' launches in one graph, for default, cublas, det and
+    each of shape_launches(m)."""
+    rows = []
+    shapes = LAYER_SHAPES + [(VOCAB, HIDDEN)]
+    for n, k in shapes:
+        count = 1 if n == VOCAB else args.layers
+        weights = [(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5) for _ in range(count)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        dt = torch.float32 if n == VOCAB else None
+        floor_ms = count * n * k * 2 / (args.bandwidth_tbs * 1e12) * 1e3
+        runs = {"default": lambda w: gemv.linear(x, w, out_dtype=dt), "cublas": lambda w: F.linear(x, w),
+                "det": lambda w: _det(x, w, dt)}
+        for launch in shape_launches(m):
+            runs[launch_name(launch)] = lambda w, launch=launch: bik.linear(x, w, None, out_dtype=dt or x.dtype,
+                                                                             launch=launch)
+        for name, fn in runs.items():
+            try:
+                samples = time_calls(lambda fn=fn: [fn(w) for w in weights], replays=args.replays,
+                                     repeats=args.repeats)
+            except Exception as exc:
+                print(f"m={m:4d} {n}x{k} {name:22s} failed: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            ms = statistics.median(samples)
+            rows.append({"m": m, "shape": f"{n}x{k}", "run": name, "ms": round(ms, 4), "min_ms": round(min(samples), 4),
+                         "max_ms": round(max(samples), 4), "floor_ms": round(floor_ms, 4)})
+            print(f"m={m:4d} {n}x{k} {name:22s} {ms:7.3f} ms (floor {floor_ms:.3f})", flush=True)
+    return rows
+
+
+def _det(x, w, dt):
+    with batch_invariant():
+        return gemv.linear(x, w, out_dtype=dt)
 
 
 def launch_name(launch: bik.Launch) -> str:
@@ -125,12 +179,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-sweep", action="store_true", help="only default, cublas and bi's own launch")
     parser.add_argument("--check", action="store_true", help="first, each candidate launch's bits (check_bits)")
+    parser.add_argument("--per-shape", action="store_true", help="each weight shape alone (per_shape), then stop")
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("det_linear.py: needs a CUDA GPU")
     checks = check_bits(sorted({c for m in args.m for c in candidate_launches(m)})) if args.check else []
+    if args.per_shape:
+        rows = [row for m in args.m for row in per_shape(m, args)]
+        if args.json:
+            args.json.write_text(json.dumps({"meta": run_metadata(), "rows": rows, "checks": checks}, indent=1))
+        return
     layers, lm_head = make_weights(args.layers, "cuda")
     weight_bytes = sum(w.numel() * 2 for layer in layers for w in layer) + lm_head.numel() * 2
     floor_ms = weight_bytes / (args.bandwidth_tbs * 1e12) * 1e3
@@ -140,6 +200,7 @@ def main() -> None:
         runs = {
             "default": lambda x, w, dt: gemv.linear(x, w, out_dtype=dt),
             "cublas": lambda x, w, dt: F.linear(x, w) if dt is None else F.linear(x, w).to(dt),
+            "det": _det,
             "bi": lambda x, w, dt: bik.linear(x, w, None, out_dtype=dt or x.dtype),
         }
         if not args.no_sweep:

@@ -34,9 +34,9 @@
 #                                            --enable-deterministic-inference, vLLM VLLM_BATCH_INVARIANT=1; issue #41;
 #                                            DET_ENGINES="specdec" for ours alone; DET_TRACE=1: each point's top
 #                                            kernels, both modes, in $OUT/det_trace*.txt)
-#   bash scripts/gpu_peer.sh det-linear      the batch-invariant linear's GPU tests and its launches against the default
-#                                            path's, an 8B forward's linear layers in one CUDA graph
-#                                            (benchmarks/det_linear.py; $OUT/det_linear.json); no vLLM needed
+#   bash scripts/gpu_peer.sh det-linear      the batch-invariant linear's GPU tests; an 8B forward's linear layers in one
+#                                            CUDA graph, each path (benchmarks/det_linear.py; $OUT/det_linear.json), and
+#                                            each weight shape alone at the kernel's launches ($OUT/det_shapes.json)
 #   bash scripts/gpu_peer.sh scale-decode    the decode workload on the 8B shape at each tp size (SCALE_TP, default
 #                                            "1 2 4"), both engines (rows with flags tp_size / tensor_parallel_size);
 #                                            vLLM at tp >= 4 with VLLM_ALLREDUCE_USE_SYMM_MEM=0 (see vllm_env)
@@ -200,8 +200,8 @@ case "$what" in
   det-linear)
     timeout 400 python3 -m pytest -q -p no:cacheprovider tests/models/test_batch_invariant.py \
       tests/e2e/test_deterministic.py > $OUT/det_tests.log 2>&1; tail -5 $OUT/det_tests.log
-    timeout 400 python3 benchmarks/det_linear.py --check --m ${DET_LINEAR_M:-1 64 128} --json $OUT/det_linear.json
-    timeout 100 python3 benchmarks/det_linear.py --m 16 32 256 --no-sweep --json $OUT/det_linear_more.json ;;
+    timeout 300 python3 benchmarks/det_linear.py --m ${DET_LINEAR_M:-1 16 32 64 128} --no-sweep --json $OUT/det_linear.json
+    timeout 300 python3 benchmarks/det_linear.py --per-shape --m ${DET_SHAPE_M:-64 128} --json $OUT/det_shapes.json ;;
   scale-decode)  # rows llama-3.1-8b-decode with flags {"tp_size": N} (specdec) / {"tensor_parallel_size": N} (vLLM)
     vllm_env
     checkpoint_8b

@@ -89,6 +89,30 @@ def test_gpu_decode_rows_equal_verify_rows_at_real_sizes(n, k):
     assert torch.equal(captured, whole[9:10])
 
 
+# Llama-3.1-8B (qkv, o, gate_up whole and its tp-2 shard, down, lm_head) and SmolLM2-135M (qkv, gate_up,
+# down, lm_head: K = 576 and 1536, not multiples of the 256-deep chunks)
+_MODEL_SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
+                 (960, 576), (3072, 576), (576, 1536), (49152, 576)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", _MODEL_SHAPES, ids=lambda v: str(v))
+def test_gpu_deterministic_linear_rows_equal_at_every_m(n, k):
+    """Under the switch ``gemv.linear`` takes the default path's tensor-core tilings where its table
+    has one (32- and 16-row tiles, swap-AB tiles up to 64 tokens) and the batch-invariant kernel
+    elsewhere: every M from 1 to 130 gives each row the bits of the batch-invariant kernel's M = 1
+    launch, the logits (fp32, unrounded) too."""
+    x, w = rand(130, k, dtype=torch.bfloat16, device=DEVICE), rand(n, k, dtype=torch.bfloat16, device=DEVICE, seed=1)
+    out_dtype = torch.float32 if n > 40_000 else None
+    alone = torch.cat([linear_batch_invariant(x[i : i + 1], w, out_dtype=out_dtype) for i in (0, 7, 40, 129)])
+    with batch_invariant():
+        for m in (1, 2, 3, 8, 9, 16, 17, 32, 33, 48, 64, 65, 130):
+            rows = gemv.linear(x[:m], w, out_dtype=out_dtype)
+            config = gemv.plan(x[:m], w, None)
+            picked = [i for i in (0, 7, 40, 129) if i < m]
+            assert torch.equal(rows[picked], alone[: len(picked)]), (m, config)
+
+
 def test_fp32_logits_are_not_rounded_to_the_model_dtype():
     x, w = rand(9, 64, dtype=torch.bfloat16, device=DEVICE), rand(50, 64, dtype=torch.bfloat16, device=DEVICE, seed=1)
     logits = linear_batch_invariant(x, w, out_dtype=torch.float32)

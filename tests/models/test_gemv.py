@@ -75,6 +75,22 @@ def test_fp32_out_is_the_rounded_result_widened_interpreted(config):
 
 
 @pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
+@pytest.mark.parametrize("config", [C(16, 32, 4, 2, True), C(16, 32, 4, 2, True, swap_ab=True)],
+                         ids=["dot16x32", "swap16x32"])
+def test_fp32_out_unrounded_holds_the_sums_interpreted(config):
+    """round_out=False (deterministic inference's logits): the fp32 sums themselves, which the
+    rounded result is one bf16 rounding of."""
+    x = rand(5, 72, dtype=torch.bfloat16, seed=4, scale=2.0)
+    weight = rand(37, 72, dtype=torch.bfloat16, seed=5, scale=0.3)
+    sums = gk.gemv(x, weight, None, config, out_dtype=torch.float32, round_out=False)
+    rounded = gk.gemv(x, weight, None, config)
+    assert sums.dtype == torch.float32 and not torch.equal(sums, rounded.float())
+    # NOTE: one rounding apart (the interpreter truncates: up to a whole ulp)
+    assert ((rounded.float() - sums).abs() <= torch.finfo(torch.bfloat16).eps * sums.abs()).all()
+    torch.testing.assert_close(sums, F.linear(x.double(), weight.double()).float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not _INTERPRETED, reason="triton was imported compiled")
 def test_strided_rows_interpreted():
     """x as a column slice of a wider tensor (q/k/v slices, attention output views)."""
     wide = rand(5, 100, dtype=torch.bfloat16, seed=1)

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec.models.ops.launch import pdl_kwargs
+
 
 class Launch(NamedTuple):
     tile_m: int  # rows of a program's tile: 16 (mma.sync on Hopper) or 64 (wgmma)
@@ -66,11 +68,14 @@ def _shared_bytes(device: torch.device) -> int:
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    HAS_BIAS: tl.constexpr, COMPILED: tl.constexpr, IEEE: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    if PDL:  # specdec.models.ops.launch: wait for the kernel before, then let the next one launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=ACC_DTYPE)  # fp32; fp64 interpreted
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -114,7 +119,8 @@ def linear(
                          out.stride(0), HAS_BIAS=bias is not None, COMPILED=not INTERPRETED,
                          IEEE=x.dtype == torch.float32, ACC_DTYPE=tl.float64 if INTERPRETED else tl.float32,
                          BLOCK_M=cfg.tile_m, BLOCK_N=cfg.block_n,
-                         BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                         BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                         **pdl_kwargs(x.device))
     return out
 
 

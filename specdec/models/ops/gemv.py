@@ -211,8 +211,8 @@ def linear(
     separate cast (the verify's [64, 128256] logits: 24.5 us of a bs-1 step on an H100).
     """
     fp8 = getattr(weight, "fp8_copy", None)  # (W_fp8 [N, K], scale [N] fp32) or None
-    if fp8 is None and batch_invariant_enabled() and x.dim() == 2:
-        return linear_batch_invariant(x, weight, bias, out_dtype=out_dtype)  # --enable-deterministic-inference
+    if fp8 is None and batch_invariant_enabled() and x.dim() == 2:  # --enable-deterministic-inference
+        return _linear_deterministic(x, weight, bias, out_dtype)
     if fp8 is not None and torch.is_grad_enabled() and weight.requires_grad:
         fp8 = None  # NOTE: autograd differentiates the 16-bit weight, not its copy
     if fp8 is not None and x.dim() == 2 and x.shape[0] > FP8_MAX_TOKENS:
@@ -233,6 +233,21 @@ def linear(
         return _kernels().gemv(x, weight, bias, config, out_dtype=out_dtype)
     config = _fp8_config(_bucket(x.shape[0]), weight.shape[0], weight.shape[1])
     return _kernels().gemv(x, fp8[0], bias, config, scale=fp8[1], out_dtype=out_dtype)
+
+
+def _linear_deterministic(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          out_dtype: torch.dtype | None) -> torch.Tensor:
+    """Deterministic inference's product: the table's tensor-core tiling where it has one, else the
+    batch-invariant kernel (``specdec.models.ops.batch_invariant``; F.linear row by row off the GPU).
+
+    Both walk K from 0 in order into one fp32 accumulator with no split, and on an H200 every tiling
+    of either kernel gives a row the same bits (mma.sync or wgmma, swap-AB or not, 64- to 256-deep K
+    chunks: tests/models/test_batch_invariant.py's GPU tests), so the choice by M changes the speed
+    only. fp32 logits keep the unrounded sums, as the batch-invariant kernel stores them."""
+    config = plan(x, weight, bias)
+    if config is None or not config.use_dot or (bias is not None and bias.shape[0] != weight.shape[0]):
+        return linear_batch_invariant(x, weight, bias, out_dtype=out_dtype)  # NOTE: it reports bad shapes
+    return _kernels().gemv(x, weight, bias, config, out_dtype=out_dtype, round_out=False)
 
 
 linear_ref = F.linear

@@ -82,7 +82,7 @@ def _load_w(w_rows, offs_n, offs_k, n_limit, K, EVEN_K: tl.constexpr):
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                  HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_DOT: tl.constexpr, COMPILED: tl.constexpr,
                  EVEN_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 ROUND_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -130,8 +130,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride
             acc *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        # NOTE: rounded to x's dtype first: a wider out (fp32 logits) holds exactly that result
-        acc = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+        # NOTE: rounded to x's dtype first (ROUND_OUT): a wider out (fp32 logits) holds exactly that result
+        if ROUND_OUT:
+            acc = acc.to(x_ptr.dtype.element_ty)
+        acc = acc.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc, mask=m_mask[None, :] & n_mask[:, None])
     else:
         if USE_DOT:
@@ -142,7 +144,9 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride
             out *= tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
         if HAS_BIAS:
             out += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        out = out.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+        if ROUND_OUT:
+            out = out.to(x_ptr.dtype.element_ty)
+        out = out.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out, mask=m_mask[:, None] & n_mask[None, :])
 
 
@@ -153,6 +157,7 @@ def gemv(
     config: GemvConfig,
     scale: torch.Tensor | None = None,  # [N] fp32, an FP8 weight's row scales
     out_dtype: torch.dtype | None = None,  # wider than x's: x's rounding, then widened in the store
+    round_out: bool = True,  # False: a wider out_dtype holds the fp32 sums themselves
 ) -> torch.Tensor:  # [M, N]
     """Launch (no input checks: ``specdec.models.ops.gemv`` checks and dispatches)."""
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
@@ -165,7 +170,7 @@ def gemv(
         x, weight, bias if bias is not None else x, scale if scale is not None else x, out, m, n, k, x.stride(0),
         weight.stride(0), out.stride(0), HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
         USE_DOT=config.use_dot, COMPILED=not INTERPRETED, EVEN_K=k % config.block_k == 0,
-        PREFETCH=config.prefetch and not config.use_dot, SWAP_AB=config.use_dot and config.swap_ab,
+        PREFETCH=config.prefetch and not config.use_dot, SWAP_AB=config.use_dot and config.swap_ab, ROUND_OUT=round_out,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_kwargs(x.device))
     return out

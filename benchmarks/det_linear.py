@@ -11,6 +11,7 @@ replayed: no launch overhead, only the kernels. Rows:
   det          gemv.linear under --enable-deterministic-inference (the default path's tensor-core
                tilings where its table has one, the batch-invariant kernel elsewhere)
   bi           specdec.models.ops.batch_invariant at its launch_for choice
+  gemv ...     (--per-shape) the default path's kernel at one of its table's tilings
   bi t{T}n{N}k{K}w{W}s{S}
                the same kernel at another launch (T-row tiles, N columns, K chunk, W warps, S stages);
                every launch gives the same bits (``--check``, tests/models/test_batch_invariant.py), so
@@ -107,6 +108,20 @@ def shape_launches(m: int) -> list[bik.Launch]:
     return [L(64, n, w, s, block_k=128) for n, w in ((32, 4), (64, 4), (128, 4), (128, 8)) for s in (3, 4, 5)]
 
 
+def gemv_kernels():
+    return gemv._kernels()
+
+
+_C = gemv_kernels().GemvConfig
+GEMV_CANDIDATES = {  # the default table's tensor-core tilings, at any M (tests/models/test_batch_invariant.py)
+    "gemv dot32x256w4s4": _C(32, 256, 4, 4, use_dot=True),
+    "gemv dot32x512w4s3": _C(32, 512, 4, 3, use_dot=True),
+    "gemv swap64x128w4s5": _C(64, 128, 4, 5, use_dot=True, swap_ab=True),
+    "gemv swap128x128w8s3": _C(128, 128, 8, 3, use_dot=True, swap_ab=True),
+    "gemv swap128x128w4s4": _C(128, 128, 4, 4, use_dot=True, swap_ab=True),
+}
+
+
 def per_shape(m: int, args) -> list[dict]:
     """Each weight shape alone: its layers' launches in one graph, for default, cublas, det and
     each of shape_launches(m)."""
@@ -123,6 +138,9 @@ def per_shape(m: int, args) -> list[dict]:
         for launch in shape_launches(m):
             runs[launch_name(launch)] = lambda w, launch=launch: bik.linear(x, w, None, out_dtype=dt or x.dtype,
                                                                              launch=launch)
+        for name, config in GEMV_CANDIDATES.items():  # the default path's kernel at other tilings (same bits)
+            runs[name] = lambda w, config=config: gemv_kernels().gemv(x, w, None, config, out_dtype=dt,
+                                                                       round_out=False)
         for name, fn in runs.items():
             try:
                 samples = time_calls(lambda fn=fn: [fn(w) for w in weights], replays=args.replays,

@@ -113,6 +113,27 @@ def test_gpu_deterministic_linear_rows_equal_at_every_m(n, k):
             assert torch.equal(rows[picked], alone[: len(picked)]), (m, config)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336), (49152, 576)], ids=lambda v: str(v))
+def test_gpu_every_default_tiling_gives_the_batch_invariant_rows(n, k):
+    """The default path's kernel at each tensor-core tiling of its table, at M = 1, 64 and 130 (two or
+    more row tiles): the batch-invariant kernel's M = 1 bits, so any of them may serve deterministic
+    inference at any M."""
+    gk = pytest.importorskip("specdec.models.ops.gemv_kernels")
+    C = gk.GemvConfig
+    configs = [C(32, 256, 4, 4, use_dot=True), C(32, 512, 4, 3, use_dot=True),
+               C(64, 128, 4, 5, use_dot=True, swap_ab=True), C(128, 128, 8, 3, use_dot=True, swap_ab=True)]
+    x, w = rand(130, k, dtype=torch.bfloat16, device=DEVICE), rand(n, k, dtype=torch.bfloat16, device=DEVICE, seed=1)
+    out_dtype = torch.float32 if n > 40_000 else None
+    picked = [0, 63, 64, 129]
+    alone = torch.cat([linear_batch_invariant(x[i : i + 1], w, out_dtype=out_dtype) for i in picked])
+    for config in configs:
+        for m in (1, 64, 130):
+            rows = gk.gemv(x[:m], w, None, config, out_dtype=out_dtype, round_out=False)
+            inside = [j for j, i in enumerate(picked) if i < m]
+            assert torch.equal(rows[[picked[j] for j in inside]], alone[inside]), (config, m)
+
+
 def test_fp32_logits_are_not_rounded_to_the_model_dtype():
     x, w = rand(9, 64, dtype=torch.bfloat16, device=DEVICE), rand(50, 64, dtype=torch.bfloat16, device=DEVICE, seed=1)
     logits = linear_batch_invariant(x, w, out_dtype=torch.float32)

@@ -236,7 +236,7 @@ def main() -> None:
             row = {"m": m, "run": name, "ms": round(ms, 4), "min_ms": round(min(samples), 4),
                    "max_ms": round(max(samples), 4), "floor_ms": round(floor_ms, 4)}
             if name == "bi":
-                row["launch"] = bik.launch_for(m)._asdict()
+                row["launch"] = {f"{n}x{k}": bik.launch_for(m, n)._asdict() for n, k in LAYER_SHAPES}
             rows.append(row)
             print(f"m={m:4d} {name:22s} {ms:7.3f} ms (min {min(samples):.3f} max {max(samples):.3f}; floor "
                   f"{floor_ms:.3f}; {time.perf_counter() - t0:.1f} s)", flush=True)

@@ -36,13 +36,14 @@ def test_rows_identical_at_any_m(dtype, n, k):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_every_launch_gives_the_same_rows(dtype):
-    """launch_for's three launches and others (16- and 64-row tiles, 16 to 128 columns, 64- and
+    """launch_for's launches and others (16- and 64-row tiles, 16 to 128 columns, 64- and
     128-deep K chunks) give every row the bits M = 1 gives it, at M = 1, 5, 16, 40 and 130 (K 200:
     full chunks and a tail)."""
     kernels = pytest.importorskip("specdec.models.ops.batch_invariant_kernels")
     x, w = rand(130, 200, dtype=dtype, device=DEVICE, seed=3), rand(90, 200, dtype=dtype, device=DEVICE, seed=4)
     alone = torch.cat([linear_batch_invariant(x[i : i + 1], w) for i in range(130)])
-    launches = [kernels.SKINNY, kernels.WIDE, kernels.WIDER, kernels.Launch(16, 64, 4, 2, block_k=128),
+    launches = [kernels.SKINNY, kernels.WIDE, kernels.WIDER, kernels.WIDE_NARROW, kernels.WIDER_NARROW,
+                kernels.Launch(16, 64, 4, 2, block_k=128),
                 kernels.Launch(64, 32, 4, 2, block_k=128)]
     for launch in launches:
         for m in (1, 5, 16, 40, 130):
@@ -54,8 +55,10 @@ def test_every_launch_gives_the_same_rows(dtype):
 
 def test_launch_by_rows():
     kernels = pytest.importorskip("specdec.models.ops.batch_invariant_kernels")
-    assert [kernels.launch_for(m).tile_m for m in (1, 16, 17, 64, 65, 4096)] == [16, 16, 64, 64, 64, 64]
-    assert kernels.launch_for(64) == kernels.WIDE and kernels.launch_for(65) == kernels.WIDER
+    assert [kernels.launch_for(m, 6144).tile_m for m in (1, 16, 17, 64, 65, 4096)] == [16, 16, 64, 64, 64, 64]
+    assert kernels.launch_for(64, 6144) == kernels.WIDE and kernels.launch_for(65, 6144) == kernels.WIDER
+    assert kernels.launch_for(64, 4096) == kernels.WIDE_NARROW and kernels.launch_for(65, 4096) == kernels.WIDER_NARROW
+    assert kernels.launch_for(16, 4096) == kernels.launch_for(16, 6144) == kernels.SKINNY
 
 
 def test_pipeline_fits_shared_memory():

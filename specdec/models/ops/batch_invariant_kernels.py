@@ -7,9 +7,10 @@ block_k chunks, accumulating ``tl.dot`` in fp32. Rows past M load as zeros and a
 change no other row's arithmetic. No split-K: each element's sum runs over K from 0 in order, a
 chunk at a time, each chunk as the tensor core's 16-deep steps into the same fp32 accumulator.
 
-The launch (``launch_for``) changes only the tiling, by M: 16-row tiles up to 16 rows (Hopper's
+The launch (``launch_for``) changes only the tiling, by M and N: 16-row tiles up to 16 rows (Hopper's
 mma.sync; narrow 16-column tiles and a deep pipeline for the skinny decode product), 64-row tiles
-above (wgmma, which needs 64 rows: the weight read once per 64 rows, not once per 16). A row's bits
+above (wgmma, which needs 64 rows: the weight read once per 64 rows, not once per 16), narrower ones
+against weights of few rows (enough programs to keep every SM reading). A row's bits
 are the same in every launch: on an H200 every launch ``benchmarks/det_linear.py --check`` tries,
 16- and 64-row tiles, 16 to 128 columns, equals the 16-row decode launch bit for bit at the 8B's
 shapes (``benchmarks/results/2026-11-29-h200-det-linear/``), and tests/models/test_batch_invariant.py
@@ -45,11 +46,22 @@ class Launch(NamedTuple):
 SKINNY = Launch(tile_m=16, block_n=16, num_warps=2, num_stages=8, block_k=128)  # up to 16 rows
 WIDE = Launch(tile_m=64, block_n=64, num_warps=4, num_stages=5, block_k=128)  # 17-64 rows
 WIDER = Launch(tile_m=64, block_n=128, num_warps=4, num_stages=4, block_k=128)  # more
+# weights of fewer rows (an 8B's o and down, N = 4096): narrower tiles, so that ~128 programs share the
+# weight's read. H200, an 8B's 32 layers alone in one graph, ms (benchmarks/results/2026-11-29-h200-det-tilings):
+# 64 rows, o 0.461 -> 0.391, down 1.401 -> 1.152 (cuBLAS 0.380, 1.143); 128 rows, o 0.639 -> 0.475, down
+# 2.116 -> 1.623 (cuBLAS 0.444, 1.204)
+NARROW_N = 6144
+WIDE_NARROW = Launch(tile_m=64, block_n=32, num_warps=4, num_stages=5, block_k=128)  # 17-64 rows
+WIDER_NARROW = Launch(tile_m=64, block_n=64, num_warps=4, num_stages=5, block_k=128)  # more
 
 
-def launch_for(m: int) -> Launch:
-    """The launch of an M-row product."""
-    return SKINNY if m <= 16 else WIDE if m <= 64 else WIDER
+def launch_for(m: int, n: int) -> Launch:
+    """The launch of an M-row product with an [n, K] weight."""
+    if m <= 16:
+        return SKINNY
+    if m <= 64:
+        return WIDE_NARROW if n < NARROW_N else WIDE
+    return WIDER_NARROW if n < NARROW_N else WIDER
 
 
 def fit_stages(launch: Launch, elem_bytes: int, shared_bytes: int) -> Launch:
@@ -111,7 +123,7 @@ def linear(
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = launch or launch_for(m)
+    cfg = launch or launch_for(m, n)
     if not INTERPRETED:
         cfg = fit_stages(cfg, x.element_size(), _shared_bytes(x.device))
     grid = (triton.cdiv(m, cfg.tile_m), triton.cdiv(n, cfg.block_n))

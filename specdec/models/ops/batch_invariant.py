@@ -5,10 +5,11 @@ same bits whatever M is and whatever the other rows hold: every program reduces 
 itself, from 0 in order (no split-K, no atomics), into one fp32 accumulator, and the launch changes
 only the tiling (16-row tiles up to 16 rows, 64-row ones above: ``batch_invariant_kernels``, where
 the H200 measurements that every tiling gives the same bits are cited). ``specdec.models.ops.gemv``
-(the default) picks its kernel and tiling by M (tensor-core tiles at 1-16 tokens, swap-AB tiles,
-cuBLAS past 32 or 64 tokens, which picks its own kernel by shape), so it sums K in a different order
-for a decode step (M = bs) than for a verify forward (M = bs * N): bf16 outputs then differ in the
-last bit now and then, and the difference grows through the layers.
+(the default) picks its kernel by M: its own Triton tilings, which sum K the same way (under the
+switch it keeps them: ``gemv._linear_deterministic``), then cuBLAS past 32 or 64 tokens, which picks
+its own kernel and split by shape, so a decode step (M = bs) and a verify forward (M = bs * N) may sum
+K in different orders: bf16 outputs then differ in the last bit now and then, and the difference
+grows through the layers.
 
 ``out_dtype`` float32 (logits): the fp32 accumulator is stored as it is, not rounded to the model
 dtype first (the default path rounds, as F.linear would), so near-tied logits stay apart.
@@ -17,8 +18,9 @@ Dispatch: the Triton kernel on CUDA tensors and on CPU tensors under TRITON_INTE
 ``linear_batch_invariant_ref`` elsewhere: one ``F.linear`` per row (an M = 1 product for every row,
 batch-invariant by construction; slow, for CPU runs and tests).
 
-Measured cost (H200, an 8B forward's linear layers in one CUDA graph, ``benchmarks/det_linear.py``):
-about cuBLAS's at 1-16 rows, 1.2x at 64 rows, 1.5x at 128. CUDA-graph safe: no host sync, the output
+Measured cost (H200, an 8B forward's linear layers in one CUDA graph, ``benchmarks/det_linear.py``,
+with the default kernel where the switch takes it): about the default path's at 1-64 rows, 1.3x at 128
+(benchmarks/results/2026-11-29-h200-det-tilings). CUDA-graph safe: no host sync, the output
 allocated in the launch.
 """
 

@@ -1,5 +1,5 @@
 """All-reduce latency on two or more GPUs (--world-size) by message size: NCCL's ring against the
-one-shot kernel over peer memory (specdec.models.all_reduce), each replayed from a CUDA graph of
+one-shot kernels over peer memory (specdec.models.all_reduce: torch's and our push kernel), each replayed from a CUDA graph of
 back-to-back calls, as a decode step replays them. Tells where the one-shot path stops paying
 (ONE_SHOT_MAX_BYTES).
 
@@ -29,14 +29,16 @@ from specdec.bench.device_timing import graph_us
 from specdec.models.all_reduce import ONE_SHOT_MAX_BYTES, DistAllReduce, choose_all_reduce
 
 SIZES = [1 << k for k in range(10, 25)]  # 1 KiB .. 16 MiB
+PUSH_MAX_BYTES = 4 << 20  # the push kernel's largest message (its MAX_PROGRAMS); NCCL's beyond
 HIDDEN, CALLS_PER_STEP = 4096, 65  # Llama-3.1-8B
 
 
 def measure(rank: int, args) -> list[dict]:
     """Per size: microseconds per call, NCCL and one-shot (the one-shot buffer as large as the largest size)."""
-    one_shot = choose_all_reduce(None, f"cuda:{rank}", size=args.world_size, enabled=True, single_host=True,
-                                 peers=list(range(args.world_size)), max_bytes=max(SIZES))
-    if one_shot.name != "one-shot":
+    one_shot, push = (choose_all_reduce(None, f"cuda:{rank}", size=args.world_size, enabled=True, single_host=True,
+                                        peers=list(range(args.world_size)), max_bytes=max_bytes, kernel=kernel)
+                      for kernel, max_bytes in (("torch", max(SIZES)), ("push", PUSH_MAX_BYTES)))
+    if (one_shot.name, push.name) != ("one-shot", "push"):
         raise RuntimeError("the one-shot all-reduce is unavailable here (the warning above says why)")
     nccl = DistAllReduce()
     args.fused_copy = one_shot.fused
@@ -44,18 +46,19 @@ def measure(rank: int, args) -> list[dict]:
     for size in SIZES:
         x = torch.randn(size // 2, device="cuda").to(torch.bfloat16)
         row = {"bytes": size, "dtype": "bfloat16"}
-        for name, reduce in (("nccl", nccl), ("one_shot", one_shot)):
+        for name, reduce in (("nccl", nccl), ("one_shot", one_shot), ("push", push)):
             # as a layer calls them: NCCL in place (the values grow to inf, which costs it nothing),
             # one-shot out of place
             row[f"{name}_us"] = graph_us(lambda: reduce(x), reps=args.reps, calls=args.calls)
         row["one_shot_over_nccl"] = row["one_shot_us"] / row["nccl_us"]
+        row["push_over_one_shot"] = row["push_us"] / row["one_shot_us"]
         if size % (2 * HIDDEN) == 0 and size // (2 * HIDDEN) <= 256:
             row["decode_bs_8b"] = size // (2 * HIDDEN)
             row["saved_us_per_8b_step"] = CALLS_PER_STEP * (row["nccl_us"] - row["one_shot_us"])
         rows.append(row)
         if rank == 0:
             print(f"{size:>9} B  nccl {row['nccl_us']:7.2f} us  one-shot {row['one_shot_us']:7.2f} us  "
-                  f"({row['one_shot_over_nccl']:.2f}x)", flush=True)
+                  f"({row['one_shot_over_nccl']:.2f}x)  push {row['push_us']:7.2f} us", flush=True)
     return rows
 
 
@@ -82,12 +85,13 @@ def write(rows: list[dict], args) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     lines = [f"# All-reduce latency, {args.world_size} GPUs, bf16, graph-replayed\n\n{metadata_line(result)}\n",
-             "| bytes | 8B decode bs | NCCL us | one-shot us | one-shot / NCCL | saved us per 8B step |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "| bytes | 8B decode bs | NCCL us | one-shot us | push us | one-shot / NCCL | push / one-shot | "
+             "saved us per 8B step |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         saved = f"{r['saved_us_per_8b_step']:.0f}" if "saved_us_per_8b_step" in r else ""
         lines.append(f"| {r['bytes']} | {r.get('decode_bs_8b', '')} | {r['nccl_us']:.2f} | {r['one_shot_us']:.2f} | "
-                     f"{r['one_shot_over_nccl']:.2f} | {saved} |")
+                     f"{r['push_us']:.2f} | {r['one_shot_over_nccl']:.2f} | {r['push_over_one_shot']:.2f} | {saved} |")
     lines.append(f"\nOne-shot threshold in use: {ONE_SHOT_MAX_BYTES} bytes; first size where one-shot is not "
                  f"faster: {result['first_size_one_shot_not_faster']}.")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -10,6 +10,10 @@ group at start-up (``choose_all_reduce``) and then called blindly from every row
                        rank's message into its own buffer, meet the other ranks at a barrier, read
                        every rank's buffer and sum (``torch.ops.symm_mem.one_shot_all_reduce_copy``).
                        Larger messages, other dtypes and misaligned views go to NCCL.
+    PushAllReduce      the same messages over the same buffers with our Triton kernel
+                       (``specdec.models.ops.all_reduce_kernels``): each rank pushes its message into
+                       the others' buffers, one handshake, then sums what arrived locally; double
+                       buffered, so no second barrier. ``kernel="push"`` in ``choose_all_reduce``.
 
 Equality: every rank sums ranks 0, 1, ..., tp-1 in that order, so all ranks hold the same bits.
 With two ranks the one sum a + b is the same float as NCCL's (addition commutes exactly); with
@@ -46,14 +50,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib
+import importlib.util
 import os
 import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "ONE_SHOT_MAX_BYTES", "RENDEZVOUS_TIMEOUT",
-           "choose_all_reduce", "exchanges_behind", "one_shot_unavailable", "register_group", "store_timeout"]
+__all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "PushAllReduce", "ONE_SHOT_MAX_BYTES",
+           "PEER_KERNEL", "RENDEZVOUS_TIMEOUT", "choose_all_reduce", "exchanges_behind", "one_shot_unavailable",
+           "register_group", "store_timeout"]
 
 # Messages up to this size take the one-shot path. 1 MiB covers an 8B model's decode step up to
 # bs 128 (128 x 4096 x 2 bytes) and its verify step up to 128 tree tokens; past ~1 MB the one-shot
@@ -66,6 +72,8 @@ ONE_SHOT_MAX_BYTES = 1 << 20
 ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
 _ALIGN = 16  # bytes: the kernel's widest vector; the fused copy needs message and view aligned to it
 _MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
+# the peer-memory kernel ``choose_all_reduce`` takes: "torch" (OneShotAllReduce) or "push" (PushAllReduce)
+PEER_KERNEL = "torch"
 # how long a rendezvous may wait for the other ranks' keys (it takes well under a second once they
 # have met at the all-reduce before it); then the group falls back to NCCL
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=60)
@@ -130,6 +138,50 @@ class OneShotAllReduce:
         return self.ops.one_shot_all_reduce(buf[:padded], "sum", self.group_name)[:n].view_as(x)
 
 
+class PushAllReduce:
+    """Small messages pushed over peer memory by one Triton kernel (module docstring), NCCL
+    (``fallback``) for the rest. ``buffers``: per dtype, this rank's symmetric [2 * world * region]
+    data (region = max_bytes / itemsize); ``flags``: its symmetric int64 [max_programs * world],
+    zeros at the start; ``deltas`` / ``flag_deltas``: every rank's address of them minus this rank's,
+    in elements (``choose_all_reduce`` builds them all)."""
+
+    name = "push"
+
+    def __init__(self, buffers: dict[torch.dtype, torch.Tensor], flags: torch.Tensor,
+                 deltas: dict[torch.dtype, torch.Tensor], flag_deltas: torch.Tensor, *, rank: int, world: int,
+                 fallback: AllReduce, max_bytes: int) -> None:
+        from specdec.models.ops import all_reduce_kernels  # NOTE: imports triton
+
+        self.kernels = all_reduce_kernels
+        self.buffers, self.flags, self.deltas, self.flag_deltas = buffers, flags, deltas, flag_deltas
+        self.rank, self.world, self.fallback, self.max_bytes = rank, world, fallback, max_bytes
+        self.device = flags.device
+        self.epochs = torch.zeros(flags.numel() // world, dtype=torch.int64, device=self.device)  # local
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, a new tensor (``x`` is left as it was); NCCL's in place beyond the limits."""
+        buf = self.buffers.get(x.dtype)
+        if buf is None or x.numel() * x.element_size() > self.max_bytes or not x.is_contiguous() \
+                or x.device != self.device:
+            return self.fallback(x)
+        out = self.kernels.push_all_reduce(x.view(-1), buf, self.flags, self.epochs, self.deltas[x.dtype],
+                                           self.flag_deltas, rank=self.rank, world=self.world,
+                                           region=self.max_bytes // x.element_size())
+        return out.view_as(x)
+
+
+def push_buffer_sizes(max_bytes: int, world: int) -> tuple[int, int]:
+    """(data bytes a dtype, flag count) of ``PushAllReduce``'s symmetric buffers: both parities of a
+    slot per rank, and a handshake per program of the largest bf16 message per rank."""
+    from specdec.models.ops import all_reduce_kernels
+
+    programs = all_reduce_kernels.programs(max_bytes // 2)
+    if programs > all_reduce_kernels.MAX_PROGRAMS:
+        raise ValueError(f"push all-reduce: max_bytes={max_bytes} needs {programs} programs a call, more than "
+                         f"{all_reduce_kernels.MAX_PROGRAMS}")
+    return 2 * world * max_bytes, programs * world
+
+
 def one_shot_unavailable(device: Any, *, size: int, single_host: bool, peers: list[int]) -> str | None:
     """Why the one-shot path cannot run on this rank (None: it can). ``peers``: the CUDA device
     indices of the group's ranks on this host."""
@@ -156,10 +208,10 @@ def one_shot_unavailable(device: Any, *, size: int, single_host: bool, peers: li
 
 
 def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, single_host: bool,
-                      peers: list[int], max_bytes: int = ONE_SHOT_MAX_BYTES) -> AllReduce:
-    """The group's all-reduce: one-shot where every rank can run it, else torch.distributed's (with
-    a warning saying why). Call on every rank at once, after the process group exists and before any
-    CUDA graph is captured. The ranks agree over NCCL after each step that can fail on its own (the
+                      peers: list[int], max_bytes: int = ONE_SHOT_MAX_BYTES, kernel: str = PEER_KERNEL) -> AllReduce:
+    """The group's all-reduce: one-shot over peer memory (``kernel``: "torch" or "push", module
+    docstring) where every rank can run it, else torch.distributed's (with a warning saying why).
+    Call on every rank at once, after the process group exists and before any CUDA graph is captured. The ranks agree over NCCL after each step that can fail on its own (the
     checks, the allocations, the catching up, the rendezvous), so no rank waits in a collective that
     the others skip; a rendezvous that does not meet gives up after ``RENDEZVOUS_TIMEOUT``."""
     fallback = DistAllReduce(group)
@@ -167,15 +219,27 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
         return fallback  # the same on every rank: nothing to agree on
     if max_bytes <= 0 or max_bytes % _ALIGN:
         raise ValueError(f"custom all-reduce: max_bytes={max_bytes} must be a positive multiple of {_ALIGN}")
+    if kernel not in ("torch", "push"):
+        raise ValueError(f"custom all-reduce: kernel={kernel!r}, expected 'torch' or 'push'")
     import torch.distributed as dist
 
     group = group or dist.group.WORLD
     group_name, device = group.group_name, torch.device(device)
     reason = one_shot_unavailable(device, size=size, single_host=single_host, peers=peers)
+    if reason is None and kernel == "push" and importlib.util.find_spec("triton") is None:
+        reason = "the push kernel needs triton"
     buffers: dict[torch.dtype, torch.Tensor] = {}
-    steps = (lambda: _allocate(buffers, group_name, device, max_bytes),
+    deltas: dict[torch.dtype, torch.Tensor] = {}
+
+    def exchange() -> None:
+        handles = _rendezvous(list(buffers.values()), group, group_name)
+        if kernel == "push":  # NOTE: here, so that a failure is agreed on like the rendezvous's
+            rank = dist.get_rank(group)
+            deltas.update({dtype: _deltas(buf, h, rank) for (dtype, buf), h in zip(buffers.items(), handles)})
+
+    steps = (lambda: _allocate(buffers, group_name, device, max_bytes, push_world=size if kernel == "push" else 0),
              lambda: _align_exchanges(group, device),  # NOTE: a collective first, run by every rank
-             lambda: _rendezvous(buffers, group, group_name))
+             exchange)
     for step in steps:
         if reason is None:
             try:
@@ -186,17 +250,37 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
             warnings.warn(f"custom all-reduce off ({reason or 'another rank cannot run it'}): NCCL all-reduces "
                           "every message", stacklevel=2)
             return fallback
-    return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
+    if kernel == "torch":
+        return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
+    flags = buffers.pop(_FLAGS)
+    return PushAllReduce(buffers, flags, deltas, deltas.pop(_FLAGS), rank=dist.get_rank(group), world=size,
+                         fallback=fallback, max_bytes=max_bytes)
 
 
-def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: int) -> None:
-    """This rank's buffers (local: may fail on one rank alone)."""
+_FLAGS = torch.int64  # NOTE: the push kernel's flags ride in ``buffers`` under this key until the end
+
+
+def _deltas(buf: torch.Tensor, handle: Any, rank: int) -> torch.Tensor:
+    """Every rank's address of ``buf`` (the rendezvous ``handle``'s) minus this rank's, in elements."""
+    ptrs = list(getattr(handle, "buffer_ptrs", None) or [])
+    if len(ptrs) <= rank or ptrs[rank] != buf.data_ptr():
+        raise RuntimeError("symmetric memory: the rendezvous mapped this rank's buffer at another address")
+    return torch.tensor([(p - ptrs[rank]) // buf.element_size() for p in ptrs], dtype=torch.int64, device=buf.device)
+
+
+def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: int, *, push_world: int = 0) -> None:
+    """This rank's buffers (local: may fail on one rank alone); for the push kernel (``push_world``
+    ranks) twice a slot per rank, and its handshake flags zeroed before any rank can see them."""
     import torch.distributed._symmetric_memory as symm_mem
 
     os.environ[_MULTICAST_ENV] = "1"  # NOTE: before the first allocation; see the module docstring
     register_group(symm_mem, group_name)
+    data_bytes, flag_count = push_buffer_sizes(max_bytes, push_world) if push_world else (max_bytes, 0)
     for dtype in ONE_SHOT_DTYPES:
-        buffers[dtype] = _fresh_block(max_bytes // dtype.itemsize, dtype, device)
+        buffers[dtype] = _fresh_block(data_bytes // dtype.itemsize, dtype, device)
+    if flag_count:
+        buffers[_FLAGS] = _fresh_block(flag_count, _FLAGS, device).zero_()
+        torch.cuda.synchronize(device)  # NOTE: zeros before the rendezvous publishes them to the peers
 
 
 def _fresh_block(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -227,28 +311,31 @@ def register_group(symm_mem: Any, group_name: str) -> None:
     enable(group_name)
 
 
-def _rendezvous(buffers: dict, group: Any, group_name: str) -> None:
+def _rendezvous(buffers: list[torch.Tensor], group: Any, group_name: str) -> list:
     """Exchange the buffers' handles with the other ranks (collective), waiting at most
-    ``RENDEZVOUS_TIMEOUT`` for them."""
+    ``RENDEZVOUS_TIMEOUT`` for them; the handles."""
     import torch.distributed as dist
 
+    handles = []
     with store_timeout(dist.distributed_c10d._get_process_group_store(group), RENDEZVOUS_TIMEOUT):
-        for buf in buffers.values():
+        for buf in buffers:
             try:
-                _counted_rendezvous(buf, group_name)
+                handles.append(_counted_rendezvous(buf, group_name))
             except dist.DistStoreError as e:
                 raise RuntimeError(
                     f"the ranks did not meet in the rendezvous within {RENDEZVOUS_TIMEOUT.total_seconds():g} s "
                     f"(torch numbers its store exchanges per process, pytorch#196082: has this process "
                     f"rendezvoused for another group outside specdec?): {e}") from e
+    return handles
 
 
-def _counted_rendezvous(buf: torch.Tensor, group_name: str) -> None:
+def _counted_rendezvous(buf: torch.Tensor, group_name: str) -> Any:
     import torch.distributed._symmetric_memory as symm_mem
 
     done, _LEDGER.count = _LEDGER.count, None  # unknown until it returns
-    symm_mem.rendezvous(buf, group_name)
+    handle = symm_mem.rendezvous(buf, group_name)
     _LEDGER.count = None if done is None else done + 1
+    return handle
 
 
 def exchanges_behind(counts: list[int], rank: int) -> int:

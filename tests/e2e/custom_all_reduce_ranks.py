@@ -1,7 +1,8 @@
-"""N ranks, one GPU each (NCCL): the one-shot all-reduce against NCCL's on the same random
-messages, eagerly and replayed from a captured CUDA graph. Run by test_gpu_custom_all_reduce.py:
+"""N ranks, one GPU each (NCCL): the one-shot all-reduce (``--kernel`` torch's or our push kernel)
+against NCCL's on the same random messages, eagerly and replayed from a captured CUDA graph. Run by
+test_gpu_custom_all_reduce.py:
 
-    python tests/e2e/custom_all_reduce_ranks.py --world-size 2 --output result.json
+    python tests/e2e/custom_all_reduce_ranks.py --world-size 2 --kernel push --output result.json
 
 Writes rank 0's record: which all-reduce the group chose, and per case (dtype, elements, eager or
 graph) whether the sums equal NCCL's bit for bit, whether every rank holds the same bits, and the
@@ -99,12 +100,12 @@ def _graph_cases(reducer, rank: int) -> list[dict]:
     return cases
 
 
-def rank_main(rank: int, port: int, world_size: int, output: str) -> None:
+def rank_main(rank: int, port: int, world_size: int, output: str, kernel: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator, before any capture
     reducer = choose_all_reduce(None, f"cuda:{rank}", size=world_size, enabled=True, single_host=True,
-                                peers=list(range(world_size)))
+                                peers=list(range(world_size)), kernel=kernel)
     record = {"world_size": world_size, "reducer": reducer.name, "fused_copy": getattr(reducer, "fused", None),
               "torch": torch.__version__, "cases": _eager_cases(reducer, rank) + _graph_cases(reducer, rank)}
     torch.cuda.synchronize()
@@ -119,11 +120,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True)
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--kernel", default="torch", choices=["torch", "push"])
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(port, args.world_size, args.output), nprocs=args.world_size, join=True)
+    mp.spawn(rank_main, args=(port, args.world_size, args.output, args.kernel), nprocs=args.world_size, join=True)
 
 
 if __name__ == "__main__":

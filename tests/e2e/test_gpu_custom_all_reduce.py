@@ -1,4 +1,5 @@
-"""The one-shot all-reduce over peer memory (specdec.models.all_reduce) on two and four GPUs, for
+"""The one-shot all-reduce over peer memory (specdec.models.all_reduce: torch's kernel and our push
+kernel) on two and four GPUs, for
 bf16 and fp32 messages from 1 element to the threshold, eagerly and replayed from a captured CUDA
 graph (past the threshold NCCL takes over): every rank holds the same bits, within rounding of the
 exact sum; on two GPUs the sums equal NCCL's bit for bit (two ranks add a + b once). The ranks run
@@ -22,15 +23,16 @@ RANKS = Path(__file__).with_name("custom_all_reduce_ranks.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.parametrize("kernel,name", [("torch", "one-shot"), ("push", "push")])
 @pytest.mark.parametrize("world_size", [n for n in (2, 4) if torch.cuda.device_count() >= n])
-def test_one_shot_all_reduce_equals_nccl(tmp_path, world_size):
+def test_one_shot_all_reduce_equals_nccl(tmp_path, world_size, kernel, name):
     output = tmp_path / "all_reduce.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(RANKS), "--world-size", str(world_size), "--output", str(output)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, str(RANKS), "--world-size", str(world_size), "--kernel", kernel,
+                           "--output", str(output)], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(output.read_text())
-    assert record["reducer"] == "one-shot", proc.stderr[-3000:]  # the warning says why it fell back
+    assert record["reducer"] == name, proc.stderr[-3000:]  # the warning says why it fell back
     cases = record["cases"]
     assert len(cases) > 60 and any(c["mode"].startswith("graph") for c in cases)
     diverged = [c for c in cases if not (c["same_on_every_rank"] and c["within_rounding"])]

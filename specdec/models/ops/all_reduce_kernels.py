@@ -1,0 +1,121 @@
+"""Triton kernel behind ``specdec.models.all_reduce.PushAllReduce``: a one-shot all-reduce that pushes
+each rank's message into every other rank's buffer (peer memory, CUDA IPC mappings of torch's
+symmetric memory) and then sums locally, one kernel and one handshake a call.
+
+Per rank, symmetric (every rank allocates the same, and each sees the others' through their mapped
+addresses):
+    data   [2, W, R]  parity x source rank x R elements: rank s writes its message into slot
+                      [parity, s] of every other rank's data
+    flags  [P, W]     int64, program p's handshake: rank s stores the epoch it reached at [p, s] of
+                      every other rank's flags
+and local to the rank: ``epochs`` [P] int64, the calls program p has made (zeros at the start).
+
+Program p owns elements [p * BLOCK, (p + 1) * BLOCK) of the message, for every message size, and its
+call number e = epochs[p] + 1 picks the parity e % 2. It
+    1. writes its part of x into slot [e % 2, rank] of every other rank (NVLink stores, posted),
+    2. waits for its threads (a CTA barrier), then stores e at flags[p, rank] of every other rank with
+       release semantics at system scope: the data stores before it are visible to whoever sees e,
+    3. spins, acquire at system scope, until flags[p, s] >= e on its own rank for every other rank s,
+    4. sums ranks 0, 1, ..., W - 1 in that order in fp32 (its own part from registers, the others'
+       from its own memory) and stores the result, rounded once, then records epochs[p] = e.
+
+Why one handshake suffices: a rank writes slot [e % 2] of a peer again only in call e + 2, which
+starts after it saw that peer's flag e + 1, which the peer stores only in its call e + 1, after its
+call e read the slot (the calls are kernels in stream order). So the two parities keep a call's
+reads apart from the next call's writes, and flags only grow (no reset, no wrap: int64). Every rank
+makes the same calls in the same order with the same sizes (tensor parallelism runs the same
+forwards), so program p's epoch is the same on every rank. All of a call's programs fit on the GPU at
+once (``MAX_PROGRAMS``), so a spinning program never keeps a peer's program from running.
+
+Equality: with two ranks the fp32 sum a + b rounded once is the bf16 sum NCCL computes, bit for bit;
+with more, ranks are summed in rank order (every rank the same bits).
+
+Addresses: peers' buffers are reached from this rank's own (typed) buffer plus an element offset
+(``data_deltas``, ``flag_deltas``: the peer's address minus this rank's, in elements), so the
+kernel needs no integer-to-pointer casts and runs under TRITON_INTERPRET=1 on CPU buffers too
+(tests run ranks as threads).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.models.ops.launch import pdl_kwargs
+
+BLOCK = 2048  # elements a program owns: 4 KiB of bf16; an 8B model's decode step (4096 x bs) uses 2 x bs programs
+NUM_WARPS = 4
+# at most this many programs a call (4 MiB of bf16), all resident at once on any GPU that runs this
+# (an H200 holds 16 of them on each of 132 SMs): a program waits for its peers' program of the same
+# number, which must not wait for a free SM behind programs that wait
+MAX_PROGRAMS = 1024
+
+
+@triton.jit
+def _push_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, epochs_ptr, data_deltas_ptr, flag_deltas_ptr,
+                            n, region, RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_POW2: tl.constexpr,
+                            PDL: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x is the kernel before's output
+        tl.extra.cuda.gdc_launch_dependents()
+    epoch = tl.load(epochs_ptr + pid) + 1
+    slot = ((epoch % 2) * WORLD + RANK) * region  # where this rank's part lands on every other rank
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            tl.store(data_ptr + tl.load(data_deltas_ptr + r) + slot + offs, x, mask=mask)
+    tl.debug_barrier()  # every thread's stores issued before the release below
+    peers = tl.arange(0, WORLD_POW2)
+    others = (peers < WORLD) & (peers != RANK)
+    peer_deltas = tl.load(flag_deltas_ptr + peers, mask=others, other=0)
+    tl.atomic_xchg(flags_ptr + peer_deltas + pid * WORLD + RANK, epoch, mask=others, sem="release", scope="sys")
+    mine = flags_ptr + pid * WORLD + peers
+    seen = tl.atomic_add(mine, 0, mask=others, sem="acquire", scope="sys")
+    while tl.min(tl.where(others, seen, epoch), axis=0) < epoch:
+        seen = tl.atomic_add(mine, 0, mask=others, sem="acquire", scope="sys")
+    tl.debug_barrier()  # the acquire above before any thread reads the peers' parts
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        if r == RANK:
+            acc += x.to(tl.float32)
+        else:
+            part = tl.load(data_ptr + ((epoch % 2) * WORLD + r) * region + offs, mask=mask, other=0.0,
+                           cache_modifier=".cv")
+            acc += part.to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(epochs_ptr + pid, epoch)
+
+
+def programs(numel: int) -> int:
+    return triton.cdiv(numel, BLOCK)
+
+
+def push_all_reduce(
+    x: torch.Tensor,  # [n] contiguous, data's dtype
+    data: torch.Tensor,  # [2 * world * region] this rank's symmetric data buffer
+    flags: torch.Tensor,  # [max_programs * world] int64, this rank's symmetric flags
+    epochs: torch.Tensor,  # [max_programs] int64, local
+    data_deltas: torch.Tensor,  # [world] int64: each rank's data address minus this rank's, in elements
+    flag_deltas: torch.Tensor,  # [world] int64: the same for flags
+    *,
+    rank: int,
+    world: int,
+    region: int,  # elements a slot holds: the largest message
+) -> torch.Tensor:  # [n], the sum over ranks
+    """Launch (no checks: ``PushAllReduce`` checks and dispatches)."""
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n == 0:
+        return out
+    _push_all_reduce_kernel[(programs(n),)](
+        x, out, data, flags, epochs, data_deltas, flag_deltas, n, region, RANK=rank, WORLD=world,
+        WORLD_POW2=triton.next_power_of_2(world), BLOCK=BLOCK, num_warps=NUM_WARPS, **pdl_kwargs(x.device))
+    return out
+
+
+# True when triton was imported with TRITON_INTERPRET=1: the kernel then runs on CPU tensors only.
+INTERPRETED = type(_push_all_reduce_kernel).__name__ == "InterpretedFunction"

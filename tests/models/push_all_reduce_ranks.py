@@ -1,0 +1,35 @@
+"""Ranks of the push all-reduce on CPU for tests/models/test_push_all_reduce.py: one process each
+(Triton's interpreter, TRITON_INTERPRET=1 inherited), the buffers in shared memory, every rank's
+buffers mapped into every process as peer memory is on GPUs."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.models.all_reduce import PushAllReduce, push_buffer_sizes
+
+
+def _deltas(tensors: list[torch.Tensor], rank: int) -> torch.Tensor:
+    mine = tensors[rank]
+    return torch.tensor([(t.data_ptr() - mine.data_ptr()) // mine.element_size() for t in tensors], dtype=torch.int64)
+
+
+def shared_buffers(world: int, max_bytes: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every rank's data and flags (zeros), in shared memory."""
+    data_bytes, flag_count = push_buffer_sizes(max_bytes, world)
+    data = [torch.zeros(data_bytes // dtype.itemsize, dtype=dtype).share_memory_() for _ in range(world)]
+    flags = [torch.zeros(flag_count, dtype=torch.int64).share_memory_() for _ in range(world)]
+    return data, flags
+
+
+def _no_fallback(x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError(f"a message of {x.numel()} elements went to the fallback")
+
+
+def rank_main(rank: int, world: int, max_bytes: int, data: list, flags: list, messages: list, results: list) -> None:
+    """Rank ``rank``'s all-reduces of its ``messages`` in order, each result into ``results[rank]``."""
+    dtype = data[rank].dtype
+    reducer = PushAllReduce({dtype: data[rank]}, flags[rank], {dtype: _deltas(data, rank)}, _deltas(flags, rank),
+                            rank=rank, world=world, fallback=_no_fallback, max_bytes=max_bytes)
+    for i, x in enumerate(messages[rank]):
+        results[rank][i].copy_(reducer(x))

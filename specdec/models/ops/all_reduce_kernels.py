@@ -54,8 +54,8 @@ MAX_PROGRAMS = 1024
 
 @triton.jit
 def _push_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, epochs_ptr, data_deltas_ptr, flag_deltas_ptr,
-                            n, region, RANK: tl.constexpr, WORLD: tl.constexpr, WORLD_POW2: tl.constexpr,
-                            PDL: tl.constexpr, BLOCK: tl.constexpr):
+                            n, region, RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr,
+                            BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -69,15 +69,17 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, epochs_ptr, dat
         if r != RANK:
             tl.store(data_ptr + tl.load(data_deltas_ptr + r) + slot + offs, x, mask=mask)
     tl.debug_barrier()  # every thread's stores issued before the release below
-    peers = tl.arange(0, WORLD_POW2)
-    others = (peers < WORLD) & (peers != RANK)
-    peer_deltas = tl.load(flag_deltas_ptr + peers, mask=others, other=0)
-    tl.atomic_xchg(flags_ptr + peer_deltas + pid * WORLD + RANK, epoch, mask=others, sem="release", scope="sys")
-    mine = flags_ptr + pid * WORLD + peers
-    seen = tl.atomic_add(mine, 0, mask=others, sem="acquire", scope="sys")
-    while tl.min(tl.where(others, seen, epoch), axis=0) < epoch:
-        seen = tl.atomic_add(mine, 0, mask=others, sem="acquire", scope="sys")
-    tl.debug_barrier()  # the acquire above before any thread reads the peers' parts
+    # NOTE: scalar atomics, one peer at a time (Triton 3.6's layout pass crashed on a vector of them in a loop)
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            tl.atomic_xchg(flags_ptr + tl.load(flag_deltas_ptr + r) + pid * WORLD + RANK, epoch, sem="release",
+                           scope="sys")
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            seen = tl.atomic_add(flags_ptr + pid * WORLD + r, 0, sem="acquire", scope="sys")
+            while seen < epoch:
+                seen = tl.atomic_add(flags_ptr + pid * WORLD + r, 0, sem="acquire", scope="sys")
+    tl.debug_barrier()  # the acquires above before any thread reads the peers' parts
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for r in tl.static_range(WORLD):
         if r == RANK:
@@ -112,8 +114,8 @@ def push_all_reduce(
     if n == 0:
         return out
     _push_all_reduce_kernel[(programs(n),)](
-        x, out, data, flags, epochs, data_deltas, flag_deltas, n, region, RANK=rank, WORLD=world,
-        WORLD_POW2=triton.next_power_of_2(world), BLOCK=BLOCK, num_warps=NUM_WARPS, **pdl_kwargs(x.device))
+        x, out, data, flags, epochs, data_deltas, flag_deltas, n, region, RANK=rank, WORLD=world, BLOCK=BLOCK,
+        num_warps=NUM_WARPS, **pdl_kwargs(x.device))
     return out
 
 

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 __all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "PushAllReduce", "ONE_SHOT_MAX_BYTES",
-           "PEER_KERNEL", "RENDEZVOUS_TIMEOUT", "choose_all_reduce", "exchanges_behind", "one_shot_unavailable",
+           "PEER_KERNEL", "PUSH_MAX_BYTES", "RENDEZVOUS_TIMEOUT", "choose_all_reduce", "exchanges_behind", "one_shot_unavailable",
            "register_group", "store_timeout"]
 
 # Messages up to this size take the one-shot path. 1 MiB covers an 8B model's decode step up to
@@ -68,12 +68,16 @@ __all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "PushAllReduce", "O
 # draft graph all-reduces (bs_max x num_tokens x hidden) is at least this for every model served
 # on a GPU (256 x 2048 x 2 bytes), and anything larger goes to NCCL anyway.
 ONE_SHOT_MAX_BYTES = 1 << 20
+# The push kernel's limit: it is twice as fast as NCCL up to 4 MiB (a verify of 4 tokens at bs 128), level at 8
+PUSH_MAX_BYTES = 4 << 20
 # torch's one-shot kernel dispatches on these (AT_DISPATCH_FLOAT_AND_BFLOAT16)
 ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
 _ALIGN = 16  # bytes: the kernel's widest vector; the fused copy needs message and view aligned to it
 _MULTICAST_ENV = "TORCH_SYMM_MEM_DISABLE_MULTICAST"
-# the peer-memory kernel ``choose_all_reduce`` takes: "torch" (OneShotAllReduce) or "push" (PushAllReduce)
-PEER_KERNEL = "torch"
+# the peer-memory kernel ``choose_all_reduce`` takes: "torch" (OneShotAllReduce) or "push" (PushAllReduce).
+# Two H200s, bf16, graph-replayed (benchmarks/results/2026-11-29-h200x2-push-all-reduce): push 3.7 us at 8 KiB
+# (torch's 6.7, NCCL's 10.1), 7.8 at 1 MiB (15.3, 18.2), 17.9 at 4 MiB (36.2, 35.8), NCCL's time at 8 MiB
+PEER_KERNEL = "push"
 # how long a rendezvous may wait for the other ranks' keys (it takes well under a second once they
 # have met at the all-reduce before it); then the group falls back to NCCL
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=60)
@@ -208,15 +212,18 @@ def one_shot_unavailable(device: Any, *, size: int, single_host: bool, peers: li
 
 
 def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, single_host: bool,
-                      peers: list[int], max_bytes: int = ONE_SHOT_MAX_BYTES, kernel: str = PEER_KERNEL) -> AllReduce:
+                      peers: list[int], max_bytes: int | None = None, kernel: str = PEER_KERNEL) -> AllReduce:
     """The group's all-reduce: one-shot over peer memory (``kernel``: "torch" or "push", module
-    docstring) where every rank can run it, else torch.distributed's (with a warning saying why).
+    docstring; messages up to ``max_bytes``, by default the kernel's ``ONE_SHOT_MAX_BYTES`` or
+    ``PUSH_MAX_BYTES``) where every rank can run it, else torch.distributed's (with a warning saying why).
     Call on every rank at once, after the process group exists and before any CUDA graph is captured. The ranks agree over NCCL after each step that can fail on its own (the
     checks, the allocations, the catching up, the rendezvous), so no rank waits in a collective that
     the others skip; a rendezvous that does not meet gives up after ``RENDEZVOUS_TIMEOUT``."""
     fallback = DistAllReduce(group)
     if not enabled or size < 2 or torch.device(device).type != "cuda":
         return fallback  # the same on every rank: nothing to agree on
+    if max_bytes is None:
+        max_bytes = PUSH_MAX_BYTES if kernel == "push" else ONE_SHOT_MAX_BYTES
     if max_bytes <= 0 or max_bytes % _ALIGN:
         raise ValueError(f"custom all-reduce: max_bytes={max_bytes} must be a positive multiple of {_ALIGN}")
     if kernel not in ("torch", "push"):

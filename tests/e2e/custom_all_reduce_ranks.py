@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from specdec.models.all_reduce import ONE_SHOT_MAX_BYTES, choose_all_reduce
+from specdec.models.all_reduce import choose_all_reduce
 
 DTYPES = (torch.bfloat16, torch.float32)
 # 1 element up to the threshold: odd sizes (staged), aligned sizes (the fused copy), decode-step sizes
@@ -63,7 +63,7 @@ def _exact(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _eager_cases(reducer, rank: int) -> list[dict]:
     cases = []
     for dtype in DTYPES:
-        limit = ONE_SHOT_MAX_BYTES // dtype.itemsize
+        limit = reducer.max_bytes // dtype.itemsize
         for n in SIZES + (limit - 1, limit, limit + 1):  # limit + 1: NCCL's, through the fallback
             x = _message(n, dtype, rank, n)
             want = x.clone()
@@ -76,7 +76,7 @@ def _graph_cases(reducer, rank: int) -> list[dict]:
     """Two dependent all-reduces in one graph (the buffer reused back to back), replayed on new data."""
     cases = []
     for dtype, n in [(torch.bfloat16, 4096), (torch.bfloat16, 16 * 4096), (torch.bfloat16, 17),
-                     (torch.float32, 1000), (torch.bfloat16, ONE_SHOT_MAX_BYTES // 2)]:
+                     (torch.float32, 1000), (torch.bfloat16, reducer.max_bytes // 2)]:
         static = _message(n, dtype, rank, 0)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

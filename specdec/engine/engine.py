@@ -54,10 +54,10 @@ def _bind_current_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-# engines with tensor-parallel workers not yet shut down: the interpreter's exit shuts them down.
-# NOTE: an 8B engine at tp 2 on two H200s left to the interpreter's teardown (its workers killed as
-# daemons, its CUDA graphs and collectives' buffers freed in no set order) ended with a segfault
-# (exit status 139) after its last step
+# engines with tensor-parallel workers not yet shut down: the interpreter's exit shuts them down, so
+# the workers get their shutdown call and the process group its collective teardown. NOTE: left to
+# the interpreter's teardown, the daemon workers are killed and rank 0's CUDA graphs and collectives'
+# buffers freed in no set order (an 8B engine at tp 2 then ended with a segfault after its last step)
 _TP_ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 

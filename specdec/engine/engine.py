@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import itertools
-import weakref
 from typing import Any, Callable
 
 import torch
@@ -55,10 +54,12 @@ def _bind_current_device(device: torch.device) -> None:
 
 
 # engines with tensor-parallel workers not yet shut down: the interpreter's exit shuts them down, so
-# the workers get their shutdown call and the process group its collective teardown. NOTE: left to
-# the interpreter's teardown, the daemon workers are killed and rank 0's CUDA graphs and collectives'
-# buffers freed in no set order (an 8B engine at tp 2 then ended with a segfault after its last step)
-_TP_ENGINES: weakref.WeakSet = weakref.WeakSet()
+# the workers get their shutdown call and the process group its collective teardown. NOTE: held
+# strongly: an engine its user dropped is not collected before its workers stop (on two H200s an 8B
+# engine at tp 2 dropped at the end of a function, then left to the interpreter's teardown, ended
+# with a segfault or an abort after its last step: the daemon workers killed, the process group and
+# rank 0's CUDA graphs freed in no set order)
+_TP_ENGINES: set["Engine"] = set()
 
 
 def _shut_down_at_exit(engine: "Engine") -> None:

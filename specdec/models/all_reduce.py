@@ -10,10 +10,10 @@ group at start-up (``choose_all_reduce``) and then called blindly from every row
                        rank's message into its own buffer, meet the other ranks at a barrier, read
                        every rank's buffer and sum (``torch.ops.symm_mem.one_shot_all_reduce_copy``).
                        Larger messages, other dtypes and misaligned views go to NCCL.
-    PushAllReduce      the same messages over the same buffers with our Triton kernel
-                       (``specdec.models.ops.all_reduce_kernels``): each rank pushes its message into
-                       the others' buffers, one handshake, then sums what arrived locally; double
-                       buffered, so no second barrier. ``kernel="push"`` in ``choose_all_reduce``.
+    PushAllReduce      the default (``PEER_KERNEL``): messages up to 4 MiB over the same kind of
+                       buffers with our Triton kernel (``specdec.models.ops.all_reduce_kernels``):
+                       each rank pushes its message into the others' buffers, one handshake, then
+                       sums what arrived locally; double buffered, so no second barrier.
 
 Equality: every rank sums ranks 0, 1, ..., tp-1 in that order, so all ranks hold the same bits.
 With two ranks the one sum a + b is the same float as NCCL's (addition commutes exactly); with
@@ -40,7 +40,7 @@ serves a later engine a block it rendezvoused for an earlier group of the same n
 rendezvous makes the same exchanges on every rank.
 
 NOTE: NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, set here before the first
-allocation): the one-shot kernel reads peers' buffers through their unicast mappings only, never
+allocation): the one-shot kernels reach peers' buffers through their unicast mappings only, never
 the multicast address (no ``multimem_*`` op), and creating multicast objects can take a shared
 host's GPUs out of service.
 """
@@ -58,10 +58,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 __all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "PushAllReduce", "ONE_SHOT_MAX_BYTES",
-           "PEER_KERNEL", "PUSH_MAX_BYTES", "RENDEZVOUS_TIMEOUT", "choose_all_reduce", "exchanges_behind", "one_shot_unavailable",
-           "register_group", "store_timeout"]
+           "PEER_KERNEL", "PUSH_MAX_BYTES", "RENDEZVOUS_TIMEOUT", "choose_all_reduce", "exchanges_behind",
+           "one_shot_unavailable", "push_buffer_sizes", "register_group", "store_timeout"]
 
-# Messages up to this size take the one-shot path. 1 MiB covers an 8B model's decode step up to
+# Messages up to this size take torch's one-shot kernel. 1 MiB covers an 8B model's decode step up to
 # bs 128 (128 x 4096 x 2 bytes) and its verify step up to 128 tree tokens; past ~1 MB the one-shot
 # kernel's 24 blocks read peer memory slower than NCCL's ring moves it (benchmarks/bench_allreduce.py
 # measures the crossover). The buffer is this size too: the largest message a decode, verify or
@@ -215,10 +215,11 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
                       peers: list[int], max_bytes: int | None = None, kernel: str = PEER_KERNEL) -> AllReduce:
     """The group's all-reduce: one-shot over peer memory (``kernel``: "torch" or "push", module
     docstring; messages up to ``max_bytes``, by default the kernel's ``ONE_SHOT_MAX_BYTES`` or
-    ``PUSH_MAX_BYTES``) where every rank can run it, else torch.distributed's (with a warning saying why).
-    Call on every rank at once, after the process group exists and before any CUDA graph is captured. The ranks agree over NCCL after each step that can fail on its own (the
-    checks, the allocations, the catching up, the rendezvous), so no rank waits in a collective that
-    the others skip; a rendezvous that does not meet gives up after ``RENDEZVOUS_TIMEOUT``."""
+    ``PUSH_MAX_BYTES``) where every rank can run it, else torch.distributed's (with a warning saying
+    why). Call on every rank at once, after the process group exists and before any CUDA graph is
+    captured. The ranks agree over NCCL after each step that can fail on its own (the checks, the
+    allocations, the catching up, the rendezvous), so no rank waits in a collective that the others
+    skip; a rendezvous that does not meet gives up after ``RENDEZVOUS_TIMEOUT``."""
     fallback = DistAllReduce(group)
     if not enabled or size < 2 or torch.device(device).type != "cuda":
         return fallback  # the same on every rank: nothing to agree on

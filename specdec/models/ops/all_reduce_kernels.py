@@ -33,7 +33,7 @@ with more, ranks are summed in rank order (every rank the same bits).
 Addresses: peers' buffers are reached from this rank's own (typed) buffer plus an element offset
 (``data_deltas``, ``flag_deltas``: the peer's address minus this rank's, in elements), so the
 kernel needs no integer-to-pointer casts and runs under TRITON_INTERPRET=1 on CPU buffers too
-(tests run ranks as threads).
+(tests run ranks as processes over shared memory).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """All-reduce latency on two or more GPUs (--world-size) by message size: NCCL's ring against the
 one-shot kernels over peer memory (specdec.models.all_reduce: torch's and our push kernel), each
 replayed from a CUDA graph of back-to-back calls, as a decode step replays them. Tells where the
-one-shot paths stop paying
-(ONE_SHOT_MAX_BYTES).
+one-shot paths stop paying (ONE_SHOT_MAX_BYTES, PUSH_MAX_BYTES).
 
     python benchmarks/bench_allreduce.py --output out/allreduce.json   # writes allreduce.md beside it
     python benchmarks/bench_allreduce.py --world-size 4 --output out/allreduce_tp4.json

@@ -174,6 +174,14 @@ class PushAllReduce:
         return out.view_as(x)
 
 
+def push_resident_bytes(props: Any) -> int:
+    """The largest bf16 message whose push programs a GPU (its properties) holds all at once, a
+    multiple of the kernel's block."""
+    from specdec.models.ops import all_reduce_kernels as k
+
+    return min(k.MAX_PROGRAMS, k.resident_programs(props)) * k.BLOCK * 2
+
+
 def push_buffer_sizes(max_bytes: int, world: int) -> tuple[int, int]:
     """(data bytes a dtype, flag count) of ``PushAllReduce``'s symmetric buffers: both parities of a
     slot per rank, and a handshake per program of the largest bf16 message per rank."""
@@ -225,6 +233,8 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
         return fallback  # the same on every rank: nothing to agree on
     if max_bytes is None:
         max_bytes = PUSH_MAX_BYTES if kernel == "push" else ONE_SHOT_MAX_BYTES
+        if kernel == "push":  # NOTE: every program of a call resident at once (all_reduce_kernels.MAX_PROGRAMS)
+            max_bytes = min(max_bytes, push_resident_bytes(torch.cuda.get_device_properties(torch.device(device))))
     if max_bytes <= 0 or max_bytes % _ALIGN:
         raise ValueError(f"custom all-reduce: max_bytes={max_bytes} must be a positive multiple of {_ALIGN}")
     if kernel not in ("torch", "push"):

@@ -43,3 +43,18 @@ def test_every_rank_gets_the_sum_in_rank_order(world):
         got = flags[r].view(-1, world)[:3]  # [program, source rank]: the epoch each peer last signalled
         for s in range(world):
             assert got[:, s].tolist() == ([0, 0, 0] if s == r else calls), (r, s)
+
+
+def test_messages_stay_within_what_the_gpu_holds_at_once():
+    """A call's programs must all be resident (a program waits for its peers' program of its number):
+    an H200 (132 SMs of 2,048 threads) holds 2,112 of 128 threads, so the 4 MiB limit (1,024) stands;
+    a GPU of 20 such SMs holds 320, so its messages stop at 320 x 2,048 bf16 elements."""
+    from types import SimpleNamespace
+
+    from specdec.models.all_reduce import PUSH_MAX_BYTES, push_resident_bytes
+
+    h200 = SimpleNamespace(multi_processor_count=132, max_threads_per_multi_processor=2048)
+    small = SimpleNamespace(multi_processor_count=20, max_threads_per_multi_processor=2048)
+    assert kernels.resident_programs(h200) == 2112
+    assert push_resident_bytes(h200) == PUSH_MAX_BYTES
+    assert push_resident_bytes(small) == 320 * kernels.BLOCK * 2

@@ -96,6 +96,13 @@ def programs(numel: int) -> int:
     return triton.cdiv(numel, BLOCK)
 
 
+def resident_programs(props) -> int:
+    """How many programs of this kernel a GPU (``torch.cuda.get_device_properties``) holds at once,
+    by threads: every SM's threads over a program's."""
+    per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // (NUM_WARPS * 32)
+    return props.multi_processor_count * per_sm
+
+
 def push_all_reduce(
     x: torch.Tensor,  # [n] contiguous, data's dtype
     data: torch.Tensor,  # [2 * world * region] this rank's symmetric data buffer

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import run_metadata  # noqa: E402
 
 from specdec.forward import batch_invariant  # noqa: E402
-from specdec.models.ops import gemv  # noqa: E402
+from specdec.models.ops import gemv, gemv_kernels  # noqa: E402
 from specdec.models.ops import batch_invariant_kernels as bik  # noqa: E402
 
 HIDDEN, INTER, VOCAB, LAYERS = 4096, 14336, 128256, 32
@@ -108,11 +108,7 @@ def shape_launches(m: int) -> list[bik.Launch]:
     return [L(64, n, w, s, block_k=128) for n, w in ((32, 4), (64, 4), (128, 4), (128, 8)) for s in (3, 4, 5)]
 
 
-def gemv_kernels():
-    return gemv._kernels()
-
-
-_C = gemv_kernels().GemvConfig
+_C = gemv_kernels.GemvConfig
 GEMV_CANDIDATES = {  # the default table's tensor-core tilings, at any M (tests/models/test_batch_invariant.py)
     "gemv dot32x256w4s4": _C(32, 256, 4, 4, use_dot=True),
     "gemv dot32x512w4s3": _C(32, 512, 4, 3, use_dot=True),
@@ -139,8 +135,8 @@ def per_shape(m: int, args) -> list[dict]:
             runs[launch_name(launch)] = lambda w, launch=launch: bik.linear(x, w, None, out_dtype=dt or x.dtype,
                                                                              launch=launch)
         for name, config in GEMV_CANDIDATES.items():  # the default path's kernel at other tilings (same bits)
-            runs[name] = lambda w, config=config: gemv_kernels().gemv(x, w, None, config, out_dtype=dt,
-                                                                       round_out=False)
+            runs[name] = lambda w, config=config: gemv_kernels.gemv(x, w, None, config, out_dtype=dt,
+                                                                     round_out=False)
         for name, fn in runs.items():
             try:
                 samples = time_calls(lambda fn=fn: [fn(w) for w in weights], replays=args.replays,

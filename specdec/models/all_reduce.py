@@ -246,16 +246,19 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
     reason = one_shot_unavailable(device, size=size, single_host=single_host, peers=peers)
     if reason is None and kernel == "push" and importlib.util.find_spec("triton") is None:
         reason = "the push kernel needs triton"
-    buffers: dict[torch.dtype, torch.Tensor] = {}
-    deltas: dict[torch.dtype, torch.Tensor] = {}
+    buffers: dict[torch.dtype, torch.Tensor] = {}  # per dtype
+    flags: list[torch.Tensor] = []  # the push kernel's handshake flags (one tensor)
+    deltas: list[torch.Tensor] = []  # the push kernel's: per buffer, then the flags'
 
     def exchange() -> None:
-        handles = _rendezvous(list(buffers.values()), group, group_name)
+        tensors = [*buffers.values(), *flags]
+        handles = _rendezvous(tensors, group, group_name)
         if kernel == "push":  # NOTE: here, so that a failure is agreed on like the rendezvous's
             rank = dist.get_rank(group)
-            deltas.update({dtype: _deltas(buf, h, rank) for (dtype, buf), h in zip(buffers.items(), handles)})
+            deltas.extend(_deltas(t, h, rank) for t, h in zip(tensors, handles))
 
-    steps = (lambda: _allocate(buffers, group_name, device, max_bytes, push_world=size if kernel == "push" else 0),
+    steps = (lambda: _allocate(buffers, flags, group_name, device, max_bytes,
+                               push_world=size if kernel == "push" else 0),
              lambda: _align_exchanges(group, device),  # NOTE: a collective first, run by every rank
              exchange)
     for step in steps:
@@ -270,12 +273,8 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
             return fallback
     if kernel == "torch":
         return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
-    flags = buffers.pop(_FLAGS)
-    return PushAllReduce(buffers, flags, deltas, deltas.pop(_FLAGS), rank=dist.get_rank(group), world=size,
-                         fallback=fallback, max_bytes=max_bytes)
-
-
-_FLAGS = torch.int64  # NOTE: the push kernel's flags ride in ``buffers`` under this key until the end
+    return PushAllReduce(buffers, flags[0], dict(zip(buffers, deltas)), deltas[-1], rank=dist.get_rank(group),
+                         world=size, fallback=fallback, max_bytes=max_bytes)
 
 
 def _deltas(buf: torch.Tensor, handle: Any, rank: int) -> torch.Tensor:
@@ -286,9 +285,11 @@ def _deltas(buf: torch.Tensor, handle: Any, rank: int) -> torch.Tensor:
     return torch.tensor([(p - ptrs[rank]) // buf.element_size() for p in ptrs], dtype=torch.int64, device=buf.device)
 
 
-def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: int, *, push_world: int = 0) -> None:
+def _allocate(buffers: dict, flags: list, group_name: str, device: torch.device, max_bytes: int, *,
+              push_world: int = 0) -> None:
     """This rank's buffers (local: may fail on one rank alone); for the push kernel (``push_world``
-    ranks) twice a slot per rank, and its handshake flags zeroed before any rank can see them."""
+    ranks) twice a slot per rank, and its handshake flags (into ``flags``) zeroed before any rank can
+    see them."""
     import torch.distributed._symmetric_memory as symm_mem
 
     os.environ[_MULTICAST_ENV] = "1"  # NOTE: before the first allocation; see the module docstring
@@ -297,7 +298,7 @@ def _allocate(buffers: dict, group_name: str, device: torch.device, max_bytes: i
     for dtype in ONE_SHOT_DTYPES:
         buffers[dtype] = _fresh_block(data_bytes // dtype.itemsize, dtype, device)
     if flag_count:
-        buffers[_FLAGS] = _fresh_block(flag_count, _FLAGS, device).zero_()
+        flags.append(_fresh_block(flag_count, torch.int64, device).zero_())
         torch.cuda.synchronize(device)  # NOTE: zeros before the rendezvous publishes them to the peers
 
 

@@ -255,3 +255,39 @@ def test_second_group_of_a_process_catches_new_ranks_up(monkeypatch):
     assert seen[0] == (0, 0, "0")
     made, names, group_name = seen[1]
     assert (made, names, group_name) == (2, 1, "0")
+
+
+def test_push_group_wiring_without_gpus(monkeypatch):
+    """choose_all_reduce's push path on one simulated rank of two, the GPU calls replaced: each dtype's
+    buffer and the flags get the element offsets of their own rendezvous handle (peer 1's buffers
+    4 KiB above ours), the flags are zeroed int64, and the messages are sized to the 4 MiB limit."""
+    import torch.distributed as dist
+    from types import SimpleNamespace
+
+    from specdec.models import all_reduce as ar
+
+    class Handle:
+        def __init__(self, buf):
+            self.buffer_ptrs = [buf.data_ptr(), buf.data_ptr() + 4096]
+
+    monkeypatch.setattr(ar, "one_shot_unavailable", lambda *a, **k: None)
+    monkeypatch.setattr(ar, "register_group", lambda *a: None)
+    monkeypatch.setattr(ar, "_fresh_block", lambda n, dtype, device: torch.full((n,), 7, dtype=dtype))
+    monkeypatch.setattr(ar, "_align_exchanges", lambda *a: None)
+    monkeypatch.setattr(ar, "_counted_rendezvous", lambda buf, name: Handle(buf))
+    monkeypatch.setattr(ar, "_every_rank", lambda ok, *a: ok)
+    monkeypatch.setattr(dist.distributed_c10d, "_get_process_group_store", lambda group: SimpleNamespace(
+        timeout=None, set_timeout=lambda t: None))
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+        multi_processor_count=132, max_threads_per_multi_processor=2048))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    reducer = choose_all_reduce(SimpleNamespace(group_name="g"), "cuda:0", size=2, enabled=True, single_host=True,
+                                peers=[0, 1], kernel="push")
+    assert isinstance(reducer, ar.PushAllReduce) and reducer.max_bytes == ar.PUSH_MAX_BYTES
+    data_bytes, flag_count = ar.push_buffer_sizes(ar.PUSH_MAX_BYTES, 2)
+    for dtype, buf in reducer.buffers.items():
+        assert buf.numel() * dtype.itemsize == data_bytes
+        assert reducer.deltas[dtype].tolist() == [0, 4096 // dtype.itemsize]
+    assert reducer.flags.dtype == torch.int64 and reducer.flags.numel() == flag_count
+    assert not reducer.flags.any() and reducer.flag_deltas.tolist() == [0, 4096 // 8]

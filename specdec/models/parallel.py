@@ -106,7 +106,8 @@ class TPGroup:
 
     @property
     def all_reduce_name(self) -> str:
-        """Which all-reduce the group runs: "one-shot" or "torch.distributed" (reports, tests)."""
+        """Which all-reduce the group runs: "push" (ours, the default), "one-shot" (torch's kernel) or
+        "torch.distributed" (reports, tests)."""
         return getattr(self.reducer, "name", "torch.distributed")
 
     def gather_vocab(self, local: torch.Tensor, vocab: int) -> torch.Tensor:  # [T, chunk] -> [T, V]

@@ -122,7 +122,7 @@ def test_gpu_tp_custom_all_reduce_on_and_off(checkpoint, reference, plain_output
                         ("spec-replicate", {**spec, "speculative_draft_tp": "replicate"})]:
         engine = Engine(path, device="cuda", attention_backend="triton", tp_size=tp, **flags)
         try:
-            want = "torch.distributed" if "disable_custom_all_reduce" in flags else "one-shot"
+            want = "torch.distributed" if "disable_custom_all_reduce" in flags else "push"  # the default kernel
             assert engine.target_model.tp.all_reduce_name == want, name
             assert engine.draft_model is None or engine.draft_model.tp.size == (1 if "replicate" in name else tp)
             runs[name] = _generate(engine, prompts)

@@ -13,7 +13,9 @@ group at start-up (``choose_all_reduce``) and then called blindly from every row
     PushAllReduce      the default (``PEER_KERNEL``): messages up to 4 MiB over the same kind of
                        buffers with our Triton kernel (``specdec.models.ops.all_reduce_kernels``):
                        each rank pushes its message into the others' buffers, one handshake, then
-                       sums what arrived locally; double buffered, so no second barrier.
+                       sums what arrived locally; double buffered, so no second barrier. Its
+                       ``add_rms_norm`` fuses the residual add and RMSNorm after a row-parallel
+                       layer into the same kernel (``TPGroup.all_reduce_add_rms_norm``).
 
 Equality: every rank sums ranks 0, 1, ..., tp-1 in that order, so all ranks hold the same bits.
 With two ranks the one sum a + b is the same float as NCCL's (addition commutes exactly); with
@@ -144,23 +146,44 @@ class OneShotAllReduce:
 
 class PushAllReduce:
     """Small messages pushed over peer memory by one Triton kernel (module docstring), NCCL
-    (``fallback``) for the rest. ``buffers``: per dtype, this rank's symmetric [2 * world * region]
-    data (region = max_bytes / itemsize); ``flags``: its symmetric int64 [max_programs * world],
-    zeros at the start; ``deltas`` / ``flag_deltas``: every rank's address of them minus this rank's,
-    in elements (``choose_all_reduce`` builds them all)."""
+    (``fallback``) for the rest. ``buffers``: per dtype, this rank's symmetric data; ``flags``: its
+    symmetric int64 flags, zeros at the start (sizes: ``push_buffer_sizes``); ``deltas`` /
+    ``flag_deltas``: every rank's address of them minus this rank's, in elements (``choose_all_reduce``
+    builds them all).
+
+    Two channels share the buffers, each with its own part of data, flags and epochs, so each keeps
+    the kernel's one-handshake protocol to itself: ``CHANNEL_BLOCKS`` (``__call__``: a program per
+    block of elements) and ``CHANNEL_ROWS`` (``add_rms_norm``: a program per row, which the norm needs
+    whole; the two would map programs to different elements)."""
 
     name = "push"
+    CHANNEL_BLOCKS, CHANNEL_ROWS = 0, 1
 
     def __init__(self, buffers: dict[torch.dtype, torch.Tensor], flags: torch.Tensor,
                  deltas: dict[torch.dtype, torch.Tensor], flag_deltas: torch.Tensor, *, rank: int, world: int,
-                 fallback: AllReduce, max_bytes: int) -> None:
+                 fallback: AllReduce, max_bytes: int, num_sms: int | None = None) -> None:
+        """``num_sms``: the GPU's SMs, the most programs a fused call launches (None: a program per
+        row, the interpreter's)."""
         from specdec.models.ops import all_reduce_kernels  # NOTE: imports triton
 
         self.kernels = all_reduce_kernels
         self.buffers, self.flags, self.deltas, self.flag_deltas = buffers, flags, deltas, flag_deltas
         self.rank, self.world, self.fallback, self.max_bytes = rank, world, fallback, max_bytes
+        self.num_sms = num_sms
         self.device = flags.device
-        self.epochs = torch.zeros(flags.numel() // world, dtype=torch.int64, device=self.device)  # local
+        self.max_programs = flags.numel() // (_PUSH_CHANNELS * world)
+        self.epochs = torch.zeros(_PUSH_CHANNELS * self.max_programs, dtype=torch.int64, device=self.device)  # local
+
+    def _channel(self, channel: int, dtype: torch.dtype) -> dict[str, Any]:
+        """The kernel arguments of ``channel`` for messages of ``dtype``: its views of the buffers."""
+        buf, programs = self.buffers[dtype], self.max_programs
+        data = buf.numel() // _PUSH_CHANNELS
+        flags = programs * self.world
+        return dict(data=buf[channel * data:(channel + 1) * data],
+                    flags=self.flags[channel * flags:(channel + 1) * flags],
+                    epochs=self.epochs[channel * programs:(channel + 1) * programs], data_deltas=self.deltas[dtype],
+                    flag_deltas=self.flag_deltas, rank=self.rank, world=self.world,
+                    region=self.max_bytes // dtype.itemsize)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, a new tensor (``x`` is left as it was); NCCL's in place beyond the limits."""
@@ -168,10 +191,26 @@ class PushAllReduce:
         if buf is None or x.numel() * x.element_size() > self.max_bytes or not x.is_contiguous() \
                 or x.device != self.device:
             return self.fallback(x)
-        out = self.kernels.push_all_reduce(x.view(-1), buf, self.flags, self.epochs, self.deltas[x.dtype],
-                                           self.flag_deltas, rank=self.rank, world=self.world,
-                                           region=self.max_bytes // x.element_size())
+        out = self.kernels.push_all_reduce(x.view(-1), **self._channel(self.CHANNEL_BLOCKS, x.dtype))
         return out.view_as(x)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``add_rms_norm(self(x), residual, weight, eps)`` in one kernel, the same bits; None where
+        the fused kernel does not apply (the caller then runs the two)."""
+        if x.dtype not in self.buffers or x.dim() != 2 or x.numel() * x.element_size() > self.max_bytes \
+                or not (x.is_contiguous() and residual.is_contiguous()) or x.device != self.device \
+                or residual.shape != x.shape or residual.dtype != x.dtype or weight.dtype != x.dtype:
+            return None
+        rows = x.shape[0]
+        if rows > self.max_programs:  # a flag and an epoch a row
+            return None
+        return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps,
+                                                         **self._channel(self.CHANNEL_ROWS, x.dtype),
+                                                         max_grid=self.num_sms or rows)
+
+
+_PUSH_CHANNELS = 2  # PushAllReduce's: blocks and rows
 
 
 def push_resident_bytes(props: Any) -> int:
@@ -183,15 +222,16 @@ def push_resident_bytes(props: Any) -> int:
 
 
 def push_buffer_sizes(max_bytes: int, world: int) -> tuple[int, int]:
-    """(data bytes a dtype, flag count) of ``PushAllReduce``'s symmetric buffers: both parities of a
-    slot per rank, and a handshake per program of the largest bf16 message per rank."""
+    """(data bytes a dtype, flag count) of ``PushAllReduce``'s symmetric buffers: for each of its
+    channels, both parities of a slot per rank, and a handshake per program of the largest bf16
+    message per rank."""
     from specdec.models.ops import all_reduce_kernels
 
     programs = all_reduce_kernels.programs(max_bytes // 2)
     if programs > all_reduce_kernels.MAX_PROGRAMS:
         raise ValueError(f"push all-reduce: max_bytes={max_bytes} needs {programs} programs a call, more than "
                          f"{all_reduce_kernels.MAX_PROGRAMS}")
-    return 2 * world * max_bytes, programs * world
+    return _PUSH_CHANNELS * 2 * world * max_bytes, _PUSH_CHANNELS * programs * world
 
 
 def one_shot_unavailable(device: Any, *, size: int, single_host: bool, peers: list[int]) -> str | None:
@@ -274,7 +314,8 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
     if kernel == "torch":
         return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
     return PushAllReduce(buffers, flags[0], dict(zip(buffers, deltas)), deltas[-1], rank=dist.get_rank(group),
-                         world=size, fallback=fallback, max_bytes=max_bytes)
+                         world=size, fallback=fallback, max_bytes=max_bytes,
+                         num_sms=torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _deltas(buf: torch.Tensor, handle: Any, rank: int) -> torch.Tensor:

@@ -118,6 +118,6 @@ class EagleDraftModel(nn.Module):
             residual = None  # the stream is h + residual (see specdec.models.llama)
             for layer in self.layers:
                 h, residual = layer(batch.positions, h, residual, batch)
-            h = h + residual
+            h = self.tp.all_reduce(h) + residual  # NOTE: h a partial sum (LlamaDecoderLayer.partial_sums)
         vocab = self.lm_head_weight.shape[0] if self.logits_tp.size == 1 else self.config.vocab_size
         return logits_and_hidden(h, h, self.lm_head_weight, batch, tp=self.logits_tp, vocab_size=vocab)

@@ -36,6 +36,7 @@ class Eagle3MidLayer(nn.Module):
                                         tp=tp)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
         self.mlp = LlamaMLP(config, dtype=dtype, device=device, tp=tp)
+        self.tp = tp
 
     def forward(
         self,
@@ -44,11 +45,12 @@ class Eagle3MidLayer(nn.Module):
         h: torch.Tensor,  # [T, H]
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] MLP output, [T, H] residual)
-        """The returned pair sums to the layer's output (the residual add is left to the next norm)."""
+        """The returned pair sums to the layer's output (the residual add is left to the next norm; with
+        several tp ranks the MLP output is this rank's partial sum, all-reduced there too)."""
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(h)], dim=-1)  # [T, 2H]
-        a = self.self_attn(positions, x, batch)
-        x, residual = self.post_attention_layernorm.forward_add(a, h)  # residual = h + attn
-        return self.mlp(x), residual
+        a = self.self_attn(positions, x, batch, reduce=False)
+        x, residual = self.post_attention_layernorm.forward_add(a, h, self.tp)  # residual = h + attn
+        return self.mlp(x, reduce=False), residual
 
 
 class Eagle3DraftModel(nn.Module):
@@ -150,6 +152,6 @@ class Eagle3DraftModel(nn.Module):
         residual = None
         if batch.num_tokens > 0:
             h, residual = self.midlayer(batch.positions, e, h, batch)
-        normed, h = self.norm.forward_add(h, residual)  # h: the layer's output, the next step's input
+        normed, h = self.norm.forward_add(h, residual, self.midlayer.tp)  # h: the layer's output, the next step's input
         return logits_and_hidden(normed, h, self.lm_head_weight, batch, tp=self.logits_tp,
                                  vocab_size=self.draft_vocab_size)

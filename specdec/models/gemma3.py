@@ -56,14 +56,17 @@ class GemmaRMSNorm(nn.Module):
         return ops.scaled_rms_norm(x, self.scale(), self.eps)
 
     def forward_add(
-        self, x: torch.Tensor, residual: torch.Tensor | None
+        self, x: torch.Tensor, residual: torch.Tensor | None, tp: TPGroup = SINGLE
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] stream)
+        """As ``RMSNorm.forward_add`` (``x`` beside a residual a partial sum over several ``tp`` ranks)."""
         if residual is None:
             return self(x), x
-        return ops.add_scaled_rms_norm(x, residual, self.scale(), self.eps)
+        return ops.add_scaled_rms_norm(tp.all_reduce(x), residual, self.scale(), self.eps)
 
 
 class Gemma3DecoderLayer(nn.Module):
+    partial_sums = False  # its outputs are whole: each is normed after its all-reduce (sandwich norms)
+
     def __init__(self, config: LlamaConfig, layer_id: int, *, dtype: torch.dtype, device: Any,
                  tp: TPGroup = SINGLE) -> None:
         super().__init__()
@@ -83,7 +86,14 @@ class Gemma3DecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [T, H]
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed MLP output, [T, H] stream after attention)
-        h, stream = self.input_layernorm.forward_add(x, residual)
+        return self.forward_normed(positions, *self.enter(x, residual), batch)
+
+    def enter(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """([T, H] the input norm's output, [T, H] the stream entering the layer)."""
+        return self.input_layernorm.forward_add(x, residual)
+
+    def forward_normed(self, positions: torch.Tensor, h: torch.Tensor, stream: torch.Tensor,
+                       batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         stream = stream + self.post_attention_layernorm(self.self_attn(positions, h, batch))
         h = self.mlp(self.pre_feedforward_layernorm(stream))
         return self.post_feedforward_layernorm(h), stream

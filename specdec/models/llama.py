@@ -191,10 +191,12 @@ class LlamaForCausalLM(nn.Module):
         streams: dict[int, torch.Tensor] = {}
         layers = self.model.layers if batch.num_tokens > 0 else []  # NOTE: no attention call when idle
         for i, layer in enumerate(layers):
+            h, stream = layer.enter(x, residual)  # the input norm, and the stream entering layer i
             if capture and i in self.aux_hidden_layers:
-                streams[i] = x if residual is None else x + residual
-            x, residual = layer(batch.positions, x, residual, batch)
-        normed, h = self.model.norm.forward_add(x, residual)  # h: the stream leaving the last layer
+                streams[i] = stream
+            x, residual = layer.forward_normed(batch.positions, h, stream, batch)
+        # h: the stream leaving the last layer (x a partial sum over the tp ranks: the layer's partial_sums)
+        normed, h = self.model.norm.forward_add(x, residual, self.tp if self.layer_cls.partial_sums else SINGLE)
         if self.aux_hidden_layers is None:
             hidden = normed
         elif capture:

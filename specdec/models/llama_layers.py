@@ -21,7 +21,10 @@ so that every residual add happens inside the following norm):
 Variation is resolved once, at construction: ``config.qk_norm`` adds per-head q/k RMSNorms before
 RoPE (Qwen3), ``config.layer_window(i)`` gives a layer a sliding window (Mistral), ``hidden_act``
 picks the gated activation, and ``tp`` (``specdec.models.parallel.TPGroup``) shards heads and
-intermediate features over tensor-parallel ranks (one all-reduce after o_proj and after down_proj).
+intermediate features over tensor-parallel ranks: o_proj and down_proj then return partial sums,
+and the norm after each all-reduces them in the same kernel as its residual add
+(``TPGroup.all_reduce_add_rms_norm``), so a layer's two all-reduces add no kernel of their own
+where the group's all-reduce fuses (our push kernel, one host's GPUs).
 """
 
 from __future__ import annotations
@@ -67,10 +70,15 @@ class RMSNorm(nn.Module):
         self,
         x: torch.Tensor,  # [T, H]
         residual: torch.Tensor | None,  # [T, H]
+        tp: TPGroup = SINGLE,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] residual stream)
-        """``(norm(x + residual), x + residual)`` in one kernel; ``(norm(x), x)`` when residual is None."""
+        """``(norm(x + residual), x + residual)`` in one kernel; ``(norm(x), x)`` when residual is None.
+        With several ``tp`` ranks and a residual, ``x`` is this rank's partial sum, all-reduced first
+        (in the same kernel where the group's all-reduce can: ``TPGroup.all_reduce_add_rms_norm``)."""
         if residual is None:
             return self(x), x
+        if tp.size > 1:
+            return tp.all_reduce_add_rms_norm(x, residual, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
 
 
@@ -81,9 +89,9 @@ class IdentityNorm(nn.Module):
         return x
 
     def forward_add(
-        self, x: torch.Tensor, residual: torch.Tensor | None
+        self, x: torch.Tensor, residual: torch.Tensor | None, tp: TPGroup = SINGLE
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        stream = x if residual is None else x + residual
+        stream = x if residual is None else tp.all_reduce(x) + residual  # NOTE: RMSNorm.forward_add's tp
         return stream, stream
 
 
@@ -131,10 +139,14 @@ class RotaryEmbedding(nn.Module):
         apply_rope_(q, k, positions, self.inv_freq(q.device))
 
 
-def row_parallel(x: torch.Tensor, proj: nn.Linear, tp: TPGroup) -> torch.Tensor:
-    """``proj(x)`` for a row-parallel ``proj``: partial sums all-reduced, then the bias once."""
+def row_parallel(x: torch.Tensor, proj: nn.Linear, tp: TPGroup, *, reduce: bool = True) -> torch.Tensor:
+    """``proj(x)`` for a row-parallel ``proj``: partial sums all-reduced, then the bias once.
+    ``reduce=False``: this rank's partial sum (the bias in rank 0's), for a caller whose next norm
+    all-reduces (``RMSNorm.forward_add``'s ``tp``)."""
     if tp.size == 1:
         return linear(x, proj.weight, proj.bias)
+    if not reduce:
+        return linear(x, proj.weight, proj.bias if tp.rank == 0 else None)
     out = tp.all_reduce(linear(x, proj.weight))
     return out if proj.bias is None else out + proj.bias
 
@@ -181,7 +193,9 @@ class LlamaAttention(FusedGemmModule):
             sliding_window=config.layer_window(layer_id),
         )
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, *,
+                reduce: bool = True) -> torch.Tensor:
+        """``reduce=False``: this rank's partial sum of the output (``row_parallel``)."""
         qkv = self.qkv_proj(x)  # [T, (Hq + 2 * Hkv) * D]
         # NOTE: slices, not split(): autograd allows the in-place RoPE only on single-output views.
         q = qkv[:, : self.q_size]  # [T, Hq * D]
@@ -193,7 +207,7 @@ class LlamaAttention(FusedGemmModule):
             k = self.k_norm(k.reshape(-1, d)).view(t, -1)
         self.rotary(positions, q, k)
         out = batch.attn_backend.forward(q, k, v, self.layer, batch)
-        return row_parallel(out, self.o_proj, self.tp)
+        return row_parallel(out, self.o_proj, self.tp, reduce=reduce)
 
 
 _GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -217,16 +231,24 @@ class LlamaMLP(FusedGemmModule):
         self.act = _GATED_ACTIVATIONS[config.hidden_act]
         self.tp = tp
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+    def forward(self, x: torch.Tensor, *, reduce: bool = True) -> torch.Tensor:  # [T, H] -> [T, H]
+        """``reduce=False``: this rank's partial sum (``row_parallel``)."""
         gate_up = self.gate_up_proj(x)  # [T, 2I]
-        return row_parallel(self.act(gate_up), self.down_proj, self.tp)  # [T, I] -> [T, H]
+        return row_parallel(self.act(gate_up), self.down_proj, self.tp, reduce=reduce)  # [T, I] -> [T, H]
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block on a split residual stream (see the module docstring).
 
     ``input_norm=False`` gives EAGLE-1's first draft layer (identity input norm).
+
+    With several ``tp`` ranks the MLP output it returns is this rank's partial sum, and so is the
+    attention output inside: each norm after them all-reduces together with its residual add and
+    norm, in one kernel where the group's all-reduce can (``partial_sums``; the caller's final norm
+    takes ``tp`` as well).
     """
+
+    partial_sums = True  # the x it returns (and takes, beside a residual) is a partial sum over tp ranks
 
     def __init__(
         self, config: LlamaConfig, layer_id: int, *, dtype: torch.dtype, device: Any, input_norm: bool = True,
@@ -238,6 +260,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer_id, dtype=dtype, device=device, tp=tp)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype=dtype, device=device)
         self.mlp = LlamaMLP(config, dtype=dtype, device=device, tp=tp)
+        self.tp = tp
 
     def forward(
         self,
@@ -247,8 +270,17 @@ class LlamaDecoderLayer(nn.Module):
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] MLP output, [T, H] residual)
         """The residual stream entering the layer is ``x + residual`` (``x`` when residual is None);
-        the one leaving it is the sum of the two returned tensors."""
-        h, residual = self.input_layernorm.forward_add(x, residual)
-        h = self.self_attn(positions, h, batch)
-        h, residual = self.post_attention_layernorm.forward_add(h, residual)
-        return self.mlp(h), residual
+        the one leaving it is the sum of the two returned tensors (``x`` all-reduced first: class
+        docstring)."""
+        return self.forward_normed(positions, *self.enter(x, residual), batch)
+
+    def enter(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """([T, H] the input norm's output, [T, H] the residual stream entering the layer)."""
+        return self.input_layernorm.forward_add(x, residual, self.tp)
+
+    def forward_normed(self, positions: torch.Tensor, h: torch.Tensor, stream: torch.Tensor,
+                       batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer after ``enter``: ([T, H] MLP output, [T, H] residual), as ``forward``'s."""
+        h = self.self_attn(positions, h, batch, reduce=False)
+        h, residual = self.post_attention_layernorm.forward_add(h, stream, self.tp)
+        return self.mlp(h, reduce=False), residual

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.models.config import LlamaConfig
+from specdec.models.ops import add_rms_norm
 
 __all__ = ["TPGroup", "SINGLE", "HeadShard", "draft_head_group", "VocabParallelEmbedding", "make_embedding",
            "shard_state_dict"]
@@ -103,6 +104,19 @@ class TPGroup:
 
         dist.all_reduce(x, group=self.group)
         return x
+
+    def all_reduce_add_rms_norm(
+        self,
+        x: torch.Tensor,  # [T, H] this rank's partial sum
+        residual: torch.Tensor,  # [T, H]
+        weight: torch.Tensor,  # [H]
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] the stream: the sum over ranks + residual)
+        """``add_rms_norm(all_reduce(x), residual, weight, eps)``, in one kernel where the group's
+        all-reduce fuses them (``PushAllReduce.add_rms_norm``: the same bits), else the two."""
+        fused = getattr(self.reducer, "add_rms_norm", None) if self.size > 1 else None
+        out = fused(x, residual, weight, eps) if fused is not None else None
+        return out if out is not None else add_rms_norm(self.all_reduce(x), residual, weight, eps)
 
     @property
     def all_reduce_name(self) -> str:

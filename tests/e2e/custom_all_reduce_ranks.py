@@ -5,7 +5,8 @@ test_gpu_custom_all_reduce.py:
     python tests/e2e/custom_all_reduce_ranks.py --world-size 2 --kernel push --output result.json
 
 Writes rank 0's record: which all-reduce the group chose, and per case (dtype, elements, eager or
-graph) whether the sums equal NCCL's bit for bit, whether every rank holds the same bits, and the
+graph; the push kernel's fused all-reduce + add_rms_norm too, against NCCL's sum then ``add_rms_norm``)
+whether the sums equal NCCL's bit for bit, whether every rank holds the same bits, and the
 largest difference from the exact sum (fp64) against a bound of rounding. Two ranks sum a + b once,
 in either order the same float, so "equal" is exact there; more ranks round in another order than
 NCCL's ring, so there the sum must be within ``ranks`` roundings of the exact one.
@@ -22,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from specdec.models.all_reduce import choose_all_reduce
+from specdec.models.ops import add_rms_norm
 
 DTYPES = (torch.bfloat16, torch.float32)
 # 1 element up to the threshold: odd sizes (staged), aligned sizes (the fused copy), decode-step sizes
@@ -100,6 +102,55 @@ def _graph_cases(reducer, rank: int) -> list[dict]:
     return cases
 
 
+def _fused_case(got: tuple, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, **what) -> dict:
+    """The fused call's (normed, stream) against NCCL's sum of ``x`` then ``add_rms_norm``: equal bit for
+    bit (two ranks), else close (another order of roundings in the sum)."""
+    total = x.clone()
+    dist.all_reduce(total)
+    want = add_rms_norm(total, residual, weight, 1e-5)
+    close = all(torch.allclose(g.float(), w.float(), rtol=2e-2, atol=2e-2) for g, w in zip(got, want))
+    return {**what, "equal": all(torch.equal(g, w) for g, w in zip(got, want)),
+            "same_on_every_rank": all(_same_on_every_rank(g) for g in got), "within_rounding": close,
+            "max_abs_diff": max(float((g.float() - w.float()).abs().max()) for g, w in zip(got, want))}
+
+
+def _fused_cases(reducer, rank: int) -> list[dict]:
+    """``PushAllReduce.add_rms_norm``: decode and verify shapes (rows x hidden) eagerly, then two fused
+    calls around a plain all-reduce in one graph, replayed on new data."""
+    cases = []
+    for dtype, rows, cols in [(torch.bfloat16, 1, 4096), (torch.bfloat16, 16, 4096), (torch.bfloat16, 128, 4096),
+                              (torch.bfloat16, 512, 4096), (torch.bfloat16, 3, 576), (torch.bfloat16, 300, 576),
+                              (torch.bfloat16, 2, 8192), (torch.float32, 7, 1000)]:
+        x = _message(rows * cols, dtype, rank, rows).view(rows, cols)
+        residual = _message(rows * cols, dtype, 0, 99).view(rows, cols)  # the same on every rank
+        weight = _message(cols, dtype, 0, 98)
+        got = reducer.add_rms_norm(x, residual, weight, 1e-5)
+        assert got is not None, (dtype, rows, cols)
+        cases.append(_fused_case(got, x, residual, weight, dtype=str(dtype), numel=rows * cols, mode="fused-eager"))
+    rows, cols, dtype = 64, 4096, torch.bfloat16
+    static = _message(rows * cols, dtype, rank, 0).view(rows, cols)
+    residual, weight = _message(rows * cols, dtype, 0, 97).view(rows, cols), _message(cols, dtype, 0, 96)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        reducer.add_rms_norm(static, residual, weight, 1e-5)
+        reducer(static.clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        first = reducer.add_rms_norm(static, residual, weight, 1e-5)
+        between = reducer(first[0] * 0.5)
+        second = reducer.add_rms_norm(between * 0.25 + static, first[1], weight, 1e-5)
+    for trial in range(3):
+        static.copy_(_message(rows * cols, dtype, rank, 7 + trial).view(rows, cols))
+        graph.replay()
+        what = dict(dtype=str(dtype), numel=rows * cols)
+        cases.append(_fused_case(first, static, residual, weight, mode=f"fused-graph-first-{trial}", **what))
+        cases.append(_fused_case(second, between * 0.25 + static, first[1], weight,
+                                 mode=f"fused-graph-second-{trial}", **what))
+    return cases
+
+
 def rank_main(rank: int, port: int, world_size: int, output: str, kernel: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -108,6 +159,8 @@ def rank_main(rank: int, port: int, world_size: int, output: str, kernel: str) -
                                 peers=list(range(world_size)), kernel=kernel)
     record = {"world_size": world_size, "reducer": reducer.name, "fused_copy": getattr(reducer, "fused", None),
               "torch": torch.__version__, "cases": _eager_cases(reducer, rank) + _graph_cases(reducer, rank)}
+    if kernel == "push":
+        record["cases"] += _fused_cases(reducer, rank)
     torch.cuda.synchronize()
     if rank == 0:
         with open(output, "w") as f:

@@ -2,7 +2,8 @@
 kernel) on two and four GPUs, for
 bf16 and fp32 messages from 1 element to the threshold, eagerly and replayed from a captured CUDA
 graph (past the threshold NCCL takes over): every rank holds the same bits, within rounding of the
-exact sum; on two GPUs the sums equal NCCL's bit for bit (two ranks add a + b once). The ranks run
+exact sum; on two GPUs the sums equal NCCL's bit for bit (two ranks add a + b once). The push
+kernel's fused all-reduce + add_rms_norm likewise, against NCCL's sum then ``add_rms_norm``. The ranks run
 in their own processes (custom_all_reduce_ranks.py), so a hang ends in a timeout."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def test_one_shot_all_reduce_equals_nccl(tmp_path, world_size, kernel, name):
     assert record["reducer"] == name, proc.stderr[-3000:]  # the warning says why it fell back
     cases = record["cases"]
     assert len(cases) > 60 and any(c["mode"].startswith("graph") for c in cases)
+    assert (kernel == "push") == any(c["mode"].startswith("fused-graph") for c in cases)
     diverged = [c for c in cases if not (c["same_on_every_rank"] and c["within_rounding"])]
     assert not diverged, diverged[:10]
     if world_size == 2:

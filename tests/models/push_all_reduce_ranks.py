@@ -26,10 +26,27 @@ def _no_fallback(x: torch.Tensor) -> torch.Tensor:
     raise AssertionError(f"a message of {x.numel()} elements went to the fallback")
 
 
+def _reducer(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int | None) -> PushAllReduce:
+    dtype = data[rank].dtype
+    return PushAllReduce({dtype: data[rank]}, flags[rank], {dtype: _deltas(data, rank)}, _deltas(flags, rank),
+                         rank=rank, world=world, fallback=_no_fallback, max_bytes=max_bytes, num_sms=num_sms)
+
+
 def rank_main(rank: int, world: int, max_bytes: int, data: list, flags: list, messages: list, results: list) -> None:
     """Rank ``rank``'s all-reduces of its ``messages`` in order, each result into ``results[rank]``."""
-    dtype = data[rank].dtype
-    reducer = PushAllReduce({dtype: data[rank]}, flags[rank], {dtype: _deltas(data, rank)}, _deltas(flags, rank),
-                            rank=rank, world=world, fallback=_no_fallback, max_bytes=max_bytes)
+    reducer = _reducer(rank, world, max_bytes, data, flags, None)
     for i, x in enumerate(messages[rank]):
         results[rank][i].copy_(reducer(x))
+
+
+def rank_main_mixed(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int, calls: list,
+                    results: list) -> None:
+    """Rank ``rank``'s ``calls`` in order: ("sum", x) an all-reduce, ("norm", x, residual, weight, eps) a
+    fused all-reduce + add_rms_norm (None where it does not apply); each call's outputs into
+    ``results[rank][i]`` (a list of tensors)."""
+    reducer = _reducer(rank, world, max_bytes, data, flags, num_sms)
+    for i, (kind, *args) in enumerate(calls[rank]):
+        out = (reducer(*args),) if kind == "sum" else reducer.add_rms_norm(*args)
+        assert out is not None, f"call {i} ({kind}, {tuple(args[0].shape)}) did not run fused"
+        for dst, src in zip(results[rank][i], out):
+            dst.copy_(src)

@@ -1,8 +1,9 @@
-"""The push all-reduce (``specdec.models.all_reduce.PushAllReduce``, kernel in
+"""The push all-reduce (``specdec.models.all_reduce.PushAllReduce``, kernels in
 ``specdec.models.ops.all_reduce_kernels``) on CPU: two and three ranks as processes running Triton's
 interpreter over shared-memory buffers, a sequence of messages of changing sizes (so each program's
-epoch and parity move on unevenly), against the sum over ranks in rank order. On GPUs:
-tests/e2e/test_gpu_custom_all_reduce.py."""
+epoch and parity move on unevenly), against the sum over ranks in rank order; and its fused
+all-reduce + add_rms_norm, mixed with plain all-reduces, against the two run one after the other.
+On GPUs: tests/e2e/test_gpu_custom_all_reduce.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.multiprocessing as mp
 from ..triton_env import import_kernels, rand
 
 kernels = import_kernels("specdec.models.ops.all_reduce_kernels")
+norm_kernels = import_kernels("specdec.models.ops.triton_kernels")
 
 from . import push_all_reduce_ranks as ranks  # noqa: E402
 
@@ -43,6 +45,53 @@ def test_every_rank_gets_the_sum_in_rank_order(world):
         got = flags[r].view(-1, world)[:3]  # [program, source rank]: the epoch each peer last signalled
         for s in range(world):
             assert got[:, s].tolist() == ([0, 0, 0] if s == r else calls), (r, s)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
+    """Fused calls of 1-5 rows (the most this buffer's flags allow) and of odd widths, between plain
+    all-reduces (the two channels keep their own epochs), on a "GPU" of 2 SMs, so that a program
+    handles rows p, p + 2, ...: normed rows and stream equal the plain all-reduce's sum in rank order
+    followed by ``add_rms_norm``'s kernel, bit for bit."""
+    shapes = [("norm", 1, 40), ("sum", 4097), ("norm", 5, 1000), ("norm", 3, 7), ("sum", 2048), ("norm", 5, 1000),
+              ("norm", 2, 2048)]
+    data, flags = ranks.shared_buffers(world, MAX_BYTES, torch.float32)
+    calls, results = [], []
+    for r in range(world):
+        mine, outs = [], []
+        for i, (kind, *shape) in enumerate(shapes):
+            x = rand(*shape, seed=100 * r + i).share_memory_()
+            if kind == "sum":
+                mine.append(("sum", x))
+                outs.append([torch.full_like(x, float("nan")).share_memory_()])
+            else:  # the residual and weight are the same on every rank, as a model's are
+                residual, weight = rand(*shape, seed=1000 + i), rand(shape[1], seed=2000 + i)
+                mine.append(("norm", x, residual, weight, 1e-6))
+                outs.append([torch.full_like(x, float("nan")).share_memory_() for _ in range(2)])
+        calls.append(mine)
+        results.append(outs)
+    mp.spawn(ranks.rank_main_mixed, args=(world, MAX_BYTES, data, flags, 2, calls, results), nprocs=world, join=True)
+    for i, (kind, *shape) in enumerate(shapes):
+        total = calls[0][i][1].clone()
+        for r in range(1, world):
+            total += calls[r][i][1]
+        want = [total] if kind == "sum" else list(norm_kernels.add_rms_norm(total, *calls[0][i][2:]))
+        for r in range(world):
+            for got, expected in zip(results[r][i], want):
+                assert torch.equal(got, expected), (world, i, kind, shape, r)
+
+
+def test_the_fused_norm_declines_what_it_cannot_fuse():
+    """None (the caller then all-reduces and norms apart) for more rows than its flags hold, another
+    dtype, a weight of another dtype, a residual of another shape or a strided view."""
+    data, flags = ranks.shared_buffers(1, MAX_BYTES, torch.float32)
+    reducer = ranks._reducer(0, 1, MAX_BYTES, data, flags, None)
+    x, w = torch.zeros(2, 8), torch.ones(8)
+    assert reducer.max_programs == 5  # a flag per program of the largest bf16 message: 10,000 / 2,048 blocks
+    assert reducer.add_rms_norm(torch.zeros(5, 8), torch.zeros(5, 8), w, 1e-6) is not None
+    for args in [(torch.zeros(6, 8), torch.zeros(6, 8), w), (x.double(), x.double(), w.double()),
+                 (x, x, w.double()), (x, torch.zeros(2, 4), w), (torch.zeros(2, 16)[:, ::2], x, w)]:
+        assert reducer.add_rms_norm(*args, 1e-6) is None
 
 
 def test_messages_stay_within_what_the_gpu_holds_at_once():

@@ -1,6 +1,7 @@
-"""Triton kernel behind ``specdec.models.all_reduce.PushAllReduce``: a one-shot all-reduce that pushes
+"""Triton kernels behind ``specdec.models.all_reduce.PushAllReduce``: a one-shot all-reduce that pushes
 each rank's message into every other rank's buffer (peer memory, CUDA IPC mappings of torch's
-symmetric memory) and then sums locally, one kernel and one handshake a call.
+symmetric memory) and then sums locally, one kernel and one handshake a call; and the same fused
+with the residual add and RMSNorm that follow a row-parallel layer (``add_rms_norm``'s arithmetic).
 
 Per rank, symmetric (every rank allocates the same, and each sees the others' through their mapped
 addresses):
@@ -30,6 +31,14 @@ once (``MAX_PROGRAMS``), so a spinning program never keeps a peer's program from
 Equality: with two ranks the fp32 sum a + b rounded once is the bf16 sum NCCL computes, bit for bit;
 with more, ranks are summed in rank order (every rank the same bits).
 
+The fused kernel (``push_all_reduce_add_rms_norm``) keeps the protocol with a unit of a row instead
+of a block (the norm needs a whole row), on its own data, flags and epochs (``PushAllReduce``'s
+channels: two kernels mapping programs to different elements must not share them). Its grid is at
+most the GPU's SMs, one program each, so every program is resident whatever its registers; program
+p takes rows p, p + G, ...: it pushes and releases all of them before it waits for any, so a call
+costs one handshake's latency. Each row then adds the residual and norms as ``add_rms_norm`` does:
+the same bits as the all-reduce followed by that kernel.
+
 Addresses: peers' buffers are reached from this rank's own (typed) buffer plus an element offset
 (``data_deltas``, ``flag_deltas``: the peer's address minus this rank's, in elements), so the
 kernel needs no integer-to-pointer casts and runs under TRITON_INTERPRET=1 on CPU buffers too
@@ -42,6 +51,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # older triton 3.x releases
+    from triton.language.extra.cuda import libdevice
+
 from specdec.models.ops.launch import pdl_kwargs
 
 BLOCK = 2048  # elements a program owns: 4 KiB of bf16; an 8B model's decode step (4096 x bs) uses 2 x bs programs
@@ -50,6 +64,49 @@ NUM_WARPS = 4
 # (an H200 holds 16 of them on each of 132 SMs): a program waits for its peers' program of the same
 # number, which must not wait for a free SM behind programs that wait
 MAX_PROGRAMS = 1024
+
+
+@triton.jit
+def _push(x, offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Step 1: this rank's part ``x`` (elements ``offs``) into slot [epoch % 2, RANK] of every other rank."""
+    slot = ((epoch % 2) * WORLD + RANK) * region
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            tl.store(data_ptr + tl.load(data_deltas_ptr + r) + slot + offs, x, mask=mask)
+
+
+@triton.jit
+def _release(flags_ptr, flag_deltas_ptr, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Step 2 (after a CTA barrier): ``epoch`` at flags[pid, RANK] of every other rank, release at system scope."""
+    # NOTE: scalar atomics, one peer at a time (Triton 3.6's layout pass crashed on a vector of them in a loop)
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            tl.atomic_xchg(flags_ptr + tl.load(flag_deltas_ptr + r) + pid * WORLD + RANK, epoch, sem="release",
+                           scope="sys")
+
+
+@triton.jit
+def _acquire(flags_ptr, pid, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Step 3: spin until every other rank's flags[pid, r] here has reached ``epoch`` (acquire, system scope)."""
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            seen = tl.atomic_add(flags_ptr + pid * WORLD + r, 0, sem="acquire", scope="sys")
+            while seen < epoch:
+                seen = tl.atomic_add(flags_ptr + pid * WORLD + r, 0, sem="acquire", scope="sys")
+
+
+@triton.jit
+def _sum(x, offs, mask, data_ptr, epoch, region, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Step 4 (after a CTA barrier): ranks 0, 1, ..., WORLD - 1 in that order, fp32, not rounded."""
+    acc = tl.zeros(x.shape, dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        if r == RANK:
+            acc += x.to(tl.float32)
+        else:
+            part = tl.load(data_ptr + ((epoch % 2) * WORLD + r) * region + offs, mask=mask, other=0.0,
+                           cache_modifier=".cv")
+            acc += part.to(tl.float32)
+    return acc
 
 
 @triton.jit
@@ -63,50 +120,87 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, epochs_ptr, dat
         tl.extra.cuda.gdc_wait()  # x is the kernel before's output
         tl.extra.cuda.gdc_launch_dependents()
     epoch = tl.load(epochs_ptr + pid) + 1
-    slot = ((epoch % 2) * WORLD + RANK) * region  # where this rank's part lands on every other rank
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    for r in tl.static_range(WORLD):
-        if r != RANK:
-            tl.store(data_ptr + tl.load(data_deltas_ptr + r) + slot + offs, x, mask=mask)
-    tl.debug_barrier()  # every thread's stores issued before the release below
-    # NOTE: scalar atomics, one peer at a time (Triton 3.6's layout pass crashed on a vector of them in a loop)
-    for r in tl.static_range(WORLD):
-        if r != RANK:
-            tl.atomic_xchg(flags_ptr + tl.load(flag_deltas_ptr + r) + pid * WORLD + RANK, epoch, sem="release",
-                           scope="sys")
-    for r in tl.static_range(WORLD):
-        if r != RANK:
-            seen = tl.atomic_add(flags_ptr + pid * WORLD + r, 0, sem="acquire", scope="sys")
-            while seen < epoch:
-                seen = tl.atomic_add(flags_ptr + pid * WORLD + r, 0, sem="acquire", scope="sys")
-    tl.debug_barrier()  # the acquires above before any thread reads the peers' parts
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for r in tl.static_range(WORLD):
-        if r == RANK:
-            acc += x.to(tl.float32)
-        else:
-            part = tl.load(data_ptr + ((epoch % 2) * WORLD + r) * region + offs, mask=mask, other=0.0,
-                           cache_modifier=".cv")
-            acc += part.to(tl.float32)
+    _push(x, offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK, WORLD)
+    tl.debug_barrier()  # every thread's stores issued before the release
+    _release(flags_ptr, flag_deltas_ptr, pid, epoch, RANK, WORLD)
+    _acquire(flags_ptr, pid, epoch, RANK, WORLD)
+    tl.debug_barrier()  # the acquires before any thread reads the peers' parts
+    acc = _sum(x, offs, mask, data_ptr, epoch, region, RANK, WORLD)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(epochs_ptr + pid, epoch)
+
+
+@triton.jit
+def _push_all_reduce_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, normed_ptr, stream_ptr, data_ptr, flags_ptr,
+                                         epochs_ptr, data_deltas_ptr, flag_deltas_ptr, n_rows, n_cols, region, eps,
+                                         RANK: tl.constexpr, WORLD: tl.constexpr, LIBDEVICE: tl.constexpr,
+                                         PDL: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p handles rows p, p + G, p + 2G, ... (G programs), each row's exchange under the row's
+    own epoch and flags: all its rows pushed, then released, then each row awaited and finished with
+    ``add_rms_norm``'s arithmetic (``specdec.models.ops.triton_kernels``: rounded where it rounds)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    for row in range(pid, n_rows, grid):
+        offs = row * n_cols + cols  # NOTE: int32: a message of at most MAX_PROGRAMS x BLOCK elements
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        _push(x, offs, mask, data_ptr, data_deltas_ptr, tl.load(epochs_ptr + row) + 1, region, RANK, WORLD)
+    tl.debug_barrier()
+    for row in range(pid, n_rows, grid):
+        _release(flags_ptr, flag_deltas_ptr, row, tl.load(epochs_ptr + row) + 1, RANK, WORLD)
+    for row in range(pid, n_rows, grid):
+        epoch = tl.load(epochs_ptr + row) + 1
+        _acquire(flags_ptr, row, epoch, RANK, WORLD)
+        tl.debug_barrier()
+        offs = row * n_cols + cols  # NOTE: int32: a message of at most MAX_PROGRAMS x BLOCK elements
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        acc = _sum(x, offs, mask, data_ptr, epoch, region, RANK, WORLD)
+        r = tl.load(res_ptr + offs, mask=mask, other=0.0)
+        # the all-reduce's result rounded once, plus the residual, rounded again (all_reduce, then add_rms_norm)
+        stream = (acc.to(x.dtype).to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(stream_ptr + offs, stream, mask=mask)
+        xf = stream.to(tl.float32)
+        mean_sq = tl.sum(xf * xf, axis=0) / n_cols
+        if LIBDEVICE:
+            rstd = libdevice.rsqrt(mean_sq + eps)
+        else:
+            rstd = tl.rsqrt(mean_sq + eps)
+        normed = (xf * rstd).to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(normed_ptr + offs, (w * normed).to(normed_ptr.dtype.element_ty), mask=mask)
+        tl.store(epochs_ptr + row, epoch)
 
 
 def programs(numel: int) -> int:
     return triton.cdiv(numel, BLOCK)
 
 
-def resident_programs(props) -> int:
-    """How many programs of this kernel a GPU (``torch.cuda.get_device_properties``) holds at once,
-    by threads: every SM's threads over a program's."""
-    per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // (NUM_WARPS * 32)
+def row_block(n_cols: int) -> int:
+    """Elements a program of the fused kernel spans: its row, to the next power of two."""
+    return max(16, triton.next_power_of_2(n_cols))
+
+
+def row_warps(n_cols: int) -> int:
+    """Warps a program of the fused kernel runs: as ``add_rms_norm``'s, a warp per 512 columns (1-16)."""
+    return min(max(row_block(n_cols) // 512, 1), 16)
+
+
+def resident_programs(props, num_warps: int = NUM_WARPS) -> int:
+    """How many programs of ``num_warps`` warps a GPU (``torch.cuda.get_device_properties``) holds
+    at once, by threads: every SM's threads over a program's."""
+    per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // (num_warps * 32)
     return props.multi_processor_count * per_sm
 
 
 def push_all_reduce(
     x: torch.Tensor,  # [n] contiguous, data's dtype
-    data: torch.Tensor,  # [2 * world * region] this rank's symmetric data buffer
-    flags: torch.Tensor,  # [max_programs * world] int64, this rank's symmetric flags
+    data: torch.Tensor,  # [2 * world * region] this rank's symmetric data (its channel)
+    flags: torch.Tensor,  # [max_programs * world] int64, this rank's symmetric flags (its channel)
     epochs: torch.Tensor,  # [max_programs] int64, local
     data_deltas: torch.Tensor,  # [world] int64: each rank's data address minus this rank's, in elements
     flag_deltas: torch.Tensor,  # [world] int64: the same for flags
@@ -124,6 +218,27 @@ def push_all_reduce(
         x, out, data, flags, epochs, data_deltas, flag_deltas, n, region, RANK=rank, WORLD=world, BLOCK=BLOCK,
         num_warps=NUM_WARPS, **pdl_kwargs(x.device))
     return out
+
+
+def push_all_reduce_add_rms_norm(
+    x: torch.Tensor,  # [T, H] contiguous, this rank's partial sums, data's dtype
+    residual: torch.Tensor,  # [T, H] contiguous, x's dtype
+    weight: torch.Tensor,  # [H] x's dtype
+    eps: float,
+    data: torch.Tensor, flags: torch.Tensor, epochs: torch.Tensor, data_deltas: torch.Tensor,
+    flag_deltas: torch.Tensor, *, rank: int, world: int, region: int,  # as push_all_reduce's (another channel)
+    max_grid: int,  # programs at most: no more than the GPU's SMs (one program each is resident)
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] stream = sum over ranks + residual)
+    """``add_rms_norm(all_reduce(x), residual, weight, eps)`` in one kernel, a program per row up to
+    ``max_grid`` rows (launch only: ``PushAllReduce.add_rms_norm`` checks)."""
+    t, h = x.shape
+    normed, stream = torch.empty_like(x), torch.empty_like(x)
+    if t:
+        _push_all_reduce_add_rms_norm_kernel[(min(t, max_grid),)](
+            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, t, h, region, eps,
+            RANK=rank, WORLD=world, LIBDEVICE=not INTERPRETED, BLOCK=row_block(h), num_warps=row_warps(h),
+            enable_fp_fusion=False, **pdl_kwargs(x.device))
+    return normed, stream
 
 
 # True when triton was imported with TRITON_INTERPRET=1: the kernel then runs on CPU tensors only.

@@ -34,13 +34,24 @@ def _row(workload: str, tp: int, dp: int, bs: int, engine: str, config: str, ms:
             "ms_per_step": ms, "tok_s": tok_s, "collective_share": share}
 
 
+def _reducer(path: Path, data: dict) -> str | None:
+    """The sweep's all-reduce: None at tp 1, "nccl" for a ``synthetic_tp<N>_nccl.json`` run
+    (--disable-custom-all-reduce) or where the run recorded torch.distributed's, else the name it
+    recorded ("push", "one-shot"; older runs recorded none: "one-shot")."""
+    if int(data["setup"].get("tp_size", 1)) == 1:
+        return None
+    recorded = data["setup"].get("all_reduce")
+    if path.stem.endswith("_nccl") or recorded == "torch.distributed":
+        return "nccl"
+    return recorded or "one-shot"
+
+
 def synthetic_rows(path: Path) -> list[dict]:
-    """A sweep's points; config "plain", the shape's name ("3x1x4") or "adaptive"; ``all_reduce``:
-    "one-shot" (the default past one GPU), "nccl" (a ``synthetic_tp<N>_nccl.json`` run, with
-    --disable-custom-all-reduce) or None (tp 1)."""
+    """A sweep's points; config "plain", the shape's name ("3x1x4") or "adaptive"; ``all_reduce``: see
+    ``_reducer``."""
     data = json.loads(path.read_text())
     tp = int(data["setup"].get("tp_size", 1))
-    reducer = None if tp == 1 else "nccl" if path.stem.endswith("_nccl") else "one-shot"
+    reducer = _reducer(path, data)
     shares = {(config, p["batch_size"]): p["collective_share"]
               for config, points in data.get("device_profile", {}).items() for p in points}
     series = {"plain": data["plain"], **data.get("speculative", {}), "adaptive": data.get("adaptive", [])}
@@ -93,7 +104,7 @@ def floor_table(out: Path) -> list[str]:
         share = next((q["collective_share"] for q in data.get("device_profile", {}).get("plain", [])
                       if q["batch_size"] == p["batch_size"]), None)
         tp = data["setup"].get("tp_size", 1)
-        lines.append(f"| {_tp_label(tp, None if tp == 1 else 'nccl' if path.stem.endswith('_nccl') else 'one-shot')} | "
+        lines.append(f"| {_tp_label(tp, _reducer(path, data))} | "
                      f"{p['batch_size']} | {p['step_ms']:.2f} | {p['weight_floor_ms']:.2f} | "
                      f"{100 * p['floor_share']:.0f} % | {_fmt(share and 100 * share, '.0f')} % |")
     return lines

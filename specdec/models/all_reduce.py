@@ -162,8 +162,8 @@ class PushAllReduce:
     def __init__(self, buffers: dict[torch.dtype, torch.Tensor], flags: torch.Tensor,
                  deltas: dict[torch.dtype, torch.Tensor], flag_deltas: torch.Tensor, *, rank: int, world: int,
                  fallback: AllReduce, max_bytes: int, num_sms: int | None = None) -> None:
-        """``num_sms``: the GPU's SMs, the most programs a fused call launches (None: a program per
-        row, the interpreter's)."""
+        """``num_sms``: the GPU's SMs, the most rows a fused call takes, a program each (None: the
+        flags' limit alone, the interpreter's)."""
         from specdec.models.ops import all_reduce_kernels  # NOTE: imports triton
 
         self.kernels = all_reduce_kernels
@@ -203,11 +203,10 @@ class PushAllReduce:
                 or residual.shape != x.shape or residual.dtype != x.dtype or weight.dtype != x.dtype:
             return None
         rows = x.shape[0]
-        if rows > self.max_programs:  # a flag and an epoch a row
+        if rows > min(self.max_programs, self.num_sms or self.max_programs):  # a flag, an epoch and an SM a row
             return None
         return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps,
-                                                         **self._channel(self.CHANNEL_ROWS, x.dtype),
-                                                         max_grid=self.num_sms or rows)
+                                                         **self._channel(self.CHANNEL_ROWS, x.dtype))
 
 
 _PUSH_CHANNELS = 2  # PushAllReduce's: blocks and rows

@@ -39,7 +39,7 @@ def rank_main(rank: int, world: int, max_bytes: int, data: list, flags: list, me
         results[rank][i].copy_(reducer(x))
 
 
-def rank_main_mixed(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int, calls: list,
+def rank_main_mixed(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int | None, calls: list,
                     results: list) -> None:
     """Rank ``rank``'s ``calls`` in order: ("sum", x) an all-reduce, ("norm", x, residual, weight, eps) a
     fused all-reduce + add_rms_norm (None where it does not apply); each call's outputs into

@@ -50,9 +50,8 @@ def test_every_rank_gets_the_sum_in_rank_order(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
     """Fused calls of 1-5 rows (the most this buffer's flags allow) and of odd widths, between plain
-    all-reduces (the two channels keep their own epochs), on a "GPU" of 2 SMs, so that a program
-    handles rows p, p + 2, ...: normed rows and stream equal the plain all-reduce's sum in rank order
-    followed by ``add_rms_norm``'s kernel, bit for bit."""
+    all-reduces (the two channels keep their own epochs): normed rows and stream equal the plain
+    all-reduce's sum in rank order followed by ``add_rms_norm``'s kernel, bit for bit."""
     shapes = [("norm", 1, 40), ("sum", 4097), ("norm", 5, 1000), ("norm", 3, 7), ("sum", 2048), ("norm", 5, 1000),
               ("norm", 2, 2048)]
     data, flags = ranks.shared_buffers(world, MAX_BYTES, torch.float32)
@@ -70,7 +69,8 @@ def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
                 outs.append([torch.full_like(x, float("nan")).share_memory_() for _ in range(2)])
         calls.append(mine)
         results.append(outs)
-    mp.spawn(ranks.rank_main_mixed, args=(world, MAX_BYTES, data, flags, 2, calls, results), nprocs=world, join=True)
+    mp.spawn(ranks.rank_main_mixed, args=(world, MAX_BYTES, data, flags, None, calls, results), nprocs=world,
+             join=True)
     for i, (kind, *shape) in enumerate(shapes):
         total = calls[0][i][1].clone()
         for r in range(1, world):
@@ -82,13 +82,17 @@ def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
 
 
 def test_the_fused_norm_declines_what_it_cannot_fuse():
-    """None (the caller then all-reduces and norms apart) for more rows than its flags hold, another
-    dtype, a weight of another dtype, a residual of another shape or a strided view."""
+    """None (the caller then all-reduces and norms apart) for more rows than its flags hold or the GPU
+    has SMs (a program each, all resident), another dtype, a weight of another dtype, a residual of
+    another shape or a strided view."""
     data, flags = ranks.shared_buffers(1, MAX_BYTES, torch.float32)
     reducer = ranks._reducer(0, 1, MAX_BYTES, data, flags, None)
     x, w = torch.zeros(2, 8), torch.ones(8)
     assert reducer.max_programs == 5  # a flag per program of the largest bf16 message: 10,000 / 2,048 blocks
     assert reducer.add_rms_norm(torch.zeros(5, 8), torch.zeros(5, 8), w, 1e-6) is not None
+    small_gpu = ranks._reducer(0, 1, MAX_BYTES, data, flags, 2)
+    assert small_gpu.add_rms_norm(x, x, w, 1e-6) is not None
+    assert small_gpu.add_rms_norm(torch.zeros(3, 8), torch.zeros(3, 8), w, 1e-6) is None
     for args in [(torch.zeros(6, 8), torch.zeros(6, 8), w), (x.double(), x.double(), w.double()),
                  (x, x, w.double()), (x, torch.zeros(2, 4), w), (torch.zeros(2, 16)[:, ::2], x, w)]:
         assert reducer.add_rms_norm(*args, 1e-6) is None

@@ -31,13 +31,13 @@ once (``MAX_PROGRAMS``), so a spinning program never keeps a peer's program from
 Equality: with two ranks the fp32 sum a + b rounded once is the bf16 sum NCCL computes, bit for bit;
 with more, ranks are summed in rank order (every rank the same bits).
 
-The fused kernel (``push_all_reduce_add_rms_norm``) keeps the protocol with a unit of a row instead
-of a block (the norm needs a whole row), on its own data, flags and epochs (``PushAllReduce``'s
-channels: two kernels mapping programs to different elements must not share them). Its grid is at
-most the GPU's SMs, one program each, so every program is resident whatever its registers; program
-p takes rows p, p + G, ...: it pushes and releases all of them before it waits for any, so a call
-costs one handshake's latency. Each row then adds the residual and norms as ``add_rms_norm`` does:
-the same bits as the all-reduce followed by that kernel.
+The fused kernel (``push_all_reduce_add_rms_norm``) keeps the protocol with a program per row
+instead of per block (the norm needs a whole row), on its own data, flags and epochs
+(``PushAllReduce``'s channels: two kernels mapping programs to different elements must not share
+them). ``PushAllReduce`` launches it for at most as many rows as the GPU has SMs, so every program
+is resident whatever its registers (one per SM); more rows take the plain kernel and the norm
+(looping rows inside a program measured slower: 2026-11-30-h200x2-fused-norm). Each row adds the
+residual and norms as ``add_rms_norm`` does: the same bits as the all-reduce followed by that kernel.
 
 Addresses: peers' buffers are reached from this rank's own (typed) buffer plus an element offset
 (``data_deltas``, ``flag_deltas``: the peer's address minus this rank's, in elements), so the
@@ -133,47 +133,40 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, epochs_ptr, dat
 
 @triton.jit
 def _push_all_reduce_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, normed_ptr, stream_ptr, data_ptr, flags_ptr,
-                                         epochs_ptr, data_deltas_ptr, flag_deltas_ptr, n_rows, n_cols, region, eps,
+                                         epochs_ptr, data_deltas_ptr, flag_deltas_ptr, n_cols, region, eps,
                                          RANK: tl.constexpr, WORLD: tl.constexpr, LIBDEVICE: tl.constexpr,
                                          PDL: tl.constexpr, BLOCK: tl.constexpr):
-    """Program p handles rows p, p + G, p + 2G, ... (G programs), each row's exchange under the row's
-    own epoch and flags: all its rows pushed, then released, then each row awaited and finished with
-    ``add_rms_norm``'s arithmetic (``specdec.models.ops.triton_kernels``: rounded where it rounds)."""
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
+    """Program p owns row p: the exchange as above, then ``add_rms_norm``'s arithmetic
+    (``specdec.models.ops.triton_kernels``: rounded where it rounds)."""
+    row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    offs = row * n_cols + cols  # NOTE: int32: a message of at most MAX_PROGRAMS x BLOCK elements
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    for row in range(pid, n_rows, grid):
-        offs = row * n_cols + cols  # NOTE: int32: a message of at most MAX_PROGRAMS x BLOCK elements
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        _push(x, offs, mask, data_ptr, data_deltas_ptr, tl.load(epochs_ptr + row) + 1, region, RANK, WORLD)
+    epoch = tl.load(epochs_ptr + row) + 1
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    _push(x, offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK, WORLD)
     tl.debug_barrier()
-    for row in range(pid, n_rows, grid):
-        _release(flags_ptr, flag_deltas_ptr, row, tl.load(epochs_ptr + row) + 1, RANK, WORLD)
-    for row in range(pid, n_rows, grid):
-        epoch = tl.load(epochs_ptr + row) + 1
-        _acquire(flags_ptr, row, epoch, RANK, WORLD)
-        tl.debug_barrier()
-        offs = row * n_cols + cols  # NOTE: int32: a message of at most MAX_PROGRAMS x BLOCK elements
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-        acc = _sum(x, offs, mask, data_ptr, epoch, region, RANK, WORLD)
-        r = tl.load(res_ptr + offs, mask=mask, other=0.0)
-        # the all-reduce's result rounded once, plus the residual, rounded again (all_reduce, then add_rms_norm)
-        stream = (acc.to(x.dtype).to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-        tl.store(stream_ptr + offs, stream, mask=mask)
-        xf = stream.to(tl.float32)
-        mean_sq = tl.sum(xf * xf, axis=0) / n_cols
-        if LIBDEVICE:
-            rstd = libdevice.rsqrt(mean_sq + eps)
-        else:
-            rstd = tl.rsqrt(mean_sq + eps)
-        normed = (xf * rstd).to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(normed_ptr + offs, (w * normed).to(normed_ptr.dtype.element_ty), mask=mask)
-        tl.store(epochs_ptr + row, epoch)
+    _release(flags_ptr, flag_deltas_ptr, row, epoch, RANK, WORLD)
+    _acquire(flags_ptr, row, epoch, RANK, WORLD)
+    tl.debug_barrier()
+    acc = _sum(x, offs, mask, data_ptr, epoch, region, RANK, WORLD)
+    r = tl.load(res_ptr + offs, mask=mask, other=0.0)
+    # the all-reduce's result rounded once, plus the residual, rounded again (all_reduce, then add_rms_norm)
+    stream = (acc.to(x.dtype).to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    tl.store(stream_ptr + offs, stream, mask=mask)
+    xf = stream.to(tl.float32)
+    mean_sq = tl.sum(xf * xf, axis=0) / n_cols
+    if LIBDEVICE:
+        rstd = libdevice.rsqrt(mean_sq + eps)
+    else:
+        rstd = tl.rsqrt(mean_sq + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(normed_ptr + offs, (w * normed).to(normed_ptr.dtype.element_ty), mask=mask)
+    tl.store(epochs_ptr + row, epoch)
 
 
 def programs(numel: int) -> int:
@@ -227,15 +220,14 @@ def push_all_reduce_add_rms_norm(
     eps: float,
     data: torch.Tensor, flags: torch.Tensor, epochs: torch.Tensor, data_deltas: torch.Tensor,
     flag_deltas: torch.Tensor, *, rank: int, world: int, region: int,  # as push_all_reduce's (another channel)
-    max_grid: int,  # programs at most: no more than the GPU's SMs (one program each is resident)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] stream = sum over ranks + residual)
-    """``add_rms_norm(all_reduce(x), residual, weight, eps)`` in one kernel, a program per row up to
-    ``max_grid`` rows (launch only: ``PushAllReduce.add_rms_norm`` checks)."""
+    """``add_rms_norm(all_reduce(x), residual, weight, eps)`` in one kernel, a program per row
+    (launch only: ``PushAllReduce.add_rms_norm`` checks)."""
     t, h = x.shape
     normed, stream = torch.empty_like(x), torch.empty_like(x)
     if t:
-        _push_all_reduce_add_rms_norm_kernel[(min(t, max_grid),)](
-            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, t, h, region, eps,
+        _push_all_reduce_add_rms_norm_kernel[(t,)](
+            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, h, region, eps,
             RANK=rank, WORLD=world, LIBDEVICE=not INTERPRETED, BLOCK=row_block(h), num_warps=row_warps(h),
             enable_fp_fusion=False, **pdl_kwargs(x.device))
     return normed, stream

@@ -118,15 +118,18 @@ def _fused_cases(reducer, rank: int) -> list[dict]:
     """``PushAllReduce.add_rms_norm``: decode and verify shapes (rows x hidden) eagerly, then two fused
     calls around a plain all-reduce in one graph, replayed on new data."""
     cases = []
-    for dtype, rows, cols in [(torch.bfloat16, 1, 4096), (torch.bfloat16, 16, 4096), (torch.bfloat16, 128, 4096),
-                              (torch.bfloat16, 512, 4096), (torch.bfloat16, 3, 576), (torch.bfloat16, 300, 576),
-                              (torch.bfloat16, 2, 8192), (torch.float32, 7, 1000)]:
+    sms = torch.cuda.get_device_properties(rank).multi_processor_count  # the most rows it fuses
+    for dtype, rows, cols in [(torch.bfloat16, 1, 4096), (torch.bfloat16, 16, 4096), (torch.bfloat16, sms, 4096),
+                              (torch.bfloat16, 3, 576), (torch.bfloat16, sms - 1, 576), (torch.bfloat16, 2, 8192),
+                              (torch.float32, 7, 1000)]:
         x = _message(rows * cols, dtype, rank, rows).view(rows, cols)
         residual = _message(rows * cols, dtype, 0, 99).view(rows, cols)  # the same on every rank
         weight = _message(cols, dtype, 0, 98)
         got = reducer.add_rms_norm(x, residual, weight, 1e-5)
         assert got is not None, (dtype, rows, cols)
         cases.append(_fused_case(got, x, residual, weight, dtype=str(dtype), numel=rows * cols, mode="fused-eager"))
+    too_many = torch.zeros(sms + 1, 4096, dtype=torch.bfloat16, device="cuda")  # a program a row, all resident
+    assert reducer.add_rms_norm(too_many, too_many, too_many[0], 1e-5) is None
     rows, cols, dtype = 64, 4096, torch.bfloat16
     static = _message(rows * cols, dtype, rank, 0).view(rows, cols)
     residual, weight = _message(rows * cols, dtype, 0, 97).view(rows, cols), _message(cols, dtype, 0, 96)

@@ -162,16 +162,17 @@ class PushAllReduce:
     def __init__(self, buffers: dict[torch.dtype, torch.Tensor], flags: torch.Tensor,
                  deltas: dict[torch.dtype, torch.Tensor], flag_deltas: torch.Tensor, *, rank: int, world: int,
                  fallback: AllReduce, max_bytes: int, num_sms: int | None = None) -> None:
-        """``num_sms``: the GPU's SMs, the most rows a fused call takes, a program each (None: the
-        flags' limit alone, the interpreter's)."""
+        """``num_sms``: the GPU's SMs (the least of the ranks'), the most rows a fused call takes, a
+        program each (None: the flags' limit alone, the interpreter's); each row owns 1 / max_rows
+        of a slot, the longest row a fused call takes."""
         from specdec.models.ops import all_reduce_kernels  # NOTE: imports triton
 
         self.kernels = all_reduce_kernels
         self.buffers, self.flags, self.deltas, self.flag_deltas = buffers, flags, deltas, flag_deltas
         self.rank, self.world, self.fallback, self.max_bytes = rank, world, fallback, max_bytes
-        self.num_sms = num_sms
         self.device = flags.device
         self.max_programs = flags.numel() // (_PUSH_CHANNELS * world)
+        self.max_rows = min(self.max_programs, num_sms or self.max_programs)  # a fused call's: a flag and an SM a row
         self.epochs = torch.zeros(_PUSH_CHANNELS * self.max_programs, dtype=torch.int64, device=self.device)  # local
 
     def _channel(self, channel: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -202,11 +203,13 @@ class PushAllReduce:
                 or not (x.is_contiguous() and residual.is_contiguous()) or x.device != self.device \
                 or residual.shape != x.shape or residual.dtype != x.dtype or weight.dtype != x.dtype:
             return None
-        rows = x.shape[0]
-        if rows > min(self.max_programs, self.num_sms or self.max_programs):  # a flag, an epoch and an SM a row
+        rows, cols = x.shape
+        region = self.max_bytes // x.element_size()
+        if rows > self.max_rows or cols > region // self.max_rows:
             return None
         return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps,
-                                                         **self._channel(self.CHANNEL_ROWS, x.dtype))
+                                                         **self._channel(self.CHANNEL_ROWS, x.dtype),
+                                                         row_stride=region // self.max_rows)
 
 
 _PUSH_CHANNELS = 2  # PushAllReduce's: blocks and rows
@@ -270,10 +273,13 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
     fallback = DistAllReduce(group)
     if not enabled or size < 2 or torch.device(device).type != "cuda":
         return fallback  # the same on every rank: nothing to agree on
+    props = torch.cuda.get_device_properties(torch.device(device))
     if max_bytes is None:
         max_bytes = PUSH_MAX_BYTES if kernel == "push" else ONE_SHOT_MAX_BYTES
         if kernel == "push":  # NOTE: every program of a call resident at once (all_reduce_kernels.MAX_PROGRAMS)
-            max_bytes = min(max_bytes, push_resident_bytes(torch.cuda.get_device_properties(torch.device(device))))
+            max_bytes = min(max_bytes, push_resident_bytes(props))
+    # NOTE: the least of every rank's (a collective): the ranks must make the same calls (GPUs may differ)
+    max_bytes, num_sms = _least_on_every_rank([max_bytes, props.multi_processor_count], group, device)
     if max_bytes <= 0 or max_bytes % _ALIGN:
         raise ValueError(f"custom all-reduce: max_bytes={max_bytes} must be a positive multiple of {_ALIGN}")
     if kernel not in ("torch", "push"):
@@ -313,8 +319,7 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
     if kernel == "torch":
         return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
     return PushAllReduce(buffers, flags[0], dict(zip(buffers, deltas)), deltas[-1], rank=dist.get_rank(group),
-                         world=size, fallback=fallback, max_bytes=max_bytes,
-                         num_sms=torch.cuda.get_device_properties(device).multi_processor_count)
+                         world=size, fallback=fallback, max_bytes=max_bytes, num_sms=num_sms)
 
 
 def _deltas(buf: torch.Tensor, handle: Any, rank: int) -> torch.Tensor:
@@ -445,6 +450,15 @@ def store_timeout(store: Any, timeout: datetime.timedelta) -> Iterator[None]:
     finally:
         for s, t in zip(reversed(chain), reversed(before)):
             s.set_timeout(t)
+
+
+def _least_on_every_rank(values: list[int], group: Any, device: Any) -> list[int]:
+    """Each of ``values``' least over the group's ranks (a collective)."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return [int(v) for v in t.tolist()]
 
 
 def _every_rank(ok: bool, group: Any, device: Any) -> bool:

@@ -276,6 +276,8 @@ def test_push_group_wiring_without_gpus(monkeypatch):
     monkeypatch.setattr(ar, "_align_exchanges", lambda *a: None)
     monkeypatch.setattr(ar, "_counted_rendezvous", lambda buf, name: Handle(buf))
     monkeypatch.setattr(ar, "_every_rank", lambda ok, *a: ok)
+    # the other rank's GPU has fewer SMs: the group takes the least
+    monkeypatch.setattr(ar, "_least_on_every_rank", lambda values, *a: [min(v, w) for v, w in zip(values, [1 << 40, 100])])
     monkeypatch.setattr(dist.distributed_c10d, "_get_process_group_store", lambda group: SimpleNamespace(
         timeout=None, set_timeout=lambda t: None))
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
@@ -291,3 +293,4 @@ def test_push_group_wiring_without_gpus(monkeypatch):
         assert reducer.deltas[dtype].tolist() == [0, 4096 // dtype.itemsize]
     assert reducer.flags.dtype == torch.int64 and reducer.flags.numel() == flag_count
     assert not reducer.flags.any() and reducer.flag_deltas.tolist() == [0, 4096 // 8]
+    assert reducer.max_rows == 100  # a fused call's rows: the least SMs of the group

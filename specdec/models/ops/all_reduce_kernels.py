@@ -34,9 +34,11 @@ with more, ranks are summed in rank order (every rank the same bits).
 The fused kernel (``push_all_reduce_add_rms_norm``) keeps the protocol with a program per row
 instead of per block (the norm needs a whole row), on its own data, flags and epochs
 (``PushAllReduce``'s channels: two kernels mapping programs to different elements must not share
-them). ``PushAllReduce`` launches it for at most as many rows as the GPU has SMs, so every program
-is resident whatever its registers (one per SM); more rows take the plain kernel and the norm
-(looping rows inside a program measured slower: 2026-11-30-h200x2-fused-norm). Each row adds the
+them). Row p owns the same elements of the slots in every call (a fixed ``row_stride``, whatever the
+row's length: draft and target rows may differ), as a block does in the plain kernel, so the
+argument above holds row by row. ``PushAllReduce`` launches it for at most as many rows as the GPU
+has SMs, so every program is resident whatever its registers (one per SM); more rows take the plain
+kernel and the norm (looping rows inside a program measured slower: 2026-11-30-h200x2-fused-norm). Each row adds the
 residual and norms as ``add_rms_norm`` does: the same bits as the all-reduce followed by that kernel.
 
 Addresses: peers' buffers are reached from this rank's own (typed) buffer plus an element offset
@@ -68,7 +70,7 @@ MAX_PROGRAMS = 1024
 
 @triton.jit
 def _push(x, offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Step 1: this rank's part ``x`` (elements ``offs``) into slot [epoch % 2, RANK] of every other rank."""
+    """Step 1: this rank's part ``x`` into elements ``offs`` of slot [epoch % 2, RANK] of every other rank."""
     slot = ((epoch % 2) * WORLD + RANK) * region
     for r in tl.static_range(WORLD):
         if r != RANK:
@@ -133,26 +135,28 @@ def _push_all_reduce_kernel(x_ptr, out_ptr, data_ptr, flags_ptr, epochs_ptr, dat
 
 @triton.jit
 def _push_all_reduce_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, normed_ptr, stream_ptr, data_ptr, flags_ptr,
-                                         epochs_ptr, data_deltas_ptr, flag_deltas_ptr, n_cols, region, eps,
+                                         epochs_ptr, data_deltas_ptr, flag_deltas_ptr, n_cols, row_stride, region, eps,
                                          RANK: tl.constexpr, WORLD: tl.constexpr, LIBDEVICE: tl.constexpr,
                                          PDL: tl.constexpr, BLOCK: tl.constexpr):
-    """Program p owns row p: the exchange as above, then ``add_rms_norm``'s arithmetic
+    """Program p owns row p: the exchange as above on elements [p * row_stride, p * row_stride +
+    n_cols) of the slots, whatever the row's length, then ``add_rms_norm``'s arithmetic
     (``specdec.models.ops.triton_kernels``: rounded where it rounds)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offs = row * n_cols + cols  # NOTE: int32: a message of at most MAX_PROGRAMS x BLOCK elements
+    slot_offs = row * row_stride + cols
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     epoch = tl.load(epochs_ptr + row) + 1
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    _push(x, offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK, WORLD)
+    _push(x, slot_offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK, WORLD)
     tl.debug_barrier()
     _release(flags_ptr, flag_deltas_ptr, row, epoch, RANK, WORLD)
     _acquire(flags_ptr, row, epoch, RANK, WORLD)
     tl.debug_barrier()
-    acc = _sum(x, offs, mask, data_ptr, epoch, region, RANK, WORLD)
+    acc = _sum(x, slot_offs, mask, data_ptr, epoch, region, RANK, WORLD)
     r = tl.load(res_ptr + offs, mask=mask, other=0.0)
     # the all-reduce's result rounded once, plus the residual, rounded again (all_reduce, then add_rms_norm)
     stream = (acc.to(x.dtype).to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -220,6 +224,7 @@ def push_all_reduce_add_rms_norm(
     eps: float,
     data: torch.Tensor, flags: torch.Tensor, epochs: torch.Tensor, data_deltas: torch.Tensor,
     flag_deltas: torch.Tensor, *, rank: int, world: int, region: int,  # as push_all_reduce's (another channel)
+    row_stride: int,  # elements of a slot each row owns, in every call (H <= row_stride)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H] normed, [T, H] stream = sum over ranks + residual)
     """``add_rms_norm(all_reduce(x), residual, weight, eps)`` in one kernel, a program per row
     (launch only: ``PushAllReduce.add_rms_norm`` checks)."""
@@ -227,7 +232,7 @@ def push_all_reduce_add_rms_norm(
     normed, stream = torch.empty_like(x), torch.empty_like(x)
     if t:
         _push_all_reduce_add_rms_norm_kernel[(t,)](
-            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, h, region, eps,
+            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, h, row_stride, region, eps,
             RANK=rank, WORLD=world, LIBDEVICE=not INTERPRETED, BLOCK=row_block(h), num_warps=row_warps(h),
             enable_fp_fusion=False, **pdl_kwargs(x.device))
     return normed, stream

@@ -174,17 +174,23 @@ class PushAllReduce:
         self.max_programs = flags.numel() // (_PUSH_CHANNELS * world)
         self.max_rows = min(self.max_programs, num_sms or self.max_programs)  # a fused call's: a flag and an SM a row
         self.epochs = torch.zeros(_PUSH_CHANNELS * self.max_programs, dtype=torch.int64, device=self.device)  # local
+        # NOTE: each channel's kernel arguments made once (views: a few microseconds a call on the host)
+        self._args = {(channel, dtype): self._channel(channel, dtype)
+                      for channel in (self.CHANNEL_BLOCKS, self.CHANNEL_ROWS) for dtype in buffers}
 
     def _channel(self, channel: int, dtype: torch.dtype) -> dict[str, Any]:
         """The kernel arguments of ``channel`` for messages of ``dtype``: its views of the buffers."""
         buf, programs = self.buffers[dtype], self.max_programs
         data = buf.numel() // _PUSH_CHANNELS
         flags = programs * self.world
-        return dict(data=buf[channel * data:(channel + 1) * data],
+        region = self.max_bytes // dtype.itemsize
+        args = dict(data=buf[channel * data:(channel + 1) * data],
                     flags=self.flags[channel * flags:(channel + 1) * flags],
                     epochs=self.epochs[channel * programs:(channel + 1) * programs], data_deltas=self.deltas[dtype],
-                    flag_deltas=self.flag_deltas, rank=self.rank, world=self.world,
-                    region=self.max_bytes // dtype.itemsize)
+                    flag_deltas=self.flag_deltas, rank=self.rank, world=self.world, region=region)
+        if channel == self.CHANNEL_ROWS:
+            args["row_stride"] = region // self.max_rows  # the longest row a fused call takes
+        return args
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks, a new tensor (``x`` is left as it was); NCCL's in place beyond the limits."""
@@ -192,24 +198,19 @@ class PushAllReduce:
         if buf is None or x.numel() * x.element_size() > self.max_bytes or not x.is_contiguous() \
                 or x.device != self.device:
             return self.fallback(x)
-        out = self.kernels.push_all_reduce(x.view(-1), **self._channel(self.CHANNEL_BLOCKS, x.dtype))
+        out = self.kernels.push_all_reduce(x.view(-1), **self._args[self.CHANNEL_BLOCKS, x.dtype])
         return out.view_as(x)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``add_rms_norm(self(x), residual, weight, eps)`` in one kernel, the same bits; None where
         the fused kernel does not apply (the caller then runs the two)."""
-        if x.dtype not in self.buffers or x.dim() != 2 or x.numel() * x.element_size() > self.max_bytes \
+        args = self._args.get((self.CHANNEL_ROWS, x.dtype))
+        if args is None or x.dim() != 2 or x.shape[0] > self.max_rows or x.shape[1] > args["row_stride"] \
                 or not (x.is_contiguous() and residual.is_contiguous()) or x.device != self.device \
                 or residual.shape != x.shape or residual.dtype != x.dtype or weight.dtype != x.dtype:
             return None
-        rows, cols = x.shape
-        region = self.max_bytes // x.element_size()
-        if rows > self.max_rows or cols > region // self.max_rows:
-            return None
-        return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps,
-                                                         **self._channel(self.CHANNEL_ROWS, x.dtype),
-                                                         row_stride=region // self.max_rows)
+        return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps, **args)
 
 
 _PUSH_CHANNELS = 2  # PushAllReduce's: blocks and rows

@@ -277,7 +277,8 @@ def test_push_group_wiring_without_gpus(monkeypatch):
     monkeypatch.setattr(ar, "_counted_rendezvous", lambda buf, name: Handle(buf))
     monkeypatch.setattr(ar, "_every_rank", lambda ok, *a: ok)
     # the other rank's GPU has fewer SMs: the group takes the least
-    monkeypatch.setattr(ar, "_least_on_every_rank", lambda values, *a: [min(v, w) for v, w in zip(values, [1 << 40, 100])])
+    monkeypatch.setattr(ar, "_least_on_every_rank",
+                        lambda values, *a: [min(v, w) for v, w in zip(values, [1 << 40, 100])])
     monkeypatch.setattr(dist.distributed_c10d, "_get_process_group_store", lambda group: SimpleNamespace(
         timeout=None, set_timeout=lambda t: None))
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)

@@ -38,8 +38,9 @@ them). Row p owns the same elements of the slots in every call (a fixed ``row_st
 row's length: draft and target rows may differ), as a block does in the plain kernel, so the
 argument above holds row by row. ``PushAllReduce`` launches it for at most as many rows as the GPU
 has SMs, so every program is resident whatever its registers (one per SM); more rows take the plain
-kernel and the norm (looping rows inside a program measured slower: 2026-11-30-h200x2-fused-norm). Each row adds the
-residual and norms as ``add_rms_norm`` does: the same bits as the all-reduce followed by that kernel.
+kernel and the norm (looping rows inside a program measured slower:
+benchmarks/results/2026-11-30-h200x2-fused-norm). Each row adds the residual and norms as
+``add_rms_norm`` does: the same bits as the all-reduce followed by that kernel.
 
 Addresses: peers' buffers are reached from this rank's own (typed) buffer plus an element offset
 (``data_deltas``, ``flag_deltas``: the peer's address minus this rank's, in elements), so the
@@ -187,10 +188,10 @@ def row_warps(n_cols: int) -> int:
     return min(max(row_block(n_cols) // 512, 1), 16)
 
 
-def resident_programs(props, num_warps: int = NUM_WARPS) -> int:
-    """How many programs of ``num_warps`` warps a GPU (``torch.cuda.get_device_properties``) holds
-    at once, by threads: every SM's threads over a program's."""
-    per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // (num_warps * 32)
+def resident_programs(props) -> int:
+    """How many programs of the plain kernel a GPU (``torch.cuda.get_device_properties``) holds at
+    once, by threads: every SM's threads over a program's."""
+    per_sm = getattr(props, "max_threads_per_multi_processor", 2048) // (NUM_WARPS * 32)
     return props.multi_processor_count * per_sm
 
 
@@ -232,7 +233,8 @@ def push_all_reduce_add_rms_norm(
     normed, stream = torch.empty_like(x), torch.empty_like(x)
     if t:
         _push_all_reduce_add_rms_norm_kernel[(t,)](
-            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, h, row_stride, region, eps,
+            x, residual, weight, normed, stream, data, flags, epochs, data_deltas, flag_deltas, h, row_stride, region,
+            eps,
             RANK=rank, WORLD=world, LIBDEVICE=not INTERPRETED, BLOCK=row_block(h), num_warps=row_warps(h),
             enable_fp_fusion=False, **pdl_kwargs(x.device))
     return normed, stream

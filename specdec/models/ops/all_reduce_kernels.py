@@ -54,12 +54,8 @@ import torch
 import triton
 import triton.language as tl
 
-try:
-    from triton.language.extra import libdevice
-except ImportError:  # older triton 3.x releases
-    from triton.language.extra.cuda import libdevice
-
 from specdec.models.ops.launch import pdl_kwargs
+from specdec.models.ops.triton_kernels import weighted_rms_norm
 
 BLOCK = 2048  # elements a program owns: 4 KiB of bf16; an 8B model's decode step (4096 x bs) uses 2 x bs programs
 NUM_WARPS = 4
@@ -162,15 +158,9 @@ def _push_all_reduce_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, normed_ptr, stre
     # the all-reduce's result rounded once, plus the residual, rounded again (all_reduce, then add_rms_norm)
     stream = (acc.to(x.dtype).to(tl.float32) + r.to(tl.float32)).to(x.dtype)
     tl.store(stream_ptr + offs, stream, mask=mask)
-    xf = stream.to(tl.float32)
-    mean_sq = tl.sum(xf * xf, axis=0) / n_cols
-    if LIBDEVICE:
-        rstd = libdevice.rsqrt(mean_sq + eps)
-    else:
-        rstd = tl.rsqrt(mean_sq + eps)
-    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(normed_ptr + offs, (w * normed).to(normed_ptr.dtype.element_ty), mask=mask)
+    normed = weighted_rms_norm(stream, w, n_cols, eps, True, LIBDEVICE)  # Llama's: rounded before the weight
+    tl.store(normed_ptr + offs, normed.to(normed_ptr.dtype.element_ty), mask=mask)
     tl.store(epochs_ptr + row, epoch)
 
 

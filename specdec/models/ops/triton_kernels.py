@@ -58,6 +58,15 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_
         r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded to the model dtype, as eager
         tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    out = weighted_rms_norm(x, w, n_cols, eps, ROUND_FIRST, LIBDEVICE)
+    tl.store(out_ptr + row * n_cols + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def weighted_rms_norm(x, w, n_cols, eps, ROUND_FIRST: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """A row ``x`` (its dtype; masked columns 0) normed and times ``w`` (fp32), in fp32, not rounded at
+    the end: ``_rms_norm_kernel``'s arithmetic, shared with the fused all-reduce kernel."""
     xf = x.to(tl.float32)
     mean_sq = tl.sum(xf * xf, axis=0) / n_cols
     if LIBDEVICE:
@@ -67,8 +76,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_stride, res_
     normed = xf * rstd
     if ROUND_FIRST:
         normed = normed.to(x.dtype).to(tl.float32)  # NOTE: rounded to x's dtype before the weight
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    return w * normed
 
 
 def _rms_norm_launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

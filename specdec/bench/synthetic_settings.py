@@ -94,8 +94,9 @@ class SyntheticSettings:
         "sizes, and write the top functions to PATH", group=SYNTH, metavar="PATH"))
     profile_device: str | None = dataclasses.field(default=None, metadata=flag(
         "after each engine's sweep, profile the device (torch.profiler, kernels inside CUDA graphs included) "
-        "over the timed steps at the profiled batch sizes, and write the kernels by total GPU time to PATH",
-        group=SYNTH, metavar="PATH"))
+        "over the timed steps at the profiled batch sizes, and write the kernels by total GPU time to PATH "
+        "(kernel times overlap under programmatic dependent launch; SPECDEC_PDL=0 in the environment turns it "
+        "off)", group=SYNTH, metavar="PATH"))
     profile_batch_sizes: str | None = dataclasses.field(default=None, metadata=flag(
         "comma-separated batch sizes --profile-host and --profile-device profile, each one of --batch-sizes "
         "(default: the smallest and the largest)", group=SYNTH, metavar="BS"))

@@ -289,6 +289,21 @@ def test_pdl_only_on_hopper_and_switchable():
             assert launch.pdl_kwargs(dev) == {"PDL": False}
 
 
+def test_pdl_off_for_a_process_by_environment():
+    """SPECDEC_PDL=0 switches PDL off at import, in the process and the ranks it starts (their
+    environment); unset or another value leaves it to the GPU."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from specdec.models.ops import launch; print(launch._forced)"
+    env = {k: v for k, v in os.environ.items() if k != launch.PDL_ENV}
+    for value, want in [(None, "None"), ("0", "False"), ("1", "None")]:
+        run_env = env if value is None else {**env, launch.PDL_ENV: value}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, (value, out.stderr[-500:])
+
+
 # ============================================================================= GPU, real shapes
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096), "draft_qkv": (6144, 8192), "draft_lm_head": (32000, 4096)}

@@ -13,20 +13,25 @@ and before its first write (another kernel may still read the memory it writes: 
 allocator reuses freed blocks in stream order).
 
 ``programmatic_launch(False)`` switches PDL off (the baseline of tests and benchmarks); it is read
-when a kernel is launched, so a CUDA graph keeps what was in force when it was captured.
+when a kernel is launched, so a CUDA graph keeps what was in force when it was captured. The
+environment variable ``SPECDEC_PDL=0`` switches it off for a whole process and the processes it
+starts (tensor-parallel ranks): a profile's kernel times then do not overlap (under PDL a kernel's
+time includes its wait for the one before).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from typing import Iterator
 
 import torch
 
-__all__ = ["programmatic_launch", "pdl_kwargs"]
+__all__ = ["PDL_ENV", "programmatic_launch", "pdl_kwargs"]
 
-_forced: bool | None = None  # None: on wherever the GPU supports it
+PDL_ENV = "SPECDEC_PDL"
+_forced: bool | None = False if os.environ.get(PDL_ENV) == "0" else None  # None: on wherever the GPU supports it
 
 
 @contextlib.contextmanager

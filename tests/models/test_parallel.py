@@ -59,3 +59,22 @@ def test_sizes_that_do_not_split(overrides, match):
     cfg = LlamaConfig(**{**CFG.__dict__, **overrides})
     with pytest.raises(ValueError, match=match):
         TPGroup(rank=0, size=4).check(cfg)
+
+
+def test_partial_sums_carry_the_bias_once():
+    """``row_parallel(..., reduce=False)``: each rank's partial sum over its columns, the bias in rank
+    0's alone, so the sum over ranks (what the next norm all-reduces) is the whole layer's output."""
+    from torch import nn
+
+    from specdec.models.llama_layers import row_parallel
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    proj = nn.Linear(8, 5, bias=True, dtype=torch.float64)
+    parts = []
+    for rank in range(2):
+        shard = nn.Linear(4, 5, bias=True, dtype=torch.float64)
+        with torch.no_grad():
+            shard.weight.copy_(proj.weight[:, 4 * rank:4 * (rank + 1)])
+            shard.bias.copy_(proj.bias)
+        parts.append(row_parallel(x[:, 4 * rank:4 * (rank + 1)], shard, TPGroup(rank=rank, size=2), reduce=False))
+    torch.testing.assert_close(parts[0] + parts[1], proj(x), rtol=1e-12, atol=1e-12)

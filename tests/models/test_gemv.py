@@ -290,18 +290,18 @@ def test_pdl_only_on_hopper_and_switchable():
 
 
 def test_pdl_off_for_a_process_by_environment():
-    """SPECDEC_PDL=0 switches PDL off at import, in the process and the ranks it starts (their
-    environment); unset or another value leaves it to the GPU."""
+    """SPECDEC_PDL=0 switches PDL off at import (a process started with it, as tensor-parallel ranks
+    inherit it); without it PDL is left to the GPU."""
     import os
     import subprocess
     import sys
 
+    if os.environ.get(launch.PDL_ENV) != "0":  # this process: left to the GPU
+        assert launch._forced is None
     code = "from specdec.models.ops import launch; print(launch._forced)"
-    env = {k: v for k, v in os.environ.items() if k != launch.PDL_ENV}
-    for value, want in [(None, "None"), ("0", "False"), ("1", "None")]:
-        run_env = env if value is None else {**env, launch.PDL_ENV: value}
-        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == want, (value, out.stderr[-500:])
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, launch.PDL_ENV: "0"}, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-500:]
 
 
 # ============================================================================= GPU, real shapes

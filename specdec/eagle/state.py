@@ -61,6 +61,8 @@ class DraftResources:
     pad_slot: int
     root_topk: int
     park_base: int | None = None  # parking slot of request row r: park_base + r (standalone drafts)
+    # shared by the shapes' workers: "stash", plain steps' lazy draft extends (specdec.eagle.stash, prototype)
+    lazy: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,

@@ -129,6 +129,32 @@ class EAGLEWorker:
         # set by a benchmark to time the phases of each decode step
         self.timer: PhaseTimer | None = None
 
+    # ---------------------------------------------------------------- lazy draft (prototype)
+    @property
+    def stash(self):
+        return self.resources.lazy.get("stash")
+
+    def enable_lazy_plain(self, depth: int = 16) -> None:
+        """Plain steps stash their draft extend's inputs (``specdec.eagle.stash``), shared with every
+        shape's worker of these resources. EAGLE heads only (a standalone draft parks its K/V)."""
+        from specdec.eagle.stash import DraftStash
+
+        if not self.inputs.needs_features:
+            raise ValueError("lazy plain steps: EAGLE / EAGLE-3 heads only")
+        self.resources.lazy["stash"] = DraftStash(self.memory.req_to_token.shape[0], depth, device=self.device)
+
+    def catch_up(self, req_pool_indices: torch.Tensor, rows: list[int]) -> None:
+        """One draft extend over the stashed plain steps of ``rows`` (none: nothing)."""
+        taken = self.stash.take(rows, self.device) if self.stash is not None else None
+        if taken is None:
+            return
+        live, live_t, counts, tokens, positions, slots, features, first, first_cpu = taken
+        topk_p, topk_index, hidden = self.draft.extend(
+            input_ids=tokens, features=features, positions=positions, out_cache_loc=slots, req_pool_indices=live_t,
+            prefix_lens=first, extend_lens_cpu=counts, prefix_lens_cpu=first_cpu,
+        )
+        self.state.store(live_t, topk_p, topk_index, hidden)
+
     def verify_graph_sizes(self, batch_sizes: list[int]) -> dict[int, list[int]]:
         """The target's verify graphs to capture: batch sizes by tree size (tokens a request)."""
         return {self.config.num_draft_tokens: sorted(batch_sizes)}
@@ -203,6 +229,8 @@ class EAGLEWorker:
             extend_lens_cpu=ext.extend_lens_cpu, prefix_lens_cpu=batch.prefix_lens_cpu,
         )
         self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
+        if self.stash is not None:
+            self.stash.forget(batch.req_pool_indices.tolist())
         if self.replay is not None:  # a new request's first verify step replays the row keyed 0
             self.state.replay_steps[batch.req_pool_indices] = 0
         return next_ids
@@ -233,6 +261,8 @@ class EAGLEWorker:
         """
         cfg = self.config
         bs, n = int(req_pool_indices.shape[0]), cfg.num_draft_tokens
+        if self.stash is not None:
+            self.catch_up(req_pool_indices, rows_cpu if rows_cpu is not None else req_pool_indices.tolist())
         if bs > self.max_batch_size:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
         # the step's slots come first, while the device may be idle (the host allocator may sync)
@@ -329,6 +359,14 @@ class EAGLEWorker:
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)  # [bs]
         pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
+        if self.stash is not None:
+            rows = rows_cpu if rows_cpu is not None else req_pool_indices.tolist()
+            if self.stash.full(rows):
+                self.catch_up(req_pool_indices, rows)
+            prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
+            self.stash.push(req_pool_indices, rows, next_ids, prefix,
+                            self.inputs.plain_slots(out_cache_loc, req_pool_indices), out.hidden_states, prefix_cpu)
+            return pending
         self._draft_extend_plain(req_pool_indices, seq_lens, seq_lens_cpu, next_ids, out.hidden_states, out_cache_loc)
         return pending
 

@@ -5,8 +5,13 @@ the target's features, the draft position and slot), and one draft extend over e
 stash runs when the request speculates next, or when its stash is full (``EAGLEWorker.catch_up``).
 The draft KV and root expansion then equal what the per-step extends would have written.
 
-Per request row r (device):  tokens [R, D], positions [R, D], slots [R, D], features [R, D, F];
+Per request row r (device):  tokens [R, D], positions [R, D], slots [R, D], features [R, D, F]
+(F the target's feature width: an 8B target's EAGLE-3 features at 256 rows and D = 16 take 100 MB);
 host: ``counts[r]`` (entries stashed), ``first[r]`` (the first entry's position, where known).
+
+Lossless whatever the stash holds (verification decides). Not yet handled: a request that finishes
+with entries stashed leaves its draft KV at those positions unwritten, so a later request reusing
+them from the prefix cache drafts from stale draft K/V there (fewer accepted tokens, same output).
 """
 
 from __future__ import annotations

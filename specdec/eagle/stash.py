@@ -1,8 +1,9 @@
-"""Lazy draft for plain steps (prototype, branch ``lazy-draft``; issue #40): a plain decode step of a
+"""Lazy draft for plain steps (``--speculative-lazy-plain``, a prototype; issue #40): a plain decode step of a
 speculative engine normally runs a one-token draft extend so that its requests can speculate in any
 later step. With a ``DraftStash`` it only stashes what that extend would read (the committed token,
 the target's features, the draft position and slot), and one draft extend over each request's
 stash runs when the request speculates next, or when its stash is full (``EAGLEWorker.catch_up``).
+The stash lives in ``DraftResources``, shared by every shape's worker of adaptive speculation.
 The draft KV and root expansion then equal what the per-step extends would have written.
 
 Per request row r (device):  tokens [R, D], positions [R, D], slots [R, D], features [R, D, F]
@@ -16,9 +17,24 @@ them from the prefix cache drafts from stale draft K/V there (fewer accepted tok
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from specdec.forward import to_device
+
+
+class StashedExtend(NamedTuple):
+    """One ragged draft extend over the stashed entries of ``rows`` (n requests, T tokens)."""
+
+    rows: torch.Tensor  # [n] request rows with entries
+    counts: list[int]  # [n] entries each (the extend lengths)
+    tokens: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T]
+    features: torch.Tensor  # [T, F]
+    prefix_lens: torch.Tensor  # [n] each request's first stashed position (the draft KV before it)
+    prefix_lens_cpu: list[int] | None  # the same on the host, where every one is known
 
 
 class DraftStash:
@@ -53,24 +69,23 @@ class DraftStash:
                 self.first[r] = None if positions_cpu is None else positions_cpu[i]
             self.counts[r] = self.counts.get(r, 0) + 1
 
-    def take(self, rows: list[int], device: torch.device):
-        """The stashed entries of ``rows`` as one ragged draft extend's inputs, and forget them:
-        (rows with entries [n], their counts, tokens [T], positions [T], slots [T], features [T, F],
-        first positions [n] on the device and, where all known, on the host); None if there are none."""
+    def take(self, rows: list[int]) -> StashedExtend | None:
+        """The stashed entries of ``rows`` as one draft extend's inputs, forgotten here; None if there
+        are none."""
         live = [r for r, c in zip(rows, self.pending(rows)) if c > 0]
         if not live:
             return None
+        device = self.tokens.device
         counts = [self.counts[r] for r in live]
         row_idx = to_device([r for r, c in zip(live, counts) for _ in range(c)], torch.int64, device)
         col_idx = to_device([j for c in counts for j in range(c)], torch.int64, device)
         firsts = [self.first.get(r) for r in live]
         live_t = to_device(live, torch.int64, device)
-        out = (live, live_t, counts, self.tokens[row_idx, col_idx], self.positions[row_idx, col_idx],
-               self.slots[row_idx, col_idx], self.features[row_idx, col_idx], self.positions[live_t, 0],
-               None if any(f is None for f in firsts) else firsts)
         for r in live:
             self.counts[r] = 0
-        return out
+        return StashedExtend(live_t, counts, self.tokens[row_idx, col_idx], self.positions[row_idx, col_idx],
+                             self.slots[row_idx, col_idx], self.features[row_idx, col_idx], self.positions[live_t, 0],
+                             None if any(f is None for f in firsts) else firsts)
 
     def forget(self, rows: list[int]) -> None:
         """New requests in ``rows`` (prefill): nothing stashed."""

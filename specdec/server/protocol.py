@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from specdec.engine.chat import render_messages
 from specdec.engine.stop_strings import stop_search_start, trim_at_stop
+from specdec.server.detokenize import TextStream
 from specdec.server.stream import RequestStream
 
 FALLBACK_CHAT_TEMPLATE = "<role>: <content>\\n per message, then assistant:"
@@ -130,7 +131,8 @@ class Generation:
         self.stops = stops
         self.min_new_tokens = min_new_tokens
         self.ids: list[int] = []
-        self.text = ""
+        self._decoded = TextStream(tokenizer)  # the text of ids, decoded as they come
+        self.text = ""  # that text, cut at a stop string
         self.finish_reason: str | None = None
         self.meta_info: dict | None = None
         self.cached_tokens = 0  # prompt tokens from the prefix cache, as the engine's Events say
@@ -159,7 +161,7 @@ class Generation:
         self.cached_tokens = event.cached_tokens
         if self.tokenizer is not None:
             min_end = stop_search_start(self.ids, self.min_new_tokens, self.tokenizer) if self.stops.strings else 0
-            self.text = trim_at_stop(self.tokenizer.decode(self.ids), self.stops.strings, min_end)
+            self.text = trim_at_stop(self._decoded.update(self.ids, final=event.finished), self.stops.strings, min_end)
         if event.finished:
             self.meta_info = event.meta_info
             self.finish_reason = self.meta_info["finish_reason"]
@@ -194,6 +196,11 @@ class Generation:
 
 async def each_update(gens: list[Generation]) -> AsyncIterator[int]:
     """Yield the index of a generation after each of its Events, until all have finished."""
+    if len(gens) == 1:  # the common case, without a task an Event
+        while not gens[0].finished:
+            await gens[0].advance()
+            yield 0
+        return
     pending = {asyncio.ensure_future(g.advance()): i for i, g in enumerate(gens) if not g.finished}
     try:
         while pending:

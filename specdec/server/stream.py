@@ -34,6 +34,15 @@ class Event:
     # prefill: streamed chunks report it before the request's meta_info exists
     cached_tokens: int = 0
 
+    def then(self, later: "Event") -> "Event":
+        """This Event followed by ``later`` as one: their tokens (and logprobs) in order, ``later``'s end."""
+        def joined(a: list | None, b: list | None) -> list | None:
+            return None if a is None and b is None else (a or []) + (b or [])
+
+        return dataclasses.replace(later, token_ids=self.token_ids + later.token_ids,
+                                   logprobs=joined(self.logprobs, later.logprobs),
+                                   top_logprobs=joined(self.top_logprobs, later.top_logprobs))
+
 
 class Aborter(Protocol):
     """What a stream needs of its engine (``AsyncEngine``): aborting its request."""
@@ -56,7 +65,11 @@ class RequestStream:
         self.finished = False
 
     async def next_event(self) -> Event:
+        """The next Event; when several are waiting (the engine stepped faster than this stream was
+        read), all of them as one, so a slow reader sends fewer, larger chunks."""
         event = await self._events.get()
+        while not event.finished and not self._events.empty():
+            event = event.then(self._events.get_nowait())
         self.finished = self.finished or event.finished
         return event
 

@@ -1,0 +1,57 @@
+"""RequestStream: Events the engine posted while the stream was not read come out as one (a slow
+reader sends fewer, larger chunks), in order, with the last one's end."""
+
+from __future__ import annotations
+
+import asyncio
+
+from specdec.server.stream import Event, RequestStream
+
+
+class NoAbort:
+    def abort(self, rid, events=None):
+        raise AssertionError("nothing is aborted here")
+
+
+def stream_of(*events: Event) -> RequestStream:
+    queue: asyncio.Queue = asyncio.Queue()
+    for e in events:
+        queue.put_nowait(e)
+    return RequestStream(NoAbort(), "r", queue, prompt_ids=[7, 8])
+
+
+def test_waiting_events_come_out_as_one():
+    async def run():
+        s = stream_of(Event([1], cached_tokens=2, logprobs=[-0.1], top_logprobs=[[(1, -0.1)]]),
+                      Event([2, 3], cached_tokens=2, logprobs=[-0.2, -0.3], top_logprobs=[[(2, -0.2)], [(3, -0.3)]]),
+                      Event([4], finished=True, meta_info={"finish_reason": "length"}, cached_tokens=2,
+                            logprobs=[-0.4], top_logprobs=[[(4, -0.4)]]))
+        return await s.next_event(), s.finished
+
+    event, finished = asyncio.run(run())
+    assert event.token_ids == [1, 2, 3, 4] and event.finished and finished
+    assert event.meta_info == {"finish_reason": "length"} and event.cached_tokens == 2
+    assert event.logprobs == [-0.1, -0.2, -0.3, -0.4]
+    assert event.top_logprobs == [[(1, -0.1)], [(2, -0.2)], [(3, -0.3)], [(4, -0.4)]]
+
+
+def test_a_finished_event_ends_the_merge_and_an_error_keeps_the_tokens_before_it():
+    async def run():
+        s = stream_of(Event([1]), Event([], finished=True, error="client disconnected", status=499))
+        return await s.next_event()
+
+    event = asyncio.run(run())
+    assert event.token_ids == [1] and event.error == "client disconnected" and event.status == 499
+    assert event.logprobs is None
+
+
+def test_an_event_alone_is_itself_and_a_later_one_waits_for_the_next_read():
+    async def run():
+        s = stream_of(Event([5]))
+        first = await s.next_event()
+        s._events.put_nowait(Event([6], finished=True, meta_info={}))
+        return first, await s.next_event()
+
+    first, second = asyncio.run(run())
+    assert first.token_ids == [5] and not first.finished
+    assert second.token_ids == [6] and second.finished

@@ -10,7 +10,8 @@
     GET  /health  /metrics  /get_model_info  /v1/models
 
 Streaming is Server-Sent Events: ``data: {json}\\n\\n`` per engine step that committed tokens (a
-speculative step's k + 1 tokens arrive together), ending ``data: [DONE]\\n\\n``. Native chunks carry
+speculative step's k + 1 tokens arrive together; the steps since the last chunk together, when the
+server streams slower than the engine steps), ending ``data: [DONE]\\n\\n``. Native chunks carry
 the cumulative ``text`` / ``output_ids`` and ``meta_info`` (``index`` for a batch); OpenAI chunks
 carry deltas. A request the server aborts (shutdown) ends with ``data: {"error": {...}}``.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from types import FrameType
 
 import uvicorn
@@ -47,7 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.engine.args import EngineArgs
 from specdec.engine.gc_heap import frozen_heap
 from specdec.server import openapi
-from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
+from specdec.server.async_engine import GIL_SWITCH_INTERVAL_S, AsyncEngine, EngineUnavailable, InvalidRequest
 from specdec.server.generation_routes import GenerationRoutes
 from specdec.server.openai_api import UnsupportedRequest
 from specdec.server.protocol import HTTPError, error_body, error_handler
@@ -172,6 +174,7 @@ def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
         server = GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout)
         # a failed tensor-parallel rank (or node) ends the engine: the server stops too, with the cause
         async_engine.on_failure = lambda _: setattr(server, "should_exit", True)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # the engine's thread gets the GIL back within 0.1 ms
         with frozen_heap():  # the built engine and app kept out of the collector's passes
             server.run()
         if async_engine.failure is not None:

@@ -40,6 +40,13 @@ from specdec.server.stream import EngineUnavailable, Event, InvalidRequest, Requ
 
 logger = logging.getLogger(__name__)
 
+# The loop thread and the event loop share the GIL, and torch lets it go around every op and GPU wait.
+# With Python's default switch interval (5 ms) the loop thread, wanting it back while the event loop
+# streams a step's tokens, waits up to 5 ms each time: the engine's steps then run in series with the
+# streaming (on CPU a 2 us torch op took 5.6 ms beside a busy Python thread; at 0.1 ms, 52 us, the busy
+# thread keeping ~80 % of its pace). ``serve`` sets this interval for its process.
+GIL_SWITCH_INTERVAL_S = 1e-4
+
 
 @dataclasses.dataclass
 class _Tracked:

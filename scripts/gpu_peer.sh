@@ -5,7 +5,8 @@
 #
 # Here, once (network): bash ../shared/tools/vllm_wheels.sh .vllm 12   (git-ignored; 13 parts, 150 MB)
 #                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
-#                      and, for `dp`, the router's and server's wheels: bash scripts/gpu_peer.sh router-wheels
+#                      and, for `dp` and `serve`, the router's and server's wheels: bash scripts/gpu_peer.sh router-wheels
+#                      (and serve-wheels for `vllm serve`)
 # On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); put .peer/tc where
 # an earlier call handed Triton's cache back (below):
 #   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
@@ -125,8 +126,13 @@ case "$what" in
       sglang-router==0.3.2 orjson setproctitle aiohttp multidict yarl frozenlist aiosignal attrs propcache \
       aiohappyeyeballs idna 'fastapi>=0.110,<0.137' annotated-doc 'starlette>=0.40' 'uvicorn>=0.29' h11 \
       prometheus_client 'pydantic==2.14.4' 'pydantic-core==2.50.5' annotated-types typing-inspection anyio sniffio \
-      click typing_extensions
+      click typing_extensions 'uvloop==0.23.0' 'httptools==0.9.0'
     du -sh .peer/router ;;
+  serve-wheels)  # here: what `vllm serve` 0.26 imports beyond its parts (model_hosting_container_standards), .peer/mhcs
+    rm -rf .peer/mhcs && mkdir -p .peer/mhcs
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .peer/mhcs \
+      model-hosting-container-standards==0.1.16 httpx httpcore jmespath supervisor certifi
+    du -sh .peer/mhcs ;;
   put)
     mkdir -p $STAGE
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
@@ -236,8 +242,10 @@ case "$what" in
       LOG_TAG=gemma RUN_TIMEOUT=${RUN_TIMEOUT:-280} run_one decode "$run" /tmp/ck/gemma-3-270m-target \
         --points "${GEMMA_POINTS:-1:1024,16:1024,64:1024,128:1024}" ${GEMMA_ARGS:-}
     done ;;
-  serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai` (not yet run on a GPU);
-    # rows smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics)
+  serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai`; rows
+    # smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics). Put .peer/router
+    # too (uvicorn's uvloop and httptools, which `specdec serve` installs with it) and .peer/mhcs (a module
+    # `vllm serve` imports that its parts lack: bash scripts/gpu_peer.sh serve-wheels)
     vllm_env
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
     spec_vllm='{"method": "eagle3", "model": "'$HEAD'", "num_speculative_tokens": 3}'
@@ -272,7 +280,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|serve-wheels|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

@@ -57,11 +57,9 @@ class AdaptiveEAGLEWorker:
         generator: torch.Generator | None = None,
         shapes: list[SpecShape] | None = None,
         max_verify_rows: int | None = MAX_VERIFY_ROWS,
-        lazy_plain: int = 0,
     ) -> None:
         """``max_verify_rows``: a shape's graphs and choice stop at the batch sizes whose verify
-        has more rows (None or 0: every size); ``lazy_plain``: plain steps a request may defer its
-        draft extend for (``specdec.eagle.stash``)."""
+        has more rows (None or 0: every size)."""
         self.config = config
         self.shapes = shapes or candidate_shapes(config)
         if max_verify_rows is not None and max_verify_rows < 0:
@@ -76,7 +74,7 @@ class AdaptiveEAGLEWorker:
                              f"({config.num_steps}, {config.topk}, {config.num_draft_tokens})")
         resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
                                          num_steps=config.num_steps, topk=config.topk,
-                                         kv_cache_dtype=config.draft_kv_cache_dtype, stash_depth=lazy_plain)
+                                         kv_cache_dtype=config.draft_kv_cache_dtype)
         self.resources = resources  # the draft memory every shape shares
         self.workers = {
             shape: EAGLEWorker(

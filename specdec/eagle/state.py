@@ -15,7 +15,6 @@ import torch
 
 from specdec.attention import KVCache
 from specdec.attention.kv_dtype import resolve_kv_dtype
-from specdec.eagle.stash import DraftStash
 from specdec.host import KVMemory
 
 
@@ -62,13 +61,11 @@ class DraftResources:
     pad_slot: int
     root_topk: int
     park_base: int | None = None  # parking slot of request row r: park_base + r (standalone drafts)
-    stash: DraftStash | None = None  # plain steps' deferred draft extends (--speculative-lazy-plain, prototype)
 
     @classmethod
     def build(cls, draft_model: torch.nn.Module, memory: KVMemory, *, max_running_requests: int,
-              num_steps: int, topk: int, kv_cache_dtype: str = "auto", stash_depth: int = 0) -> "DraftResources":
-        """``kv_cache_dtype``: ``SpecConfig.draft_kv_cache_dtype`` ("auto": the head's dtype);
-        ``stash_depth``: plain steps a request may defer its draft extend for (``specdec.eagle.stash``; 0: none)."""
+              num_steps: int, topk: int, kv_cache_dtype: str = "auto") -> "DraftResources":
+        """``kv_cache_dtype``: ``SpecConfig.draft_kv_cache_dtype`` ("auto": the head's dtype)."""
         dcfg, layout = draft_model.config, draft_model.kv_layout  # NOTE: this rank's KV heads
         weight = next(draft_model.parameters())
         scratch = max_running_requests * max(num_steps - 1, 0) * topk
@@ -81,7 +78,4 @@ class DraftResources:
                      dtype=resolve_kv_dtype(kv_cache_dtype, weight.dtype, flag="--speculative-draft-kv-cache-dtype"))
         state = DraftState(max_reqs=max_reqs, topk=topk, hidden_size=0 if standalone else dcfg.hidden_size,
                            dtype=weight.dtype, device=weight.device)
-        if stash_depth and standalone:
-            raise ValueError("--speculative-lazy-plain: EAGLE / EAGLE-3 heads only (a standalone draft parks its K/V)")
-        stash = DraftStash(max_reqs, stash_depth, device=weight.device) if stash_depth else None
-        return cls(kv, state, pad_slot, topk, park_base=pad_slot + 1 if standalone else None, stash=stash)
+        return cls(kv, state, pad_slot, topk, park_base=pad_slot + 1 if standalone else None)

@@ -66,13 +66,11 @@ class EAGLEWorker:
         generator: torch.Generator | None = None,
         resources: DraftResources | None = None,
         observe_paths: bool = False,
-        lazy_plain: int = 0,
     ) -> None:
         """``resources``: the draft memory shared with other shapes' workers (default: this
         worker's own); ``observe_paths``: each step's result carries which draft ranks were tried
         and accepted at every depth (``specdec.eagle.acceptance``), at the cost of a few more
-        columns in the step's one device read; ``lazy_plain``: plain steps a request may defer its
-        draft extend for (``specdec.eagle.stash``; its own resources only)."""
+        columns in the step's one device read."""
         self.config = config
         self.target = target
         self.memory = memory
@@ -97,7 +95,7 @@ class EAGLEWorker:
         if resources is None:
             resources = DraftResources.build(draft_model, memory, max_running_requests=max_running_requests,
                                              num_steps=config.num_steps, topk=config.topk,
-                                             kv_cache_dtype=config.draft_kv_cache_dtype, stash_depth=lazy_plain)
+                                             kv_cache_dtype=config.draft_kv_cache_dtype)
         if resources.root_topk < config.topk:
             raise ValueError(f"draft resources keep {resources.root_topk} root children, the shape needs {config.topk}")
         self.resources = resources
@@ -107,7 +105,6 @@ class EAGLEWorker:
         self.pad_slot = resources.pad_slot
         self.draft_kv = resources.kv
         self.state = resources.state
-        self.stash = resources.stash  # None: every plain step extends the draft at once
         self.draft = DraftRunner(
             draft_model,
             self.adapter,
@@ -131,20 +128,6 @@ class EAGLEWorker:
         self.plain_extend_graph: EAGLEDraftExtendCudaGraphRunner | None = None  # plain steps: 1 token
         # set by a benchmark to time the phases of each decode step
         self.timer: PhaseTimer | None = None
-
-    # ---------------------------------------------------------------- lazy plain steps (prototype)
-    def catch_up(self, rows: list[int]) -> None:
-        """One draft extend over the stashed plain steps of request ``rows`` (``specdec.eagle.stash``;
-        none stashed: nothing)."""
-        ext = self.stash.take(rows)
-        if ext is None:
-            return
-        topk_p, topk_index, hidden = self.draft.extend(
-            input_ids=ext.tokens, features=ext.features, positions=ext.positions, out_cache_loc=ext.slots,
-            req_pool_indices=ext.rows, prefix_lens=ext.prefix_lens, extend_lens_cpu=ext.counts,
-            prefix_lens_cpu=ext.prefix_lens_cpu,
-        )
-        self.state.store(ext.rows, topk_p, topk_index, hidden)
 
     def verify_graph_sizes(self, batch_sizes: list[int]) -> dict[int, list[int]]:
         """The target's verify graphs to capture: batch sizes by tree size (tokens a request)."""
@@ -220,8 +203,6 @@ class EAGLEWorker:
             extend_lens_cpu=ext.extend_lens_cpu, prefix_lens_cpu=batch.prefix_lens_cpu,
         )
         self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
-        if self.stash is not None:
-            self.stash.forget(batch.req_pool_indices.tolist())
         if self.replay is not None:  # a new request's first verify step replays the row keyed 0
             self.state.replay_steps[batch.req_pool_indices] = 0
         return next_ids
@@ -252,8 +233,6 @@ class EAGLEWorker:
         """
         cfg = self.config
         bs, n = int(req_pool_indices.shape[0]), cfg.num_draft_tokens
-        if self.stash is not None:  # NOTE: without the host's rows, a read of the device
-            self.catch_up(rows_cpu if rows_cpu is not None else req_pool_indices.tolist())
         if bs > self.max_batch_size:
             raise ValueError(f"decode batch of {bs} requests exceeds max_running_requests={self.max_batch_size}")
         # the step's slots come first, while the device may be idle (the host allocator may sync)
@@ -350,14 +329,6 @@ class EAGLEWorker:
         out = self.target.forward(batch)
         next_ids = sampling.sample(out.next_token_logits)  # [bs]
         pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
-        if self.stash is not None:
-            rows = rows_cpu if rows_cpu is not None else req_pool_indices.tolist()
-            if self.stash.full(rows):
-                self.catch_up(rows)
-            prefix, prefix_cpu = self.inputs.draft_lens(seq_lens, seq_lens_cpu)
-            self.stash.push(req_pool_indices, rows, next_ids, prefix,
-                            self.inputs.plain_slots(out_cache_loc, req_pool_indices), out.hidden_states, prefix_cpu)
-            return pending
         self._draft_extend_plain(req_pool_indices, seq_lens, seq_lens_cpu, next_ids, out.hidden_states, out_cache_loc)
         return pending
 

@@ -190,10 +190,6 @@ class EngineArgs:
         "adaptive speculation captures a shape's verify and draft graphs, and chooses the shape, only at batch "
         "sizes whose verify has at most this many rows (batch size x draft tokens); 0: every captured batch "
         "size", group=SPEC))
-    speculative_lazy_plain: int = dataclasses.field(default=0, metadata=flag(
-        "prototype (issue #40): a speculative engine's plain steps stash their draft extend's inputs, up to this "
-        "many a request, and one draft extend over them runs when the request speculates next or its stash is "
-        "full (EAGLE / EAGLE3); 0: every plain step extends the draft at once", group=SPEC))
     speculative_adaptive_profile: str | None = dataclasses.field(default=None, metadata=flag(
         "JSON file of measured step costs for adaptive speculation: read when it exists, else measured at "
         "start-up and written there (default: a cache per device and model under ~/.cache/specdec)", group=SPEC))
@@ -243,10 +239,6 @@ class EngineArgs:
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < 1 \
                 and self.chunked_prefill_size != -1:
             raise ValueError(f"--chunked-prefill-size={self.chunked_prefill_size}: expected >= 1, or -1 (no chunking)")
-        if self.speculative_lazy_plain < 0:
-            raise ValueError(f"--speculative-lazy-plain={self.speculative_lazy_plain}: expected >= 0")
-        if self.speculative_lazy_plain and self.speculative_algorithm not in ("EAGLE", "EAGLE3"):
-            raise ValueError("--speculative-lazy-plain: only with --speculative-algorithm EAGLE or EAGLE3")
         if self.speculative_adaptive_max_verify_rows < 0:
             raise ValueError(f"--speculative-adaptive-max-verify-rows={self.speculative_adaptive_max_verify_rows}: "
                              "expected >= 0 (0: no limit)")

@@ -287,8 +287,7 @@ class Engine:
             extra = dict(max_verify_rows=self.args.speculative_adaptive_max_verify_rows) if adaptive else {}
             worker = (AdaptiveEAGLEWorker if adaptive else EAGLEWorker)(
                 self.spec_config, self.runner, self.memory, draft_model, attention_backend=attention_backend,
-                max_running_requests=max_running_requests, generator=self.generator,
-                lazy_plain=self.args.speculative_lazy_plain, **extra)
+                max_running_requests=max_running_requests, generator=self.generator, **extra)
         self.worker = worker
         self.cuda_graph_bytes = 0
         if graph_sizes:

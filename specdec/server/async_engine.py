@@ -273,7 +273,6 @@ class AsyncEngine:
         if req.params.wants_logprobs:
             lp = dict(logprobs=req.output_logprobs[t.sent:], top_logprobs=req.output_top_logprobs[t.sent:])
         t.sent += len(new)
-        self.metrics.generation_tokens.inc(len(new))
         if req.finished:
             return Event(new, finished=True, meta_info=req.result()["meta_info"], cached_tokens=req.cached_tokens, **lp)
         return Event(new, cached_tokens=req.cached_tokens, **lp)
@@ -310,10 +309,11 @@ class AsyncEngine:
         self.metrics.observe_shapes(self.engine.scheduler.spec_shape_steps)
         self.metrics.observe_cache(self.engine.cache_stats())
         out: dict[asyncio.AbstractEventLoop, list] = {}
+        verified: list[int] = []  # this step's accept lengths, every request's: one metrics update a step
         for rid, t in list(self._active.items()):
             req = t.req
             if len(req.accept_lengths) > t.verified:
-                self.metrics.observe_verify(req.accept_lengths[t.verified:])
+                verified += req.accept_lengths[t.verified:]
                 t.verified = len(req.accept_lengths)
             if len(req.output_ids) == t.sent and not req.finished:
                 continue
@@ -321,6 +321,7 @@ class AsyncEngine:
                 del self._active[rid]
                 self.metrics.requests.labels(finish_reason=req.finish_reason.value).inc()
             out.setdefault(t.loop, []).append((t, self._event(t)))
+        self.metrics.observe_verify(verified)
         self._post(out)
 
     def _fail(self, error: TPWorkerError) -> None:
@@ -351,7 +352,9 @@ class AsyncEngine:
         return n
 
     def _post(self, out: dict[asyncio.AbstractEventLoop, list]) -> None:
-        """One call_soon_threadsafe per event loop per step, not one per request."""
+        """Hand the Events to their streams (one call_soon_threadsafe per event loop per step, not one per
+        request) and count the tokens they carry."""
+        self.metrics.generation_tokens.inc(sum(len(e.token_ids) for items in out.values() for _, e in items))
         for loop, items in out.items():
             try:
                 loop.call_soon_threadsafe(_deliver, [(t.events, e) for t, e in items])

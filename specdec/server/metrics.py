@@ -74,18 +74,21 @@ class EngineMetrics:
             self.accept_rate.labels(position=str(i)).set(0.0)
 
     def observe_verify(self, accept_lengths: list[int]) -> None:
-        """Count verify steps that accepted ``k`` draft tokens each."""
+        """Count verify steps that accepted ``k`` draft tokens each (the server calls it once an engine
+        step, with every request's: each series is touched once a call, not once a request)."""
         if not accept_lengths:
             return
-        for k in accept_lengths:
-            if k > len(self._accepted):
-                for i in range(len(self._accepted) + 1, k + 1):
-                    self.accept_rate.labels(position=str(i))
-                self._accepted.extend([0] * (k - len(self._accepted)))
-            for i in range(k):
-                self._accepted[i] += 1
-                self.accepted_at.labels(position=str(i + 1)).inc()
-            self._committed += k + 1
+        deepest = max(accept_lengths)
+        if deepest > len(self._accepted):
+            for i in range(len(self._accepted) + 1, deepest + 1):
+                self.accept_rate.labels(position=str(i))
+            self._accepted.extend([0] * (deepest - len(self._accepted)))
+        for i in range(deepest):
+            reached = sum(k > i for k in accept_lengths)  # steps that accepted a token at depth i + 1
+            if reached:
+                self._accepted[i] += reached
+                self.accepted_at.labels(position=str(i + 1)).inc(reached)
+        self._committed += sum(accept_lengths) + len(accept_lengths)
         self._steps += len(accept_lengths)
         self.verify_steps.inc(len(accept_lengths))
         self.accept_length.set(self._committed / self._steps)

@@ -20,7 +20,7 @@ class EngineUnavailable(RuntimeError):
     """The engine is draining or stopped (HTTP 503)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: the engine's thread makes one a request a step (2 us -> 0.6)
 class Event:
     token_ids: list[int]  # tokens committed since the previous Event (may be empty)
     finished: bool = False

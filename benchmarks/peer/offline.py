@@ -19,7 +19,7 @@ Workloads:
 - ``chat``: MT-bench's 80 first turns in the model's chat template, greedy, until the end of turn or
   256 tokens, at each ``--concurrency`` (one request at a time: the first 8 prompts; from 8 on: at
   least 80 requests, the prompts repeated to twice the concurrency). First an untimed warm-up of
-  every prompt (32 tokens each, at the largest concurrency, then one at a time). A row: tok/s,
+  each concurrency's requests (32 tokens each), so that no kernel compiles inside a timed pass. A row: tok/s,
   TTFT and TPOT medians, acceptance length (committed tokens per verify step), and a digest of each
   answer (greedy answers compared across configurations by ``report.py``).
 - ``lookup``: where n-gram drafts pay (``--datasets``: Spec-Bench's summarization, RAG and translation,
@@ -321,9 +321,10 @@ def run_lookup(engine, model: str, datasets: list[str], concurrencies: list[int]
 
 def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, workload: str, max_tokens: int,
               emit) -> None:
-    """Every prompt once as an untimed warm-up, then a row per concurrency."""
-    closed_loop(engine, prompts, max(concurrencies), tag=f"warm-{workload}", max_tokens=32)
-    closed_loop(engine, prompts[:2], 1, tag=f"warm1-{workload}", max_tokens=32)
+    """Each cell's requests as an untimed warm-up at its concurrency (32 tokens each: most batch sizes and
+    prefill groups of its timed pass meet their kernels' compiles here), then a row per concurrency."""
+    for c in concurrencies:
+        closed_loop(engine, cell_work(prompts, c), c, tag=f"warm-{workload}-c{c}", max_tokens=32)
     for c in concurrencies:
         for force, waiting in [(f, w) for _ in range(REPEATS) for f in FORCES for w in WAITING or [None]]:
             if waiting is not None:
@@ -332,12 +333,18 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
                      max_tokens=max_tokens, emit=emit, tags={"waiting": waiting} if waiting else {})
 
 
+def cell_work(prompts: list[list[int]], c: int) -> list[list[int]]:
+    """The requests of a cell at concurrency ``c``: the first 8 prompts one at a time; else at least every
+    prompt, repeated to twice ``c``."""
+    return prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
+
+
 def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str, workload: str, max_tokens: int,
              emit, tags: dict | None = None) -> None:
     """One row: ``c`` requests in flight, every step taking ``force`` (auto: adaptive's choice)."""
     if force != "auto":
         engine.force(force)
-    work = prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
+    work = cell_work(prompts, c)
     before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
     with sync_debug(SYNC_DEBUG and last, f"{workload} c={c}"):
         row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)

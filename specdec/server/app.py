@@ -166,7 +166,7 @@ def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = Engine(args=engine_args)
     try:
-        async_engine = AsyncEngine(engine)
+        async_engine = AsyncEngine(engine, stream_interval=settings.stream_interval)
         app = create_app(async_engine, model_name=settings.served_model_name or engine_args.model_path,
                          model_path=engine_args.model_path)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,

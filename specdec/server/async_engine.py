@@ -92,8 +92,10 @@ _STOP = object()
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, *, metrics: EngineMetrics | None = None) -> None:
+    def __init__(self, engine: Engine, *, metrics: EngineMetrics | None = None, stream_interval: int = 1) -> None:
+        """``stream_interval``: new tokens a request's Event waits for (its first and its last go at once)."""
         self.engine = engine  # NOTE: only the loop thread may call it once start() ran
+        self.stream_interval = stream_interval
         spec = engine.spec_config
         self.metrics = metrics or EngineMetrics(num_draft_positions=spec.num_steps if spec else 0)
         # static facts, read once here so the HTTP side never touches the engine
@@ -315,7 +317,8 @@ class AsyncEngine:
             if len(req.accept_lengths) > t.verified:
                 verified += req.accept_lengths[t.verified:]
                 t.verified = len(req.accept_lengths)
-            if len(req.output_ids) == t.sent and not req.finished:
+            unsent = len(req.output_ids) - t.sent
+            if not req.finished and (unsent == 0 or (t.sent and unsent < self.stream_interval)):
                 continue
             if req.finished:
                 del self._active[rid]

@@ -40,8 +40,9 @@ class CharTokenizer:
 
 
 class LiveServer:
-    def __init__(self, engine, *, drain_timeout: float = 10.0, model_name: str = "tiny") -> None:
-        self.async_engine = AsyncEngine(engine)
+    def __init__(self, engine, *, drain_timeout: float = 10.0, model_name: str = "tiny",
+                 stream_interval: int = 1) -> None:
+        self.async_engine = AsyncEngine(engine, stream_interval=stream_interval)
         app = create_app(self.async_engine, model_name=model_name)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

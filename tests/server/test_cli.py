@@ -71,7 +71,7 @@ def test_serve_shuts_the_engine_down_after_the_server_stops(monkeypatch):
     monkeypatch.setattr(server_app, "GracefulServer", FakeServer)
     monkeypatch.setattr(server_app, "create_app", lambda *a, **kw: None)
     monkeypatch.setattr(server_app.uvicorn, "Config", lambda *a, **kw: None)
-    monkeypatch.setattr(server_app, "AsyncEngine", lambda engine: SimpleNamespace(failure=None))
+    monkeypatch.setattr(server_app, "AsyncEngine", lambda engine, **_: SimpleNamespace(failure=None))
     with pytest.raises(KeyboardInterrupt):
         server_app.serve(ServerSettings(), EngineArgs(model_path="unused"))
     assert events == ["built", "served", "shutdown"]

@@ -1,5 +1,7 @@
 """OpenAI-compatible endpoints: response shapes, streaming chunks, usage, chat template, stops."""
 
+import itertools
+
 import pytest
 
 from ..e2e.helpers import engine, make_pair, prompts_of
@@ -117,3 +119,29 @@ def test_model_info_and_models(setup):
     assert info["speculative_algorithm"] == "EAGLE" and info["is_generation"] is True
     assert info["context_length"] == 512 and info["vocab_size"] == 97
     assert models["data"][0]["id"] == "tiny-eagle"
+
+
+def test_stream_interval_chunks_wait_for_that_many_tokens(setup):
+    """--stream-interval 4 (plain decoding, a token a step): the first token goes at once, then chunks of 4,
+    the end with what is left; the same ids and text as one whole answer."""
+    target, _, _ = setup
+    body = {"prompt": "Interval", "max_tokens": 14, "temperature": 0, "ignore_eos": True}
+    with LiveServer(engine(target, tokenizer=CharTokenizer()), stream_interval=4) as server:
+        async def both(c):
+            return (await c.post("/v1/completions", json=body)).json(), \
+                await post_stream(c, "/v1/completions", {**body, "stream": True})
+
+        whole, events = server.with_client(both)
+    chunks = [e["choices"][0] for e in events[:-1]]
+    # the engine's Events carry 1, 4, 4, 4, 1 tokens; a reader that lags joins neighbours into one chunk
+    ends = list(itertools.accumulate(len(c["token_ids"]) for c in chunks))
+    assert set(ends) <= {1, 5, 9, 13, 14} and ends[-1] == 14 and len(chunks) >= 2
+    assert sum((c["token_ids"] for c in chunks), []) == whole["choices"][0]["token_ids"]
+    assert "".join(c["text"] for c in chunks) == whole["choices"][0]["text"]
+
+
+def test_stream_interval_flag_is_checked():
+    from specdec.server.settings import ServerSettings
+
+    with pytest.raises(ValueError, match="--stream-interval=0"):
+        ServerSettings(stream_interval=0)

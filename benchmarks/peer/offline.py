@@ -19,7 +19,7 @@ Workloads:
 - ``chat``: MT-bench's 80 first turns in the model's chat template, greedy, until the end of turn or
   256 tokens, at each ``--concurrency`` (one request at a time: the first 8 prompts; from 8 on: at
   least 80 requests, the prompts repeated to twice the concurrency). First an untimed warm-up of
-  each concurrency's requests (32 tokens each), so that no kernel compiles inside a timed pass. A row: tok/s,
+  each concurrency's requests (32 tokens each: a cold kernel cache compiles there, not in timed passes). A row: tok/s,
   TTFT and TPOT medians, acceptance length (committed tokens per verify step), and a digest of each
   answer (greedy answers compared across configurations by ``report.py``).
 - ``lookup``: where n-gram drafts pay (``--datasets``: Spec-Bench's summarization, RAG and translation,
@@ -321,8 +321,8 @@ def run_lookup(engine, model: str, datasets: list[str], concurrencies: list[int]
 
 def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, workload: str, max_tokens: int,
               emit) -> None:
-    """Each cell's requests as an untimed warm-up at its concurrency (32 tokens each: most batch sizes and
-    prefill groups of its timed pass meet their kernels' compiles here), then a row per concurrency."""
+    """Each cell's requests as an untimed warm-up at its concurrency (32 tokens each: the batch sizes and
+    prefill groups of its timed pass, most of them, compile their kernels here), then a row per concurrency."""
     for c in concurrencies:
         closed_loop(engine, cell_work(prompts, c), c, tag=f"warm-{workload}-c{c}", max_tokens=32)
     for c in concurrencies:

@@ -93,14 +93,16 @@ def _row_kernel(
     prog = tl.program_id(2)
     kv_len = tl.load(row_lens + row)
     win_lo, first, used = first_split(kv_len, window, SPLIT_LEN)
-    owns = prog < used  # else no entry of this row is its: it stores nothing, the merge skips it
     entries = kv_table + tl.load(row_list + row).to(tl.int64) * stride_table
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    h_valid = offs_h < GROUP
+    # a program past the row's used splits owns none of its entries: it stores nothing, the merge skips it
+    # (NOTE: a bound, not `h_valid & (prog < used)`: triton 3.9's interpreter gives a tensor mask and a scalar
+    # comparison an int32 result, which tl.load/tl.store then reject)
+    h_valid = offs_h < tl.where(prog < used, GROUP, 0)
     d_valid = offs_d < HEAD_DIM
     head = kv_head * GROUP + offs_h  # [BLOCK_H] query heads of this KV head
-    q_mask = h_valid[:, None] & d_valid[None, :] & owns
+    q_mask = h_valid[:, None] & d_valid[None, :]
     q = tl.load(Q + row.to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
     q = query_tile(q, K)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -119,7 +121,7 @@ def _row_kernel(
                                         DOT_PRECISION)
     o_ptrs = P + row.to(tl.int64) * stride_pr + head[:, None] * stride_ph + prog * stride_pp + offs_d[None, :]
     lse_ptrs = LSE + row.to(tl.int64) * stride_lr + head * stride_lh + prog
-    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid & owns, False)
+    store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid, False)
 
 
 @triton.jit(do_not_specialize=["window"])

@@ -31,7 +31,10 @@ def _frontier_kernel(scores_ptr, p_ptr, index_ptr, hidden_ptr, expand_ptr, best_
                      BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h0 = tl.program_id(1) * BLOCK_H
-    writer = tl.program_id(1) == 0  # the one program of the request that writes the small outputs
+    # the one program of the request that writes the small outputs: its rows (branches) [0, k), the others' none
+    # NOTE: a bound, not `mask & (program_id == 0)`: triton 3.9's interpreter gives a tensor mask and a scalar
+    # comparison an int32 result, which tl.load/tl.store then reject
+    written = tl.arange(0, BLOCK_K) < tl.where(tl.program_id(1) == 0, k, 0)  # [BLOCK_K]
     r = tl.arange(0, BLOCK_K)  # branch (row of the tile)
     c = tl.arange(0, BLOCK_K)  # child of the branch (column)
     valid = (r[:, None] < k) & (c[None, :] < k)  # [BLOCK_K, BLOCK_K]
@@ -40,22 +43,22 @@ def _frontier_kernel(scores_ptr, p_ptr, index_ptr, hidden_ptr, expand_ptr, best_
     p = tl.load(p_ptr + rows[:, None] * p_stride0 + c[None, :] * p_stride1, mask=valid, other=0.0)
     expand = score[:, None] * p  # [BLOCK_K, BLOCK_K]
     flat = r[:, None] * k + c[None, :]  # child index j = r*K + c
-    tl.store(expand_ptr + b * k * k + flat, expand, mask=valid & writer)
+    tl.store(expand_ptr + b * k * k + flat, expand, mask=valid & written[:, None])
     remaining = tl.where(valid, expand, -float("inf"))
     chosen = tl.zeros([BLOCK_K], dtype=tl.int64)  # [BLOCK_K] flat index of the i-th best
     for i in range(k):
         top = tl.max(tl.max(remaining, axis=1), axis=0)
         j = tl.min(tl.min(tl.where(remaining == top, flat, k * k), axis=1), axis=0)
         j = tl.minimum(j, k * k - 1)  # NOTE: NaN scores match nothing; never index past the request
-        tl.store(best_ptr + b * k + i, top, mask=writer)
+        tl.store(best_ptr + b * k + i, top, mask=tl.program_id(1) == 0)
         chosen = tl.where(r == i, j, chosen)
         remaining = tl.where(flat == j, -float("inf"), remaining)
     out = r < k
     branch = chosen // k
-    tl.store(parents_ptr + b * k + r, chosen + parent_offset, mask=out & writer)
-    tl.store(branch_ptr + b * k + r, branch, mask=out & writer)
-    token = tl.load(index_ptr + b * k * k + chosen, mask=out & writer, other=0)
-    tl.store(ids_ptr + b * k + r, token, mask=out & writer)
+    tl.store(parents_ptr + b * k + r, chosen + parent_offset, mask=written)
+    tl.store(branch_ptr + b * k + r, branch, mask=written)
+    token = tl.load(index_ptr + b * k * k + chosen, mask=written, other=0)
+    tl.store(ids_ptr + b * k + r, token, mask=written)
     src = (b * k + branch) * h  # [BLOCK_K] first feature of each chosen parent's row
     dst = (b * k + r) * h
     cols = h0 + tl.arange(0, BLOCK_H)

@@ -46,9 +46,13 @@ def _row_kv_kernel(table_ptr, rows_ptr, prefix_ptr, qo_ptr, loc_ptr, pos_ptr, ma
                    tl.where((prefix < 0) | (prefix > ctx), 2, tl.where(length > stride_out, 3, 0)))
     if tile == 0:
         tl.store(error_ptr + lst, err)
+    # a list in error reads and writes nothing (NOTE: bounds, not `mask & (err == 0)`: triton 3.9's interpreter
+    # gives a tensor mask and a scalar comparison an int32 result, which tl.load/tl.store then reject)
+    prefix = tl.where(err == 0, prefix, 0)
+    length = tl.where(err == 0, length, 0)
     out = out_ptr + lst.to(tl.int64) * stride_out
     offs = tile * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    in_prefix = (offs < prefix) & (err == 0)
+    in_prefix = offs < prefix
     slot = tl.load(table_ptr + row * ctx + offs, mask=in_prefix, other=0)
     tl.store(out + offs, slot.to(tl.int32), mask=in_prefix)
     if TREE:
@@ -58,11 +62,11 @@ def _row_kv_kernel(table_ptr, rows_ptr, prefix_ptr, qo_ptr, loc_ptr, pos_ptr, ma
             node = j < new
             seen = tl.load(mask_ptr + b * new * new + i * new + j, mask=node, other=0) != 0
             pos_j = tl.load(pos_ptr + start + j, mask=node, other=0).to(tl.int64)
-            keep = seen & node & (pos_j >= prefix) & (pos_j < length) & (err == 0)
+            keep = seen & node & (pos_j >= prefix) & (pos_j < length)
             own = tl.load(loc_ptr + start + j, mask=keep, other=0)
             tl.store(out + pos_j, own.to(tl.int32), mask=keep)
     else:
-        mine = (offs >= prefix) & (offs < length) & (err == 0)
+        mine = (offs >= prefix) & (offs < length)
         own = tl.load(loc_ptr + start + offs - prefix, mask=mine, other=0)
         tl.store(out + offs, own.to(tl.int32), mask=mine)
 

@@ -1,4 +1,4 @@
-"""HTTP server: SGLang's native ``/generate`` and OpenAI-compatible endpoints over one AsyncEngine.
+"""HTTP server: SGLang's native ``/generate`` and OpenAI-compatible endpoints over one EngineClient.
 
     POST /generate              {"text" | "input_ids" (one or a batch), "sampling_params" (one or per
                                 prompt; SGLang keys plus "stop"), "stream"} → {"text", "output_ids",
@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 from types import FrameType
 
 import uvicorn
@@ -49,7 +48,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.engine.args import EngineArgs
 from specdec.engine.gc_heap import frozen_heap
 from specdec.server import openapi
-from specdec.server.async_engine import GIL_SWITCH_INTERVAL_S, AsyncEngine, EngineUnavailable, InvalidRequest
+from specdec.server.async_engine import EngineClient, EngineUnavailable, InvalidRequest
+from specdec.server.engine_process import EngineStartError, ProcessEngine
 from specdec.server.generation_routes import GenerationRoutes
 from specdec.server.openai_api import UnsupportedRequest
 from specdec.server.protocol import HTTPError, error_body, error_handler
@@ -59,9 +59,9 @@ from specdec.server.settings import ServerSettings
 logger = logging.getLogger(__name__)
 
 
-def create_app(async_engine: AsyncEngine, *, model_name: str = "specdec", model_path: str | None = None,
+def create_app(async_engine: EngineClient, *, model_name: str = "specdec", model_path: str | None = None,
                manage_lifecycle: bool = True) -> FastAPI:
-    """``manage_lifecycle``: start the engine thread at app startup and stop it at shutdown."""
+    """``manage_lifecycle``: start the engine client at app startup and stop it at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -160,26 +160,24 @@ class GracefulServer(uvicorn.Server):
 
 
 def serve(settings: ServerSettings, engine_args: EngineArgs) -> None:
-    """Build the engine and serve it until a shutdown signal."""
-    from specdec.engine.engine import Engine
-
+    """Start the engine's process, then serve it until a shutdown signal."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(args=engine_args)
     try:
-        async_engine = AsyncEngine(engine, stream_interval=settings.stream_interval)
+        async_engine = ProcessEngine(engine_args, stream_interval=settings.stream_interval,
+                                     log_level=settings.log_level)
+    except EngineStartError as e:
+        raise SystemExit(f"specdec serve: the engine did not start: {e}") from None
+    try:
         app = create_app(async_engine, model_name=settings.served_model_name or engine_args.model_path,
                          model_path=engine_args.model_path)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                                 timeout_keep_alive=5, timeout_graceful_shutdown=5)
         server = GracefulServer(config, async_engine, drain_timeout=settings.shutdown_timeout)
-        # a failed tensor-parallel rank (or node) ends the engine: the server stops too, with the cause
+        # a failed tensor-parallel rank (or node), or the engine's process gone, stops the server, with the cause
         async_engine.on_failure = lambda _: setattr(server, "should_exit", True)
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # the engine's thread gets the GIL back within 0.1 ms
-        with frozen_heap():  # the built engine and app kept out of the collector's passes
+        with frozen_heap():  # the app kept out of the collector's passes
             server.run()
         if async_engine.failure is not None:
-            raise SystemExit(f"specdec serve: stopped, the engine failed:\n{async_engine.failure}")
+            raise SystemExit(f"specdec serve: stopped: {async_engine.failure}")
     finally:
-        # NOTE: the app's lifespan has stopped the engine thread; this releases the CUDA graphs and
-        # stops the tensor-parallel workers (their NCCL teardown needs both)
-        engine.shutdown()
+        async_engine.stop()  # NOTE: the app's lifespan has stopped it unless uvicorn never started

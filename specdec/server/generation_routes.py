@@ -2,7 +2,7 @@
 ``/v1/completions`` and ``/v1/chat/completions``, whole or streamed as Server-Sent Events.
 ``app.create_app`` registers them beside ``service_routes.ServiceRoutes``; the module docstring of
 ``specdec.server.app`` describes what they accept and return. They reach the engine only through
-the ``AsyncEngine``.
+the ``EngineClient``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from specdec.server.async_engine import AsyncEngine, InvalidRequest
+from specdec.server.async_engine import EngineClient, InvalidRequest
 from specdec.server.openai_api import chat_logprobs, completion_logprobs, native_logprobs, sampling_params, seeds
 from specdec.server.protocol import (
     Generation,
@@ -45,7 +45,7 @@ class GenerationRoutes:
     """The generation routes of one app (``app.create_app`` routes to them; the rest are
     ``service_routes.ServiceRoutes``)."""
 
-    def __init__(self, async_engine: AsyncEngine, *, model_name: str, model_path: str | None) -> None:
+    def __init__(self, async_engine: EngineClient, *, model_name: str, model_path: str | None) -> None:
         self.eng = async_engine
         self.tok = async_engine.tokenizer
         self.model_name = model_name

@@ -1,7 +1,7 @@
 """The server's routes around generation: probes, model and server facts, the tokenizer, the
 prefix cache and aborts (SGLang's native routes and OpenAI's /v1/models). ``app.create_app``
 registers them beside the generation routes (``generation_routes.GenerationRoutes``); like those,
-they reach the engine only through the ``AsyncEngine``.
+they reach the engine only through the ``EngineClient``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.metadata
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from specdec.server.async_engine import AsyncEngine, EngineUnavailable, InvalidRequest
+from specdec.server.async_engine import EngineClient, EngineUnavailable, InvalidRequest
 from specdec.server.protocol import FALLBACK_CHAT_TEMPLATE, HTTPError
 from specdec.server.schemas import AbortRequest, DetokenizeRequest, TokenizeRequest
 
@@ -30,7 +30,7 @@ def _version() -> str:
 class ServiceRoutes:
     """The handlers of the routes around generation (``app.create_app`` routes to them)."""
 
-    def __init__(self, async_engine: AsyncEngine, *, model_name: str, model_path: str | None) -> None:
+    def __init__(self, async_engine: EngineClient, *, model_name: str, model_path: str | None) -> None:
         self.eng = async_engine
         self.tok = async_engine.tokenizer
         self.model_name = model_name
@@ -95,7 +95,7 @@ class ServiceRoutes:
                 "version": _version()}
 
     async def metrics(self):
-        return Response(self.eng.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await self.eng.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     async def model_info(self):
         return {"model_path": self.model_path, "served_model_name": self.model_name, "is_generation": True,
@@ -115,7 +115,7 @@ class ServiceRoutes:
     async def flush_cache(self):
         """SGLang's /flush_cache: drop every cached KV page no request uses. Unlike SGLang, it does
         not refuse while requests run: theirs stay (they are locked), the rest goes."""
-        pages = await self.eng.call(lambda engine: engine.flush_cache())
+        pages = await self.eng.flush_cache()
         return PlainTextResponse(f"Cache flushed: {pages} page(s) freed.\n")
 
     async def models(self):

@@ -1,7 +1,7 @@
 """What the HTTP side of the server holds of a request: its ``RequestStream`` of ``Event``s (the
 tokens each engine step committed, then the end), and the errors the engine hands back
-(``InvalidRequest``: HTTP 400; ``EngineUnavailable``: 503). ``AsyncEngine`` (``async_engine.py``)
-fills the streams from its loop thread."""
+(``InvalidRequest``: HTTP 400; ``EngineUnavailable``: 503). An ``EngineClient`` (``async_engine.py``)
+fills the streams with what its engine's loop sends."""
 
 from __future__ import annotations
 
@@ -45,18 +45,19 @@ class Event:
 
 
 class Aborter(Protocol):
-    """What a stream needs of its engine (``AsyncEngine``): aborting its request."""
+    """What a stream needs of its engine (``EngineClient``): aborting its request."""
 
-    def abort(self, rid: str, events: asyncio.Queue | None = None) -> None: ...
+    def abort(self, rid: str, sid: int | None = None) -> None: ...
 
 
 class RequestStream:
     """The asyncio side of one request: iterate for Events; ``cancel()`` when the client leaves."""
 
-    def __init__(self, owner: Aborter, rid: str, events: asyncio.Queue, prompt_ids: list[int],
+    def __init__(self, owner: Aborter, rid: str, sid: int, events: asyncio.Queue, prompt_ids: list[int],
                  params: SamplingParams | None = None) -> None:
         self.owner = owner
         self.rid = rid
+        self.sid = sid  # the client's name of this stream (a rid may be reused, a sid is not)
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
         self.wants_logprobs = params is not None and params.wants_logprobs
@@ -80,11 +81,11 @@ class RequestStream:
     def close(self) -> None:
         """Stop reading: abort in the engine (frees its KV) unless it already finished."""
         if not self.finished:
-            self.owner.abort(self.rid, self._events)
+            self.owner.abort(self.rid, self.sid)
             self.finished = True
 
     def cancel(self, reason: str = "client disconnected") -> None:
         """Abort in the engine (frees its KV) and end this stream with an error Event."""
         if not self.finished:
-            self.owner.abort(self.rid, self._events)
+            self.owner.abort(self.rid, self.sid)
             self._events.put_nowait(Event([], finished=True, error=reason, status=499))

@@ -69,3 +69,19 @@ def test_hf_tokenizer_reads_the_chat_template_of_either_transformers_layout(tmp_
     old = load_tokenizer(_hf_directory(tmp_path / "v4", adds_bos=False, config={"chat_template": "{{ messages[0].content }}!"}))
     new = load_tokenizer(_hf_directory(tmp_path / "v5", adds_bos=False, config={}, template_file="<{{ messages[0].content }}>"))
     assert render_user_prompt(old, "hi") == "hi!" and render_user_prompt(new, "hi") == "<hi>"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None or not STORIES.is_dir(),
+                    reason="needs tokenizers and the shared models")
+def test_tokenizers_travel_to_another_process(tmp_path):
+    """``specdec serve`` builds the engine in a process of its own and sends its tokenizer to the
+    server's process by pickle: the copy encodes, decodes and templates as the original."""
+    import pickle
+
+    hf = _hf_directory(tmp_path / "hf", adds_bos=True, config={"chat_template": "{{ messages[0].content }}!"})
+    for tok in (load_tokenizer(STORIES / "stories260K.bin"), load_tokenizer(hf)):
+        copy = pickle.loads(pickle.dumps(tok))
+        ids = tok.encode("hello world")
+        assert copy.encode("hello world") == ids and copy.decode(ids) == tok.decode(ids)
+        assert (copy.bos_token_id, copy.eos_token_id) == (tok.bos_token_id, tok.eos_token_id)
+        assert getattr(copy, "chat_template", None) == getattr(tok, "chat_template", None)

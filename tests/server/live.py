@@ -60,7 +60,7 @@ class LiveServer:
 
     def engine_state(self, fn, timeout: float = 60.0):
         """Run ``fn(engine)`` on the engine's loop thread (or here, once it stopped)."""
-        return self.async_engine.call_future(fn).result(timeout)
+        return self.async_engine.on_engine(fn).result(timeout)
 
     def with_client(self, fn):
         """``await fn(client)`` with an ``httpx.AsyncClient`` on this server, from synchronous code."""

@@ -2,7 +2,6 @@
 
 import json
 import signal
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -47,17 +46,21 @@ def test_serve_command_answers_and_drains_on_sigterm(tp_size):
         assert proc.wait(timeout=30) == 0
 
 
-def test_serve_shuts_the_engine_down_after_the_server_stops(monkeypatch):
-    """``serve`` releases the engine (CUDA graphs, tensor-parallel workers) once uvicorn returns,
-    and also when it fails."""
+def test_serve_stops_the_engine_process_after_the_server_stops(monkeypatch):
+    """``serve`` stops the engine's process (which releases the engine) once uvicorn returns, and
+    also when it fails; an engine that cannot start ends ``serve`` with its error."""
     events = []
 
-    class FakeEngine:
-        def __init__(self, args):
-            events.append("built")
+    class FakeProcessEngine:
+        failure = None
 
-        def shutdown(self):
-            events.append("shutdown")
+        def __init__(self, engine_args, **_):
+            if engine_args.model_path == "missing":
+                raise server_app.EngineStartError("FileNotFoundError: no model at missing")
+            events.append("started")
+
+        def stop(self):
+            events.append("stopped")
 
     class FakeServer:
         def __init__(self, config, async_engine, drain_timeout):
@@ -67,11 +70,12 @@ def test_serve_shuts_the_engine_down_after_the_server_stops(monkeypatch):
             events.append("served")
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("specdec.engine.engine.Engine", FakeEngine)
+    monkeypatch.setattr(server_app, "ProcessEngine", FakeProcessEngine)
     monkeypatch.setattr(server_app, "GracefulServer", FakeServer)
     monkeypatch.setattr(server_app, "create_app", lambda *a, **kw: None)
     monkeypatch.setattr(server_app.uvicorn, "Config", lambda *a, **kw: None)
-    monkeypatch.setattr(server_app, "AsyncEngine", lambda engine, **_: SimpleNamespace(failure=None))
     with pytest.raises(KeyboardInterrupt):
         server_app.serve(ServerSettings(), EngineArgs(model_path="unused"))
-    assert events == ["built", "served", "shutdown"]
+    assert events == ["started", "served", "stopped"]
+    with pytest.raises(SystemExit, match="the engine did not start: FileNotFoundError: no model at missing"):
+        server_app.serve(ServerSettings(), EngineArgs(model_path="missing"))

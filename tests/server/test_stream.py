@@ -17,7 +17,7 @@ def stream_of(*events: Event) -> RequestStream:
     queue: asyncio.Queue = asyncio.Queue()
     for e in events:
         queue.put_nowait(e)
-    return RequestStream(NoAbort(), "r", queue, prompt_ids=[7, 8])
+    return RequestStream(NoAbort(), "r", 0, queue, prompt_ids=[7, 8])
 
 
 def test_waiting_events_come_out_as_one():

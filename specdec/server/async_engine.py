@@ -73,7 +73,10 @@ class EngineClient:
         if not (self.accepting and self.alive):
             raise EngineUnavailable("the server is shutting down")
         if text is not None and input_ids is None and self.tokenizer is not None:
-            text, input_ids = None, self.tokenizer.encode(text)
+            try:
+                text, input_ids = None, self.tokenizer.encode(text)
+            except (ValueError, TypeError) as e:  # text this tokenizer cannot encode
+                raise InvalidRequest(str(e)) from None
         rid = rid if rid is not None else uuid.uuid4().hex
         sid = next(self._ids)
         events: asyncio.Queue = asyncio.Queue()

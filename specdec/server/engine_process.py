@@ -56,6 +56,9 @@ class ProcessEngine(EngineClient):
         except EOFError:
             self._process.join()
             raise EngineStartError(f"the engine process exited (status {self._process.exitcode})") from None
+        except BaseException:  # e.g. Ctrl-C while the engine builds: it ignores SIGINT and SIGTERM
+            self._process.kill()
+            raise
         if isinstance(first, str):
             self._process.join()
             raise EngineStartError(first)
@@ -84,8 +87,8 @@ class ProcessEngine(EngineClient):
                 pass
             self._process.join(timeout)
         if self._process.is_alive():
-            logger.warning("the engine process did not stop in %.0f s: terminated", timeout)
-            self._process.terminate()
+            logger.warning("the engine process did not stop in %.0f s: killed", timeout)
+            self._process.kill()  # NOTE: it ignores SIGTERM
             self._process.join()
         self._conn.close()
         if self._reader.ident is not None:

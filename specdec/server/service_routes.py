@@ -46,10 +46,13 @@ class ServiceRoutes:
         them for a list of prompts)."""
         tok = self._tokenizer("prompt")
         add_bos = body.add_special_tokens is not False
-        if isinstance(body.prompt, str):
-            ids = tok.encode(body.prompt, add_bos=add_bos)
-            return {"tokens": ids, "count": len(ids), "max_model_len": self.eng.context_length}
-        ids = [tok.encode(p, add_bos=add_bos) for p in body.prompt]
+        try:
+            if isinstance(body.prompt, str):
+                ids = tok.encode(body.prompt, add_bos=add_bos)
+                return {"tokens": ids, "count": len(ids), "max_model_len": self.eng.context_length}
+            ids = [tok.encode(p, add_bos=add_bos) for p in body.prompt]
+        except (ValueError, TypeError) as e:  # text this tokenizer cannot encode
+            raise HTTPError(400, f"prompt: {e}") from None
         return {"tokens": ids, "count": [len(x) for x in ids], "max_model_len": self.eng.context_length}
 
     async def detokenize(self, body: DetokenizeRequest):

@@ -43,6 +43,13 @@ def test_tokenize_and_detokenize_round_trip():
         assert client.post("/detokenize", json={"tokens": two["tokens"]}).json() == {"text": ["ab", "c"]}
         bad = client.post("/detokenize", json={"tokens": [3, 97]})
         assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("tokens:")
+        # text the tokenizer cannot encode: 400 naming it (the server tokenizes, not the engine), nothing lost
+        for path, body in (("/generate", {"text": "naïve"}), ("/v1/completions", {"prompt": "naïve"}),
+                           ("/tokenize", {"prompt": "naïve"})):
+            r = client.post(path, json=body)
+            assert r.status_code == 400 and "outside the test alphabet" in r.json()["error"]["message"], r.text
+        ok = client.post("/generate", json={"text": "naive", "sampling_params": {"max_new_tokens": 2}})
+        assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 2
     with LiveServer(engine(target)) as bare:  # no tokenizer
         r = httpx.post(f"{bare.url}/tokenize", json={"prompt": "x"}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["message"] == "prompt: this model has no tokenizer"

@@ -95,3 +95,25 @@ def test_an_engine_that_cannot_start_ends_serve_with_its_error():
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode != 0
     assert "specdec serve: the engine did not start:" in out.stderr and "/nonexistent/model" in out.stderr
+
+
+def test_a_dead_tensor_parallel_rank_ends_the_streams_and_the_server():
+    """A rank of the engine's process dies: its watcher fails the engine, the engine's process tells the server
+    (each stream ends with the cause), and the server exits naming it."""
+    with serve_process("--tp-size", "2") as (url, proc):
+        (engine_pid,) = engine_processes(proc.pid)
+        (rank1,) = engine_processes(engine_pid)
+        body = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
+                "stream": True}
+        chunks = []
+        with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+                    if len(chunks) == 1:
+                        os.kill(rank1, signal.SIGKILL)
+        last = json.loads(next(c for c in reversed(chunks) if c != "[DONE]"))
+        assert "worker 1 died" in last["error"]["message"], chunks[-3:]
+        assert proc.wait(timeout=60) != 0
+        assert "worker 1 died" in proc.stdout.read().decode()
+    assert wait_gone(engine_pid)

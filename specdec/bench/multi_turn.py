@@ -22,10 +22,10 @@ import json
 import time
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from specdec.bench.report import latency_stats_ms, progress_bar
-from specdec.bench.serving_client import sse_chunks
+from specdec.bench.serving_client import client_session, sse_chunks
 from specdec.engine.embedded import PROMPT_DIR
 
 
@@ -71,11 +71,11 @@ def load_conversations(source: str, num: int) -> list[Conversation]:
 
 
 # ------------------------------------------------------------------ one turn
-async def _read_chat_stream(response: httpx.Response, res: TurnResult, start: float) -> str:
+async def _read_chat_stream(response: aiohttp.ClientResponse, res: TurnResult, start: float) -> str:
     """Fill ``res`` from the chat completion chunks; returns the answer's text."""
-    if response.status_code != 200:
-        body = (await response.aread()).decode(errors="replace")
-        raise RuntimeError(f"HTTP {response.status_code}: {body[:300]}")
+    if response.status != 200:
+        body = (await response.read()).decode(errors="replace")
+        raise RuntimeError(f"HTTP {response.status}: {body[:300]}")
     text, last = [], None
     async for chunk in sse_chunks(response, require_done=False):
         if chunk.get("usage"):
@@ -97,15 +97,16 @@ async def _read_chat_stream(response: httpx.Response, res: TurnResult, start: fl
     return "".join(text)
 
 
-async def send_turn(client: httpx.AsyncClient, messages: list[dict], res: TurnResult, *, max_new_tokens: int,
-                    temperature: float, timeout: float) -> str | None:
-    """One streamed chat turn; returns the answer (None on failure, recorded in ``res``)."""
+async def send_turn(client: aiohttp.ClientSession, base_url: str, messages: list[dict], res: TurnResult, *,
+                    max_new_tokens: int, temperature: float, timeout: float) -> str | None:
+    """One streamed chat turn to the server at ``base_url``; returns the answer (None on failure, recorded
+    in ``res``)."""
     body = {"messages": messages, "max_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
 
     async def request() -> str:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        async with client.post(f"{base_url}/v1/chat/completions", json=body) as response:
             return await _read_chat_stream(response, res, start)
 
     try:
@@ -124,9 +125,9 @@ async def run_conversations(base_url: str, convs: list[Conversation], *, max_new
     """Every conversation, turn after turn; returns each turn's result and the run's seconds."""
     limit = concurrency or len(convs)
     semaphore = asyncio.Semaphore(limit)
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     results: list[TurnResult] = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout), limits=limits) as client:
+    base_url = base_url.rstrip("/")
+    async with client_session(limit, timeout) as client:
         with progress_bar(sum(len(c.turns) for c in convs), desc, enabled=progress) as bar:
             t0 = time.perf_counter()
 
@@ -137,7 +138,7 @@ async def run_conversations(base_url: str, convs: list[Conversation], *, max_new
                         messages.append({"role": "user", "content": question})
                         res = TurnResult(index, turn)
                         results.append(res)
-                        answer = await send_turn(client, messages, res, max_new_tokens=max_new_tokens,
+                        answer = await send_turn(client, base_url, messages, res, max_new_tokens=max_new_tokens,
                                                  temperature=temperature, timeout=timeout)
                         bar.update(1)
                         if answer is None:

@@ -75,7 +75,7 @@ def synthetic_main(argv: list[str] | None = None) -> None:
 
 # ----------------------------------------------------------------------------- specdec bench-serving
 def bench_serving_main(argv: list[str] | None = None) -> None:
-    from specdec.bench import serving  # NOTE: needs httpx (the serve extra), so only here
+    from specdec.bench import serving  # NOTE: needs aiohttp and httpx (the serve extra), so only here
 
     parser = argparse.ArgumentParser(prog="specdec bench-serving", description=serving.__doc__.splitlines()[0])
     add_flags(parser, serving.ServingSettings)

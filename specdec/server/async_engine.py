@@ -2,7 +2,7 @@
 
 ``EngineClient`` is what the routes use. It never calls the Engine: it sends commands to an
 ``EngineLoop`` (``engine_loop.py``) and reads the loop's messages, handing each stream its Events
-(an ``asyncio.Queue`` per stream, filled through ``loop.call_soon_threadsafe``, one call per event
+(an ``EventBox`` per stream, filled through ``loop.call_soon_threadsafe``, one call per event
 loop per step) and resolving the futures its calls await. Where the loop runs:
 
     AsyncEngine     a thread of this process (tests, and code that built its own Engine)
@@ -28,7 +28,7 @@ from specdec.engine.engine import Engine
 from specdec.server import engine_loop as msg
 from specdec.server.engine_loop import EngineFacts, EngineLoop
 from specdec.server.metrics import EngineMetrics
-from specdec.server.stream import EngineUnavailable, Event, InvalidRequest, RequestStream
+from specdec.server.stream import EngineUnavailable, Event, EventBox, InvalidRequest, RequestStream
 
 
 class EngineClient:
@@ -47,7 +47,7 @@ class EngineClient:
         self.on_failure: Callable[[Exception], None] | None = None
         self._ids = itertools.count()
         # sid -> (event loop, Events queue) of the streams in flight; submitted, not yet accepted: sid -> future
-        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventBox]] = {}
         self._pending: dict[int, concurrent.futures.Future] = {}  # sids and call ids
 
     # ------------------------------------------------------------ where the loop runs
@@ -79,7 +79,7 @@ class EngineClient:
                 raise InvalidRequest(str(e)) from None
         rid = rid if rid is not None else uuid.uuid4().hex
         sid = next(self._ids)
-        events: asyncio.Queue = asyncio.Queue()
+        events = EventBox()
         accepted = self._expect(sid)
         self._streams[sid] = (asyncio.get_running_loop(), events)
         self._send(msg.Submit(sid, rid, input_ids, text, sampling_params))
@@ -195,9 +195,9 @@ class EngineClient:
             self.on_failure(error)
 
 
-def _put_all(batch: list[tuple[asyncio.Queue, Event]]) -> None:
+def _put_all(batch: list[tuple[EventBox, Event]]) -> None:
     for events, event in batch:
-        events.put_nowait(event)
+        events.put(event)
 
 
 class AsyncEngine(EngineClient):

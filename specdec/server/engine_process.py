@@ -29,6 +29,7 @@ import queue
 import signal
 import threading
 import traceback
+from typing import Any, Callable
 
 from specdec.engine.args import EngineArgs
 from specdec.server import engine_loop as msg
@@ -43,12 +44,15 @@ class EngineStartError(RuntimeError):
 
 
 class ProcessEngine(EngineClient):
-    def __init__(self, engine_args: EngineArgs, *, stream_interval: int = 1, log_level: str = "info") -> None:
-        """Start the engine process and wait until its engine is built (raises EngineStartError)."""
+    def __init__(self, engine_args: EngineArgs, *, stream_interval: int = 1, log_level: str = "info",
+                 engine_factory: Callable[[EngineArgs], Any] | None = None) -> None:
+        """Start the engine process and wait until its engine is built (raises EngineStartError).
+        ``engine_factory(engine_args)`` builds it there (default ``Engine(args=...)``; picklable: a
+        module-level function or class)."""
         context = multiprocessing.get_context("spawn")  # NOTE: CUDA cannot be used in a forked child
         self._conn, child_end = context.Pipe()
         self._process = context.Process(target=engine_main, name="specdec-engine",
-                                        args=(child_end, engine_args, stream_interval, log_level))
+                                        args=(child_end, engine_args, stream_interval, log_level, engine_factory))
         self._process.start()
         child_end.close()
         try:
@@ -114,7 +118,7 @@ class ProcessEngine(EngineClient):
 
 
 def engine_main(conn: multiprocessing.connection.Connection, engine_args: EngineArgs, stream_interval: int,
-                log_level: str) -> None:
+                log_level: str, engine_factory: Callable[[EngineArgs], Any] | None = None) -> None:
     """The engine process: build the Engine, send its facts (or the error, as a string), run the loop."""
     from specdec.engine.engine import Engine
     from specdec.engine.gc_heap import frozen_heap
@@ -123,7 +127,7 @@ def engine_main(conn: multiprocessing.connection.Connection, engine_args: Engine
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        engine = Engine(args=engine_args)
+        engine = engine_factory(engine_args) if engine_factory is not None else Engine(args=engine_args)
     except Exception as e:  # noqa: BLE001 — handed to the server, which exits with it
         if not isinstance(e, (ValueError, OSError)):  # a bad flag or path says enough in one line
             logger.error("the engine did not start:\n%s", traceback.format_exc())

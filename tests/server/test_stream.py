@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from specdec.server.stream import Event, RequestStream
+from specdec.server.stream import Event, EventBox, RequestStream
 
 
 class NoAbort:
@@ -14,10 +14,10 @@ class NoAbort:
 
 
 def stream_of(*events: Event) -> RequestStream:
-    queue: asyncio.Queue = asyncio.Queue()
+    box = EventBox()
     for e in events:
-        queue.put_nowait(e)
-    return RequestStream(NoAbort(), "r", 0, queue, prompt_ids=[7, 8])
+        box.put(e)
+    return RequestStream(NoAbort(), "r", 0, box, prompt_ids=[7, 8])
 
 
 def test_waiting_events_come_out_as_one():
@@ -49,9 +49,33 @@ def test_an_event_alone_is_itself_and_a_later_one_waits_for_the_next_read():
     async def run():
         s = stream_of(Event([5]))
         first = await s.next_event()
-        s._events.put_nowait(Event([6], finished=True, meta_info={}))
+        s._events.put(Event([6], finished=True, meta_info={}))
         return first, await s.next_event()
 
     first, second = asyncio.run(run())
     assert first.token_ids == [5] and not first.finished
     assert second.token_ids == [6] and second.finished
+
+
+def test_a_waiting_reader_wakes_for_the_next_event():
+    async def run():
+        s = stream_of()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, s._events.put, Event([1]))
+        loop.call_later(0.02, s._events.put, Event([2], finished=True, meta_info={}))
+        return await s.next_event(), await s.next_event()
+
+    first, second = asyncio.run(run())
+    assert first.token_ids == [1] and not first.finished
+    assert second.token_ids == [2] and second.finished
+
+
+def test_events_after_a_finished_one_wait_for_the_next_read():
+    """A stream's end comes out alone with the tokens before it (a client leaving after it adds an error)."""
+    async def run():
+        s = stream_of(Event([1]), Event([2], finished=True, meta_info={}), Event([], finished=True, error="x"))
+        return await s.next_event(), await s.next_event()
+
+    end, after = asyncio.run(run())
+    assert end.token_ids == [1, 2] and end.meta_info == {} and end.error is None
+    assert after.token_ids == [] and after.error == "x"

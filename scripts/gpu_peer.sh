@@ -47,6 +47,9 @@
 #                                            ("DxT:concurrency ...", default 2x1:128 1x2:128 4x1:256 2x2:256 1x4:256)
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
 #                                            `specdec bench-serving --backend openai`, MT-bench at 1-128 requests
+#                                            (SERVE_CONCURRENCY="32 128 32 128": each list's order, repeats included)
+#   bash scripts/gpu_peer.sh frontend        the server's process before an engine that costs nothing
+#                                            (benchmarks/bench_server_frontend.py): this host's streaming ceiling
 #   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
 #                                            exported SmolLM2 (do two runs agree within 5 %?)
 set -uo pipefail
@@ -271,6 +274,10 @@ case "$what" in
       done
       kill $pid; wait $pid 2>/dev/null
     done ;;
+  frontend)  # needs the router's wheels (uvloop, httptools) installed for the server's real event loop
+    vllm_env
+    python3 benchmarks/bench_server_frontend.py --concurrency ${FRONTEND_CONCURRENCY:-32 64 128} \
+      --step-ms ${FRONTEND_STEP_MS:-1.5} | tee "$OUT/frontend.log" ;;
   bench)
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
       || { tail "$OUT/export.log"; exit 1; }
@@ -280,7 +287,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|serve-wheels|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|serve-wheels|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|frontend|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

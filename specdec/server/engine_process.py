@@ -149,6 +149,11 @@ def _emitter(conn: multiprocessing.connection.Connection):
             conn.send(message)
         except (OSError, ValueError):  # the server is gone: the pump stops the loop
             pass
+        except Exception:  # noqa: BLE001 — a call's error that does not pickle: its name and message do
+            if not (isinstance(message, msg.Reply) and message.error is not None):
+                raise
+            error = message.error
+            emit(msg.Reply(message.call_id, error=RuntimeError(f"{type(error).__name__}: {error}")))
 
     return emit
 

@@ -117,3 +117,18 @@ def test_a_dead_tensor_parallel_rank_ends_the_streams_and_the_server():
         assert proc.wait(timeout=60) != 0
         assert "worker 1 died" in proc.stdout.read().decode()
     assert wait_gone(engine_pid)
+
+
+def test_a_call_error_that_does_not_pickle_reaches_the_server_by_name():
+    from multiprocessing import Pipe
+
+    from specdec.server import engine_loop as msg
+    from specdec.server.engine_process import _emitter
+
+    class Odd(Exception):  # a local class: pickle cannot name it
+        pass
+
+    here, there = Pipe()
+    _emitter(there)(msg.Reply(7, error=Odd("no")))
+    reply = here.recv()
+    assert reply.call_id == 7 and isinstance(reply.error, RuntimeError) and str(reply.error) == "Odd: no"

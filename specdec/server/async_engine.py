@@ -46,7 +46,7 @@ class EngineClient:
         self.failure: Exception | None = None
         self.on_failure: Callable[[Exception], None] | None = None
         self._ids = itertools.count()
-        # sid -> (event loop, Events queue) of the streams in flight; submitted, not yet accepted: sid -> future
+        # sid -> (event loop, EventBox) of the streams in flight; a submit or call waiting for its answer: id -> future
         self._streams: dict[int, tuple[asyncio.AbstractEventLoop, EventBox]] = {}
         self._pending: dict[int, concurrent.futures.Future] = {}  # sids and call ids
 
@@ -82,7 +82,12 @@ class EngineClient:
         events = EventBox()
         accepted = self._expect(sid)
         self._streams[sid] = (asyncio.get_running_loop(), events)
-        self._send(msg.Submit(sid, rid, input_ids, text, sampling_params))
+        try:
+            self._send(msg.Submit(sid, rid, input_ids, text, sampling_params))
+        except EngineUnavailable:
+            self._streams.pop(sid, None)
+            self._pending.pop(sid, None)
+            raise
         try:
             reply: msg.Accepted = await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:
@@ -124,11 +129,13 @@ class EngineClient:
     def call_future(self, method: str, *args) -> concurrent.futures.Future:
         call_id = next(self._ids)
         done = self._expect(call_id)
-        if not self.alive:
-            self._pending.pop(call_id)
-            done.set_exception(EngineUnavailable("the engine is not running"))
-        else:
+        try:
+            if not self.alive:
+                raise EngineUnavailable("the engine is not running")
             self._send(msg.Call(call_id, method, args))
+        except EngineUnavailable as e:
+            self._pending.pop(call_id, None)
+            done.set_exception(e)
         return done
 
     async def drain(self, timeout: float, *, poll_s: float = 0.05) -> int:

@@ -57,3 +57,16 @@ def wait_healthy(proc: subprocess.Popen, url: str, *, timeout: float = 60.0) -> 
             pass
         assert time.monotonic() < deadline, f"specdec serve at {url} did not come up in {timeout:.0f} s"
         time.sleep(0.2)
+
+
+def stream_chunks(url: str, body: dict, *, after_first=None, timeout: float = 60.0) -> list[str]:
+    """The ``data:`` payloads of a streamed ``/generate`` (``"[DONE]"`` included); ``after_first()`` runs once
+    the first arrives (a signal sent mid-request)."""
+    chunks = []
+    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True}, timeout=timeout) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line[6:])
+                if len(chunks) == 1 and after_first is not None:
+                    after_first()
+    return chunks

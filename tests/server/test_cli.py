@@ -3,7 +3,6 @@
 import json
 import signal
 
-import httpx
 import pytest
 
 from specdec.cli.serve import build_parser
@@ -11,7 +10,7 @@ from specdec.engine.args import EngineArgs
 from specdec.server import app as server_app
 from specdec.server.settings import ServerSettings
 
-from ..serve_process import serve_process
+from ..serve_process import serve_process, stream_chunks
 
 
 
@@ -31,15 +30,9 @@ def test_serve_command_answers_and_drains_on_sigterm(tp_size):
     """SIGTERM mid-request: the request finishes, then the server exits 0; with --tp-size 2 (gloo
     on CPU) that includes stopping the worker and tearing down the process group."""
     with serve_process("--tp-size", str(tp_size)) as (url, proc):
-        body = {"text": "Once upon a time", "sampling_params": {"temperature": 0, "max_new_tokens": 48},
-                "stream": True}
-        chunks = []
-        with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    chunks.append(line[6:])
-                    if len(chunks) == 1:
-                        proc.send_signal(signal.SIGTERM)  # in flight: must still finish
+        body = {"text": "Once upon a time", "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
+        # in flight at the signal: must still finish
+        chunks = stream_chunks(url, body, after_first=lambda: proc.send_signal(signal.SIGTERM))
         assert chunks[-1] == "[DONE]"
         last = json.loads(chunks[-2])
         assert last["meta_info"]["finish_reason"] in ("length", "stop") and last["text"].strip()

@@ -14,9 +14,10 @@ import httpx
 from specdec.engine.embedded import DEFAULT_MODEL
 from specdec.engine.engine import Engine
 
-from ..serve_process import REPO, serve_process
+from ..serve_process import REPO, serve_process, stream_chunks
 
 PROMPT = "Once upon a time"
+LONG = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}}
 
 
 def engine_processes(pid: int) -> list[int]:
@@ -66,15 +67,7 @@ def test_the_engine_runs_in_its_own_process_and_answers_as_offline():
 def test_a_dead_engine_process_ends_the_streams_and_the_server():
     with serve_process() as (url, proc):
         (engine_pid,) = engine_processes(proc.pid)
-        body = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
-                "stream": True}
-        chunks = []
-        with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    chunks.append(line[6:])
-                    if len(chunks) == 1:
-                        os.kill(engine_pid, signal.SIGKILL)
+        chunks = stream_chunks(url, LONG, after_first=lambda: os.kill(engine_pid, signal.SIGKILL))
         last = json.loads(next(c for c in reversed(chunks) if c != "[DONE]"))
         assert "the engine process exited" in last["error"]["message"], chunks[-3:]
         assert proc.wait(timeout=30) != 0
@@ -103,15 +96,7 @@ def test_a_dead_tensor_parallel_rank_ends_the_streams_and_the_server():
     with serve_process("--tp-size", "2") as (url, proc):
         (engine_pid,) = engine_processes(proc.pid)
         (rank1,) = engine_processes(engine_pid)
-        body = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
-                "stream": True}
-        chunks = []
-        with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    chunks.append(line[6:])
-                    if len(chunks) == 1:
-                        os.kill(rank1, signal.SIGKILL)
+        chunks = stream_chunks(url, LONG, after_first=lambda: os.kill(rank1, signal.SIGKILL))
         last = json.loads(next(c for c in reversed(chunks) if c != "[DONE]"))
         assert "worker 1 died" in last["error"]["message"], chunks[-3:]
         assert proc.wait(timeout=60) != 0

@@ -49,8 +49,7 @@ class Event:
 
 class EventBox:
     """Where a stream's Events wait to be read, on the stream's event loop: ``put`` one, ``take`` all that
-    wait as one (up to a finished one). Lighter than an asyncio.Queue a stream: a step puts one Event in
-    each of a hundred boxes."""
+    wait as one (up to a finished one), their tokens joined once."""
 
     __slots__ = ("_events", "_waiter")
 

@@ -34,6 +34,12 @@ class Event:
     # prefill: streamed chunks report it before the request's meta_info exists
     cached_tokens: int = 0
 
+    def __reduce__(self):
+        # NOTE: the engine's process pickles a step's Events for the server's: by its fields in order, 73 us
+        # a step of 128 (189 us by the slots default) and 53 us to unpickle (194 us), on our CPU
+        return Event, (self.token_ids, self.finished, self.meta_info, self.error, self.status, self.logprobs,
+                       self.top_logprobs, self.cached_tokens)
+
     @staticmethod
     def joined(events: list["Event"]) -> "Event":
         """Several Events of a stream as one: their tokens (and logprobs) in order, the last one's end."""

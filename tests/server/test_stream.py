@@ -79,3 +79,17 @@ def test_events_after_a_finished_one_wait_for_the_next_read():
     end, after = asyncio.run(run())
     assert end.token_ids == [1, 2] and end.meta_info == {} and end.error is None
     assert after.token_ids == [] and after.error == "x"
+
+
+def test_an_event_pickles_to_itself():
+    """The engine's process sends Events to the server's by pickle (``Event.__reduce__``: every field)."""
+    import dataclasses
+    import pickle
+
+    full = Event([1, 2], finished=True, meta_info={"finish_reason": "stop"}, error="e", status=500,
+                 logprobs=[-0.1, -0.2], top_logprobs=[[(1, -0.1)], [(2, -0.2)]], cached_tokens=3)
+    for event in (Event([7]), full):
+        assert pickle.loads(pickle.dumps(event)) == event
+    # __reduce__ passes the fields by position: a field added or moved must be added or moved there
+    assert [f.name for f in dataclasses.fields(Event)] == ["token_ids", "finished", "meta_info", "error", "status",
+                                                           "logprobs", "top_logprobs", "cached_tokens"]

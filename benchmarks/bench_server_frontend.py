@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import signal
 import subprocess
 import sys
@@ -36,11 +37,11 @@ from specdec.models.tokenizer import load_tokenizer  # noqa: E402
 
 
 class InstantEngine:
-    """What ``EngineLoop`` calls of an Engine: a step sleeps ``step_ms`` and gives each running request one token."""
+    """What ``EngineLoop`` calls of an Engine: a step sleeps ``step_s`` and gives each running request one token."""
 
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, *, step_s: float) -> None:
         self.args = args
-        self.step_s = float(args.model_path.split(":")[1]) / 1e3  # "instant:<step ms>"
+        self.step_s = step_s
         self.tokenizer = load_tokenizer(DEFAULT_MODEL)
         self.context_length = 1 << 16
         self.vocab = self.tokenizer.vocab_size
@@ -96,8 +97,8 @@ def serve(port: int, step_ms: float, profile: str | None) -> None:
     from specdec.server.app import GracefulServer, create_app
     from specdec.server.engine_process import ProcessEngine
 
-    engine = ProcessEngine(EngineArgs(model_path=f"instant:{step_ms}"), log_level="warning",
-                           engine_factory=InstantEngine)
+    engine = ProcessEngine(EngineArgs(model_path="instant"), log_level="warning",
+                           engine_factory=functools.partial(InstantEngine, step_s=step_ms / 1e3))
     config = uvicorn.Config(create_app(engine, model_name="instant"), host="127.0.0.1", port=port, log_level="warning")
     server = GracefulServer(config, engine, drain_timeout=1.0)
     profiler = cProfile.Profile() if profile else None
@@ -110,6 +111,24 @@ def serve(port: int, step_ms: float, profile: str | None) -> None:
             profiler.disable()
             profiler.dump_stats(profile)
         engine.stop()
+
+
+def wait_healthy(server: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
+    """Until ``url``/health answers 200; raises if the server exits or the time runs out first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"the server exited (status {server.returncode}) before it served")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server at {url} did not come up in {timeout:.0f} s")
+        time.sleep(0.1)
 
 
 def main() -> None:
@@ -128,14 +147,7 @@ def main() -> None:
     server = subprocess.Popen(cmd + (["--profile", args.profile] if args.profile else []))
     url = f"http://127.0.0.1:{args.port}"
     try:
-        import httpx
-
-        for _ in range(300):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_healthy(server, url)
         for c in args.concurrency:
             out = subprocess.run([sys.executable, "-m", "specdec.cli.bench", "bench-serving", "--backend", "openai",
                                   "--base-url", url, "--dataset", "tinystories", "--num-prompts", str(2 * c),

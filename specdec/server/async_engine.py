@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import threading
 import time
@@ -164,10 +165,7 @@ class EngineClient:
         elif isinstance(message, msg.Accepted):
             self._resolve(message.sid, message)
         elif isinstance(message, msg.Reply):
-            if message.error is not None:
-                self._resolve(message.call_id, error=message.error)
-            else:
-                self._resolve(message.call_id, message.result)
+            self._resolve(message.call_id, message.result, error=message.error)
         elif isinstance(message, msg.Failed):
             self._failed(RuntimeError(f"the engine failed: {message.message}"))
 
@@ -185,12 +183,15 @@ class EngineClient:
         for sid, event in items:
             stream = self._streams.pop(sid, None) if event.finished else self._streams.get(sid)
             if stream is not None:
-                by_loop.setdefault(stream[0], []).append((stream[1], event))
+                by_loop.setdefault(stream[0], []).append((sid, stream[1], event))
         for loop, batch in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, batch)
-            except RuntimeError:  # that event loop is closed: nobody listens
-                pass
+            except RuntimeError:  # that event loop is closed: nobody listens, free what its streams hold
+                for sid, _, event in batch:
+                    if not event.finished and self._streams.pop(sid, None) is not None:
+                        with contextlib.suppress(EngineUnavailable):  # gone too: nothing holds the KV
+                            self._send(msg.Abort(None, sid=sid))
 
     def _failed(self, error: Exception) -> None:
         """The engine is gone: refuse requests, end the streams and calls left, tell ``on_failure``."""
@@ -202,8 +203,8 @@ class EngineClient:
             self.on_failure(error)
 
 
-def _put_all(batch: list[tuple[EventBox, Event]]) -> None:
-    for events, event in batch:
+def _put_all(batch: list[tuple[int, EventBox, Event]]) -> None:
+    for _, events, event in batch:
         events.put(event)
 
 

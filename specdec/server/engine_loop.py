@@ -45,7 +45,7 @@ class Submit:
 
 @dataclasses.dataclass
 class Abort:
-    rid: str | None  # None: every request in flight
+    rid: str | None  # None: every request in flight (with sid: the request of that stream)
     # True: the request's stream ends with its tokens so far and finish_reason "abort" (SGLang's
     # /abort_request); False: nobody reads the stream any more (the client left)
     notify: bool = False

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 
 import httpx
 import pytest
@@ -144,3 +145,28 @@ def test_the_engine_loop_thread_binds_the_engines_device(models):
     finally:
         del plain.bind_thread
     assert bound == ["specdec-engine"]
+
+
+def test_a_stream_whose_event_loop_closed_is_aborted(models):
+    """Nobody can read a stream whose event loop closed: its request is aborted (its KV freed), not run
+    to its end."""
+    from specdec.server.async_engine import AsyncEngine
+
+    _, _, plain = models
+    loop = AsyncEngine(plain)
+    loop.start()
+    try:
+        async def submit():
+            return await loop.submit(input_ids=[3, 4, 5], sampling_params={**GREEDY, "max_new_tokens": 400})
+
+        asyncio.run(submit())  # that event loop closes with the request running
+        deadline = time.monotonic() + 60
+        while loop.on_engine(lambda e: e.scheduler.has_work).result(60):
+            assert time.monotonic() < deadline, "the request was not aborted"
+            time.sleep(0.01)
+        assert kv_is_free(plain)
+        tokens = next(float(line.split()[1]) for line in loop.metrics.render().decode().splitlines()
+                      if line.startswith("specdec:generation_tokens_total "))
+        assert tokens < 400, f"the request ran to its end ({tokens:.0f} tokens)"
+    finally:
+        loop.stop()

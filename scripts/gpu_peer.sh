@@ -47,7 +47,9 @@
 #                                            ("DxT:concurrency ...", default 2x1:128 1x2:128 4x1:256 2x2:256 1x4:256)
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
 #                                            `specdec bench-serving --backend openai`, MT-bench at 1-128 requests
-#                                            (SERVE_CONCURRENCY="32 128 32 128": each list's order, repeats included)
+#                                            (SERVE_CONCURRENCY), SERVE_PASSES times over (default 3: the table
+#                                            takes each cell's median run); specdec's engine steps and the Triton
+#                                            kernels it built while serving are printed per run
 #   bash scripts/gpu_peer.sh frontend        the server's process before an engine that costs nothing
 #                                            (benchmarks/bench_server_frontend.py): this host's streaming ceiling
 #   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
@@ -264,13 +266,16 @@ case "$what" in
       esac
       pid=$!
       wait_http http://127.0.0.1:30000/v1/models 300 $pid || { tail -5 "$log"; continue; }
-      for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
-        n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
-        timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
-          --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm \
-          --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance"
-        [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json "$run" \
-          smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
+      for pass in $(seq "${SERVE_PASSES:-3}"); do
+        for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
+          n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
+          echo "-- $run pass $pass, $c requests at once"
+          timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
+            --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm \
+            --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps"
+          [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json "$run" \
+            smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
+        done
       done
       kill $pid; wait $pid 2>/dev/null
     done ;;

@@ -177,14 +177,16 @@ def test_openai_backend_reads_the_acceptance_length_from_the_servers_metrics(tmp
         before = []
         results, seconds = asyncio.run(run_workload(
             server.url, prompts, temperature=0.0, concurrency=2, request_rate=float("inf"), seed=0, timeout=30.0,
-            progress=False, on_start=lambda: before.append(serving.spec_counters(server.url, 5.0))))
-        after = serving.spec_counters(server.url, 5.0)
+            progress=False, on_start=lambda: before.append(serving.spec_counters(serving.read_metrics(server.url, 5.0)))))
+        after = serving.spec_counters(serving.read_metrics(server.url, 5.0))
         openai = _bench(tmp_path, server.url, "--backend", "openai", "--dataset", "tinystories", "--num-prompts", "3",
                         "--max-new-tokens", "12", "--concurrency", "2")["speculative"]
     generate = summarize(results, seconds)
     assert generate["verify_steps"] > 0 and after[0] - before[0][0] == generate["verify_steps"]
     assert serving._acceptance_from_metrics(before[0], after) == pytest.approx(generate["acceptance_length"])
     assert openai["acceptance_source"] == "/metrics" and openai["acceptance_length"] > 1.0
+    steps = openai["engine_steps"]  # the run's steps, from the server's step-time histogram
+    assert steps["steps"] >= 12 // 4 and steps["mean_ms"] > 0 and steps["kernel_builds"] == 0
 
 
 def test_spec_counters_read_vllms_names_and_none_elsewhere(monkeypatch):
@@ -208,8 +210,10 @@ def test_spec_counters_read_vllms_names_and_none_elsewhere(monkeypatch):
             pass
 
     monkeypatch.setattr(serving.httpx, "get", lambda url, timeout: Response(url))
-    assert serving.spec_counters("http://vllm", 1.0) == (40.0, 55.0)
-    assert serving.spec_counters("http://other", 1.0) is None
+    assert serving.spec_counters(serving.read_metrics("http://vllm", 1.0)) == (40.0, 55.0)
+    assert serving.spec_counters(serving.read_metrics("http://other", 1.0)) is None
+    assert serving.engine_steps(serving.read_metrics("http://vllm", 1.0), serving.read_metrics("http://vllm", 1.0)) \
+        is None  # no specdec step histogram
     assert serving._acceptance_from_metrics((40.0, 55.0), (60.0, 85.0)) == 2.5  # 1 + 30 / 20
     assert serving._acceptance_from_metrics((40.0, 55.0), (40.0, 55.0)) is None  # nothing verified
 
@@ -217,3 +221,31 @@ def test_spec_counters_read_vllms_names_and_none_elsewhere(monkeypatch):
 def test_openai_backend_refuses_what_needs_generate(tmp_path):
     with pytest.raises(ValueError, match="--backend openai"):
         _bench(tmp_path, "http://127.0.0.1:9", "--backend", "openai", "--multi-turn")
+
+
+def test_engine_steps_count_slow_steps_and_kernel_builds_between_two_readings(monkeypatch):
+    """Between two /metrics readings of a specdec server: 10 steps (one of them 0.3 s) and one
+    Triton kernel built in 0.2 s while serving."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from specdec.bench import serving
+    from specdec.server.metrics import EngineMetrics
+
+    class Response:
+        def __init__(self, url, timeout):
+            self.text = generate_latest(metrics.registry).decode()
+
+        def raise_for_status(self):
+            pass
+
+    monkeypatch.setattr(serving.httpx, "get", Response)
+    metrics = EngineMetrics(registry=CollectorRegistry())
+    for _ in range(4):
+        metrics.observe_step(0.002, num_running=1, num_queue=0)
+    before = serving.read_metrics("http://specdec", 1.0)
+    for seconds in [0.001] * 8 + [0.3, 0.05]:  # 0.05 s is not over the bound: buckets are <= le
+        metrics.observe_step(seconds, num_running=1, num_queue=0)
+    metrics.observe_kernel_build(0.2)
+    steps = serving.engine_steps(before, serving.read_metrics("http://specdec", 1.0))
+    assert steps == {"steps": 10, "mean_ms": pytest.approx(1e3 * (0.008 + 0.35) / 10), "slow_steps": 1,
+                     "kernel_builds": 1, "kernel_build_ms": pytest.approx(200.0)}

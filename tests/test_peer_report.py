@@ -33,6 +33,17 @@ def test_table_puts_each_engines_best_side_by_side():
     assert cells[7] == "eagle3: 2/3; eagle3-k3: 3/3"
 
 
+def test_a_configuration_run_several_times_is_its_median_run_with_the_range():
+    """Three runs of specdec's eagle3 (900, 1300, 1000 tok/s) and two of vLLM's plain (600, 640): the
+    median run of each (1000; the lower middle of two, 600) enters the ratio, the ranges beside them."""
+    rows = ROWS[:1] + [_row("specdec", "eagle3", t, ["a", "b", "c"]) for t in (900.0, 1300.0, 1000.0)] \
+        + [_row("vllm", "plain", t, ["a", "b", "c"]) for t in (600.0, 640.0)]
+    [_, _, line] = report.table(rows)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3] == "1000 (900-1300) (eagle3)" and cells[4] == "600 (600-640) (plain)"
+    assert cells[5] == "1.67" and cells[6] == "1.43"
+
+
 def test_diagnostic_rows_stay_out_of_the_record(tmp_path):
     """offline.py's --force and --waiting rows measure one choice or setting, not a configuration."""
     rows = tmp_path / "rows.jsonl"

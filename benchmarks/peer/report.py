@@ -5,7 +5,8 @@
 
 ``peer.json`` is a list of ``{"workload", "concurrency", "ctx", "engine", "config", "tok_s", "tau",
 "ttft_ms", "tpot_ms"}`` (plus ``ms_per_step`` for decode rows). The table puts each cell's best
-configuration of each engine side by side (the ratio is specdec's best over vLLM's best), then
+configuration of each engine side by side (the ratio is specdec's best over vLLM's best; a configuration
+measured several times in a cell is its median run, the range of the runs beside it), then
 specdec's speculation over its own plain decoding, and how many greedy answers each speculative
 configuration left equal to its engine's plain answers.
 """
@@ -29,11 +30,19 @@ def load_rows(path: str) -> list[dict]:
 
 
 def cells(rows: list[dict]) -> dict[tuple, dict[tuple[str, str], dict]]:
-    """(workload, concurrency, ctx) -> (engine, config) -> row."""
-    out: dict[tuple, dict] = defaultdict(dict)
+    """(workload, concurrency, ctx) -> (engine, config) -> row; a configuration measured several times
+    in a cell is its median run (by tok/s), with every run's tok/s as ``runs``."""
+    out: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        out[(r["workload"], r["concurrency"], r["ctx"])][(r["engine"], r["config"])] = r
-    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][2] or 0, kv[0][1])))
+        out[(r["workload"], r["concurrency"], r["ctx"])][(r["engine"], r["config"])].append(r)
+    return {cell: {key: _median_run(runs) for key, runs in configs.items()}
+            for cell, configs in sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][2] or 0, kv[0][1]))}
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The median run of several (the lower middle one of an even count), its rate among all of them."""
+    ranked = sorted(runs, key=lambda r: r["tok_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "runs": [r["tok_s"] for r in runs]}
 
 
 def best(cell: dict, engine: str) -> tuple[str, dict] | None:
@@ -63,6 +72,12 @@ def _fmt(x, spec=".0f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _rate(row: dict) -> str:
+    """tok/s, and the range of the runs where there were several."""
+    runs = row.get("runs", [])
+    return _fmt(row["tok_s"]) + (f" ({_fmt(min(runs))}-{_fmt(max(runs))})" if len(runs) > 1 else "")
+
+
 def table(rows: list[dict]) -> list[str]:
     lines = ["| workload | conc. | ctx | specdec best (tok/s, config) | vLLM best (tok/s, config) | specdec / vLLM "
              "| specdec spec / plain | greedy equal to plain (specdec; vLLM) |",
@@ -75,8 +90,8 @@ def table(rows: list[dict]) -> list[str]:
         own = max(r["tok_s"] for r in spec) / plain["tok_s"] if plain and spec else None
         equal = [_equal_column(cell, engine) for engine in ("specdec", "vllm")]
         lines.append(f"| {workload} | {conc} | {_fmt(ctx)} | "
-                     f"{_fmt(ours and ours[1]['tok_s'])} ({ours[0] if ours else '—'}) | "
-                     f"{_fmt(theirs and theirs[1]['tok_s'])} ({theirs[0] if theirs else '—'}) | "
+                     f"{_rate(ours[1]) if ours else '—'} ({ours[0] if ours else '—'}) | "
+                     f"{_rate(theirs[1]) if theirs else '—'} ({theirs[0] if theirs else '—'}) | "
                      f"{_fmt(ratio, '.2f')} | {_fmt(own, '.2f')} | {equal[0]}; {equal[1]} |")
     return lines
 
@@ -116,7 +131,7 @@ def serving_row(result: dict, *, workload: str, engine: str, config: str) -> dic
             "config": config, "tok_s": run["throughput_tok_s"], "tau": run["acceptance_length"],
             "ttft_ms": run["ttft_ms"]["median"] if run["ttft_ms"] else None,
             "tpot_ms": run["tpot_ms"]["median"] if run["tpot_ms"] else None,
-            "completed": run["completed"], "failed": run["failed"]}
+            "completed": run["completed"], "failed": run["failed"]} | (run.get("engine_steps") or {})
 
 
 def lookup_record(rows: list[dict], model: str) -> list[dict]:

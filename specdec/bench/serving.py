@@ -55,6 +55,8 @@ SPEC_COUNTERS = (
     ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"),
     ("specdec:spec_verify_steps", "specdec:spec_accepted_tokens"),  # summed over the draft depths
 )
+# an engine step slower than this is counted apart (a bucket bound of specdec's step-time histogram)
+SLOW_STEP_S = 0.05
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,12 +137,12 @@ def model_info(base_url: str, timeout: float, backend: str = "sglang") -> dict:
     return {"model_path": models[0]["id"], "served_model": models[0]["id"], "has_tokenizer": True}
 
 
-def spec_counters(base_url: str, timeout: float) -> tuple[float, float] | None:
-    """(verify steps, accepted draft tokens) the server has counted so far, from its ``/metrics``;
-    None where it exposes neither vLLM's nor specdec's counters (or no ``/metrics``)."""
+def read_metrics(base_url: str, timeout: float) -> dict[str, float] | None:
+    """The server's ``/metrics``, each sample summed over its labels but a histogram bucket's ``le``
+    (``name{le=0.05}``); None without ``/metrics`` (or without prometheus_client, the serve extra's)."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
-    except ImportError:  # prometheus_client comes with the serve extra
+    except ImportError:
         return None
     try:
         response = httpx.get(f"{base_url}/metrics", timeout=timeout)
@@ -148,12 +150,19 @@ def spec_counters(base_url: str, timeout: float) -> tuple[float, float] | None:
         families = list(text_string_to_metric_families(response.text))
     except (httpx.HTTPError, ValueError):
         return None
-    totals: collections.Counter[str] = collections.Counter()  # each counter summed over its labels
-    for sample in (s for family in families for s in family.samples if s.name.endswith("_total")):
-        totals[sample.name.removesuffix("_total")] += sample.value
+    totals: collections.Counter[str] = collections.Counter()
+    for sample in (s for family in families for s in family.samples):
+        le = sample.labels.get("le")
+        totals[sample.name if le is None else f"{sample.name}{{le={float(le):g}}}"] += sample.value
+    return dict(totals)
+
+
+def spec_counters(metrics: dict[str, float] | None) -> tuple[float, float] | None:
+    """(verify steps, accepted draft tokens) in a ``read_metrics`` reading; None where the server
+    exposes neither vLLM's nor specdec's counters."""
     for steps, accepted in SPEC_COUNTERS:
-        if steps in totals:
-            return totals[steps], totals[accepted]
+        if metrics and f"{steps}_total" in metrics:
+            return metrics[f"{steps}_total"], metrics.get(f"{accepted}_total", 0.0)
     return None
 
 
@@ -164,20 +173,38 @@ def _acceptance_from_metrics(before: tuple[float, float] | None, after: tuple[fl
     return 1.0 + (after[1] - before[1]) / (after[0] - before[0])
 
 
+def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """A specdec server's engine steps between two ``read_metrics`` readings: how many, their mean wall
+    time, how many took longer than SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled
+    its step; ``specdec.engine.jit_watch``). None for other servers."""
+    name = "specdec:step_time_seconds"
+    if not before or not after or f"{name}_count" not in after:
+        return None
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    steps = delta(f"{name}_count")
+    return {"steps": int(steps), "mean_ms": 1e3 * delta(f"{name}_sum") / steps if steps else None,
+            "slow_steps": int(steps - delta(f"{name}_bucket{{le={SLOW_STEP_S:g}}}")),
+            "kernel_builds": int(delta("specdec:kernel_builds_total")),
+            "kernel_build_ms": 1e3 * delta("specdec:kernel_build_seconds_total")}
+
+
 def _measure(url: str, prompts: list[Prompt], *, desc: str, model: str | None, **run) -> dict:
-    """One workload against one server: ``summarize``'s figures; over the OpenAI API, the acceptance
-    length from the server's ``/metrics``."""
-    openai = run["backend"] == "openai"
+    """One workload against one server: ``summarize``'s figures; from the server's ``/metrics``, the
+    engine's steps and, over the OpenAI API, the acceptance length."""
     before = []  # read after the warm-up request
 
-    def read_counters() -> None:
-        before.append(spec_counters(url, run["timeout"]))
+    def read_before() -> None:
+        before.append(read_metrics(url, run["timeout"]))
 
-    res = summarize(*asyncio.run(run_workload(url, prompts, desc=desc, model=model,
-                                              on_start=read_counters if openai else None, **run)))
-    if openai:
-        res["acceptance_length"] = _acceptance_from_metrics(before[0], spec_counters(url, run["timeout"]))
+    res = summarize(*asyncio.run(run_workload(url, prompts, desc=desc, model=model, on_start=read_before, **run)))
+    after = read_metrics(url, run["timeout"])
+    if run["backend"] == "openai":
+        res["acceptance_length"] = _acceptance_from_metrics(spec_counters(before[0]), spec_counters(after))
         res["acceptance_source"] = "/metrics" if res["acceptance_length"] is not None else None
+    res["engine_steps"] = engine_steps(before[0], after)
     return res
 
 
@@ -323,6 +350,11 @@ def print_report(res: dict) -> None:
     source = " (the server's /metrics over the run)" if spec.get("acceptance_source") else ""
     print(f"Acceptance length: {accept:.2f}{source}" if accept is not None else
           "Acceptance length: n/a (no verify steps: the server does not speculate, or nothing succeeded)")
+    steps = spec.get("engine_steps")
+    if steps and steps["steps"]:
+        print(f"Engine steps: {steps['steps']} (mean {steps['mean_ms']:.2f} ms, {steps['slow_steps']} over "
+              f"{1e3 * SLOW_STEP_S:.0f} ms); Triton kernels built while serving: {steps['kernel_builds']}"
+              + (f" ({steps['kernel_build_ms']:.0f} ms)" if steps["kernel_builds"] else ""))
     if res["speedup"] is not None:
         print(f"Speedup: {res['speedup']:.2f}")
     else:

@@ -186,6 +186,7 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
     spread of all of them, and their engine steps by kind (``steps``: prefill, or the decode step's
     choice, with the mean wall time of one)."""
     from specdec.engine.gc_heap import frozen_heap
+    from specdec.engine.jit_watch import JitWatch
 
     steps = StepLog(engine)
     if plan.full_warmup:
@@ -199,14 +200,16 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
     with frozen_heap():  # as a server runs: the built engine kept out of the collector's passes
         for i in range(plan.repeats):
             seconds, tokens, results = 0.0, 0, []
-            for _ in range(passes):
-                s, out = _pass(engine, prompts, params, steps, desc=f"{desc} run {i + 1}/{plan.repeats}",
-                               progress=progress)
-                seconds += s
-                tokens += sum(r["meta_info"]["completion_tokens"] for r in out)
-                results += out
+            with JitWatch() as built:
+                for _ in range(passes):
+                    s, out = _pass(engine, prompts, params, steps, desc=f"{desc} run {i + 1}/{plan.repeats}",
+                                   progress=progress)
+                    seconds += s
+                    tokens += sum(r["meta_info"]["completion_tokens"] for r in out)
+                    results += out
             runs.append({"seconds": seconds, "completion_tokens": tokens, "throughput_tok_s": tokens / seconds,
-                         "steps": steps.take(), "output_ids": [r["output_ids"] for r in results[:len(prompts)]]})
+                         "steps": steps.take(), "kernels_built": built.kernels,
+                         "output_ids": [r["output_ids"] for r in results[:len(prompts)]]})
             first = first or results
     rates = [r["throughput_tok_s"] for r in runs]
     committed = [k + 1 for r in first for k in r["meta_info"]["spec_accept_lengths"]]
@@ -301,6 +304,12 @@ def print_report(res: dict) -> None:
     for row in format_histogram(res["speculative"]["acceptance_histogram"]):
         print(row)
     for name in ("baseline", "speculative"):
+        built = {k: v for run in res[name]["runs"] for k, v in run["kernels_built"].items()}
+        if built:
+            print(f"Warning: Triton built {len(built)} kernel(s) during the timed {name} runs "
+                  f"({1e3 * sum(built.values()):.0f} ms the steps waited; the warm-up missed them):", file=sys.stderr)
+            for kernel, seconds in built.items():
+                print(f"  {1e3 * seconds:.0f} ms  {kernel}", file=sys.stderr)
         spread = res[name]["spread"]["relative"]
         if spread > DISAGREEMENT:
             print(f"Warning: the {len(res[name]['runs'])} timed {name} runs disagree by {100 * spread:.1f} % "

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from specdec.engine.engine import Engine
+from specdec.engine.jit_watch import JitWatch, log_build
 from specdec.engine.request import Request
 from specdec.engine.tp_worker import TPWorkerError
 from specdec.server.metrics import EngineMetrics
@@ -150,16 +151,21 @@ class EngineLoop:
     def run(self) -> None:
         """Serve commands and steps until ``Stop`` (or a failed rank)."""
         self.engine.bind_thread()
-        while True:
-            try:
-                if not self._iteration():
+        with JitWatch(on_build=self._kernel_built):
+            while True:
+                try:
+                    if not self._iteration():
+                        return
+                except TPWorkerError as e:
+                    self._fail(e)
                     return
-            except TPWorkerError as e:
-                self._fail(e)
-                return
-            except Exception:  # noqa: BLE001 — a bug must not leave clients waiting forever
-                logger.exception("engine loop failed; aborting all requests")
-                self.abort_all("internal engine error", status=500)
+                except Exception:  # noqa: BLE001 — a bug must not leave clients waiting forever
+                    logger.exception("engine loop failed; aborting all requests")
+                    self.abort_all("internal engine error", status=500)
+
+    def _kernel_built(self, name: str, seconds: float) -> None:
+        log_build(name, seconds)
+        self.metrics.observe_kernel_build(seconds)
 
     # ------------------------------------------------------------ what a Call may run
     def num_in_flight(self) -> int:

@@ -19,6 +19,11 @@ Prefix cache and KV pool (SGLang's names):
     specdec:token_usage               fraction of the KV pool requests hold (unused cached pages count free)
     specdec:num_retracted_reqs_total  running requests retracted when the KV pool ran full (recomputed later)
 
+Stalls:
+
+    specdec:kernel_builds_total           Triton kernel variants built while serving (``engine/jit_watch.py``):
+    specdec:kernel_build_seconds_total    each stalled the step that launched it for this long
+
 Example: three verify steps with k = 2, 0, 1 → accept_length (3 + 1 + 2) / 3 = 2.0,
 accept_rate{1} = 2/3, accept_rate{2} = 1/3, accept_rate{3..S} = 0.
 
@@ -64,6 +69,10 @@ class EngineMetrics:
         self.token_usage = Gauge(p + "token_usage", "Fraction of the KV pool that requests hold", registry=r)
         self.retracted = Counter(p + "num_retracted_reqs", "Requests retracted when the KV pool ran full",
                                  registry=r)
+        self.kernel_builds = Counter(p + "kernel_builds", "Triton kernel variants built while serving (each "
+                                     "stalls its step)", registry=r)
+        self.kernel_build_seconds = Counter(p + "kernel_build_seconds", "Time steps waited for Triton kernel "
+                                            "builds while serving", registry=r)
         self._cache_totals: dict[str, int] = {}
         self._shape_steps: dict[str, int] = {}
         self._steps = 0
@@ -114,6 +123,10 @@ class EngineMetrics:
                 self._cache_totals[key] = stats[key]
         held = stats["num_pages"] - stats["free_pages"] - stats["evictable_pages"]
         self.token_usage.set(held / stats["num_pages"] if stats["num_pages"] else 0.0)
+
+    def observe_kernel_build(self, seconds: float) -> None:
+        self.kernel_builds.inc()
+        self.kernel_build_seconds.inc(seconds)
 
     def observe_step(self, seconds: float, *, num_running: int, num_queue: int) -> None:
         self.step_time.observe(seconds)

@@ -1,0 +1,107 @@
+"""Triton kernels first launched while serving: each one stalls the step that needs it.
+
+Triton builds a kernel per specialization of its arguments (dtypes, constexprs, and integer arguments
+equal to 1 or divisible by 16) the first time a process launches it: loaded from its disk cache that
+takes milliseconds, compiled 0.1-1 s, and the step that launched it waits (a new 12-node lookup's first
+step stalled ~0.6 s on an H200: benchmarks/results/2026-11-29-h200-ngram-device). The engine warms what
+it can before serving; ``JitWatch`` names what it missed, so that a stall is found, not guessed:
+
+    with JitWatch() as watch:        # the span being served or timed
+        ...
+    watch.count, watch.seconds       # kernel variants built in the span, and the time they took
+    watch.kernels                    # {"_commit_kernel[...](n: i32:16, ...)": seconds}
+
+It listens through Triton's JIT hooks (``triton.knobs.runtime.jit_cache_hook`` before a variant is
+built, ``jit_post_compile_hook`` after), which Triton calls only when a launch misses the process's
+in-memory kernel cache. Without Triton, or in its CPU interpreter (which builds nothing), it counts
+nothing. Several watches may be open at once (each engine of a process has its own); the hooks are
+installed once and chain any that were installed before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_open: list["JitWatch"] = []
+_building: dict[object, float] = {}  # variant key -> perf_counter when its build began
+_installed = False
+
+
+class JitWatch:
+    """Kernel variants Triton built between ``__enter__`` and ``__exit__``; ``on_build(name, seconds)``
+    is called for each (from the launching thread, after the build)."""
+
+    def __init__(self, on_build: Callable[[str, float], None] | None = None) -> None:
+        self.on_build = on_build
+        self.kernels: dict[str, float] = {}  # variant's repr -> seconds its build took
+
+    @property
+    def count(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.kernels.values())
+
+    def __enter__(self) -> "JitWatch":
+        if _install():
+            with _lock:
+                _open.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with _lock:
+            if self in _open:
+                _open.remove(self)
+
+    def _built(self, name: str, seconds: float) -> None:
+        self.kernels[name] = self.kernels.get(name, 0.0) + seconds
+        if self.on_build is not None:
+            self.on_build(name, seconds)
+
+
+def _install() -> bool:
+    """Chain our hooks onto Triton's (once a process); False without Triton."""
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton (or one without knobs): nothing is ever built
+            return False
+        before, after = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+
+        def cache_hook(**kw):
+            _building[kw["key"]] = time.perf_counter()
+            return before(**kw) if before is not None else None
+
+        def post_compile_hook(**kw):
+            began = _building.pop(kw["key"], None)
+            if began is not None:
+                _record(kw["repr"], time.perf_counter() - began)
+            return after(**kw) if after is not None else None
+
+        knobs.runtime.jit_cache_hook = cache_hook
+        knobs.runtime.jit_post_compile_hook = post_compile_hook
+        _installed = True
+        return True
+
+
+def _record(name: str, seconds: float) -> None:
+    with _lock:
+        watches = list(_open)
+    for watch in watches:
+        watch._built(name, seconds)
+
+
+def log_build(name: str, seconds: float) -> None:
+    """The serving engine's ``on_build``: one warning a variant, with what it cost the step."""
+    logger.warning("Triton built a kernel while serving (%.0f ms; the step that launched it waited): %s",
+                   1e3 * seconds, name)

@@ -1,0 +1,74 @@
+"""JitWatch counts the Triton kernel variants built while it is open, through Triton's JIT hooks."""
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+from triton import knobs  # noqa: E402
+
+from specdec.engine import jit_watch  # noqa: E402
+from specdec.engine.jit_watch import JitWatch  # noqa: E402
+
+
+@pytest.fixture
+def fresh_hooks(monkeypatch):
+    """Triton's hooks as a process starts (restored after), one of them already someone else's."""
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: seen.append(("before", kw["key"])))
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setattr(jit_watch, "_installed", False)
+    monkeypatch.setattr(jit_watch, "_open", [])
+    monkeypatch.setattr(jit_watch, "_building", {})
+    return seen
+
+
+def _build(key: str, name: str) -> None:
+    """What Triton does for a launch that misses its in-memory cache: one hook before, one after."""
+    assert knobs.runtime.jit_cache_hook(key=key, repr=name) is None  # None: go on and build it
+    if knobs.runtime.jit_post_compile_hook is not None:
+        knobs.runtime.jit_post_compile_hook(key=key, repr=name)
+
+
+def test_builds_inside_the_watch_are_counted_and_the_earlier_hook_still_runs(fresh_hooks):
+    _build("k0", "before_kernel[...]()")  # not watched: Triton's own hook only
+    built = []
+    with JitWatch(on_build=lambda name, s: built.append(name)) as outer:
+        _build("k1", "a_kernel[...](n: i32:16)")
+        with JitWatch() as inner:
+            _build("k2", "b_kernel[...](n: i32:1)")
+    _build("k3", "after_kernel[...]()")
+    assert list(outer.kernels) == ["a_kernel[...](n: i32:16)", "b_kernel[...](n: i32:1)"] == built
+    assert list(inner.kernels) == ["b_kernel[...](n: i32:1)"] and inner.count == 1
+    assert all(s >= 0 for s in outer.kernels.values()) and outer.seconds == sum(outer.kernels.values())
+    assert fresh_hooks == [("before", k) for k in ("k0", "k1", "k2", "k3")]  # chained, never replaced
+
+
+def test_a_hook_installed_once_for_several_watches(fresh_hooks):
+    with JitWatch():
+        hook = knobs.runtime.jit_cache_hook
+    with JitWatch() as again:
+        assert knobs.runtime.jit_cache_hook is hook  # not wrapped twice
+        _build("k", "kernel")
+    assert again.count == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the interpreter builds nothing)")
+def test_a_new_specialization_of_a_real_kernel_is_seen():
+    """A kernel launched with n = 1, then n = 7 (Triton specializes integers equal to 1): two builds,
+    and none for a second launch of a variant already built."""
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    x = torch.zeros(16, device="cuda")
+    with JitWatch() as watch:
+        add_one[(1,)](x, 1, BLOCK=16)
+        add_one[(1,)](x, 7, BLOCK=16)
+        add_one[(1,)](x, 5, BLOCK=16)  # the variant of n = 7 (neither 1 nor a multiple of 16)
+    torch.cuda.synchronize()
+    assert watch.count == 2 and all("add_one" in name for name in watch.kernels)
+    assert x[:1].item() == 3 and x[1:5].tolist() == [2] * 4 and x[5:7].tolist() == [1] * 2

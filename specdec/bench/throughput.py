@@ -208,7 +208,7 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
                     tokens += sum(r["meta_info"]["completion_tokens"] for r in out)
                     results += out
             runs.append({"seconds": seconds, "completion_tokens": tokens, "throughput_tok_s": tokens / seconds,
-                         "steps": steps.take(), "kernels_built": built.kernels,
+                         "steps": steps.take(), "kernels_built": built.builds,
                          "output_ids": [r["output_ids"] for r in results[:len(prompts)]]})
             first = first or results
     rates = [r["throughput_tok_s"] for r in runs]
@@ -304,11 +304,11 @@ def print_report(res: dict) -> None:
     for row in format_histogram(res["speculative"]["acceptance_histogram"]):
         print(row)
     for name in ("baseline", "speculative"):
-        built = {k: v for run in res[name]["runs"] for k, v in run["kernels_built"].items()}
+        built = [b for run in res[name]["runs"] for b in run["kernels_built"]]
         if built:
             print(f"Warning: Triton built {len(built)} kernel(s) during the timed {name} runs "
-                  f"({1e3 * sum(built.values()):.0f} ms the steps waited; the warm-up missed them):", file=sys.stderr)
-            for kernel, seconds in built.items():
+                  f"({1e3 * sum(s for _, s in built):.0f} ms the steps waited; the warm-up missed them):", file=sys.stderr)
+            for kernel, seconds in built:
                 print(f"  {1e3 * seconds:.0f} ms  {kernel}", file=sys.stderr)
         spread = res[name]["spread"]["relative"]
         if spread > DISAGREEMENT:

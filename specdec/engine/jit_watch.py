@@ -9,7 +9,7 @@ it can before serving; ``JitWatch`` names what it missed, so that a stall is fou
     with JitWatch() as watch:        # the span being served or timed
         ...
     watch.count, watch.seconds       # kernel variants built in the span, and the time they took
-    watch.kernels                    # {"_commit_kernel[...](n: i32:16, ...)": seconds}
+    watch.builds                     # [("specdec.kernels.triton.commit._commit_kernel(n: i32 16, ...)", seconds)]
 
 It listens through Triton's JIT hooks (``triton.knobs.runtime.jit_cache_hook`` before a variant is
 built, ``jit_post_compile_hook`` after), which Triton calls only when a launch misses the process's
@@ -39,15 +39,15 @@ class JitWatch:
 
     def __init__(self, on_build: Callable[[str, float], None] | None = None) -> None:
         self.on_build = on_build
-        self.kernels: dict[str, float] = {}  # variant's repr -> seconds its build took
+        self.builds: list[tuple[str, float]] = []  # (the variant: kernel and arguments, seconds its build took)
 
     @property
     def count(self) -> int:
-        return len(self.kernels)
+        return len(self.builds)
 
     @property
     def seconds(self) -> float:
-        return sum(self.kernels.values())
+        return sum(seconds for _, seconds in self.builds)
 
     def __enter__(self) -> "JitWatch":
         if _install():
@@ -61,7 +61,7 @@ class JitWatch:
                 _open.remove(self)
 
     def _built(self, name: str, seconds: float) -> None:
-        self.kernels[name] = self.kernels.get(name, 0.0) + seconds
+        self.builds.append((name, seconds))
         if self.on_build is not None:
             self.on_build(name, seconds)
 
@@ -85,13 +85,27 @@ def _install() -> bool:
         def post_compile_hook(**kw):
             began = _building.pop(kw["key"], None)
             if began is not None:
-                _record(kw["repr"], time.perf_counter() - began)
+                _record(_variant(kw), time.perf_counter() - began)
             return after(**kw) if after is not None else None
 
         knobs.runtime.jit_cache_hook = cache_hook
         knobs.runtime.jit_post_compile_hook = post_compile_hook
         _installed = True
         return True
+
+
+def _variant(hook_kwargs: dict) -> str:
+    """``module.kernel(arg: type specialization, ...)``, as far as this Triton's hook arguments say."""
+    fn = hook_kwargs.get("fn")
+    name = f"{fn.module}.{fn.name}" if fn is not None else str(hook_kwargs.get("repr", "?"))
+    try:
+        compile_info = hook_kwargs["compile"]
+        attrs = compile_info["configs"][0]  # {(arg index,): [[attribute, value]]}: divisibility and the like
+        args = [f"{param}: {kind}" + "".join(f" {v}" for _, v in attrs.get((i,), []))
+                for i, (param, kind) in enumerate(compile_info["signature"].items())]
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return name
+    return f"{name}({', '.join(args)})"
 
 
 def _record(name: str, seconds: float) -> None:

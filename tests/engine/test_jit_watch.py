@@ -22,24 +22,36 @@ def fresh_hooks(monkeypatch):
     return seen
 
 
+class _Fn:
+    module = "specdec.kernels.triton.fake"
+
+    def __init__(self, name):
+        self.name = name
+
+
 def _build(key: str, name: str) -> None:
-    """What Triton does for a launch that misses its in-memory cache: one hook before, one after."""
-    assert knobs.runtime.jit_cache_hook(key=key, repr=name) is None  # None: go on and build it
+    """What Triton does for a launch that misses its in-memory cache: one hook before, one after (with
+    the arguments' types and specializations: ``n`` divisible by 16)."""
+    kw = dict(key=key, repr=name, fn=_Fn(name),
+              compile={"signature": {"x_ptr": "*fp32", "n": "i32"}, "configs": [{(1,): [["tt.divisibility", 16]]}]})
+    assert knobs.runtime.jit_cache_hook(**kw) is None  # None: go on and build it
     if knobs.runtime.jit_post_compile_hook is not None:
-        knobs.runtime.jit_post_compile_hook(key=key, repr=name)
+        knobs.runtime.jit_post_compile_hook(**kw)
 
 
 def test_builds_inside_the_watch_are_counted_and_the_earlier_hook_still_runs(fresh_hooks):
-    _build("k0", "before_kernel[...]()")  # not watched: Triton's own hook only
+    _build("k0", "before_kernel")  # not watched: Triton's own hook only
     built = []
     with JitWatch(on_build=lambda name, s: built.append(name)) as outer:
-        _build("k1", "a_kernel[...](n: i32:16)")
+        _build("k1", "a_kernel")
         with JitWatch() as inner:
-            _build("k2", "b_kernel[...](n: i32:1)")
-    _build("k3", "after_kernel[...]()")
-    assert list(outer.kernels) == ["a_kernel[...](n: i32:16)", "b_kernel[...](n: i32:1)"] == built
-    assert list(inner.kernels) == ["b_kernel[...](n: i32:1)"] and inner.count == 1
-    assert all(s >= 0 for s in outer.kernels.values()) and outer.seconds == sum(outer.kernels.values())
+            _build("k2", "b_kernel")
+    _build("k3", "after_kernel")
+    names = [name for name, _ in outer.builds]
+    assert names == built == [f"specdec.kernels.triton.fake.{k}(x_ptr: *fp32, n: i32 16)" for k in ("a_kernel",
+                                                                                                  "b_kernel")]
+    assert [name for name, _ in inner.builds] == names[1:] and inner.count == 1
+    assert all(s >= 0 for _, s in outer.builds) and outer.seconds == sum(s for _, s in outer.builds)
     assert fresh_hooks == [("before", k) for k in ("k0", "k1", "k2", "k3")]  # chained, never replaced
 
 
@@ -70,5 +82,5 @@ def test_a_new_specialization_of_a_real_kernel_is_seen():
         add_one[(1,)](x, 7, BLOCK=16)
         add_one[(1,)](x, 5, BLOCK=16)  # the variant of n = 7 (neither 1 nor a multiple of 16)
     torch.cuda.synchronize()
-    assert watch.count == 2 and all("add_one" in name for name in watch.kernels)
+    assert watch.count == 2 and all("add_one(" in name for name, _ in watch.builds), watch.builds
     assert x[:1].item() == 3 and x[1:5].tolist() == [2] * 4 and x[5:7].tolist() == [1] * 2

@@ -45,13 +45,6 @@ choice's reference time is ``prior_factor`` times the bucket's anchor (the first
 plain-equivalent time), and ``StepTimeCalibration`` learns the ratio of the served times to it,
 so before a choice is timed the ranking follows the prior factors.
 
-Scoring costs the host ~0.1 ms a step (numpy over tiny arrays), which a plain step of a small model at one
-request does not hide (the NGRAM engine's plain steps took 1.00 ms against a plain engine's 0.88 on the
-H200: benchmarks/results/2026-11-30-h200-ngram-plain-steps). So a choice reuses the last scores while its
-inputs stand still (the same rows, reach, batch size and limit, no acceptance read since) for up to
-RESCORE_EVERY steps, the learned step times' drift waiting that long; a new match, a read lookup step or
-a changed batch scores again at once.
-
 NOTE: host-clock times differ between tensor-parallel ranks, which must choose alike: the worker
 builds no policy there (the acceptance-only ``DraftBudget`` rule decides).
 """
@@ -75,7 +68,6 @@ SCALE_PRIOR = 4.0  # drafted tokens a row, guessed and realized, before any look
 SCALE_CLIP = (0.1, 2.0)
 # a blind row's accepted draft tokens before any is read, with this many rows' weight
 BLIND_PRIOR, BLIND_PRIOR_ROWS = 0.5, 8.0
-RESCORE_EVERY = 8  # steps a choice may reuse the scores of unchanged inputs (module docstring)
 
 
 def size_name(n: int) -> str:
@@ -108,11 +100,9 @@ class NgramPolicy:
         # totals over the policy's life (diagnostics): lookup steps read, those that found no match,
         # guessed and realized drafted-and-accepted tokens a row summed over them
         self.totals = {"lookups": 0, "misses": 0, "guessed": 0.0, "realized": 0.0}
-        self._scored: tuple | None = None  # (inputs, steps reused, plain-or-lookup scores, their step ms, best size)
 
     def reset(self, rows: list[int]) -> None:
         """New requests in ``rows`` start from the statistics of all rows."""
-        self._scored = None
         self.hits[rows] = 0.0
         self.misses[rows] = 0.0
         self.depth[rows] = self.all_depth
@@ -179,16 +169,11 @@ class NgramPolicy:
         ``expected_committed``. The step runs plain or the best size; exploration tries the other
         of the two, the sizes counted as one choice (sizes of near-equal scores would otherwise
         take turns as the runner-up, each run of them a cost)."""
-        inputs = (bs, max_size, in_flight, rows.tobytes(), None if reach is None else reach.tobytes())
-        if self._scored is None or self._scored[0] != inputs or self._scored[1] >= RESCORE_EVERY:
-            scores = self.scores(rows, bs, max_size, reach, in_flight)
-            sizes = {name: score for name, score in scores.items() if name != PLAIN}
-            best = max(sizes, key=sizes.get) if sizes else None
-            pair = {PLAIN: scores[PLAIN]} | ({LOOKUP: sizes[best]} if best else {})
-            step_ms = {PLAIN: self.step_ms(PLAIN, bs)} | ({LOOKUP: self.step_ms(best, bs)} if best else {})
-            self._scored = (inputs, 0, pair, step_ms, best)
-        inputs, reused, pair, step_ms, best = self._scored
-        self._scored = (inputs, reused + 1, pair, step_ms, best)
+        scores = self.scores(rows, bs, max_size, reach, in_flight)
+        sizes = {name: score for name, score in scores.items() if name != PLAIN}
+        best = max(sizes, key=sizes.get) if sizes else None
+        pair = {PLAIN: scores[PLAIN]} | ({LOOKUP: sizes[best]} if best else {})
+        step_ms = {PLAIN: self.step_ms(PLAIN, bs)} | ({LOOKUP: self.step_ms(best, bs)} if best else {})
         pick = best if self.explorer.pick(pair, bs, step_ms) == LOOKUP else PLAIN
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return 0 if pick == PLAIN else int(pick.removeprefix("ngram"))
@@ -201,14 +186,12 @@ class NgramPolicy:
 
     def observe_blind(self, accepted: np.ndarray) -> None:
         """A read lookup step's blind rows (``last_blind`` at its choice): their accepted draft tokens."""
-        self._scored = None
         self.blind_sum = SCALE_DECAY * self.blind_sum + float(np.sum(accepted))
         self.blind_weight = SCALE_DECAY * self.blind_weight + len(accepted)
 
     def observe_outcome(self, guessed: float, realized: float, *, miss: bool = False) -> None:
         """A lookup step the policy chose: its guess (``guess``) and its rows' accepted draft tokens, the
         blind rows' counted as 0, a row's mean (read; ``miss``: it found no match and decoded plainly, 0)."""
-        self._scored = None
         self.guessed_sum = SCALE_DECAY * self.guessed_sum + guessed
         self.realized_sum = SCALE_DECAY * self.realized_sum + realized
         self.totals["lookups"] += 1
@@ -226,13 +209,11 @@ class NgramPolicy:
     def observe_drafts(self, rows: np.ndarray, depth: np.ndarray) -> None:
         """Each row's trees as drafted (before the step's cut): ``depth`` [len(rows), N], column m
         the depth of its first m nodes."""
-        self._scored = None
         self.depth[rows] = DECAY * self.depth[rows] + (1 - DECAY) * depth
         self.all_depth = DECAY * self.all_depth + (1 - DECAY) * depth.mean(0)
 
     def observe_accepts(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """A read verify step: each row's verified draft depth and accepted draft tokens."""
-        self._scored = None
         live = drafted > 0
         if not live.any():
             return

@@ -117,29 +117,6 @@ def test_reach_decides_where_a_copied_span_begins_and_ends():
     assert policy.choose(one, 1, 9, reach=np.asarray([8]), in_flight=True) == 9
 
 
-def test_scores_are_reused_while_the_inputs_stand_still(monkeypatch):
-    """A choice scores again only where its inputs changed (rows, reach, batch, limit), a read step's
-    acceptance came in, or RESCORE_EVERY steps passed: a plain step at one request pays ~0.1 ms of host
-    for a scoring, which repeats the last one's result while nothing moved."""
-    from specdec.ngram import policy as policy_module
-
-    policy = NgramPolicy(CONFIG, SIZES, 8)
-    scored = []
-    real = policy.scores
-    monkeypatch.setattr(policy, "scores", lambda *a, **kw: scored.append(1) or real(*a, **kw))
-    one, blind = np.asarray([0]), np.asarray([0])
-    picks = [policy.choose(one, 1, 9, reach=blind) for _ in range(policy_module.RESCORE_EVERY)]
-    assert picks == [0] * len(picks) and len(scored) == 1  # the same inputs: one scoring
-    policy.choose(one, 1, 9, reach=blind)
-    assert len(scored) == 2  # RESCORE_EVERY steps on: scored again (the step times drift)
-    assert policy.choose(one, 1, 9, reach=np.asarray([8])) == 9 and len(scored) == 3  # a match: at once
-    policy.observe_accepts(one, np.asarray([8]), np.asarray([0]))  # the lookup read: nothing accepted
-    policy.choose(one, 1, 9, reach=np.asarray([8]))
-    assert len(scored) == 4
-    policy.choose(np.asarray([0, 1]), 2, 9, reach=np.asarray([8, 0]))
-    assert len(scored) == 5  # another batch
-
-
 @pytest.mark.parametrize("in_flight", [False, True])
 def test_expected_committed_from_reach(in_flight):
     """1 + p + ... + p^d with d = min(reach, n - 1); in flight p (p + ... + p^d), d one less."""

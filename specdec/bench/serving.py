@@ -175,8 +175,9 @@ def _acceptance_from_metrics(before: tuple[float, float] | None, after: tuple[fl
 
 def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
     """A specdec server's engine steps between two ``read_metrics`` readings: how many, their mean wall
-    time, how many took longer than SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled
-    its step; ``specdec.engine.jit_watch``). None for other servers."""
+    time, the prefill steps among them and the mean of each kind, how many took longer than
+    SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled its step;
+    ``specdec.engine.jit_watch``). None for other servers."""
     name = "specdec:step_time_seconds"
     if not before or not after or f"{name}_count" not in after:
         return None
@@ -184,8 +185,12 @@ def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    steps = delta(f"{name}_count")
+    steps, prefills = delta(f"{name}_count"), delta("specdec:prefill_steps_total")
+    decode_seconds = delta(f"{name}_sum") - delta("specdec:prefill_step_seconds_total")
     return {"steps": int(steps), "mean_ms": 1e3 * delta(f"{name}_sum") / steps if steps else None,
+            "prefill_steps": int(prefills),
+            "prefill_mean_ms": 1e3 * delta("specdec:prefill_step_seconds_total") / prefills if prefills else None,
+            "decode_mean_ms": 1e3 * decode_seconds / (steps - prefills) if steps > prefills else None,
             "slow_steps": int(steps - delta(f"{name}_bucket{{le={SLOW_STEP_S:g}}}")),
             "kernel_builds": int(delta("specdec:kernel_builds_total")),
             "kernel_build_ms": 1e3 * delta("specdec:kernel_build_seconds_total")}
@@ -352,8 +357,11 @@ def print_report(res: dict) -> None:
           "Acceptance length: n/a (no verify steps: the server does not speculate, or nothing succeeded)")
     steps = spec.get("engine_steps")
     if steps and steps["steps"]:
-        print(f"Engine steps: {steps['steps']} (mean {steps['mean_ms']:.2f} ms, {steps['slow_steps']} over "
-              f"{1e3 * SLOW_STEP_S:.0f} ms); Triton kernels built while serving: {steps['kernel_builds']}"
+        kinds = ", ".join(f"{n} {kind} x {ms:.2f} ms" for kind, n, ms in (
+            ("prefill", steps["prefill_steps"], steps["prefill_mean_ms"]),
+            ("decode", steps["steps"] - steps["prefill_steps"], steps["decode_mean_ms"])) if n)
+        print(f"Engine steps: {steps['steps']} ({kinds}; {steps['slow_steps']} over {1e3 * SLOW_STEP_S:.0f} ms); "
+              f"Triton kernels built while serving: {steps['kernel_builds']}"
               + (f" ({steps['kernel_build_ms']:.0f} ms)" if steps["kernel_builds"] else ""))
     if res["speedup"] is not None:
         print(f"Speedup: {res['speedup']:.2f}")

@@ -287,7 +287,8 @@ class EngineLoop:
         return Event(new, cached_tokens=req.cached_tokens, **lp)
 
     def _step(self) -> None:
-        start = time.perf_counter()
+        scheduler = self.engine.scheduler
+        prefilled, start = scheduler.prefill_tokens, time.perf_counter()
         try:
             self.engine.step()
         except TPWorkerError:
@@ -296,9 +297,8 @@ class EngineLoop:
             logger.exception("engine step failed; aborting all running requests")
             self.abort_all("internal engine error", status=500)
             return
-        scheduler = self.engine.scheduler
         self.metrics.observe_step(time.perf_counter() - start, num_running=len(scheduler.running),
-                                  num_queue=len(scheduler.waiting))
+                                  num_queue=len(scheduler.waiting), prefill=scheduler.prefill_tokens != prefilled)
         self.metrics.observe_shapes(scheduler.spec_shape_steps)
         self.metrics.observe_cache(self.engine.cache_stats())
         items = []

@@ -19,6 +19,11 @@ Prefix cache and KV pool (SGLang's names):
     specdec:token_usage               fraction of the KV pool requests hold (unused cached pages count free)
     specdec:num_retracted_reqs_total  running requests retracted when the KV pool ran full (recomputed later)
 
+Engine steps (``specdec:step_time_seconds`` times every one):
+
+    specdec:prefill_steps_total           steps that computed prompt tokens (each pauses the decoding requests)
+    specdec:prefill_step_seconds_total    their wall time
+
 Stalls:
 
     specdec:kernel_builds_total           Triton kernel variants built while serving (``engine/jit_watch.py``):
@@ -69,6 +74,9 @@ class EngineMetrics:
         self.token_usage = Gauge(p + "token_usage", "Fraction of the KV pool that requests hold", registry=r)
         self.retracted = Counter(p + "num_retracted_reqs", "Requests retracted when the KV pool ran full",
                                  registry=r)
+        self.prefill_steps = Counter(p + "prefill_steps", "Engine steps that computed prompt tokens", registry=r)
+        self.prefill_step_seconds = Counter(p + "prefill_step_seconds", "Wall time of the engine steps that "
+                                            "computed prompt tokens", registry=r)
         self.kernel_builds = Counter(p + "kernel_builds", "Triton kernel variants built while serving (each "
                                      "stalls its step)", registry=r)
         self.kernel_build_seconds = Counter(p + "kernel_build_seconds", "Time steps waited for Triton kernel "
@@ -128,8 +136,12 @@ class EngineMetrics:
         self.kernel_builds.inc()
         self.kernel_build_seconds.inc(seconds)
 
-    def observe_step(self, seconds: float, *, num_running: int, num_queue: int) -> None:
+    def observe_step(self, seconds: float, *, num_running: int, num_queue: int, prefill: bool = False) -> None:
+        """One engine step's wall time; ``prefill``: it computed prompt tokens."""
         self.step_time.observe(seconds)
+        if prefill:
+            self.prefill_steps.inc()
+            self.prefill_step_seconds.inc(seconds)
         self.set_load(num_running=num_running, num_queue=num_queue)
 
     def set_load(self, *, num_running: int, num_queue: int) -> None:

@@ -141,26 +141,37 @@ class NgramPolicy:
             d, in_flight = self.depth[rows][:, sizes - 1], False  # [bs, S]
             blind = np.zeros(len(rows), dtype=bool)
         else:
-            d = np.clip(np.minimum(reach[:, None] - int(in_flight), sizes[None, :] - 1), 0, None)  # [bs, S]
+            d = np.maximum(np.minimum(reach[:, None] - int(in_flight), sizes[None, :] - 1), 0)  # [bs, S]
             blind = reach - int(in_flight) <= 0  # [bs]
         drafted = p * (1.0 - p ** d) / (1.0 - p)  # p + ... + p^d
         if in_flight:
             drafted = p * drafted
-        modeled = np.where(blind[:, None], 0.0, drafted).mean(0)
-        return modeled, (blind[:, None] * np.minimum(self.blind_mean(), sizes - 1)).mean(0), blind
+        # NOTE: reductions by ufunc, not ndarray.mean / np.clip: this runs on the host before every decode
+        # step, and their Python wrappers cost more than the arithmetic at one row
+        modeled = np.add.reduce(np.where(blind[:, None], 0.0, drafted), axis=0) / len(rows)
+        return modeled, np.count_nonzero(blind) / len(rows) * np.minimum(self.blind_mean(), sizes - 1), blind
 
     def scores(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
                in_flight: bool = False) -> dict[str, float]:
-        out = {PLAIN: 1.0 / self.step_ms(PLAIN, bs)}
+        """Committed tokens a millisecond of each choice: plain and every size up to ``max_size``."""
+        return self._scored(rows, bs, max_size, reach, in_flight)[0]
+
+    def _scored(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None,
+                in_flight: bool) -> tuple[dict[str, float], dict[str, float]]:
+        """``scores``, and the step time of each choice they rest on."""
+        step_ms = {PLAIN: self.step_ms(PLAIN, bs)}
+        out = {PLAIN: 1.0 / step_ms[PLAIN]}
         sizes = np.asarray([n for n in self.sizes if n <= max_size], dtype=np.int64)
         self.guesses = {}
         if sizes.size:
             modeled, blind, self.last_blind = self._drafted(rows, sizes, reach, in_flight)
             tokens = 1.0 + self.scale() * modeled + blind
             for n, t, guess in zip(sizes.tolist(), tokens.tolist(), modeled.tolist()):
-                out[size_name(n)] = t / self.step_ms(size_name(n), bs)
+                name = size_name(n)
+                step_ms[name] = self.step_ms(name, bs)
+                out[name] = t / step_ms[name]
                 self.guesses[n] = guess  # unscaled: the calibration learns the model's bias
-        return out
+        return out, step_ms
 
     def choose(self, rows: np.ndarray, bs: int, max_size: int, reach: np.ndarray | None = None,
                in_flight: bool = False) -> int:
@@ -169,11 +180,11 @@ class NgramPolicy:
         ``expected_committed``. The step runs plain or the best size; exploration tries the other
         of the two, the sizes counted as one choice (sizes of near-equal scores would otherwise
         take turns as the runner-up, each run of them a cost)."""
-        scores = self.scores(rows, bs, max_size, reach, in_flight)
+        scores, ms = self._scored(rows, bs, max_size, reach, in_flight)
         sizes = {name: score for name, score in scores.items() if name != PLAIN}
         best = max(sizes, key=sizes.get) if sizes else None
         pair = {PLAIN: scores[PLAIN]} | ({LOOKUP: sizes[best]} if best else {})
-        step_ms = {PLAIN: self.step_ms(PLAIN, bs)} | ({LOOKUP: self.step_ms(best, bs)} if best else {})
+        step_ms = {PLAIN: ms[PLAIN]} | ({LOOKUP: ms[best]} if best else {})
         pick = best if self.explorer.pick(pair, bs, step_ms) == LOOKUP else PLAIN
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return 0 if pick == PLAIN else int(pick.removeprefix("ngram"))

@@ -48,8 +48,10 @@
 #   bash scripts/gpu_peer.sh serve RUNS      each engine's OpenAI server (`specdec serve`, `vllm serve`) measured by
 #                                            `specdec bench-serving --backend openai`, MT-bench at 1-128 requests
 #                                            (SERVE_CONCURRENCY), SERVE_PASSES times over (default 3: the table
-#                                            takes each cell's median run); specdec's engine steps and the Triton
-#                                            kernels it built while serving are printed per run
+#                                            takes each cell's median run); specdec's engine steps (prefill and
+#                                            decode) and the Triton kernels it built while serving are printed per
+#                                            run. SERVE_ARGS: more `specdec serve` flags (an A/B: give each setting a
+#                                            SERVE_TAG, which its rows' config and logs carry)
 #   bash scripts/gpu_peer.sh frontend        the server's process before an engine that costs nothing
 #                                            (benchmarks/bench_server_frontend.py): this host's streaming ceiling
 #   bash scripts/gpu_peer.sh bench           `specdec bench` on the GPU twice, the main job's workload on the
@@ -255,11 +257,11 @@ case "$what" in
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
     spec_vllm='{"method": "eagle3", "model": "'$HEAD'", "num_speculative_tokens": 3}'
     for run in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3}; do
-      engine=${run%%:*}; config=${run#*:}; log="$OUT/serve-$engine-$config.log"
+      engine=${run%%:*}; config=${run#*:}; log="$OUT/serve-$engine-$config${SERVE_TAG:+-$SERVE_TAG}.log"
       case "$run" in
-        specdec:plain) python3 -m specdec.cli serve --model-path $SMOL --port 30000 > "$log" 2>&1 & ;;
+        specdec:plain) python3 -m specdec.cli serve --model-path $SMOL --port 30000 ${SERVE_ARGS:-} > "$log" 2>&1 & ;;
         specdec:eagle3) python3 -m specdec.cli serve --model-path $SMOL --port 30000 --speculative-algorithm EAGLE3 \
-                          --speculative-draft-model-path $HEAD > "$log" 2>&1 & ;;
+                          --speculative-draft-model-path $HEAD ${SERVE_ARGS:-} > "$log" 2>&1 & ;;
         vllm:plain) python3 -c "from vllm.entrypoints.cli.main import main; main()" serve $SMOL --port 30000 > "$log" 2>&1 & ;;
         vllm:eagle3-k3) python3 -c "from vllm.entrypoints.cli.main import main; main()" serve $SMOL --port 30000 \
                           --speculative-config "$spec_vllm" > "$log" 2>&1 & ;;
@@ -273,8 +275,8 @@ case "$what" in
           timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
             --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm \
             --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps"
-          [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json "$run" \
-            smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
+          [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json \
+            "$run${SERVE_TAG:+-$SERVE_TAG}" smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
         done
       done
       kill $pid; wait $pid 2>/dev/null

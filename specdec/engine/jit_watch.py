@@ -115,7 +115,13 @@ def _record(name: str, seconds: float) -> None:
         watch._built(name, seconds)
 
 
+# a build slower than this compiled (a load from Triton's disk cache takes milliseconds): worth a warning
+COMPILE_S = 0.05
+
+
 def log_build(name: str, seconds: float) -> None:
-    """The serving engine's ``on_build``: one warning a variant, with what it cost the step."""
-    logger.warning("Triton built a kernel while serving (%.0f ms; the step that launched it waited): %s",
-                   1e3 * seconds, name)
+    """The serving engine's ``on_build``: a warning where the variant was compiled, a debug line where it
+    was loaded from the disk cache, with what it cost the step."""
+    logger.log(logging.WARNING if seconds >= COMPILE_S else logging.DEBUG,
+               "Triton built a kernel while serving (%.0f ms; the step that launched it waited): %s",
+               1e3 * seconds, name)

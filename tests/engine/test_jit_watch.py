@@ -84,3 +84,11 @@ def test_a_new_specialization_of_a_real_kernel_is_seen():
     torch.cuda.synchronize()
     assert watch.count == 2 and all("add_one(" in name for name, _ in watch.builds), watch.builds
     assert x[:1].item() == 3 and x[1:5].tolist() == [2] * 4 and x[5:7].tolist() == [1] * 2
+
+
+def test_a_compile_while_serving_is_a_warning_a_cache_load_a_debug_line(caplog):
+    with caplog.at_level("DEBUG", logger="specdec.engine.jit_watch"):
+        jit_watch.log_build("fast(n: i32)", 0.003)
+        jit_watch.log_build("slow(n: i32 16)", 0.4)
+    assert [(r.levelname, "slow" in r.message) for r in caplog.records] == [("DEBUG", False), ("WARNING", True)]
+    assert "400 ms" in caplog.records[1].message

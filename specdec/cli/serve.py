@@ -15,7 +15,9 @@ event) — and uvicorn then closes; a second SIGINT exits at once.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import NoReturn
 
 from specdec.cli.flags import add_engine_args, add_flags, engine_args_from, settings_from
 from specdec.engine.embedded import DEFAULT_MODEL
@@ -43,14 +45,32 @@ def main(argv: list[str] | None = None) -> None:
         serve_replicas(settings, engine_args)
         return
     if engine_args.node_rank > 0:
-        from specdec.engine.engine import Engine
-        from specdec.engine.tp_worker import serve_node
-
-        serve_node(engine_args, Engine)
-        return
+        _follow(engine_args)
     from specdec.server.app import serve
 
     serve(settings, engine_args)
+
+
+def _follow(engine_args) -> NoReturn:
+    """Node ``--node-rank`` > 0 until node 0 stops it; the process ends here (0, or 1 with the cause)."""
+    from specdec.engine.engine import Engine
+    from specdec.engine.tp_worker import serve_node
+
+    code = 0
+    try:
+        serve_node(engine_args, Engine)
+    except SystemExit as e:
+        if isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    # NOTE: end without the interpreter's teardown: torch.distributed's C++ threads (the store client's,
+    # gloo's) may still be joinable there, and destroying one aborts a process that shut down cleanly
+    # ("terminate called without an active exception", exit -6: seen once in four runs under load)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

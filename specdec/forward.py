@@ -154,6 +154,9 @@ class LogitsOutput:
     # state for EAGLE, the concatenated auxiliary layer inputs for EAGLE-3); for a draft head, the
     # hidden state it feeds to its next step.
     hidden_states: torch.Tensor | None = None
+    # [rows] int64 argmax of next_token_logits, where a captured graph computed it with the logits
+    # (its host launches spared: ``specdec.eagle.output.sample_next``); None: not computed
+    greedy_ids: torch.Tensor | None = None
 
 
 # ----------------------------------------------------------------------------- deterministic inference

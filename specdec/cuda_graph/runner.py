@@ -200,4 +200,6 @@ class CudaGraphRunner:
 
 def _first_rows(outputs: tuple[torch.Tensor, ...], bs: int, padded: int) -> tuple[torch.Tensor, ...]:
     """Each output's rows of the ``bs`` real requests of a ``padded``-request call."""
+    if bs == padded:
+        return outputs
     return tuple(o[: bs * (o.shape[0] // padded)] for o in outputs)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 
 from specdec.eagle.acceptance import PathObservations
-from specdec.forward import deliberate_sync
+from specdec.forward import LogitsOutput, deliberate_sync
+from specdec.host import SamplingInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,24 @@ class PendingDecode:
         if self._output is None:
             self._output = self._read()
         return self._output
+
+
+def greedy_ids(out: LogitsOutput, sampling: SamplingInfo) -> torch.Tensor | None:
+    """The argmax ``out`` carries (``LogitsOutput.greedy_ids``: a captured graph's), when it is what the
+    step draws: every request greedy and no logits processor; else None (the caller takes the argmax or
+    samples from the processed logits)."""
+    if out.greedy_ids is None or not sampling.is_all_greedy or getattr(sampling, "needs_processing", False):
+        return None
+    return out.greedy_ids
+
+
+def sample_next(out: LogitsOutput, sampling: SamplingInfo) -> torch.Tensor:  # [bs] int64
+    """One token per request from a decode forward's ``out``: its graph's argmax where that is the
+    draw (``greedy_ids``) and no logprobs are recorded, else ``sampling.sample`` of its logits."""
+    ids = greedy_ids(out, sampling)
+    if ids is None or getattr(sampling, "top_logprobs_num", None) is not None:
+        return sampling.sample(out.next_token_logits)
+    return ids
 
 
 def pending_one_token(seq_lens: torch.Tensor, next_ids: torch.Tensor) -> PendingDecode:

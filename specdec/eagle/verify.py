@@ -40,6 +40,7 @@ def verify_greedy(
     retrive_next_sibling: torch.Tensor,  # [bs, N]
     *,
     num_steps: int,
+    target_predict: torch.Tensor | None = None,  # [bs * N] the argmax of logits, where computed already
 ) -> VerifyResult:
     bs, n = candidates.shape
     sizes = [bs * n, bs * (num_steps + 1), bs]  # predicts, accept_index, accept_length
@@ -50,7 +51,7 @@ def verify_greedy(
     padded = [-(-size // 4) * 4 for size in sizes]
     out = torch.full((sum(padded),), -1, dtype=torch.int32, device=candidates.device)
     predicts, accept_index, accept_length = _unpad(out, padded, sizes)
-    target_predict = argmax(logits).view(bs, n)
+    target_predict = (argmax(logits) if target_predict is None else target_predict).view(bs, n)
     verify_tree_greedy(
         predicts, accept_index.view(bs, num_steps + 1), accept_length, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, target_predict,

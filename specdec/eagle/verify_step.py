@@ -22,7 +22,7 @@ from specdec.eagle.verify import (
     verify_greedy,
     verify_sampling,
 )
-from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode
+from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 from specdec.host import SamplingInfo, TargetKVCache, TargetModelRunner, shared_full
 from specdec.kernels import compact_accepted_kv_locs
 
@@ -38,9 +38,10 @@ def target_verify(
     *,
     num_draft_tokens: int,
     slot_tokens: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's logits [bs * N, vocab] and features [bs * N, F] at every tree node;
-    ``slot_tokens``: as ``ForwardBatch.slot_tokens`` (the nodes' tokens recorded at their slots)."""
+) -> LogitsOutput:
+    """The target's logits [bs * N, vocab] and features [bs * N, F] at every tree node (and their argmax
+    where a graph took it); ``slot_tokens``: as ``ForwardBatch.slot_tokens`` (the nodes' tokens recorded at
+    their slots)."""
     bs, n = int(req_pool_indices.shape[0]), num_draft_tokens
     batch = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
@@ -61,8 +62,7 @@ def target_verify(
         extend_lens_cpu=[n] * bs,
         slot_tokens=slot_tokens,
     )
-    out = target.forward(batch)
-    return out.next_token_logits, out.hidden_states
+    return target.forward(batch)
 
 
 class TreeVerifier:
@@ -77,9 +77,11 @@ class TreeVerifier:
         self._simulate_cdf: torch.Tensor | None = None  # [S + 1, P, K] benchmark only
 
     def __call__(self, tree: BuiltTree, logits: torch.Tensor, sampling: SamplingInfo,
-                 seq_lens: torch.Tensor, replay_keys: torch.Tensor | None = None) -> VerifyResult:
+                 seq_lens: torch.Tensor, replay_keys: torch.Tensor | None = None,
+                 predicts: torch.Tensor | None = None) -> VerifyResult:
         """``replay_keys`` [bs]: benchmark only, with a replayed trace: each request's key of the row it
-        replays (its verify steps so far, as the draft's)."""
+        replays (its verify steps so far, as the draft's). ``predicts`` [bs * N]: the argmax of ``logits``
+        where the verify graph took it (``specdec.eagle.output.greedy_ids``)."""
         cfg = self.config
         n = cfg.num_draft_tokens
         candidates = tree.draft_tokens.view(-1, n)
@@ -94,7 +96,7 @@ class TreeVerifier:
                 tree.retrive_next_sibling, cdf, num_steps=cfg.num_steps, seed=self.simulate_seed)
         retrive = (tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling)
         if sampling.is_all_greedy:
-            return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps)
+            return verify_greedy(candidates, logits, *retrive, num_steps=cfg.num_steps, target_predict=predicts)
         row_to_request = torch.arange(bs, device=logits.device).repeat_interleave(n)
         uniforms = getattr(sampling, "uniforms", None)  # a host's per-request (seeded) draws
         return verify_sampling(

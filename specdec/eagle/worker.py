@@ -40,7 +40,14 @@ from specdec.eagle.draft import DraftRunner
 from specdec.eagle.cuda_graphs import EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner
 from specdec.eagle.draft_inputs import draft_inputs
 from specdec.eagle.heads import resolve_head
-from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
+from specdec.eagle.output import (
+    DecodeOutput,
+    PendingDecode,
+    copy_to_host_async,
+    greedy_ids,
+    pending_one_token,
+    sample_next,
+)
 from specdec.eagle.replay import load_replay
 from specdec.eagle.simulate import rank_probs
 from specdec.eagle.state import DraftResources
@@ -246,12 +253,14 @@ class EAGLEWorker:
                 cfg.topk, cfg.num_steps, n, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
             )
         with maybe_phase(self.timer, "verify"):
-            logits, features = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens,
-                                             seq_lens_cpu, tree, tree_slots, num_draft_tokens=n)
+            verified = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens,
+                                     seq_lens_cpu, tree, tree_slots, num_draft_tokens=n)
+            logits, features = verified.next_token_logits, verified.hidden_states  # [bs * N, vocab], [bs * N, F]
             if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
                 logits = sampling.process(logits.float(), tree)
             keys = self.state.replay_steps[req_pool_indices] if self.replay is not None else None
-            result = self.verifier(tree, logits, sampling, seq_lens, replay_keys=keys)
+            result = self.verifier(tree, logits, sampling, seq_lens, replay_keys=keys,
+                                   predicts=greedy_ids(verified, sampling))
             if keys is not None:
                 self.state.replay_steps[req_pool_indices] = keys + 1
         extend_graph = self._extend_graph(bs, seq_lens_cpu)
@@ -327,7 +336,7 @@ class EAGLEWorker:
             seq_lens_cpu=seq_lens_cpu,
         )
         out = self.target.forward(batch)
-        next_ids = sampling.sample(out.next_token_logits)  # [bs]
+        next_ids = sample_next(out, sampling)  # [bs]
         pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
         self._draft_extend_plain(req_pool_indices, seq_lens, seq_lens_cpu, next_ids, out.hidden_states, out_cache_loc)
         return pending

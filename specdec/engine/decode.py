@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token
+from specdec.eagle.output import DecodeOutput, PendingDecode, pending_one_token, sample_next
 from specdec.engine.batch_flags import BatchStatics, Memo
 from specdec.engine.batch_sampling import BatchSampling
 from specdec.engine.memory import PagedKVMemory, host_to_device
@@ -286,7 +286,7 @@ class DecodeLauncher:
             req_to_token=self.memory.req_to_token, kv_cache=self.runner.kv_cache,
             attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens_cpu,
         )
-        next_ids = sampling.sample(self.runner.forward(batch).next_token_logits)  # [bs]
+        next_ids = sample_next(self.runner.forward(batch), sampling)  # [bs]
         return pending_one_token(seq_lens, next_ids)
 
     # ------------------------------------------------------------ read

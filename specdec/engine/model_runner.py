@@ -2,7 +2,8 @@
 
 With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
 TARGET_VERIFY batches (logits in the model dtype: ``ForwardBatch.logits_dtype`` None) replay a
-graph per padded batch size. Padding requests read nothing (prefix 0) and write their K/V into
+graph per padded batch size. Each graph also takes the argmax of its logits (``LogitsOutput.greedy_ids``):
+a greedy step then launches nothing between the graph and its tokens' copy. Padding requests read nothing (prefix 0) and write their K/V into
 ``pad_slot``, a KV slot the allocator never hands out. A backend that plans on the host
 (FlashInfer) is planned from the batch's host lengths before each replay; a batch without them
 runs eagerly.
@@ -22,6 +23,7 @@ from specdec.attention.base import StaticPlan
 from specdec.cuda_graph import CudaGraphRunner, StaticInput, padded_lengths
 from specdec.cuda_graph.piecewise import PiecewiseGraphRunner
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
+from specdec.models.ops.topk import argmax
 
 
 class ModelRunner:
@@ -153,7 +155,9 @@ class ModelRunner:
             )
             self.attn_backend.init_forward_metadata(batch)
             out = self.model(batch)
-            return (out.next_token_logits,) if out.hidden_states is None else (out.next_token_logits, out.hidden_states)
+            logits = out.next_token_logits  # [bs * tokens, vocab]
+            greedy = argmax(logits)  # [bs * tokens]
+            return (logits, greedy) if out.hidden_states is None else (logits, greedy, out.hidden_states)
 
         return forward
 
@@ -187,7 +191,8 @@ class ModelRunner:
         if batch.forward_mode == ForwardMode.TARGET_VERIFY:
             inputs["tree_mask"] = batch.tree_mask
         outputs = graph(batch.batch_size, host=batch.prefix_lens_cpu, **inputs)
-        return LogitsOutput(next_token_logits=outputs[0], hidden_states=outputs[1] if len(outputs) > 1 else None)
+        return LogitsOutput(next_token_logits=outputs[0], greedy_ids=outputs[1],
+                            hidden_states=outputs[2] if len(outputs) > 2 else None)
 
 
 def _graph_logits(mode: ForwardMode) -> tuple[LogitsMode, torch.dtype | None]:

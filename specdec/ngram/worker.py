@@ -43,7 +43,14 @@ import numpy as np
 import torch
 
 from specdec.config import SpecConfig
-from specdec.eagle.output import DecodeOutput, PendingDecode, copy_to_host_async, pending_one_token
+from specdec.eagle.output import (
+    DecodeOutput,
+    PendingDecode,
+    copy_to_host_async,
+    greedy_ids,
+    pending_one_token,
+    sample_next,
+)
 from specdec.eagle.tree import BuiltTree
 from specdec.eagle.verify_step import TreeVerifier, commit_accepted_kv, target_verify
 from specdec.eagle.worker import sample_after_prefill
@@ -319,11 +326,12 @@ class NgramWorker:
         tree_slots = step_slots(self.memory, req_pool_indices, seq_lens, n, seq_lens_cpu=seq_lens_cpu,
                                 rows_cpu=rows.tolist(), reserved=slots_reserved)
         # (the tree's tokens recorded at their slots: accepted chain nodes stay in place)
-        logits, _ = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
-                                  tree, tree_slots, num_draft_tokens=n, slot_tokens=self.slot_tokens)
+        verified = target_verify(self.target, self.memory.req_to_token, req_pool_indices, seq_lens, seq_lens_cpu,
+                                 tree, tree_slots, num_draft_tokens=n, slot_tokens=self.slot_tokens)
+        logits = verified.next_token_logits  # [bs * n, vocab]
         if getattr(sampling, "needs_processing", False):  # penalties, logit_bias, grammar: per node
             logits = sampling.process(logits.float(), tree)
-        result = self.verifiers[n](tree, logits, sampling, seq_lens)
+        result = self.verifiers[n](tree, logits, sampling, seq_lens, predicts=greedy_ids(verified, sampling))
         if self.config.topk > 1:  # a chain's accepted nodes are in place already (node t at seq_len + t)
             commit_accepted_kv(self.memory.req_to_token, self.target.kv_cache, req_pool_indices, seq_lens, result,
                                num_draft_tokens=n, topk=self.config.topk)
@@ -514,7 +522,7 @@ class NgramWorker:
             attn_backend=self.target.attn_backend, capture_hidden_mode=self.decode_hidden, seq_lens_cpu=seq_lens_cpu,
             slot_tokens=self.slot_tokens,
         )
-        next_ids = sampling.sample(self.target.forward(batch).next_token_logits)  # [bs]
+        next_ids = sample_next(self.target.forward(batch), sampling)  # [bs]
         return pending_one_token(seq_lens, next_ids)
 
 

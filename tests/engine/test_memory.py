@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec.engine.memory import OutOfRequestSlots, PagedKVMemory
-from specdec.host import KVMemory, OutOfKVSlots
+from specdec.host import KVMemory, OutOfKVSlots, table_slots
 
 
 def make(num_slots: int = 64, page_size: int = 4, max_reqs: int = 8, max_context_len: int = 64):
@@ -350,3 +350,15 @@ def test_pages_are_the_lowest_free_ones_without_scanning_the_pool(page_size):
         extend(mem, [row], [held], [ext])
         lens[row] = held + ext
         assert not mem._page_free[:mem._first_free].any()
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_table_slots_read_the_reserved_positions_of_each_row(tokens):
+    """``table_slots`` (flat indices into the table) equals indexing the table at [row, seq_len + t]."""
+    gen = torch.Generator().manual_seed(tokens)
+    req_to_token = torch.randint(0, 10_000, (9, 64), dtype=torch.int32, generator=gen)
+    rows = torch.tensor([3, 0, 8, 3, 5])
+    seq_lens = torch.randint(0, 64 - tokens + 1, (5,), generator=gen)
+    expected = torch.stack([req_to_token[r, s : s + tokens] for r, s in zip(rows, seq_lens)]).flatten().long()
+    got = table_slots(req_to_token, rows, seq_lens, tokens)
+    assert got.dtype == torch.int64 and torch.equal(got, expected)

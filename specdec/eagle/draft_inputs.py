@@ -50,6 +50,9 @@ class ShiftedInputs:
     park_base = -1  # no parking slots (``specdec.kernels.commit_step``: a shifted draft)
     target_hidden = CaptureHiddenMode.FULL  # what the target's prefill captures
     decode_hidden = CaptureHiddenMode.LAST  # what a plain decode step captures
+    # a prefill of one token a request gives the draft what a plain step's draft extend does: the next
+    # token over the target's feature at the prefilled position, written at that position's slot
+    one_token_prefill_is_plain_step = True
 
     def prefill(
         self,
@@ -92,6 +95,7 @@ class AlignedInputs:
     needs_features = False
     target_hidden = CaptureHiddenMode.NULL
     decode_hidden = CaptureHiddenMode.NULL
+    one_token_prefill_is_plain_step = False  # (its prefill drafts the token itself and parks the next)
 
     def __init__(self, park_base: int) -> None:
         self.park_base = park_base  # parking slot of request row r: park_base + r

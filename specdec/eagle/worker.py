@@ -202,14 +202,21 @@ class EAGLEWorker:
             sampling.record_prompt_logprobs(logits, batch.input_ids, extend_lens)
             logits = logits[ends]
         next_ids = sample_after_prefill(logits, sampling, next_tokens)
-        ext = self.inputs.prefill(batch.input_ids, out.hidden_states, batch.positions, batch.out_cache_loc,
-                                  extend_lens, next_ids, batch.req_pool_indices)
-        topk_p, topk_index, hidden = self.draft.extend(
-            input_ids=ext.input_ids, features=ext.features, positions=ext.positions, out_cache_loc=ext.out_cache_loc,
-            req_pool_indices=batch.req_pool_indices, prefix_lens=batch.prefix_lens,
-            extend_lens_cpu=ext.extend_lens_cpu, prefix_lens_cpu=batch.prefix_lens_cpu,
-        )
-        self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
+        if batch.num_tokens == batch.batch_size and self.inputs.one_token_prefill_is_plain_step:
+            # one token a request (a prompt cached but for its last token): the plain step's draft extend,
+            # its graph where one is captured (the target's forward replayed the decode graph likewise)
+            self._draft_extend_plain(batch.req_pool_indices, batch.prefix_lens, batch.prefix_lens_cpu, next_ids,
+                                     out.hidden_states, batch.out_cache_loc)
+        else:
+            ext = self.inputs.prefill(batch.input_ids, out.hidden_states, batch.positions, batch.out_cache_loc,
+                                      extend_lens, next_ids, batch.req_pool_indices)
+            topk_p, topk_index, hidden = self.draft.extend(
+                input_ids=ext.input_ids, features=ext.features, positions=ext.positions,
+                out_cache_loc=ext.out_cache_loc, req_pool_indices=batch.req_pool_indices,
+                prefix_lens=batch.prefix_lens, extend_lens_cpu=ext.extend_lens_cpu,
+                prefix_lens_cpu=batch.prefix_lens_cpu,
+            )
+            self.state.store(batch.req_pool_indices, topk_p, topk_index, hidden)
         if self.replay is not None:  # a new request's first verify step replays the row keyed 0
             self.state.replay_steps[batch.req_pool_indices] = 0
         return next_ids

@@ -8,7 +8,8 @@ a greedy step then launches nothing between the graph and its tokens' copy. Padd
 (FlashInfer) is planned from the batch's host lengths before each replay; a batch without them
 runs eagerly.
 
-With ``capture_prefill_graphs``, a prefill (EXTEND) forward of up to
+A prefill (EXTEND) forward of one token a request (its prompt cached but for the last token) replays
+the decode graph. With ``capture_prefill_graphs``, any other prefill of up to
 ``--piecewise-cuda-graph-max-tokens`` tokens replays the model body as pieces between its attention
 calls, which run eagerly (``specdec.cuda_graph.piecewise``); its logits are computed eagerly after.
 Anything else (longer prefills, batches past the largest captured size) runs eagerly.
@@ -179,9 +180,14 @@ class ModelRunner:
         bs = batch.batch_size
         if bs == 0 or batch.num_tokens % bs:
             return None
-        graph = self.graphs.get((batch.forward_mode, batch.capture_hidden_mode, batch.num_tokens // bs))
-        if (graph is None or (batch.logits_mode, batch.logits_dtype) != _graph_logits(batch.forward_mode)
-                or not graph.can_run(bs)):
+        mode, hidden, tokens = batch.forward_mode, batch.capture_hidden_mode, batch.num_tokens // bs
+        if mode == ForwardMode.EXTEND and tokens == 1:
+            # one new token a request (a prompt cached up to its last token: a repeated prompt, a parallel
+            # sample's twin) is a decode step's forward: its graph, not eager attention between pieces.
+            # Every or the last token's hidden state is then the same row
+            mode, hidden = ForwardMode.DECODE, min(hidden, CaptureHiddenMode.LAST)
+        graph = self.graphs.get((mode, hidden, tokens))
+        if graph is None or (batch.logits_mode, batch.logits_dtype) != _graph_logits(mode) or not graph.can_run(bs):
             return None
         return graph
 

@@ -229,3 +229,27 @@ def test_piecewise_prefill_path_is_lossless(algorithm, hidden, chunk):
     assert spec.runner.prefill_graphs.num_calls > 0
     assert eager_tokens == ([] if chunk else [71])
     assert_no_leak(spec)
+
+
+@pytest.mark.parametrize("algorithm", [None, "EAGLE3"])
+def test_one_token_prefills_replay_the_decode_graph(algorithm):
+    """Prompts cached but for their last token prefill one token a request: the decode graph's forward,
+    with the same outputs as eager decoding (and a speculative engine's as plain decoding)."""
+    target, draft = make_pair("EAGLE3", "mixed")
+    prompts = prompts_of(LENGTHS, target.config.vocab_size, seed=5)
+    expected = engine(target).generate(input_ids=prompts, sampling_params=_params())
+    eng = engine(target, draft, algorithm=algorithm, shape=(3, 1, 4)) if algorithm else engine(target)
+    eng.capture_cuda_graphs(SIZES, use_graphs=False)
+    replays = []
+    replay = eng.runner._replay
+    eng.runner._replay = lambda graph, batch: replays.append((batch.forward_mode, batch.num_tokens)) or replay(graph, batch)
+    for _ in range(2):  # the second pass finds every prompt cached but for its last token
+        replays.clear()
+        got = eng.generate(input_ids=prompts, sampling_params=_params())
+        assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    prefills = [tokens for mode, tokens in replays if mode == ForwardMode.EXTEND]
+    assert sum(prefills) == len(prompts)  # each prompt's last token, through the decode graph
+    if algorithm:  # the draft's prefill: the plain step's one-token draft extend (no plain step runs here)
+        assert eng.worker.plain_extend_graph.runner.num_calls == len(prefills)
+    assert [g["meta_info"]["cached_tokens"] for g in got] == [n - 1 for n in LENGTHS]
+    assert_no_leak(eng)

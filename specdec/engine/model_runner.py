@@ -2,11 +2,11 @@
 
 With CUDA graphs captured (``capture_cuda_graphs``), plain decode batches and the worker's
 TARGET_VERIFY batches (logits in the model dtype: ``ForwardBatch.logits_dtype`` None) replay a
-graph per padded batch size. Each graph also takes the argmax of its logits (``LogitsOutput.greedy_ids``):
-a greedy step then launches nothing between the graph and its tokens' copy. Padding requests read nothing (prefix 0) and write their K/V into
-``pad_slot``, a KV slot the allocator never hands out. A backend that plans on the host
-(FlashInfer) is planned from the batch's host lengths before each replay; a batch without them
-runs eagerly.
+graph per padded batch size. Each graph also takes the argmax of its logits
+(``LogitsOutput.greedy_ids``): a greedy step then launches nothing between the graph and its tokens'
+copy. Padding requests read nothing (prefix 0) and write their K/V into ``pad_slot``, a KV slot the
+allocator never hands out. A backend that plans on the host (FlashInfer) is planned from the
+batch's host lengths before each replay; a batch without them runs eagerly.
 
 A prefill (EXTEND) forward of one token a request (its prompt cached but for the last token) replays
 the decode graph. With ``capture_prefill_graphs``, any other prefill of up to
@@ -183,8 +183,8 @@ class ModelRunner:
         mode, hidden, tokens = batch.forward_mode, batch.capture_hidden_mode, batch.num_tokens // bs
         if mode == ForwardMode.EXTEND and tokens == 1:
             # one new token a request (a prompt cached up to its last token: a repeated prompt, a parallel
-            # sample's twin) is a decode step's forward: its graph, not eager attention between pieces.
-            # Every or the last token's hidden state is then the same row
+            # sample's twin) is a decode step's forward: its graph, not eager attention between pieces
+            # (with one token a request, capturing every token's hidden state captures the last one's)
             mode, hidden = ForwardMode.DECODE, min(hidden, CaptureHiddenMode.LAST)
         graph = self.graphs.get((mode, hidden, tokens))
         if graph is None or (batch.logits_mode, batch.logits_dtype) != _graph_logits(mode) or not graph.can_run(bs):

@@ -69,14 +69,24 @@ def sample_next(out: LogitsOutput, sampling: SamplingInfo) -> torch.Tensor:  # [
     return ids
 
 
-def pending_one_token(seq_lens: torch.Tensor, next_ids: torch.Tensor) -> PendingDecode:
-    """A queued plain decode step: one committed token per request ([bs] each, on the device)."""
-    host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
+def pending_one_token(seq_lens: torch.Tensor, next_ids: torch.Tensor,
+                      seq_lens_cpu: list[int] | None = None) -> PendingDecode:
+    """A queued plain decode step: one committed token per request ([bs] each, on the device).
+    ``seq_lens_cpu``: the lengths where the host has them; the step then copies back its tokens alone
+    (no stacking launch: a plain step's host time is mostly launches)."""
+    if seq_lens_cpu is not None:
+        tokens_view = copy_to_host_async(next_ids)
 
-    def read() -> DecodeOutput:
-        rows = host_view()
-        return DecodeOutput(tokens=[[t] for _, t in rows], seq_lens=[s + 1 for s, _ in rows],
-                            accept_lengths=[0] * len(rows))
+        def read() -> DecodeOutput:
+            return DecodeOutput(tokens=[[t] for t in tokens_view()], seq_lens=[s + 1 for s in seq_lens_cpu],
+                                accept_lengths=[0] * len(seq_lens_cpu))
+    else:
+        host_view = copy_to_host_async(torch.stack([seq_lens, next_ids], 1))
+
+        def read() -> DecodeOutput:
+            rows = host_view()
+            return DecodeOutput(tokens=[[t] for _, t in rows], seq_lens=[s + 1 for s, _ in rows],
+                                accept_lengths=[0] * len(rows))
 
     return PendingDecode(seq_lens + 1, next_ids, read)
 

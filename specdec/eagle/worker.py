@@ -344,7 +344,7 @@ class EAGLEWorker:
         )
         out = self.target.forward(batch)
         next_ids = sample_next(out, sampling)  # [bs]
-        pending = pending_one_token(seq_lens, next_ids)  # the copy is queued before the draft extend
+        pending = pending_one_token(seq_lens, next_ids, seq_lens_cpu)  # the copy is queued before the draft extend
         self._draft_extend_plain(req_pool_indices, seq_lens, seq_lens_cpu, next_ids, out.hidden_states, out_cache_loc)
         return pending
 

@@ -287,7 +287,7 @@ class DecodeLauncher:
             attn_backend=self.runner.attn_backend, seq_lens_cpu=seq_lens_cpu,
         )
         next_ids = sample_next(self.runner.forward(batch), sampling)  # [bs]
-        return pending_one_token(seq_lens, next_ids)
+        return pending_one_token(seq_lens, next_ids, seq_lens_cpu)
 
     # ------------------------------------------------------------ read
     def read(self, launched: LaunchedStep) -> list[Request]:

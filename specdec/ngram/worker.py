@@ -523,7 +523,7 @@ class NgramWorker:
             slot_tokens=self.slot_tokens,
         )
         next_ids = sample_next(self.target.forward(batch), sampling)  # [bs]
-        return pending_one_token(seq_lens, next_ids)
+        return pending_one_token(seq_lens, next_ids, seq_lens_cpu)
 
 
 def device_tree(

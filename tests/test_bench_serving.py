@@ -188,6 +188,7 @@ def test_openai_backend_reads_the_acceptance_length_from_the_servers_metrics(tmp
     steps = openai["engine_steps"]  # the run's steps, from the server's step-time histogram
     assert steps["steps"] >= 12 // 4 and steps["mean_ms"] > 0 and steps["kernel_builds"] == 0
     assert 1 <= steps["prefill_steps"] <= 3 and steps["prefill_mean_ms"] > 0  # three prompts, two at a time
+    assert steps["prefill_tokens"] > 0
 
 
 def test_spec_counters_read_vllms_names_and_none_elsewhere(monkeypatch):
@@ -241,13 +242,21 @@ def test_engine_steps_count_slow_steps_and_kernel_builds_between_two_readings(mo
 
     monkeypatch.setattr(serving.httpx, "get", Response)
     metrics = EngineMetrics(registry=CollectorRegistry())
+
+    def cache_stats(prefill_tokens: int) -> dict:
+        return {"cache_hit_rate": 0.5, "cached_prompt_tokens": 0, "prefill_tokens": prefill_tokens,
+                "num_retracted_reqs": 0, "num_pages": 100, "free_pages": 100, "evictable_pages": 0}
+
     for _ in range(4):
         metrics.observe_step(0.002, num_running=1, num_queue=0)
+    metrics.observe_cache(cache_stats(30))
     before = serving.read_metrics("http://specdec", 1.0)
     for seconds in [0.001] * 8 + [0.3, 0.05]:  # 0.05 s is not over the bound: buckets are <= le
         metrics.observe_step(seconds, num_running=1, num_queue=0, prefill=seconds >= 0.05)
+    metrics.observe_cache(cache_stats(75))  # the two prefill steps computed 45 prompt tokens
     metrics.observe_kernel_build(0.2)
     steps = serving.engine_steps(before, serving.read_metrics("http://specdec", 1.0))
     assert steps == {"steps": 10, "mean_ms": pytest.approx(1e3 * (0.008 + 0.35) / 10), "prefill_steps": 2,
-                     "prefill_mean_ms": pytest.approx(175.0), "decode_mean_ms": pytest.approx(1.0), "slow_steps": 1,
+                     "prefill_mean_ms": pytest.approx(175.0), "prefill_tokens": 45,
+                     "decode_mean_ms": pytest.approx(1.0), "slow_steps": 1,
                      "kernel_builds": 1, "kernel_build_ms": pytest.approx(200.0)}

@@ -175,7 +175,8 @@ def _acceptance_from_metrics(before: tuple[float, float] | None, after: tuple[fl
 
 def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
     """A specdec server's engine steps between two ``read_metrics`` readings: how many, their mean wall
-    time, the prefill steps among them and the mean of each kind, how many took longer than
+    time, the prefill steps among them (and the prompt tokens they computed) and the mean of each kind,
+    how many took longer than
     SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled its step;
     ``specdec.engine.jit_watch``). None for other servers."""
     name = "specdec:step_time_seconds"
@@ -190,6 +191,7 @@ def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None
     return {"steps": int(steps), "mean_ms": 1e3 * delta(f"{name}_sum") / steps if steps else None,
             "prefill_steps": int(prefills),
             "prefill_mean_ms": 1e3 * delta("specdec:prefill_step_seconds_total") / prefills if prefills else None,
+            "prefill_tokens": int(delta("specdec:prefill_tokens_total")),
             "decode_mean_ms": 1e3 * decode_seconds / (steps - prefills) if steps > prefills else None,
             "slow_steps": int(steps - delta(f"{name}_bucket{{le={SLOW_STEP_S:g}}}")),
             "kernel_builds": int(delta("specdec:kernel_builds_total")),
@@ -357,9 +359,9 @@ def print_report(res: dict) -> None:
           "Acceptance length: n/a (no verify steps: the server does not speculate, or nothing succeeded)")
     steps = spec.get("engine_steps")
     if steps and steps["steps"]:
-        kinds = ", ".join(f"{n} {kind} x {ms:.2f} ms" for kind, n, ms in (
-            ("prefill", steps["prefill_steps"], steps["prefill_mean_ms"]),
-            ("decode", steps["steps"] - steps["prefill_steps"], steps["decode_mean_ms"])) if n)
+        kinds = ", ".join(f"{n} {kind} x {ms:.2f} ms{extra}" for kind, n, ms, extra in (
+            ("prefill", steps["prefill_steps"], steps["prefill_mean_ms"], f" ({steps['prefill_tokens']} prompt tokens)"),
+            ("decode", steps["steps"] - steps["prefill_steps"], steps["decode_mean_ms"], "")) if n)
         print(f"Engine steps: {steps['steps']} ({kinds}; {steps['slow_steps']} over {1e3 * SLOW_STEP_S:.0f} ms); "
               f"Triton kernels built while serving: {steps['kernel_builds']}"
               + (f" ({steps['kernel_build_ms']:.0f} ms)" if steps["kernel_builds"] else ""))

@@ -176,8 +176,7 @@ def _acceptance_from_metrics(before: tuple[float, float] | None, after: tuple[fl
 def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
     """A specdec server's engine steps between two ``read_metrics`` readings: how many, their mean wall
     time, the prefill steps among them (and the prompt tokens they computed) and the mean of each kind,
-    how many took longer than
-    SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled its step;
+    how many took longer than SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled its step;
     ``specdec.engine.jit_watch``). None for other servers."""
     name = "specdec:step_time_seconds"
     if not before or not after or f"{name}_count" not in after:

@@ -9,9 +9,10 @@
 # branch, here, before the call (".stash/" is git-ignored):
 #   git diff --name-only main BRANCH | while read -r f; do
 #     mkdir -p ".stash/BRANCH/$(dirname "$f")"; git show "BRANCH:$f" > ".stash/BRANCH/$f"; done
-# Settings: AB_CONFIGS ("6,8,32;3,1,4"), AB_BS ("1,2,8,16,32,64"), AB_CTX (1024), AB_STEPS (32),
-# AB_SHAPE (llama-3.1-8b; "tiny" with AB_ARGS="--device cpu --attention-backend torch_native" checks
-# the script on a CPU), AB_TIMEOUT (s a variant, 200),
+# Settings: AB_CONFIGS ("6,8,32;3,1,4"), AB_ADAPTIVE (non-empty: adaptive speculation too),
+# AB_BS ("1,2,8,16,32,64"), AB_CTX (1024), AB_STEPS (32), AB_SHAPE (llama-3.1-8b; "tiny" with
+# AB_ARGS="--device cpu --attention-backend torch_native" checks the script on a CPU), AB_TIMEOUT (s a
+# variant, 200),
 # AB_ARGS (more `specdec bench --synthetic` flags), AB_ARGS_NAME (flags for variant NAME only, e.g.
 # AB_ARGS_fp8="--speculative-draft-model-quantization fp8" with fp8=.). Writes $OUT/ab_NAME.json /
 # .log; prints each point's step time and phases.
@@ -42,7 +43,7 @@ for spec in "$@"; do
   fi
   own_args="AB_ARGS_$name"
   timeout "${AB_TIMEOUT:-200}" python3 -m specdec.cli bench --synthetic "${AB_SHAPE:-llama-3.1-8b}" \
-    --configs "${AB_CONFIGS:-6,8,32;3,1,4}" --batch-sizes "${AB_BS:-1,2,8,16,32,64}" --skip-adaptive \
+    --configs "${AB_CONFIGS:-6,8,32;3,1,4}" --batch-sizes "${AB_BS:-1,2,8,16,32,64}" $([ -n "${AB_ADAPTIVE:-}" ] || echo --skip-adaptive) \
     --context-len "${AB_CTX:-1024}" --decode-steps "${AB_STEPS:-32}" --warmup-steps 2 ${AB_ARGS:-} ${!own_args:-} \
     --output "$OUT/ab_$name.json" > "$OUT/ab_$name.log" 2>&1 || status=1
   grep -E "^[0-9a-z]+: engine|bs=|Speedup" "$OUT/ab_$name.log" | sed "s/^/$name  /"

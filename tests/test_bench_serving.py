@@ -226,8 +226,8 @@ def test_openai_backend_refuses_what_needs_generate(tmp_path):
 
 
 def test_engine_steps_count_slow_steps_and_kernel_builds_between_two_readings(monkeypatch):
-    """Between two /metrics readings of a specdec server: 10 steps (one of them 0.3 s) and one
-    Triton kernel built in 0.2 s while serving."""
+    """Between two /metrics readings of a specdec server: 10 steps (one of them 0.3 s), one Triton
+    kernel built in 0.2 s while serving, and the decode steps' shapes."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from specdec.bench import serving
@@ -250,13 +250,17 @@ def test_engine_steps_count_slow_steps_and_kernel_builds_between_two_readings(mo
     for _ in range(4):
         metrics.observe_step(0.002, num_running=1, num_queue=0)
     metrics.observe_cache(cache_stats(30))
+    metrics.observe_shapes({"plain": 3, "3x1x4": 1})
     before = serving.read_metrics("http://specdec", 1.0)
     for seconds in [0.001] * 8 + [0.3, 0.05]:  # 0.05 s is not over the bound: buckets are <= le
         metrics.observe_step(seconds, num_running=1, num_queue=0, prefill=seconds >= 0.05)
     metrics.observe_cache(cache_stats(75))  # the two prefill steps computed 45 prompt tokens
     metrics.observe_kernel_build(0.2)
+    metrics.observe_shapes({"plain": 4, "3x1x4": 8, "5x4x8": 0})  # eight decode steps: 3x1x4 7, plain 1
     steps = serving.engine_steps(before, serving.read_metrics("http://specdec", 1.0))
     assert steps == {"steps": 10, "mean_ms": pytest.approx(1e3 * (0.008 + 0.35) / 10), "prefill_steps": 2,
                      "prefill_mean_ms": pytest.approx(175.0), "prefill_tokens": 45,
                      "decode_mean_ms": pytest.approx(1.0), "slow_steps": 1,
-                     "kernel_builds": 1, "kernel_build_ms": pytest.approx(200.0)}
+                     "kernel_builds": 1, "kernel_build_ms": pytest.approx(200.0),
+                     "shapes": {"3x1x4": 7, "plain": 1}}
+    assert list(steps["shapes"]) == ["3x1x4", "plain"]  # most first

@@ -138,8 +138,9 @@ def model_info(base_url: str, timeout: float, backend: str = "sglang") -> dict:
 
 
 def read_metrics(base_url: str, timeout: float) -> dict[str, float] | None:
-    """The server's ``/metrics``, each sample summed over its labels but a histogram bucket's ``le``
-    (``name{le=0.05}``); None without ``/metrics`` (or without prometheus_client, the serve extra's)."""
+    """The server's ``/metrics``, each sample summed over its labels, and kept apart too by a histogram
+    bucket's ``le`` (``name{le=0.05}``, never summed) and by a speculative shape (``name{shape=3x1x4}``);
+    None without ``/metrics`` (or without prometheus_client, the serve extra's)."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError:
@@ -152,8 +153,10 @@ def read_metrics(base_url: str, timeout: float) -> dict[str, float] | None:
         return None
     totals: collections.Counter[str] = collections.Counter()
     for sample in (s for family in families for s in family.samples):
-        le = sample.labels.get("le")
+        le, shape = sample.labels.get("le"), sample.labels.get("shape")
         totals[sample.name if le is None else f"{sample.name}{{le={float(le):g}}}"] += sample.value
+        if shape is not None:
+            totals[f"{sample.name}{{shape={shape}}}"] += sample.value
     return dict(totals)
 
 
@@ -176,8 +179,9 @@ def _acceptance_from_metrics(before: tuple[float, float] | None, after: tuple[fl
 def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
     """A specdec server's engine steps between two ``read_metrics`` readings: how many, their mean wall
     time, the prefill steps among them (and the prompt tokens they computed) and the mean of each kind,
-    how many took longer than SLOW_STEP_S, and the Triton kernels built meanwhile (each stalled its step;
-    ``specdec.engine.jit_watch``). None for other servers."""
+    how many took longer than SLOW_STEP_S, the Triton kernels built meanwhile (each stalled its step;
+    ``specdec.engine.jit_watch``), and a speculative server's decode steps by shape (adaptive
+    speculation's choices; "plain": no draft tree). None for other servers."""
     name = "specdec:step_time_seconds"
     if not before or not after or f"{name}_count" not in after:
         return None
@@ -194,7 +198,15 @@ def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None
             "decode_mean_ms": 1e3 * decode_seconds / (steps - prefills) if steps > prefills else None,
             "slow_steps": int(steps - delta(f"{name}_bucket{{le={SLOW_STEP_S:g}}}")),
             "kernel_builds": int(delta("specdec:kernel_builds_total")),
-            "kernel_build_ms": 1e3 * delta("specdec:kernel_build_seconds_total")}
+            "kernel_build_ms": 1e3 * delta("specdec:kernel_build_seconds_total"),
+            "shapes": _shape_steps(before, after)}
+
+
+def _shape_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Decode steps by speculative shape between two readings, most first (those that ran)."""
+    prefix = "specdec:spec_shape_steps_total{shape="
+    steps = {key[len(prefix):-1]: int(after[key] - before.get(key, 0.0)) for key in after if key.startswith(prefix)}
+    return dict(sorted(((shape, n) for shape, n in steps.items() if n), key=lambda kv: -kv[1]))
 
 
 def _measure(url: str, prompts: list[Prompt], *, desc: str, model: str | None, **run) -> dict:
@@ -360,7 +372,9 @@ def print_report(res: dict) -> None:
     if steps and steps["steps"]:
         kinds = ", ".join(f"{n} {kind} x {ms:.2f} ms{extra}" for kind, n, ms, extra in (
             ("prefill", steps["prefill_steps"], steps["prefill_mean_ms"], f" ({steps['prefill_tokens']} prompt tokens)"),
-            ("decode", steps["steps"] - steps["prefill_steps"], steps["decode_mean_ms"], "")) if n)
+            ("decode", steps["steps"] - steps["prefill_steps"], steps["decode_mean_ms"],
+             f" ({', '.join(f'{shape} {n}' for shape, n in steps['shapes'].items())})" if steps["shapes"] else ""))
+            if n)
         print(f"Engine steps: {steps['steps']} ({kinds}; {steps['slow_steps']} over {1e3 * SLOW_STEP_S:.0f} ms); "
               f"Triton kernels built while serving: {steps['kernel_builds']}"
               + (f" ({steps['kernel_build_ms']:.0f} ms)" if steps["kernel_builds"] else ""))

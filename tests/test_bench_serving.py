@@ -66,6 +66,22 @@ def test_online_bench_with_baseline(servers, tmp_path, capsys):
     assert (tmp_path / "hist.png").exists() or "matplotlib is not installed" in captured.err
 
 
+def test_profile_covers_the_timed_run_and_names_its_files(servers, tmp_path, capsys):
+    """--profile: the server profiles the run's steps (/start_profile after the warm-up, /stop_profile
+    after the last request) into --profile-dir; the result and the printout name the files."""
+    spec, _ = servers
+    res = _bench(tmp_path, spec.url, "--num-prompts", "3", "--max-new-tokens", "8", "--random-input-len", "8",
+                 "--disable-tqdm", "--profile", "--profile-activities", "HOST", "--profile-dir", str(tmp_path / "p"))
+    (host,) = (tmp_path / "p").glob("*-TP-0.host.txt")
+    assert res["speculative"]["profile"] == f"Stop profiling. Written:\n{host}"
+    assert f"Profile: Stop profiling. Written:\n{host}" in capsys.readouterr().out
+    assert "eagle/worker.py" in host.read_text()  # the speculative steps it profiled
+    with pytest.raises(ValueError, match="--profile-activities and --profile-dir need --profile"):
+        _bench(tmp_path, spec.url, "--profile-dir", str(tmp_path))
+    with pytest.raises(SystemExit, match="/start_profile answered 400: .*activities: GPU needs an engine on CUDA"):
+        _bench(tmp_path, spec.url, "--num-prompts", "1", "--disable-tqdm", "--profile", "--profile-activities", "GPU")
+
+
 def test_poisson_arrivals_and_random_lengths_without_baseline(servers, tmp_path, capsys):
     spec, _ = servers
     res = _bench(tmp_path, spec.url, "--num-prompts", "4", "--max-new-tokens", "12", "--random-input-len", "8",

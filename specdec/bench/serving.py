@@ -102,6 +102,14 @@ class ServingSettings:
     plot: str | None = dataclasses.field(default=None, metadata=flag(
         "also write the acceptance histogram as a PNG (needs matplotlib)", group=OUTPUT, metavar="PATH"))
     disable_tqdm: bool = dataclasses.field(default=False, metadata=flag("no progress bar", group=OUTPUT))
+    profile: bool = dataclasses.field(default=False, metadata=flag(
+        "profile the server's steps over the timed run: /start_profile after the warm-up request, /stop_profile "
+        "after the last (SGLang's and vLLM's routes; the server writes the files)", group=OUTPUT))
+    profile_activities: str | None = dataclasses.field(default=None, metadata=flag(
+        "--profile: comma-separated, of CPU, GPU, MEM and (specdec) HOST: the engine loop's Python functions. "
+        "Default: the server's (CPU and GPU)", group=OUTPUT))
+    profile_dir: str | None = dataclasses.field(default=None, metadata=flag(
+        "--profile: the folder, on the server's machine (default: the server's)", group=OUTPUT))
 
 
 def _check(args: ServingSettings) -> None:
@@ -116,6 +124,10 @@ def _check(args: ServingSettings) -> None:
     if args.backend == "openai" and (args.multi_turn or args.dataset == "random"):
         raise ValueError("--backend openai: --multi-turn and --dataset random need /generate and /get_model_info "
                          "(--backend sglang)")
+    if (args.profile_activities or args.profile_dir) and not args.profile:
+        raise ValueError("--profile-activities and --profile-dir need --profile")
+    if args.profile and args.multi_turn:
+        raise ValueError("--profile: not with --multi-turn")
     if args.dataset not in (None, "random", *DATASETS):
         raise ValueError(f"--dataset: unknown dataset {args.dataset!r}; choose random or one of {', '.join(DATASETS)}")
 
@@ -209,15 +221,32 @@ def _shape_steps(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return dict(sorted(((shape, n) for shape, n in steps.items() if n), key=lambda kv: -kv[1]))
 
 
-def _measure(url: str, prompts: list[Prompt], *, desc: str, model: str | None, **run) -> dict:
+def _profile_call(url: str, route: str, body: dict | None, timeout: float) -> str:
+    """POST the server's /start_profile or /stop_profile; its answer's text (SystemExit: refused)."""
+    try:
+        r = httpx.post(f"{url}{route}", json=body, timeout=timeout)
+    except httpx.HTTPError as e:
+        raise SystemExit(f"--profile: {url}{route}: {e}") from None
+    if r.status_code != 200:
+        raise SystemExit(f"--profile: {url}{route} answered {r.status_code}: {r.text.strip()}")
+    return r.text
+
+
+def _measure(url: str, prompts: list[Prompt], *, desc: str, model: str | None, profile: dict | None = None,
+             **run) -> dict:
     """One workload against one server: ``summarize``'s figures; from the server's ``/metrics``, the
-    engine's steps and, over the OpenAI API, the acceptance length."""
+    engine's steps and, over the OpenAI API, the acceptance length. ``profile``: /start_profile's body,
+    sent after the warm-up request (the answer of /stop_profile, after the run, is ``res["profile"]``)."""
     before = []  # read after the warm-up request
 
     def read_before() -> None:
         before.append(read_metrics(url, run["timeout"]))
+        if profile is not None:
+            _profile_call(url, "/start_profile", profile, run["timeout"])
 
     res = summarize(*asyncio.run(run_workload(url, prompts, desc=desc, model=model, on_start=read_before, **run)))
+    if profile is not None:
+        res["profile"] = _profile_call(url, "/stop_profile", None, run["timeout"]).strip()
     after = read_metrics(url, run["timeout"])
     if run["backend"] == "openai":
         res["acceptance_length"] = _acceptance_from_metrics(spec_counters(before[0]), spec_counters(after))
@@ -304,7 +333,12 @@ def run_benchmark(args: ServingSettings) -> dict:
         if baseline_info.get("vocab_size") != info.get("vocab_size"):
             print("Warning: the baseline server's vocabulary differs from the server's", file=sys.stderr)
         baseline = _measure(baseline_url, prompts, desc="baseline", model=baseline_info.get("served_model"), **run)
-    spec = _measure(base_url, prompts, desc="server", model=info.get("served_model"), **run)
+    profile = None
+    if args.profile:
+        profile = {"output_dir": args.profile_dir} if args.profile_dir else {}
+        if args.profile_activities:
+            profile["activities"] = [a.strip() for a in args.profile_activities.split(",") if a.strip()]
+    spec = _measure(base_url, prompts, desc="server", model=info.get("served_model"), profile=profile, **run)
     speedup = None
     if baseline and baseline["throughput_tok_s"] > 0:
         speedup = spec["throughput_tok_s"] / baseline["throughput_tok_s"]
@@ -378,6 +412,8 @@ def print_report(res: dict) -> None:
         print(f"Engine steps: {steps['steps']} ({kinds}; {steps['slow_steps']} over {1e3 * SLOW_STEP_S:.0f} ms); "
               f"Triton kernels built while serving: {steps['kernel_builds']}"
               + (f" ({steps['kernel_build_ms']:.0f} ms)" if steps["kernel_builds"] else ""))
+    if spec.get("profile"):
+        print(f"Profile: {spec['profile']}")
     if res["speedup"] is not None:
         print(f"Speedup: {res['speedup']:.2f}")
     else:

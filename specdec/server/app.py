@@ -97,9 +97,11 @@ def create_app(async_engine: EngineClient, *, model_name: str = "specdec", model
                           ("/get_model_info", sv.model_info), ("/get_server_info", sv.server_info),
                           ("/v1/models", sv.models)):
         app.get(path, response_model=None, **docs[path])(handler)
-    # NOTE: SGLang's /flush_cache takes GET and POST: one route, so a 405 lists both (openapi gives
-    # each method its own operationId)
-    app.api_route("/flush_cache", methods=["GET", "POST"], response_model=None, **docs["/flush_cache"])(sv.flush_cache)
+    # NOTE: SGLang's /flush_cache and profile routes take GET and POST: one route each, so a 405 lists
+    # both (openapi gives each method its own operationId)
+    for path, handler in (("/flush_cache", sv.flush_cache), ("/start_profile", sv.start_profile),
+                          ("/stop_profile", sv.stop_profile)):
+        app.api_route(path, methods=["GET", "POST"], response_model=None, **docs[path])(handler)
     app.openapi = lambda: openapi.document(app, vocab_size=async_engine.vocab_size,
                                            context_length=async_engine.context_length)
     return app

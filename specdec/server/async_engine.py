@@ -29,6 +29,7 @@ from specdec.engine.engine import Engine
 from specdec.server import engine_loop as msg
 from specdec.server.engine_loop import EngineFacts, EngineLoop
 from specdec.server.metrics import EngineMetrics
+from specdec.server.profiler import ProfileOptions
 from specdec.server.stream import EngineUnavailable, Event, EventBox, InvalidRequest, RequestStream
 
 
@@ -119,6 +120,15 @@ class EngineClient:
     async def render_metrics(self) -> bytes:
         """The engine's Prometheus metrics, in the text format."""
         return await self.call("render_metrics")
+
+    async def start_profile(self, options: ProfileOptions) -> str:
+        """Profile the engine's next steps (``specdec.server.profiler``); ValueError names a field
+        it cannot honor."""
+        return await self.call("start_profile", options)
+
+    async def stop_profile(self) -> list[str]:
+        """End the profile and write it; the files written."""
+        return await self.call("stop_profile")
 
     async def num_in_flight(self) -> int:
         return await self.call("num_in_flight")

@@ -29,6 +29,7 @@ from specdec.engine.jit_watch import JitWatch, log_build
 from specdec.engine.request import Request
 from specdec.engine.tp_worker import TPWorkerError
 from specdec.server.metrics import EngineMetrics
+from specdec.server.profiler import ProfileOptions, StepProfiler
 from specdec.server.stream import Event, InvalidRequest
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class Call:
     args: tuple = ()
 
 
-CALLS = ("num_in_flight", "flush_cache", "render_metrics", "on_engine", "abort_all")  # EngineLoop's
+CALLS = ("num_in_flight", "flush_cache", "render_metrics", "on_engine", "abort_all",  # EngineLoop's
+         "start_profile", "stop_profile")
 
 
 @dataclasses.dataclass
@@ -146,6 +148,7 @@ class EngineLoop:
         self.metrics = metrics or EngineMetrics(num_draft_positions=spec.num_steps if spec else 0)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: dict[str, _Tracked] = {}
+        self.profiler = StepProfiler(cuda=engine.memory.req_to_token.device.type == "cuda")
         engine.watch_workers(lambda error: self.inbox.put(_WorkerFailed(error)))
 
     def run(self) -> None:
@@ -177,6 +180,14 @@ class EngineLoop:
     def render_metrics(self) -> bytes:
         return self.metrics.render()
 
+    def start_profile(self, options: ProfileOptions) -> str:
+        """/start_profile: profile the next steps (``specdec.server.profiler``); its message."""
+        return self.profiler.start(options)
+
+    def stop_profile(self) -> list[str]:
+        """/stop_profile: end the profile and write it; the files written."""
+        return self.profiler.stop()
+
     def on_engine(self, fn: Callable[[Engine], Any]) -> Any:
         """``fn(engine)`` (a test's look at the engine's state; picklable where the loop is in another process)."""
         return fn(self.engine)
@@ -205,6 +216,11 @@ class EngineLoop:
                 for rest in commands[i + 1:]:
                     self._handle(rest)
                 self.abort_all("the server stopped")
+                if self.profiler.active:  # what it has so far is written
+                    try:
+                        logger.info("profile written at shutdown: %s", ", ".join(self.profiler.stop()))
+                    except Exception:  # noqa: BLE001 — the loop stops all the same
+                        logger.exception("the profile could not be written")
                 return False
             try:
                 if isinstance(cmd, _WorkerFailed):
@@ -297,6 +313,7 @@ class EngineLoop:
             logger.exception("engine step failed; aborting all running requests")
             self.abort_all("internal engine error", status=500)
             return
+        self.profiler.after_step()
         self.metrics.observe_step(time.perf_counter() - start, num_running=len(scheduler.running),
                                   num_queue=len(scheduler.waiting), prefill=scheduler.prefill_tokens != prefilled)
         self.metrics.observe_shapes(scheduler.spec_shape_steps)

@@ -70,6 +70,13 @@ def route_docs() -> dict[str, dict[str, Any]]:
         "/flush_cache": dict(responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                               "description": "How many cached KV pages were freed"},
                                         503: {"model": ErrorResponse, "description": "The engine is not running"}}),
+        "/start_profile": dict(responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                                "description": "What will be profiled, and where"},
+                                          400: {"model": ErrorResponse, "description": "A field it cannot honor"},
+                                          409: {"model": ErrorResponse, "description": "A profile already runs"}}),
+        "/stop_profile": dict(responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                               "description": "The files written, one a line"},
+                                         409: {"model": ErrorResponse, "description": "No profile runs"}}),
     }
 
 
@@ -84,7 +91,7 @@ def document(app: FastAPI, *, vocab_size: int, context_length: int) -> dict:
                 if len(path) > 1 and "operationId" in op:
                     op["operationId"] = f"{op['operationId'].rsplit('_', 1)[0]}_{method}"
                 op.get("responses", {}).pop("422", None)
-                if name in ("/metrics", "/flush_cache"):  # text only
+                if name in ("/metrics", "/flush_cache", "/start_profile", "/stop_profile"):  # text only
                     op["responses"]["200"]["content"].pop("application/json", None)
         schemas = doc.get("components", {}).get("schemas", {})
         schemas.pop("HTTPValidationError", None)

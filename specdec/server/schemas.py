@@ -283,3 +283,21 @@ class DetokenizeRequest(_Body):
 
     model: Optional[str] = None
     tokens: Union[list[PromptTokenId], Annotated[list[list[PromptTokenId]], Field(min_length=1)]]
+
+
+class ProfileRequest(_Body):
+    """SGLang's /start_profile body (every field optional; ``specdec.server.profiler`` says what
+    each does). SGLang's fields this server cannot honor are accepted at their no-op value only."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    output_dir: Optional[Annotated[str, Field(min_length=1)]] = None
+    start_step: Optional[Annotated[int, Field(ge=0), _INT]] = None
+    num_steps: Optional[Annotated[int, Field(ge=1), _INT]] = None
+    activities: Optional[list[Literal["CPU", "GPU", "MEM", "HOST"]]] = None
+    with_stack: Optional[bool] = None
+    record_shapes: Optional[bool] = None
+    profile_prefix: Optional[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]] = None
+    # one process is profiled (rank 0), all its steps in one file
+    merge_profiles: only(False) = None
+    profile_by_stage: only(False) = None

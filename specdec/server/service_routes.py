@@ -13,8 +13,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specdec.server.async_engine import EngineClient, EngineUnavailable, InvalidRequest
+from specdec.server.profiler import ProfileConflict, ProfileOptions
 from specdec.server.protocol import FALLBACK_CHAT_TEMPLATE, HTTPError
-from specdec.server.schemas import AbortRequest, DetokenizeRequest, TokenizeRequest
+from specdec.server.schemas import AbortRequest, DetokenizeRequest, ProfileRequest, TokenizeRequest, set_fields
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's /health_generate waits about this long
 
@@ -120,6 +121,27 @@ class ServiceRoutes:
         not refuse while requests run: theirs stay (they are locked), the rest goes."""
         pages = await self.eng.flush_cache()
         return PlainTextResponse(f"Cache flushed: {pages} page(s) freed.\n")
+
+    async def start_profile(self, body: ProfileRequest | None = None):
+        """SGLang's /start_profile: profile the engine's next steps into files
+        (``specdec.server.profiler``); 400 naming a field it cannot honor, 409 while one runs."""
+        fields = set_fields(body) if body is not None else {}
+        fields.pop("merge_profiles", None), fields.pop("profile_by_stage", None)  # at their no-op value
+        try:
+            return PlainTextResponse(await self.eng.start_profile(ProfileOptions(**fields)))
+        except ProfileConflict as e:
+            raise HTTPError(409, str(e)) from None
+        except ValueError as e:
+            raise HTTPError(400, str(e)) from None
+
+    async def stop_profile(self):
+        """SGLang's /stop_profile: end the profile and write it; the files, one a line (409: none runs)."""
+        try:
+            files = await self.eng.stop_profile()
+        except ProfileConflict as e:
+            raise HTTPError(409, str(e)) from None
+        return PlainTextResponse("Stop profiling. Written:\n" + "".join(f"{f}\n" for f in files)
+                                 if files else "Stop profiling: it had not begun (start_step), nothing written.\n")
 
     async def models(self):
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "specdec",

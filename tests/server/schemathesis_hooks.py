@@ -12,6 +12,9 @@ JSON Schema cannot express, so that every other schema-valid request must succee
    stay inside xgrammar's dialect (no lookaround, no backreferences). One that does not compile
    (a 400 naming the field, tested in test_openai) is replaced by one that does.
 
+4. /start_profile writes files where ``output_dir`` says, from the server's process: a generated
+   folder name is replaced by one under the system's temporary folder.
+
 To keep the CI run short, max_tokens / max_new_tokens are capped at a few tokens (a smaller
 schema-valid value).
 
@@ -20,6 +23,8 @@ checks judge the body as sent.
 """
 
 import json
+import os
+import tempfile
 
 import schemathesis
 
@@ -118,8 +123,13 @@ def _shape_params(body: dict) -> None:
             _cap_tokens(p, "max_new_tokens")
 
 
+PROFILE_DIR = os.path.join(tempfile.gettempdir(), "specdec-schemathesis-profiles")
+
+
 @schemathesis.hook
 def before_call(ctx, case, kwargs) -> None:
+    if isinstance(case.body, dict) and case.body.get("output_dir") is not None:
+        case.body["output_dir"] = PROFILE_DIR
     if isinstance(case.body, dict):
         _shorten(case.body)
         _shape_params(case.body)

@@ -67,9 +67,10 @@ def _schemathesis(url: str, tmp_path: Path, *phase_args: str) -> subprocess.Comp
 
 
 @needs_schemathesis
-def test_schemathesis_all_checks_pass(live, tmp_path):
+def test_schemathesis_all_checks_pass(live, tmp_path, monkeypatch):
     """The CI run, bounded (about 20 s on 2 cores): the examples and fuzzing phases, 30 examples per
     route, a fixed seed; every check."""
+    monkeypatch.setenv("SPECDEC_TORCH_PROFILER_DIR", str(tmp_path / "profiles"))  # /start_profile's default
     run = _schemathesis(live.url, tmp_path, "--phases", "examples,fuzzing", "--max-examples", "30")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
 
@@ -77,7 +78,8 @@ def test_schemathesis_all_checks_pass(live, tmp_path):
 @needs_schemathesis
 @pytest.mark.skipif(not os.environ.get("SPECDEC_SCHEMATHESIS_COVERAGE"),
                     reason="the coverage phase takes about 2.5 minutes on 2 cores: set SPECDEC_SCHEMATHESIS_COVERAGE=1")
-def test_schemathesis_coverage_phase(live, tmp_path):
+def test_schemathesis_coverage_phase(live, tmp_path, monkeypatch):
     """Schemathesis' coverage phase (every boundary and negative case the document implies, ~1300 requests)."""
+    monkeypatch.setenv("SPECDEC_TORCH_PROFILER_DIR", str(tmp_path / "profiles"))
     run = _schemathesis(live.url, tmp_path, "--phases", "coverage")
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]

@@ -250,7 +250,9 @@ case "$what" in
         --points "${GEMMA_POINTS:-1:1024,16:1024,64:1024,128:1024}" ${GEMMA_ARGS:-}
     done ;;
   serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai`; rows
-    # smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics). Put .peer/router
+    # smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics). SERVE_PROFILE
+    # (activities, e.g. "GPU,HOST"): specdec's last pass at SERVE_PROFILE_C requests (128) profiled through
+    # /start_profile, its ops table and host profile under $OUT/profile-CONFIG/. Put .peer/router
     # too (uvicorn's uvloop and httptools, which `specdec serve` installs with it) and .peer/mhcs (a module
     # `vllm serve` imports that its parts lack: bash scripts/gpu_peer.sh serve-wheels)
     vllm_env
@@ -272,9 +274,15 @@ case "$what" in
         for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
           n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
           echo "-- $run pass $pass, $c requests at once"
+          profile=()
+          if [ -n "${SERVE_PROFILE:-}" ] && [ "$engine" = specdec ] && [ "$c" = "${SERVE_PROFILE_C:-128}" ] \
+              && [ "$pass" = "${SERVE_PASSES:-3}" ]; then
+            profile=(--profile --profile-activities "$SERVE_PROFILE" --profile-dir "$OUT/profile-$config")
+          fi
           timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
-            --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm \
-            --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps"
+            --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm "${profile[@]}" \
+            --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps|^Profile"
+          rm -f "$OUT/profile-$config"/*.trace.json.gz  # tens of MB; the ops table and the host's profile stay
           [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json \
             "$run${SERVE_TAG:+-$SERVE_TAG}" smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
         done

@@ -281,8 +281,13 @@ def test_step_time_calibration_starts_at_one_and_follows_the_served_steps():
         cal.observe("plain", 9, 2.0)  # bs 9 shares bs 8's bucket (8-15)
     assert cal.ratio("plain", 8) == pytest.approx((4 + 72) / (4 + 36))
     assert cal.ratio("plain", 16) == 1.0 and cal.ratio("3x1x4", 8) == 1.0  # other buckets, other choices
-    cal.observe("x", 1, 1000.0)  # an idle gap is clipped
+    cal.observe("x", 1, 1000.0)  # an idle gap is clipped (to 4x what was learnt: 1)
     assert cal.ratio("x", 1) == pytest.approx((4 + 4) / 5)
+    for _ in range(40):  # served steps that really cost 10x the reference: learnt, past the clip
+        cal.observe("y", 1, 10.0)
+    assert cal.ratio("y", 1) == pytest.approx(10.0, rel=0.15)
+    cal.observe("y", 1, 1e6)  # one pause after that moves it by at most 4x the learnt ratio a step
+    assert cal.ratio("y", 1) < 11.0
 
 
 def test_policy_backs_off_when_served_speculative_steps_cost_more_than_profiled():

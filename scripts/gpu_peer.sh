@@ -252,7 +252,9 @@ case "$what" in
   serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai`; rows
     # smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics). SERVE_PROFILE
     # (activities, e.g. "GPU,HOST"): specdec's last pass at SERVE_PROFILE_C requests (128) profiled through
-    # /start_profile, its ops table and host profile under $OUT/profile-CONFIG/. Put .peer/router
+    # /start_profile, its ops table and host profile under $OUT/profile-CONFIG/. SERVE_WARMUP_PASSES (1) passes
+    # over every concurrency first, not recorded (their first pass computed the prompts and built kernels:
+    # EAGLE-3 at one request 745 tok/s against 1,403-1,475 after, 2026-11-30-h200-one-token-prefill). Put .peer/router
     # too (uvicorn's uvloop and httptools, which `specdec serve` installs with it) and .peer/mhcs (a module
     # `vllm serve` imports that its parts lack: bash scripts/gpu_peer.sh serve-wheels)
     vllm_env
@@ -270,10 +272,10 @@ case "$what" in
       esac
       pid=$!
       wait_http http://127.0.0.1:30000/v1/models 300 $pid || { tail -5 "$log"; continue; }
-      for pass in $(seq "${SERVE_PASSES:-3}"); do
+      for pass in $(seq "$(( 1 - ${SERVE_WARMUP_PASSES:-1} ))" "${SERVE_PASSES:-3}"); do
         for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
           n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
-          echo "-- $run pass $pass, $c requests at once"
+          echo "-- $run pass $pass, $c requests at once$( [ "$pass" -lt 1 ] && echo " (warm-up, not recorded)")"
           profile=()
           if [ -n "${SERVE_PROFILE:-}" ] && [ "$engine" = specdec ] && [ "$c" = "${SERVE_PROFILE_C:-128}" ] \
               && [ "$pass" = "${SERVE_PASSES:-3}" ]; then
@@ -283,6 +285,7 @@ case "$what" in
             --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm "${profile[@]}" \
             --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps|^Profile"
           rm -f "$OUT/profile-$config"/*.trace.json.gz  # tens of MB; the ops table and the host's profile stay
+          [ "$pass" -lt 1 ] && rm -f /tmp/serve.json  # a warm-up pass: the prompts' first prefill, kernel builds
           [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json \
             "$run${SERVE_TAG:+-$SERVE_TAG}" smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
         done

@@ -123,11 +123,11 @@ class EngineClient:
 
     async def start_profile(self, options: ProfileOptions) -> str:
         """Profile the engine's next steps (``specdec.server.profiler``); ValueError names a field
-        it cannot honor."""
+        it cannot honor, ProfileConflict says that a profile already runs."""
         return await self.call("start_profile", options)
 
     async def stop_profile(self) -> list[str]:
-        """End the profile and write it; the files written."""
+        """End the profile and write it; the files written (ProfileConflict: none runs)."""
         return await self.call("stop_profile")
 
     async def num_in_flight(self) -> int:

@@ -148,7 +148,7 @@ class EngineLoop:
         self.metrics = metrics or EngineMetrics(num_draft_positions=spec.num_steps if spec else 0)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: dict[str, _Tracked] = {}
-        self.profiler = StepProfiler(cuda=engine.memory.req_to_token.device.type == "cuda")
+        self.profiler = StepProfiler(cuda=lambda: engine.memory.req_to_token.device.type == "cuda")
         engine.watch_workers(lambda error: self.inbox.put(_WorkerFailed(error)))
 
     def run(self) -> None:

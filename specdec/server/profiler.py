@@ -30,6 +30,7 @@ import os
 import pstats
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -63,7 +64,8 @@ class StepProfiler:
     Only the thread that runs the loop calls it: ``start`` / ``stop`` between steps (the loop's
     calls), ``after_step`` after each step."""
 
-    def __init__(self, *, cuda: bool) -> None:
+    def __init__(self, *, cuda: Callable[[], bool]) -> None:
+        """``cuda()``: whether the engine runs on CUDA (asked when a profile starts)."""
         self.cuda = cuda
         self._options: ProfileOptions | None = None
         self._base: Path | None = None  # the files' path without their suffix
@@ -125,14 +127,15 @@ class StepProfiler:
 
     # ------------------------------------------------------------ internals
     def _activities(self, options: ProfileOptions) -> list[str]:
-        asked = options.activities if options.activities is not None else ["CPU", "GPU"] if self.cuda else ["CPU"]
+        cuda = self.cuda()
+        asked = options.activities if options.activities is not None else ["CPU", "GPU"] if cuda else ["CPU"]
         if not asked:
             raise ValueError("activities: empty: give some of " + ", ".join(ACTIVITIES))
         for a in asked:
             if a not in ACTIVITIES:
                 raise ValueError(f"activities: {a!r}: expected some of {', '.join(ACTIVITIES)}"
                                  + (" (RPD is ROCm's)" if a == "RPD" else ""))
-            if a in ("GPU", "MEM") and not self.cuda:
+            if a in ("GPU", "MEM") and not cuda:
                 raise ValueError(f"activities: {a} needs an engine on CUDA")
         return list(dict.fromkeys(asked))
 

@@ -19,7 +19,7 @@ GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
 
 
 def test_profiler_begins_at_its_start_step_and_ends_after_num_steps(tmp_path):
-    prof = StepProfiler(cuda=False)
+    prof = StepProfiler(cuda=lambda: False)
     message = prof.start(ProfileOptions(output_dir=str(tmp_path), start_step=2, num_steps=3, activities=["HOST"],
                                         profile_prefix="unit"))
     assert message.startswith("Start profiling (HOST) at step +2 for 3 steps:")
@@ -35,7 +35,7 @@ def test_profiler_begins_at_its_start_step_and_ends_after_num_steps(tmp_path):
 
 
 def test_profiler_refuses_what_it_cannot_honor(tmp_path):
-    prof = StepProfiler(cuda=False)
+    prof = StepProfiler(cuda=lambda: False)
     for options, field in ((ProfileOptions(activities=["GPU"]), "activities: GPU needs an engine on CUDA"),
                            (ProfileOptions(activities=["MEM"]), "activities: MEM needs an engine on CUDA"),
                            (ProfileOptions(activities=["RPD"]), "activities: 'RPD'"),

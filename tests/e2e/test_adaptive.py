@@ -74,12 +74,17 @@ def test_every_sequence_of_choices_is_lossless(algorithm, page_size, overlap, tm
 
 
 def _stories(tmp_path, spec_ms: float) -> Engine:
+    """The policy chooses by the profile's costs alone: learning the served steps' times would price
+    a plain step by this machine's clock (several ms on a busy CPU against the profile's 1) and
+    speculate whatever ``spec_ms`` says (tests/eagle/test_acceptance.py tests that learning)."""
     shapes = candidate_shapes(SpecConfig.from_flags("EAGLE", speculative_num_steps=3, speculative_eagle_topk=2,
                                                     speculative_num_draft_tokens=5))
-    return Engine(DEFAULT_MODEL, speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT,
-                  speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=5,
-                  speculative_adaptive="on", max_running_requests=4,
-                  speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=spec_ms))
+    eng = Engine(DEFAULT_MODEL, speculative_algorithm="EAGLE", speculative_draft_model_path=DEFAULT_DRAFT,
+                 speculative_num_steps=3, speculative_eagle_topk=2, speculative_num_draft_tokens=5,
+                 speculative_adaptive="on", max_running_requests=4,
+                 speculative_adaptive_profile=flat_costs(tmp_path, shapes, spec_ms=spec_ms))
+    eng.worker.policy.step_times = eng.worker.policy.explorer = None
+    return eng
 
 
 def test_policy_turns_speculation_off_when_it_loses_and_on_when_it_pays(tmp_path):

@@ -49,7 +49,8 @@ class InstantEngine:
         self.spec_config = None
         self.memory = SimpleNamespace(page_size=1, capacity=1 << 20)
         self.kv_bytes_per_token = 0
-        self.scheduler = SimpleNamespace(running=[], waiting=[], spec_shape_steps={}, has_work=False, prefill_tokens=0)
+        self.scheduler = SimpleNamespace(running=[], waiting=[], spec_shape_steps={}, has_work=False, prefill_tokens=0,
+                                         prefill_steps=0)
         self._steps = 0
 
     def watch_workers(self, listener) -> None:

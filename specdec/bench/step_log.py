@@ -32,11 +32,11 @@ class StepLog:
     def step(self) -> list:
         """``engine.step()``'s finished requests."""
         scheduler = self.engine.scheduler
-        prefilled, before = scheduler.prefill_tokens, choices(self.engine)
+        prefills, before = scheduler.prefill_steps, choices(self.engine)
         start = time.perf_counter()
         finished = self.engine.step()
         seconds = time.perf_counter() - start
-        log = self._log[PREFILL if scheduler.prefill_tokens != prefilled else self._choice(before)]
+        log = self._log[PREFILL if scheduler.prefill_steps != prefills else self._choice(before)]
         log[0] += 1
         log[1] += seconds
         return finished

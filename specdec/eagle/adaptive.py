@@ -150,6 +150,10 @@ class AdaptiveEAGLEWorker:
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         return self.base.prefill(batch, sampling, **kw)
 
+    @property
+    def plain_step_prefills(self) -> bool:
+        return self.base.plain_step_prefills
+
     def launch_decode_plain(self, *args, **kw) -> PendingDecode:
         self._clock.reset()
         return self.base.launch_decode_plain(*args, **kw)

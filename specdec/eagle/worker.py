@@ -179,6 +179,14 @@ class EAGLEWorker:
         """The draft graphs captured (or set up to run the padded path eagerly)."""
         return [g for g in (self.draft_graph, self.draft_extend_graph, self.plain_extend_graph) if g is not None]
 
+    @property
+    def plain_step_prefills(self) -> bool:
+        """Whether a plain step (``launch_decode_plain``) of a request whose prompt's KV is cached but
+        for its last token is that token's prefill: the target's KV and next token, and the draft's
+        one-token extend (``prefill`` routes such prefills there too). Not under a replayed
+        acceptance, whose rows ``prefill`` resets."""
+        return self.inputs.one_token_prefill_is_plain_step and self.replay is None
+
     # ---------------------------------------------------------------- prefill
     def prefill(self, batch: ForwardBatch, sampling: SamplingInfo, *,
                 next_tokens: list[int] | None = None) -> torch.Tensor:

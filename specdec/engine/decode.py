@@ -1,9 +1,12 @@
 """Decode steps of the reference host: queued on the device (``DecodeLauncher.launch``), read back
 later (``DecodeLauncher.read``), so a scheduler may launch step t + 1 before it reads step t.
 
-A step of ``reqs`` runs as at most two sub-batches (parts): the requests that speculate (an EAGLE
+A step of ``reqs`` runs as at most three sub-batches (parts): the requests that speculate (an EAGLE
 worker, ``params.speculative``, at most ``batch_size_threshold`` requests) verify a draft tree and
-commit k + 1 tokens each; the others decode one target token each.
+commit k + 1 tokens each; the others decode one target token each; and requests admitted into
+this step (``Request.fresh``: their prompt's KV cached but for its last token, which a plain step
+computes, as the prefill of that one token would, ``admits_fresh``) decode one token each in a part of
+their own, from the host's values (they are not in the unread step).
 
 Overlap (``overlap=True``): a step launched from the previous, unread step takes its lengths and
 last tokens from that step's device outputs (``LaunchedStep.next_seq_lens`` / ``next_tokens``).
@@ -67,6 +70,8 @@ class PartPlan:
     # a request keeps its row while it runs
     rows: list[int]
     rows_device: torch.Tensor
+    # requests admitted into this step (``Request.fresh``): inputs from the host, a plain step
+    fresh: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,23 +147,36 @@ class DecodeLauncher:
         self._read_first: bool | None = None
 
     # ------------------------------------------------------------ plan
+    @property
+    def admits_fresh(self) -> bool:
+        """Whether a request whose prompt's KV is cached but for its last token may join a decode
+        step (``Request.fresh``) instead of a prefill step: plain decoding, or a worker whose plain
+        step does what such a prefill does (EAGLE's: ``plain_step_prefills``)."""
+        return self.worker is None or getattr(self.worker, "plain_step_prefills", False)
+
     def _plan(self, reqs: list[Request]) -> StepPlan:
         """Split ``reqs`` into the requests that speculate (an EAGLE worker, ``params.speculative``,
-        at most ``batch_size_threshold`` requests) and the others, each part with its statics."""
+        at most ``batch_size_threshold`` requests), the others, and the fresh ones, each part with
+        its statics."""
+        fresh = [r for r in reqs if r.fresh]
+        running = [r for r in reqs if not r.fresh] if fresh else reqs
         if self.worker is None:
-            groups = [(reqs, False)]
+            groups = [(running, False)]
         else:
             threshold = self.worker.config.batch_size_threshold
             speculate = threshold is None or len(reqs) <= threshold
-            spec = [r for r in reqs if speculate and r.params.speculative]
-            plain = [r for r in reqs if not (speculate and r.params.speculative)]
-            groups = [(g, is_spec) for g, is_spec in ((spec, True), (plain, False)) if g]
+            spec = [r for r in running if speculate and r.params.speculative]
+            plain = [r for r in running if not (speculate and r.params.speculative)]
+            groups = [(spec, True), (plain, False)]
         parts, order, growth = [], [], {}
-        for group, speculative in groups:
+        for group, speculative, is_fresh in [(g, s, False) for g, s in groups] + [(fresh, False, True)]:
+            if not group:
+                continue
             step_tokens = self.max_step_tokens if speculative else 1
             rows = [r.row for r in group]
             rows_device = host_to_device(torch.tensor(rows, dtype=torch.int64), self.device)
-            parts.append(PartPlan(group, speculative, BatchStatics(group), len(order), step_tokens, rows, rows_device))
+            parts.append(PartPlan(group, speculative, BatchStatics(group), len(order), step_tokens, rows, rows_device,
+                                  fresh=is_fresh))
             order += group
             growth.update((id(r), step_tokens) for r in group)
         return StepPlan(parts, order, growth, needs_processing=any(p.statics.flags.needs_processing for p in parts))
@@ -224,6 +242,10 @@ class DecodeLauncher:
         after the host's values (None)."""
         plan = self.plan(reqs)
         parts = [self._launch_part(part, plan, previous) for part in plan.parts]
+        if any(part.fresh for part in plan.parts):  # launched: from now on they decode as the others
+            for req in reqs:
+                req.fresh = False
+            self.plan.clear()
         if len(parts) == 1:
             next_seq_lens, next_tokens = parts[0].pending.next_seq_lens, parts[0].pending.next_tokens
         else:
@@ -264,7 +286,7 @@ class DecodeLauncher:
         """[bs] request rows, tokens in KV, and last committed tokens on the device: from the
         host's values (one copy), or the lengths and tokens from the unread ``previous`` step."""
         reqs = part.reqs
-        if previous is None:
+        if previous is None or part.fresh:  # (a fresh request is not in the unread step)
             columns = host_to_device(torch.tensor(
                 [part.rows, [r.kv_len for r in reqs], [r.last_token for r in reqs]], dtype=torch.int64),
                 self.device)
@@ -294,11 +316,13 @@ class DecodeLauncher:
         """Wait for a launched step and hand its tokens to the requests; returns those it finished.
         Requests that finished before (their step was launched ahead) ignore their tokens."""
         finished = []
-        for part in launched.parts:
+        for part, planned in zip(launched.parts, launched.plan.parts):
             out: DecodeOutput = part.pending.result()
-            # a verify step (adaptive speculation may decode plainly), and the tree shape to count
+            # a verify step (adaptive speculation may decode plainly), and the tree shape to count;
+            # a fresh part is its requests' prefill (one token each), counted as none
             verify, shape = out.shape is not None, out.shape or "plain"
-            if self.worker is not None:
+            counted = self.worker is not None and not planned.fresh
+            if counted:
                 self.spec_shape_steps[shape] += 1
                 self.last_shape = shape
             logprobs = part.sampling.take_logprobs()
@@ -309,12 +333,13 @@ class DecodeLauncher:
                 if verify:
                     req.spec_verify_ct += 1
                     req.accept_lengths.append(out.accept_lengths[i])
-                if self.worker is not None:
+                if counted:
                     req.spec_shapes[shape] = req.spec_shapes.get(shape, 0) + 1
                 req.append(tokens, logprobs.of(i) if logprobs is not None else None, tokenizer=self.tokenizer)
                 if req.finish_reason is not None:
                     finished.append(req)
         return finished
+
 
 def _grown_lens(part: PartPlan, plan: StepPlan, previous: LaunchedStep | None, *, extra: int = 0) -> list[int]:
     """Each request's KV length after the unread ``previous`` step at most (exact where that step

@@ -31,6 +31,9 @@ class Request:
     # positions [0, kv_alloc) hold KV slots (overlap scheduling reserves past kv_len)
     kv_alloc: int = 0
     finish_reason: FinishReason | None = None
+    # admitted into a decode step (its fill ids' KV cached but for the last token): its next token
+    # comes from a plain step over that token, not from a prefill step; cleared once launched
+    fresh: bool = False
     spec_verify_ct: int = 0
     accept_lengths: list[int] = dataclasses.field(default_factory=list)
     # decode steps by tree shape ("SxKxN"), "plain" for steps without a draft tree (speculative engines)
@@ -52,7 +55,8 @@ class Request:
 
     @property
     def last_token(self) -> int:
-        return self.output_ids[-1]
+        """The last of its fill ids (prompt, then output): the input of its next decode step."""
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
     def append(self, tokens: list[int], logprobs: tuple[list[float], list[list]] | None = None, *,
                tokenizer: Any = None) -> None:

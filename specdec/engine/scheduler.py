@@ -22,6 +22,10 @@ finishes in step t has already been launched in step t + 1: that step's tokens f
 and its KV is released once step t + 1 is read (an aborted request's likewise). A prefill reads
 the step in flight first.
 
+A prefill of one token a request (prompts the prefix cache holds but for their last token) while
+requests decode is no step of its own: those requests join the next decode step in a part of their
+own (``_joins_decode``, ``Request.fresh``), which computes that token as the prefill would.
+
 Files: this one owns the queues (waiting, running, the chunked request, the step in flight) and
 each request's admission, release and retraction; ``specdec.engine.prefill`` runs a prefill
 forward, ``specdec.engine.decode`` launches and reads decode steps, ``specdec.engine.admission``
@@ -42,7 +46,7 @@ from specdec.engine.memory import PagedKVMemory
 from specdec.engine.model_runner import ModelRunner
 from specdec.engine.prefill import Prefiller
 from specdec.engine.prefix_cache import NoPrefixCache, RadixPrefixCache
-from specdec.engine.prompt_logprobs import cacheable_tokens
+from specdec.engine.prompt_logprobs import cacheable_tokens, wants_prompt_logprobs
 from specdec.engine.request import FinishReason, Request
 
 
@@ -103,6 +107,8 @@ class Scheduler:
         self._last_was_prefill = False
         self.num_retracted = 0
         self.prefill_tokens = 0  # prompt (and recomputed output) tokens computed by prefill
+        self.prefill_steps = 0  # steps that ran a prefill (each pauses the decoding requests)
+        self.fresh_admissions = 0  # requests whose one-token prefill joined a decode step
 
     # ------------------------------------------------------------ bookkeeping
     def worst_case_tokens(self, prompt_len: int, max_new_tokens: int) -> int:
@@ -177,6 +183,7 @@ class Scheduler:
         self.memory.free_req(req.row)
         req.row = -1
         req.kv_len = req.kv_alloc = 0
+        req.fresh = False  # (retracted before its step: prefilled again when readmitted)
 
     def _unadmit(self, chunks: list[PrefillChunk]) -> None:
         """Abort the requests of a prefill step that failed, giving back their rows and KV."""
@@ -198,6 +205,9 @@ class Scheduler:
         launched by the previous ``step``: the tokens it hands out are one step behind.
         """
         chunks = self._plan_prefill() if self._prefill_turn() else []
+        if chunks and self._joins_decode(chunks):
+            self._admit_fresh(chunks)
+            chunks = []
         if chunks:
             finished = self._read_launched()  # the prefill needs the device's lengths settled
             try:
@@ -313,6 +323,25 @@ class Scheduler:
         return cached
 
     # ------------------------------------------------------------ prefill
+    def _joins_decode(self, chunks: list[PrefillChunk]) -> bool:
+        """Whether this step's prefill is one token a request, each its fill ids' last (the prefix
+        cache holds the rest), with requests decoding: then those requests join the decode step
+        instead (``_admit_fresh``), which costs a plain step's part of it, not a step of its own
+        that pauses every decoding request (a prefill step took 3-12 ms on the H200 against 1-3
+        ms for a decode step of SmolLM2 at 8-128 requests: 2026-11-30-h200-one-token-prefill).
+        Not for requests that want prompt logprobs (every prompt position's logits)."""
+        return (self.decoder.admits_fresh and any(not r.finished for r in self.running)
+                and all(c.length == 1 and c.is_last and not wants_prompt_logprobs(c.req) for c in chunks))
+
+    def _admit_fresh(self, chunks: list[PrefillChunk]) -> None:
+        """Admitted requests (rows and cached prefixes given) that decode their last fill token in
+        the next decode step (``Request.fresh``), as its prefill would."""
+        for chunk in chunks:
+            chunk.req.fresh = True
+            self.running.append(chunk.req)
+        self.prefill_tokens += len(chunks)
+        self.fresh_admissions += len(chunks)
+
     def _prefill(self, chunks: list[PrefillChunk]) -> None:
         """One EXTEND forward over every chunk; requests whose last chunk this is get their
         next token and start decoding."""
@@ -323,6 +352,7 @@ class Scheduler:
             chunk.req.kv_alloc = chunk.end
         next_ids, logprobs = self.prefiller.run(chunks, out_cache_loc)
         self.prefill_tokens += sum(lens)
+        self.prefill_steps += 1
         sampled = 0  # rows of logprobs: the requests whose last chunk this is
         for chunk, token in zip(chunks, next_ids):
             req = chunk.req

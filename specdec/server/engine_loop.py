@@ -304,7 +304,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         scheduler = self.engine.scheduler
-        prefilled, start = scheduler.prefill_tokens, time.perf_counter()
+        prefills, start = scheduler.prefill_steps, time.perf_counter()
         try:
             self.engine.step()
         except TPWorkerError:
@@ -315,7 +315,7 @@ class EngineLoop:
             return
         self.profiler.after_step()
         self.metrics.observe_step(time.perf_counter() - start, num_running=len(scheduler.running),
-                                  num_queue=len(scheduler.waiting), prefill=scheduler.prefill_tokens != prefilled)
+                                  num_queue=len(scheduler.waiting), prefill=scheduler.prefill_steps != prefills)
         self.metrics.observe_shapes(scheduler.spec_shape_steps)
         self.metrics.observe_cache(self.engine.cache_stats())
         items = []

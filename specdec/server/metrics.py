@@ -15,7 +15,7 @@ Prefix cache and KV pool (SGLang's names):
 
     specdec:cache_hit_rate            prompt tokens served from the prefix cache / prompt tokens admitted
     specdec:cached_tokens_total       prompt tokens served from the prefix cache (prefill skipped)
-    specdec:prefill_tokens_total      prompt tokens computed by prefill
+    specdec:prefill_tokens_total      prompt tokens computed (by prefill steps, or in a decode step they joined)
     specdec:token_usage               fraction of the KV pool requests hold (unused cached pages count free)
     specdec:num_retracted_reqs_total  running requests retracted when the KV pool ran full (recomputed later)
 
@@ -70,7 +70,8 @@ class EngineMetrics:
         self.cache_hit_rate = Gauge(p + "cache_hit_rate", "Prompt tokens served from the prefix cache / prompt "
                                     "tokens admitted", registry=r)
         self.cached_tokens = Counter(p + "cached_tokens", "Prompt tokens served from the prefix cache", registry=r)
-        self.prefill_tokens = Counter(p + "prefill_tokens", "Prompt tokens computed by prefill", registry=r)
+        self.prefill_tokens = Counter(p + "prefill_tokens", "Prompt tokens computed (prefill steps, or joined to a "
+                                      "decode step)", registry=r)
         self.token_usage = Gauge(p + "token_usage", "Fraction of the KV pool that requests hold", registry=r)
         self.retracted = Counter(p + "num_retracted_reqs", "Requests retracted when the KV pool ran full",
                                  registry=r)

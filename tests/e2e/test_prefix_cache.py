@@ -180,11 +180,12 @@ def test_identical_prompts_in_one_batch_share_pages_after_prefill(algorithm, sha
         eng.step()  # the prefill
         if not disable:
             assert [r.row >= 0 for r in reqs] == [True, False, False, False]
-            while any(not r.output_ids for r in reqs):
-                eng.step()  # a decode step of the first, then the three twins' prefill
+            first = eng.memory.req_to_token[reqs[0].row, :36].clone()  # (its row is freed once it finishes)
+            while any(not r.output_ids for r in reqs[1:]):
+                eng.step()  # a decode step of the first, then the three twins' (one-token) prefill
             assert [r.cached_tokens for r in reqs] == [0, 36, 36, 36]
-            rows = [eng.memory.req_to_token[r.row, :36] for r in reqs]
-            assert all(torch.equal(rows[0], r) for r in rows[1:])  # one copy of the 9 whole pages
+            rows = [eng.memory.req_to_token[r.row, :36] for r in reqs[1:]]
+            assert all(torch.equal(first, r) for r in rows)  # one copy of the 9 whole pages
         while eng.scheduler.has_work:
             eng.step()
         outs[disable] = [r.output_ids for r in reqs]

@@ -254,14 +254,24 @@ case "$what" in
     # (activities, e.g. "GPU,HOST"): specdec's last pass at SERVE_PROFILE_C requests (128) profiled through
     # /start_profile, its ops table and host profile under $OUT/profile-CONFIG/. SERVE_WARMUP_PASSES (1) passes
     # over every concurrency first, not recorded (their first pass computed the prompts and built kernels:
-    # EAGLE-3 at one request 745 tok/s against 1,403-1,475 after, 2026-11-30-h200-one-token-prefill). Put .peer/router
+    # EAGLE-3 at one request 745 tok/s against 1,403-1,475 after, 2026-11-30-h200-one-token-prefill). A run
+    # ENGINE:CONFIG+DIR serves with DIR's files over the tree (an A/B: specdec:eagle3+.stash/nofresh; carry DIR),
+    # its rows and logs named CONFIG-basename(DIR). Put .peer/router
     # too (uvicorn's uvloop and httptools, which `specdec serve` installs with it) and .peer/mhcs (a module
     # `vllm serve` imports that its parts lack: bash scripts/gpu_peer.sh serve-wheels)
     vllm_env
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
     spec_vllm='{"method": "eagle3", "model": "'$HEAD'", "num_speculative_tokens": 3}'
-    for run in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3}; do
-      engine=${run%%:*}; config=${run#*:}; log="$OUT/serve-$engine-$config${SERVE_TAG:+-$SERVE_TAG}.log"
+    for spec in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3}; do
+      run=${spec%%+*}; overlay=""; [ "$spec" != "$run" ] && overlay=${spec#*+}
+      tag="${overlay:+-$(basename "$overlay")}${SERVE_TAG:+-$SERVE_TAG}"  # rows and logs: CONFIG-OVERLAY-TAG
+      engine=${run%%:*}; config=${run#*:}; log="$OUT/serve-$engine-$config$tag.log"
+      restore=""
+      if [ -n "$overlay" ]; then  # ENGINE:CONFIG+DIR: DIR's files over the tree for this server, then back
+        restore=$(mktemp -d)
+        (cd "$overlay" && find . -type f) | while read -r f; do mkdir -p "$restore/$(dirname "$f")"; cp "$f" "$restore/$f"; done
+        cp -r "$overlay/." .
+      fi
       case "$run" in
         specdec:plain) python3 -m specdec.cli serve --model-path $SMOL --port 30000 ${SERVE_ARGS:-} > "$log" 2>&1 & ;;
         specdec:eagle3) python3 -m specdec.cli serve --model-path $SMOL --port 30000 --speculative-algorithm EAGLE3 \
@@ -271,7 +281,7 @@ case "$what" in
                           --speculative-config "$spec_vllm" > "$log" 2>&1 & ;;
       esac
       pid=$!
-      wait_http http://127.0.0.1:30000/v1/models 300 $pid || { tail -5 "$log"; continue; }
+      wait_http http://127.0.0.1:30000/v1/models 300 $pid || { tail -5 "$log"; [ -n "$restore" ] && cp -r "$restore/." .; continue; }
       for pass in $(seq "$(( 1 - ${SERVE_WARMUP_PASSES:-1} ))" "${SERVE_PASSES:-3}"); do
         for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
           n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
@@ -279,18 +289,19 @@ case "$what" in
           profile=()
           if [ -n "${SERVE_PROFILE:-}" ] && [ "$engine" = specdec ] && [ "$c" = "${SERVE_PROFILE_C:-128}" ] \
               && [ "$pass" = "${SERVE_PASSES:-3}" ]; then
-            profile=(--profile --profile-activities "$SERVE_PROFILE" --profile-dir "$OUT/profile-$config")
+            profile=(--profile --profile-activities "$SERVE_PROFILE" --profile-dir "$OUT/profile-$config$tag")
           fi
           timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
             --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm "${profile[@]}" \
             --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps|^Profile"
-          rm -f "$OUT/profile-$config"/*.trace.json.gz  # tens of MB; the ops table and the host's profile stay
+          rm -f "$OUT/profile-$config$tag"/*.trace.json.gz  # tens of MB; the ops table and the host's profile stay
           [ "$pass" -lt 1 ] && rm -f /tmp/serve.json  # a warm-up pass: the prompts' first prefill, kernel builds
           [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json \
-            "$run${SERVE_TAG:+-$SERVE_TAG}" smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
+            "$run$tag" smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
         done
       done
       kill $pid; wait $pid 2>/dev/null
+      [ -n "$restore" ] && cp -r "$restore/." . && rm -rf "$restore"
     done ;;
   frontend)  # needs the router's wheels (uvloop, httptools) installed for the server's real event loop
     vllm_env

@@ -101,7 +101,11 @@ class StepProfiler:
         self._options = dataclasses.replace(options, activities=activities)
         self._wait, self._steps = options.start_step or 0, options.num_steps
         if self._wait == 0:
-            self._begin()
+            try:
+                self._begin()
+            except BaseException:
+                self._end()
+                raise
         return (f"Start profiling ({', '.join(activities)}) at step +{self._wait}"
                 f"{f' for {self._steps} steps' if self._steps else ''}: {self._base}.*\n")
 
@@ -118,12 +122,19 @@ class StepProfiler:
         if not self._running:
             self._wait -= 1
             if self._wait <= 0:
-                self._begin()
+                try:
+                    self._begin()
+                except Exception:  # noqa: BLE001 — as a write that fails: logged, the step goes on
+                    logger.exception("the profile could not begin")
+                    self._end()
             return
         self._profiled += 1
         if self._steps is not None and self._profiled >= self._steps:
-            steps, files = self._profiled, self._end()
-            logger.info("profile of %d steps written: %s", steps, ", ".join(files))
+            steps = self._profiled
+            try:
+                logger.info("profile of %d steps written: %s", steps, ", ".join(self._end()))
+            except Exception:  # noqa: BLE001 — a profile that cannot be written must not fail the step
+                logger.exception("the profile of %d steps could not be written", steps)
 
     # ------------------------------------------------------------ internals
     def _activities(self, options: ProfileOptions) -> list[str]:
@@ -155,6 +166,13 @@ class StepProfiler:
         self._running, self._profiled = True, 0
 
     def _end(self) -> list[str]:
+        """Stop what runs and write its files (the profiler is idle afterwards, written or not)."""
+        try:
+            return self._write_all()
+        finally:
+            self._options, self._torch, self._host, self._running = None, None, None, False
+
+    def _write_all(self) -> list[str]:
         files = []
         if self._running:
             if self._host is not None:
@@ -173,7 +191,6 @@ class StepProfiler:
                 torch.cuda.memory._dump_snapshot(path)
                 torch.cuda.memory._record_memory_history(enabled=None)
                 files.append(path)
-        self._options, self._torch, self._host, self._running = None, None, None, False
         return files
 
     def _write(self, suffix: str, text: str) -> str:

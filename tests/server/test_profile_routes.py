@@ -34,6 +34,17 @@ def test_profiler_begins_at_its_start_step_and_ends_after_num_steps(tmp_path):
         prof.stop()
 
 
+def test_a_profile_that_cannot_be_written_leaves_the_profiler_idle(tmp_path):
+    prof = StepProfiler(cuda=lambda: False)
+    prof.start(ProfileOptions(output_dir=str(tmp_path), num_steps=1, activities=["HOST"]))
+    tmp_path.rmdir()  # where it was to write is gone
+    prof.after_step()  # logged, not raised: the engine's step goes on
+    assert not prof.active
+    tmp_path.mkdir()
+    prof.start(ProfileOptions(output_dir=str(tmp_path), activities=["HOST"]))
+    assert len(prof.stop()) == 1
+
+
 def test_profiler_refuses_what_it_cannot_honor(tmp_path):
     prof = StepProfiler(cuda=lambda: False)
     for options, field in ((ProfileOptions(activities=["GPU"]), "activities: GPU needs an engine on CUDA"),

@@ -29,16 +29,18 @@ def _admit_while_decoding(eng, running_prompt, prompts, params):
     return reqs, eng.scheduler.prefill_steps - prefill_steps
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-@pytest.mark.parametrize("algorithm", [None, "EAGLE", "EAGLE3"])
-def test_cached_prompts_join_the_decode_step(algorithm, overlap):
+def _cached_prompts_join(algorithm, overlap, *, cuda=False):
     target, draft = make_pair(algorithm or "EAGLE", "mixed", seed=6)
     vocab = target.config.vocab_size
     prompts = prompts_of([9, 14, 6], vocab, seed=3)
     running_prompt = prompts_of([11], vocab, seed=4)[0]
     params = {**GREEDY, "max_new_tokens": 12}
-    expected = engine(target).generate(input_ids=prompts, sampling_params=params)
-    kw = dict(overlap_schedule=overlap)
+    device = {}
+    if cuda:  # CUDA graphs: the fresh part replays the decode graph (and EAGLE's plain draft extend) at bs 3
+        target, draft = target.cuda(), draft.cuda()
+        device = dict(device="cuda", attention_backend="triton")
+    expected = engine(target, **device).generate(input_ids=prompts, sampling_params=params)  # nothing cached
+    kw = dict(overlap_schedule=overlap, **device)
     eng = engine(target, draft, algorithm=algorithm, shape=(3, 1, 4), **kw) if algorithm else engine(target, **kw)
     eng.generate(input_ids=prompts, sampling_params=params)  # the prompts go to the prefix cache
     reqs, prefills = _admit_while_decoding(eng, running_prompt, prompts, params)
@@ -51,6 +53,19 @@ def test_cached_prompts_join_the_decode_step(algorithm, overlap):
             assert "plain" not in meta["spec_shapes"] and meta["spec_verify_ct"] == sum(meta["spec_shapes"].values())
             assert meta["spec_accept_length"] == len(req.output_ids) / req.spec_verify_ct
     assert_no_leak(eng)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("algorithm", [None, "EAGLE", "EAGLE3"])
+def test_cached_prompts_join_the_decode_step(algorithm, overlap):
+    _cached_prompts_join(algorithm, overlap)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algorithm", [None, "EAGLE3"])
+def test_gpu_cached_prompts_join_the_decode_step(algorithm):
+    """The same on the GPU, fp32, CUDA graphs and overlap on: equal to its plain decoding's."""
+    _cached_prompts_join(algorithm, True, cuda=True)
 
 
 def test_prompt_logprobs_and_an_idle_engine_still_prefill():

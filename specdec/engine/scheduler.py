@@ -325,10 +325,11 @@ class Scheduler:
     # ------------------------------------------------------------ prefill
     def _joins_decode(self, chunks: list[PrefillChunk]) -> bool:
         """Whether this step's prefill is one token a request, each its fill ids' last (the prefix
-        cache holds the rest), with requests decoding: then those requests join the decode step
-        instead (``_admit_fresh``), which costs a plain step's part of it, not a step of its own
-        that pauses every decoding request (a prefill step took 3-12 ms on the H200 against 1-3
-        ms for a decode step of SmolLM2 at 8-128 requests: 2026-11-30-h200-one-token-prefill).
+        cache, or the request's earlier chunks, hold the rest), with requests decoding: then those
+        requests join the decode step instead (``_admit_fresh``), which costs a plain step's part of
+        it, not a step of its own that pauses every decoding request (SmolLM2 at 8-128 requests on
+        the H200: prefill steps of 2.9-12 ms against decode steps of 0.8-5.4 ms,
+        benchmarks/results/2026-11-30-h200-one-token-prefill).
         Not for requests that want prompt logprobs (every prompt position's logits)."""
         return (self.decoder.admits_fresh and any(not r.finished for r in self.running)
                 and all(c.length == 1 and c.is_last and not wants_prompt_logprobs(c.req) for c in chunks))

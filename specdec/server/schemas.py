@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from specdec.engine.sampling import MAX_TEMPERATURE, MAX_TOP_LOGPROBS
+from specdec.server.profiler import ACTIVITIES
 
 MAX_N = 16  # parallel samples per prompt
 
@@ -294,7 +295,7 @@ class ProfileRequest(_Body):
     output_dir: Optional[Annotated[str, Field(min_length=1)]] = None
     start_step: Optional[Annotated[int, Field(ge=0), _INT]] = None
     num_steps: Optional[Annotated[int, Field(ge=1), _INT]] = None
-    activities: Optional[list[Literal["CPU", "GPU", "MEM", "HOST"]]] = None
+    activities: Optional[list[Literal[ACTIVITIES]]] = None
     with_stack: Optional[bool] = None
     record_shapes: Optional[bool] = None
     profile_prefix: Optional[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")]] = None

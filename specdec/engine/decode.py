@@ -241,7 +241,15 @@ class DecodeLauncher:
         """Queue one decode step of ``reqs``, after the unread ``previous`` step (overlap) or
         after the host's values (None)."""
         plan = self.plan(reqs)
-        parts = [self._launch_part(part, plan, previous) for part in plan.parts]
+        parts = []
+        for i, part in enumerate(plan.parts):
+            launched = self._launch_part(part, plan, previous)
+            if i + 1 < len(plan.parts):
+                # NOTE: a part's tokens and lengths may be a graph's outputs (greedy ids), memory that the
+                # next part's replay overwrites (the same graph at the same padded size; one memory pool)
+                pending = launched.pending
+                pending.next_tokens, pending.next_seq_lens = pending.next_tokens.clone(), pending.next_seq_lens.clone()
+            parts.append(launched)
         if any(part.fresh for part in plan.parts):  # launched: from now on they decode as the others
             for req in reqs:
                 req.fresh = False

@@ -6,18 +6,23 @@ the figures a request reports equal those of a request prefilled on its own."""
 from __future__ import annotations
 
 import pytest
+import torch
+
+from specdec.cuda_graph.runner import CudaGraphRunner
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
-def _admit_while_decoding(eng, running_prompt, prompts, params):
-    """``running_prompt`` prefilled and decoding, then ``prompts`` added; run to the end. Returns the
-    added requests and how many prefill steps ran after the first one's."""
-    first = eng.make_request(input_ids=running_prompt, sampling_params={**GREEDY, "max_new_tokens": 40})
-    eng.add_request(first)
-    eng.step()  # its prefill
+def _admit_while_decoding(eng, running_prompts, prompts, params):
+    """``running_prompts`` prefilled and decoding, then ``prompts`` added; run to the end. Returns the
+    running requests, the added ones and how many prefill steps ran after the running ones'."""
+    running = [eng.make_request(input_ids=p, sampling_params={**GREEDY, "max_new_tokens": 40})
+               for p in running_prompts]
+    for req in running:
+        eng.add_request(req)
+    eng.step()  # their prefill
     eng.step()  # a decode step
     prefill_steps = eng.scheduler.prefill_steps
     reqs = [eng.make_request(input_ids=p, sampling_params=params) for p in prompts]
@@ -25,29 +30,58 @@ def _admit_while_decoding(eng, running_prompt, prompts, params):
         eng.add_request(req)
     while eng.scheduler.has_work:
         eng.step()
-    assert first.finished and len(first.output_ids) == 40
-    return reqs, eng.scheduler.prefill_steps - prefill_steps
+    assert all(r.finished and len(r.output_ids) == 40 for r in running)
+    return running, reqs, eng.scheduler.prefill_steps - prefill_steps
 
 
-def _cached_prompts_join(algorithm, overlap, *, cuda=False):
+@pytest.fixture
+def replay_memory(monkeypatch):
+    """The padded static path of CUDA graphs run eagerly (``use_graphs=False``), its outputs handed back
+    in memory the runner owns per padded size, overwritten by its next call of that size, as a graph's
+    replay overwrites its outputs."""
+    eager_call = CudaGraphRunner.__call__
+
+    def call(self, bs, **kw):
+        outputs = eager_call(self, bs, **kw)
+        owned = self.__dict__.setdefault("_replay_memory", {})
+        key = self.padded_size(bs)
+        if key not in owned or any(o.shape != b.shape for o, b in zip(outputs, owned[key])):
+            owned[key] = tuple(torch.empty_like(o) for o in outputs)
+        for out, mem in zip(outputs, owned[key]):
+            mem.copy_(out)
+        return owned[key]
+
+    monkeypatch.setattr(CudaGraphRunner, "__call__", call)
+
+
+def _cached_prompts_join(algorithm, overlap, *, cuda=False, graph_sizes=None, threshold=None):
     target, draft = make_pair(algorithm or "EAGLE", "mixed", seed=6)
     vocab = target.config.vocab_size
     prompts = prompts_of([9, 14, 6], vocab, seed=3)
-    running_prompt = prompts_of([11], vocab, seed=4)[0]
+    # as many running requests as fresh ones: both parts replay the same graph (padded to 4) in one step
+    running_prompts = prompts_of([11, 8, 13], vocab, seed=4)
     params = {**GREEDY, "max_new_tokens": 12}
+    running_params = {**GREEDY, "max_new_tokens": 40}
     device = {}
-    if cuda:  # CUDA graphs: the fresh part replays the decode graph (and EAGLE's plain draft extend) at bs 3
+    if cuda:  # CUDA graphs: the fresh part replays the decode graph (and EAGLE's plain draft extend)
         target, draft = target.cuda(), draft.cuda()
-        device = dict(device="cuda", attention_backend="triton")
-    expected = engine(target, **device).generate(input_ids=prompts, sampling_params=params)  # nothing cached
+        device = dict(device="cuda", attention_backend="triton", cuda_graph_max_bs=8)
+    plain = engine(target, **device)  # nothing cached
+    expected = plain.generate(input_ids=prompts, sampling_params=params)
+    expected_running = plain.generate(input_ids=running_prompts, sampling_params=running_params)
     kw = dict(overlap_schedule=overlap, **device)
+    if threshold is not None:  # more requests than this decode plainly: every part replays the decode graph
+        kw["speculative_batch_size_threshold"] = threshold
     eng = engine(target, draft, algorithm=algorithm, shape=(3, 1, 4), **kw) if algorithm else engine(target, **kw)
+    if graph_sizes:
+        eng.capture_cuda_graphs(graph_sizes, use_graphs=False)
     eng.generate(input_ids=prompts, sampling_params=params)  # the prompts go to the prefix cache
-    reqs, prefills = _admit_while_decoding(eng, running_prompt, prompts, params)
-    assert prefills == 0 and eng.scheduler.fresh_admissions == len(prompts)  # no step paused the first
+    running, reqs, prefills = _admit_while_decoding(eng, running_prompts, prompts, params)
+    assert prefills == 0 and eng.scheduler.fresh_admissions == len(prompts)  # no step paused the running ones
     assert [r.output_ids for r in reqs] == [e["output_ids"] for e in expected]
+    assert [r.output_ids for r in running] == [e["output_ids"] for e in expected_running]
     assert [r.cached_tokens for r in reqs] == [len(p) - 1 for p in prompts]
-    if algorithm:  # the joined step is their prefill: every later step verified, as after a prefill
+    if algorithm and threshold is None:  # the joined step is their prefill: later steps verified, as after one
         for req in reqs:
             meta = req.result()["meta_info"]
             assert "plain" not in meta["spec_shapes"] and meta["spec_verify_ct"] == sum(meta["spec_shapes"].values())
@@ -59,6 +93,14 @@ def _cached_prompts_join(algorithm, overlap, *, cuda=False):
 @pytest.mark.parametrize("algorithm", [None, "EAGLE", "EAGLE3"])
 def test_cached_prompts_join_the_decode_step(algorithm, overlap):
     _cached_prompts_join(algorithm, overlap)
+
+
+@pytest.mark.parametrize("algorithm,threshold", [(None, None), ("EAGLE3", None), ("EAGLE3", 2)],
+                         ids=["plain", "EAGLE3", "EAGLE3-above-threshold"])
+def test_parts_of_one_step_replaying_one_graph(algorithm, threshold, replay_memory):
+    """The running requests' part and the fresh part replay the same graph size in one step: each
+    part's tokens outlive the next part's replay (the running ones' outputs equal plain decoding's)."""
+    _cached_prompts_join(algorithm, True, graph_sizes=[1, 2, 3, 4], threshold=threshold)
 
 
 @pytest.mark.gpu
@@ -79,7 +121,7 @@ def test_prompt_logprobs_and_an_idle_engine_still_prefill():
     before = eng.scheduler.prefill_steps
     eng.generate(input_ids=prompts, sampling_params=params)  # idle engine: one prefill step
     assert eng.scheduler.prefill_steps == before + 1 and eng.scheduler.fresh_admissions == 0
-    reqs, prefills = _admit_while_decoding(eng, prompts_of([5], 97, seed=9)[0], prompts,
+    _, reqs, prefills = _admit_while_decoding(eng, prompts_of([5], 97, seed=9), prompts,
                                            {**params, "return_logprob": True, "logprob_start_len": 0})
     assert prefills == 1 and eng.scheduler.fresh_admissions == 0
     assert all(len(r.input_logprobs) == len(p) for r, p in zip(reqs, prompts))

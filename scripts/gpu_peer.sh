@@ -251,8 +251,9 @@ case "$what" in
     done ;;
   serve)  # each engine's OpenAI server, measured by `specdec bench-serving --backend openai`; rows
     # smollm2-mtbench-serve in $OUT/rows.jsonl (acceptance lengths from each server's /metrics). SERVE_PROFILE
-    # (activities, e.g. "GPU,HOST"): specdec's last pass at SERVE_PROFILE_C requests (128) profiled through
-    # /start_profile, its ops table and host profile under $OUT/profile-CONFIG/. SERVE_WARMUP_PASSES (1) passes
+    # (activities, e.g. "GPU,HOST"): one more pass of specdec's at SERVE_PROFILE_C requests (128), profiled through
+    # /start_profile and not recorded (the profiler halved a pass's tok/s), its ops table and host profile under
+    # $OUT/profile-CONFIG/. SERVE_WARMUP_PASSES (1) passes
     # over every concurrency first, not recorded (their first pass computed the prompts and built kernels:
     # EAGLE-3 at one request 745 tok/s against 1,403-1,475 after, 2026-11-30-h200-one-token-prefill). A run
     # ENGINE:CONFIG+DIR serves with DIR's files over the tree (an A/B: specdec:eagle3+.stash/nofresh; carry DIR),
@@ -282,20 +283,24 @@ case "$what" in
       esac
       pid=$!
       wait_http http://127.0.0.1:30000/v1/models 300 $pid || { tail -5 "$log"; [ -n "$restore" ] && cp -r "$restore/." .; continue; }
-      for pass in $(seq "$(( 1 - ${SERVE_WARMUP_PASSES:-1} ))" "${SERVE_PASSES:-3}"); do
+      passes=${SERVE_PASSES:-3}; last=$passes
+      [ -n "${SERVE_PROFILE:-}" ] && [ "$engine" = specdec ] && last=$((passes + 1))  # a profiled pass of its own
+      for pass in $(seq "$(( 1 - ${SERVE_WARMUP_PASSES:-1} ))" "$last"); do
         for c in ${SERVE_CONCURRENCY:-1 8 32 64 128}; do
-          n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
-          echo "-- $run pass $pass, $c requests at once$( [ "$pass" -lt 1 ] && echo " (warm-up, not recorded)")"
           profile=()
-          if [ -n "${SERVE_PROFILE:-}" ] && [ "$engine" = specdec ] && [ "$c" = "${SERVE_PROFILE_C:-128}" ] \
-              && [ "$pass" = "${SERVE_PASSES:-3}" ]; then
+          if [ "$pass" -gt "$passes" ]; then  # the profiler slows the engine: this pass is not recorded
+            [ "$c" = "${SERVE_PROFILE_C:-128}" ] || continue
             profile=(--profile --profile-activities "$SERVE_PROFILE" --profile-dir "$OUT/profile-$config$tag")
           fi
+          n=$(( c == 1 ? 8 : (2 * c > 80 ? 2 * c : 80) ))
+          echo "-- $run pass $pass, $c requests at once$( [ "$pass" -lt 1 ] && echo " (warm-up, not recorded)")$(
+            [ "$pass" -gt "$passes" ] && echo " (profiled, not recorded)")"
           timeout 180 python3 -m specdec.cli.bench bench-serving --backend openai --base-url http://127.0.0.1:30000 \
             --dataset mt_bench --num-prompts $n --max-new-tokens 256 --concurrency $c --disable-tqdm "${profile[@]}" \
             --output /tmp/serve.json 2>&1 | grep -E "^Throughput|Successful|Acceptance|Benchmark duration|Engine steps|^Profile"
           rm -f "$OUT/profile-$config$tag"/*.trace.json.gz  # tens of MB; the ops table and the host's profile stay
-          [ "$pass" -lt 1 ] && rm -f /tmp/serve.json  # a warm-up pass: the prompts' first prefill, kernel builds
+          # a warm-up pass (the prompts' first prefill, kernel builds) or the profiled one
+          if [ "$pass" -lt 1 ] || [ "$pass" -gt "$passes" ]; then rm -f /tmp/serve.json; fi
           [ -f /tmp/serve.json ] && python3 benchmarks/peer/report.py --serving-row /tmp/serve.json \
             "$run$tag" smollm2-mtbench-serve >> "$OUT/rows.jsonl" && rm /tmp/serve.json
         done

@@ -137,6 +137,11 @@ class EngineArgs:
     max_waiting_tokens: int = dataclasses.field(default=DEFAULT_MAX_WAITING_TOKENS, metadata=flag(
         "the most decode steps a new request waits for others to be prefilled with "
         f"(default {DEFAULT_MAX_WAITING_TOKENS}; TGI's flag)", group=MEMORY))
+    enable_decode_admission: bool = dataclasses.field(default=False, metadata=flag(
+        "while requests decode, a new request whose prompt the prefix cache holds but for its last token "
+        "joins their next decode step instead of a prefill step (plain decoding, EAGLE, EAGLE-3; on the H200 "
+        "it removed the prefill steps but left throughput unchanged and the time to first token 2-24 ms "
+        "longer, hence off)", group=MEMORY))
 
     # ------------------------------------------------------------------ speculative decoding
     speculative_algorithm: str | None = dataclasses.field(default=None, metadata=flag(

@@ -303,6 +303,7 @@ class Engine:
                                    schedule_conservativeness=args.schedule_conservativeness,
                                    waiting_served_ratio=args.waiting_served_ratio,
                                    max_waiting_tokens=args.max_waiting_tokens,
+                                   decode_admission=args.enable_decode_admission,
                                    tokenizer=self.tokenizer, token_table=token_table)
         self._ids = itertools.count()
         self._grammar_backend = None

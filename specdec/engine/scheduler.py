@@ -22,9 +22,10 @@ finishes in step t has already been launched in step t + 1: that step's tokens f
 and its KV is released once step t + 1 is read (an aborted request's likewise). A prefill reads
 the step in flight first.
 
-A prefill of one token a request (prompts the prefix cache holds but for their last token) while
-requests decode is no step of its own: those requests join the next decode step in a part of their
-own (``_joins_decode``, ``Request.fresh``), which computes that token as the prefill would.
+With ``--enable-decode-admission``, a prefill of one token a request (prompts the prefix cache holds but
+for their last token) while requests decode is no step of its own: those requests join the next decode
+step in a part of their own (``_joins_decode``, ``Request.fresh``), which computes that token as the
+prefill would.
 
 Files: this one owns the queues (waiting, running, the chunked request, the step in flight) and
 each request's admission, release and retraction; ``specdec.engine.prefill`` runs a prefill
@@ -70,6 +71,7 @@ class Scheduler:
         schedule_conservativeness: float = 1.0,
         waiting_served_ratio: float = 0.0,
         max_waiting_tokens: int = 0,
+        decode_admission: bool = False,
         tokenizer: Any = None,
         token_table=None,
     ) -> None:
@@ -77,7 +79,8 @@ class Scheduler:
         prompt tokens per prefill step (None: no limit); ``waiting_served_ratio`` and
         ``max_waiting_tokens``: while requests decode, new ones are prefilled once they number at
         least the ratio times the decoding ones, or once the oldest has waited that many decode
-        steps (``_prefill_turn``; 0 and 0: at the first chance); ``tokenizer``: decodes output tails for
+        steps (``_prefill_turn``; 0 and 0: at the first chance); ``decode_admission``: requests whose
+        prompt is cached but for its last token join the decode step (``_joins_decode``); ``tokenizer``: decodes output tails for
         stop strings (``specdec.engine.stop_strings``); ``token_table``: the requests' tokens the
         n-gram worker drafts from (``specdec.engine.ngram_setup.TokenTable``)."""
         self.memory = memory
@@ -87,6 +90,7 @@ class Scheduler:
         self.new_token_ratio = NewTokenRatio(schedule_conservativeness)
         self.waiting_served_ratio = waiting_served_ratio
         self.max_waiting_tokens = max_waiting_tokens
+        self.decode_admission = decode_admission
         self._waited_steps = 0  # decode steps run since the oldest waiting request was queued
         self.max_running_requests = max_running_requests
         # KV positions a decode step may hold beyond the committed ones (a whole draft tree)
@@ -325,13 +329,16 @@ class Scheduler:
     # ------------------------------------------------------------ prefill
     def _joins_decode(self, chunks: list[PrefillChunk]) -> bool:
         """Whether this step's prefill is one token a request, each its fill ids' last (the prefix
-        cache, or the request's earlier chunks, hold the rest), with requests decoding: then those
-        requests join the decode step instead (``_admit_fresh``), which costs a plain step's part of
-        it, not a step of its own that pauses every decoding request (SmolLM2 at 8-128 requests on
-        the H200: prefill steps of 2.9-12 ms against decode steps of 0.8-5.4 ms,
-        benchmarks/results/2026-11-30-h200-one-token-prefill).
-        Not for requests that want prompt logprobs (every prompt position's logits)."""
-        return (self.decoder.admits_fresh and any(not r.finished for r in self.running)
+        cache, or the request's earlier chunks, hold the rest), with requests decoding and
+        ``decode_admission`` on: then those requests join the decode step instead (``_admit_fresh``),
+        which costs a plain step's part of it, not a step of its own that pauses every decoding
+        request. Not for requests that want prompt logprobs (every prompt position's logits).
+        NOTE: off by default: through the server on the H200 (SmolLM2, 8-128 requests) it removed the
+        prefill steps (70-74 a pass at 8 requests) but left throughput unchanged within the passes'
+        spread and the mean time to first token 2-24 ms longer (under overlap a joined request's first
+        token is read a step later; what adds the rest at 64 requests is not known;
+        benchmarks/results/2026-11-30-h200-fresh-admission)."""
+        return (self.decode_admission and self.decoder.admits_fresh and any(not r.finished for r in self.running)
                 and all(c.length == 1 and c.is_last and not wants_prompt_logprobs(c.req) for c in chunks))
 
     def _admit_fresh(self, chunks: list[PrefillChunk]) -> None:

@@ -1,7 +1,8 @@
-"""Requests whose prompt the prefix cache holds but for its last token join the running requests'
-decode step (``Request.fresh``: a plain step of their own part computes that token, as its prefill
-would) instead of a prefill step that pauses them. Outputs equal an uncached plain engine's, and
-the figures a request reports equal those of a request prefilled on its own."""
+"""With ``--enable-decode-admission``, requests whose prompt the prefix cache holds but for its last
+token join the running requests' decode step (``Request.fresh``: a plain step of their own part
+computes that token, as its prefill would) instead of a prefill step that pauses them. Outputs equal
+an uncached plain engine's, and the figures a request reports equal those of a request prefilled on
+its own."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def _cached_prompts_join(algorithm, overlap, *, cuda=False, graph_sizes=None, th
     plain = engine(target, **device)  # nothing cached
     expected = plain.generate(input_ids=prompts, sampling_params=params)
     expected_running = plain.generate(input_ids=running_prompts, sampling_params=running_params)
-    kw = dict(overlap_schedule=overlap, **device)
+    kw = dict(overlap_schedule=overlap, enable_decode_admission=True, **device)
     if threshold is not None:  # more requests than this decode plainly: every part replays the decode graph
         kw["speculative_batch_size_threshold"] = threshold
     eng = engine(target, draft, algorithm=algorithm, shape=(3, 1, 4), **kw) if algorithm else engine(target, **kw)
@@ -116,7 +117,7 @@ def test_prompt_logprobs_and_an_idle_engine_still_prefill():
     target, _ = make_pair("EAGLE", "mixed", seed=7)
     prompts = prompts_of([10, 7], target.config.vocab_size, seed=8)
     params = {**GREEDY, "max_new_tokens": 6}
-    eng = engine(target)
+    eng = engine(target, enable_decode_admission=True)
     eng.generate(input_ids=prompts, sampling_params=params)
     before = eng.scheduler.prefill_steps
     eng.generate(input_ids=prompts, sampling_params=params)  # idle engine: one prefill step
@@ -125,4 +126,17 @@ def test_prompt_logprobs_and_an_idle_engine_still_prefill():
                                            {**params, "return_logprob": True, "logprob_start_len": 0})
     assert prefills == 1 and eng.scheduler.fresh_admissions == 0
     assert all(len(r.input_logprobs) == len(p) for r, p in zip(reqs, prompts))
+    assert_no_leak(eng)
+
+
+def test_off_by_default():
+    """Without the flag such requests are prefilled, in a step of their own."""
+    target, _ = make_pair("EAGLE", "mixed", seed=7)
+    prompts = prompts_of([10, 7], target.config.vocab_size, seed=8)
+    params = {**GREEDY, "max_new_tokens": 6}
+    eng = engine(target)
+    eng.generate(input_ids=prompts, sampling_params=params)
+    _, reqs, prefills = _admit_while_decoding(eng, prompts_of([5], 97, seed=9), prompts, params)
+    assert prefills == 1 and eng.scheduler.fresh_admissions == 0
+    assert [r.cached_tokens for r in reqs] == [len(p) - 1 for p in prompts]
     assert_no_leak(eng)

@@ -256,7 +256,7 @@ case "$what" in
     # $OUT/profile-CONFIG/. SERVE_WARMUP_PASSES (1) passes
     # over every concurrency first, not recorded (their first pass computed the prompts and built kernels:
     # EAGLE-3 at one request 745 tok/s against 1,403-1,475 after, 2026-11-30-h200-one-token-prefill). A run
-    # ENGINE:CONFIG+DIR serves with DIR's files over the tree (an A/B: specdec:eagle3+.stash/nofresh; carry DIR),
+    # ENGINE:CONFIG+DIR serves with DIR's files over the tree (an A/B of a source change; carry DIR),
     # its rows and logs named CONFIG-basename(DIR). Put .peer/router
     # too (uvicorn's uvloop and httptools, which `specdec serve` installs with it) and .peer/mhcs (a module
     # `vllm serve` imports that its parts lack: bash scripts/gpu_peer.sh serve-wheels)

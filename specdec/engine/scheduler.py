@@ -80,9 +80,10 @@ class Scheduler:
         ``max_waiting_tokens``: while requests decode, new ones are prefilled once they number at
         least the ratio times the decoding ones, or once the oldest has waited that many decode
         steps (``_prefill_turn``; 0 and 0: at the first chance); ``decode_admission``: requests whose
-        prompt is cached but for its last token join the decode step (``_joins_decode``); ``tokenizer``: decodes output tails for
-        stop strings (``specdec.engine.stop_strings``); ``token_table``: the requests' tokens the
-        n-gram worker drafts from (``specdec.engine.ngram_setup.TokenTable``)."""
+        prompt is cached but for its last token join the decode step (``_joins_decode``);
+        ``tokenizer``: decodes output tails for stop strings (``specdec.engine.stop_strings``);
+        ``token_table``: the requests' tokens the n-gram worker drafts from
+        (``specdec.engine.ngram_setup.TokenTable``)."""
         self.memory = memory
         self.tokenizer = tokenizer
         self.cache = prefix_cache if prefix_cache is not None else NoPrefixCache(memory)

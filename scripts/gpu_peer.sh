@@ -9,6 +9,7 @@
 #                      (and serve-wheels for `vllm serve`)
 # On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); put .peer/tc where
 # an earlier call handed Triton's cache back (below):
+#   bash scripts/gpu_peer.sh lean | unlean   here: the SmolLM2 heads out of the tree for the puts, and back
 #   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
 #   bash scripts/gpu_peer.sh install [DIR..] the parts put (and DIR...) joined, checked, installed to /tmp/site
 #                                            (only the GGUF and the gguf wheel: a specdec-only run)
@@ -140,6 +141,11 @@ case "$what" in
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .peer/mhcs \
       model-hosting-container-standards==0.1.16 httpx httpcore jmespath supervisor certifi
     du -sh .peer/mhcs ;;
+  lean)  # here, before the puts: the SmolLM2 heads (27 MB) out of the tree into .lean/, so that a put carries
+    # the tree and two GGUF parts within a call's 64 MiB; `unlean` before a call that serves or tests
+    mkdir -p .lean && mv specdec/data/smollm2 .lean/ && du -sh --exclude=.git --exclude=.peer --exclude=.vllm \
+      --exclude=.stash --exclude=.lean . ;;
+  unlean) mv .lean/smollm2 specdec/data/ && rmdir .lean ;;
   put)
     mkdir -p $STAGE
     for d in "$@"; do cp -r "$d"/* $STAGE/; done
@@ -321,7 +327,7 @@ case "$what" in
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|serve-wheels|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|frontend|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|serve-wheels|lean|unlean|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|frontend|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

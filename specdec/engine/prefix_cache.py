@@ -44,6 +44,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from specdec.engine.memory import PagedKVMemory
 from specdec.engine.radix_cache import RadixCache, _Node
 
@@ -155,9 +157,10 @@ class RadixPrefixCache:
         return self.tree.match(self.keys_of(tokens)[: len(tokens) - 1])
 
     # ------------------------------------------------------------ hand-over
-    def cache_request(self, row: int, tokens: Sequence[int], kv_len: int) -> None:
+    def cache_request(self, row: int, tokens: Sequence[int], kv_len: int, *, leaving: bool = False) -> None:
         """Give the tree the final whole pages of a running request (after a prefill chunk), so
-        requests admitted later share them; the request keeps using them, locked."""
+        requests admitted later share them; the request keeps using them, locked. ``leaving``: the
+        request's row is released next (``release_request``), so its table is not re-pointed."""
         node, held = self._held[row]
         keys = self.keys_of(tokens)[:kv_len]
         final = len(keys) // self.page_size * self.page_size
@@ -165,7 +168,7 @@ class RadixPrefixCache:
             return
         given = self.memory.row_pages(row, 0, final // self.page_size)  # [final / page_size]
         match = self.tree.insert(keys[:final], given.tolist())
-        self._adopt(row, given, match.pages)
+        self._adopt(row, given, match.pages, repoint=not leaving)
         self.tree.lock(match.node)
         self.tree.unlock(node)
         self._held[row] = (match.node, final)
@@ -173,20 +176,23 @@ class RadixPrefixCache:
     def release_request(self, row: int, tokens: Sequence[int], kv_len: int, kv_alloc: int) -> None:
         """A request leaves (finished, aborted or retracted): its final pages join the tree, the
         rest of its pages (the partial last page, slots reserved ahead) are freed, its lock goes."""
-        self.cache_request(row, tokens, kv_len)
+        self.cache_request(row, tokens, kv_len, leaving=True)
         node, held = self._held.pop(row)
         self.memory.truncate([row], [max(kv_len, kv_alloc, held)], [held])
         self.tree.unlock(node)
 
-    def _adopt(self, row: int, given, tree_pages: list[int]) -> None:
+    def _adopt(self, row: int, given: np.ndarray, tree_pages: list[int], *, repoint: bool = True) -> None:
         """Where the tree kept its own page for a position the row computed again, free the row's
-        copy and point the row at the tree's."""
-        dup = [i for i, (g, t) in enumerate(zip(given.tolist(), tree_pages)) if g != t]
-        if not dup:
+        copy and (``repoint``) point the row at the tree's.
+        NOTE: a leaving row is not re-pointed: its table is released next, and re-pointing costs a
+        host-to-device copy and a scatter a finished request (its output, repeated, is all duplicates)."""
+        dup = np.flatnonzero(given != np.asarray(tree_pages, dtype=given.dtype))  # [duplicates]
+        if dup.size == 0:
             return
-        self.memory.free_pages([int(given[i]) for i in dup])
-        first = dup[0]  # duplicates form one run: the tree's pages are a prefix of the key
-        self.memory.map_pages(row, first, tree_pages[first:first + len(dup)])
+        self.memory.free_pages(given[dup])
+        if repoint:
+            first = int(dup[0])  # duplicates form one run: the tree's pages are a prefix of the key
+            self.memory.map_pages(row, first, tree_pages[first:first + dup.size])
 
     # ------------------------------------------------------------ memory
     def reclaimable_pages(self) -> int:

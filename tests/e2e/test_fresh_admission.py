@@ -59,7 +59,7 @@ def _cached_prompts_join(algorithm, overlap, *, cuda=False, graph_sizes=None, th
     target, draft = make_pair(algorithm or "EAGLE", "mixed", seed=6)
     vocab = target.config.vocab_size
     prompts = prompts_of([9, 14, 6], vocab, seed=3)
-    # as many running requests as fresh ones: both parts replay the same graph (padded to 4) in one step
+    # as many running requests as fresh ones: plain parts of one step replay the same graph size
     running_prompts = prompts_of([11, 8, 13], vocab, seed=4)
     params = {**GREEDY, "max_new_tokens": 12}
     running_params = {**GREEDY, "max_new_tokens": 40}

@@ -141,6 +141,9 @@ class PathObservations:
     accepted: np.ndarray
 
 
+WALK_MAX_REQUESTS = 16  # observe_paths walks each path in Python up to this many requests
+
+
 def observe_paths(
     accept_index: np.ndarray,  # [bs, S+1] local node of the accepted path at each depth, -1 past it
     next_token: np.ndarray,  # [bs, N] first (best-ranked) child of each node, -1 for leaves
@@ -151,6 +154,8 @@ def observe_paths(
 ) -> PathObservations:
     """Which ranks each request's accepted path tried and accepted at every depth, by the rank of
     the node it tried them under (module doc)."""
+    if next_token.shape[0] <= WALK_MAX_REQUESTS:
+        return _observe_walk(accept_index, next_token, next_sibling, max_depth=max_depth, max_topk=max_topk)
     bs, n = next_token.shape
     rows = np.arange(bs)
     # rank of every node among its siblings (the root: 0), and each node's number of children
@@ -186,6 +191,33 @@ def observe_paths(
         tried[d - 1] += under.T @ tried_here
         accepted[d - 1] += under.T @ (ranks[None] == r[:, None])
         alive = took
+    return PathObservations(tried, accepted)
+
+
+def _observe_walk(accept_index, next_token, next_sibling, *, max_depth: int, max_topk: int) -> PathObservations:
+    """``observe_paths`` request by request along its path: a few dozen Python steps a request against
+    the array form's ~100 numpy calls a batch, so the faster up to ~20 requests (on this CPU, a 5x4x8
+    tree: 8 us at one request against 131, 103 against 143 at 16; the adaptive policy observes every
+    verify step, on a host that bounds the step at one request)."""
+    shape = (max_depth, max_topk, max_topk)
+    tried, accepted = np.zeros(shape), np.zeros(shape)
+    for path, first, sibling in zip(accept_index.tolist(), next_token.tolist(), next_sibling.tolist()):
+        under = 0  # the parent's rank among its siblings (the root's: 0)
+        for d in range(1, min(len(path) - 1, max_depth) + 1):
+            parent, child = path[d - 1], path[d]
+            if parent < 0:  # (no path: nothing tried)
+                break
+            rank, node = 0, first[parent]  # walk the parent's children in rank order (at most max_topk)
+            while node >= 0 and rank < max_topk and node != child:
+                rank, node = rank + 1, sibling[node]
+            row = min(under, max_topk - 1)
+            if child < 0:  # stopped here: every child present was tried
+                tried[d - 1, row, :rank] += 1
+                break
+            rank = rank if rank < max_topk else 0  # (a child past max_topk ranks 0, as in the array form)
+            tried[d - 1, row, :rank + 1] += 1
+            accepted[d - 1, row, rank] += 1
+            under = rank
     return PathObservations(tried, accepted)
 
 

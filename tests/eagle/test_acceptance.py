@@ -4,6 +4,7 @@ tree links, online statistics, and the policy's choices."""
 import numpy as np
 import pytest
 
+from specdec.eagle import acceptance
 from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, observe_paths
 from specdec.eagle.policy import (
     PLAIN, AdaptivePolicy, SpecShape, StepCosts, StepTimeCalibration, candidate_shapes, graph_batch_sizes,
@@ -113,9 +114,12 @@ def _random_tree(rng, n: int, depth: int, k: int):
     return kids, next_token, next_sibling, path + [-1] * (depth + 1 - len(path))
 
 
-def test_observe_paths_counts_every_try_under_its_parents_rank():
+@pytest.mark.parametrize("walk_max", [0, 1000], ids=["arrays", "walk"])
+def test_observe_paths_counts_every_try_under_its_parents_rank(walk_max, monkeypatch):
     """Random trees against a per-request walk: at each depth on the path, under the parent's rank,
-    ranks up to the accepted one tried and it accepted; where the path stops, every child tried."""
+    ranks up to the accepted one tried and it accepted; where the path stops, every child tried.
+    Both forms of ``observe_paths`` (numpy over the batch, a Python walk for a few requests)."""
+    monkeypatch.setattr(acceptance, "WALK_MAX_REQUESTS", walk_max)
     rng = np.random.default_rng(0)
     depth, k = 4, 3
     trees = [_random_tree(rng, int(rng.integers(2, 20)), depth, k) for _ in range(200)]

@@ -196,9 +196,9 @@ def observe_paths(
 
 def _observe_walk(accept_index, next_token, next_sibling, *, max_depth: int, max_topk: int) -> PathObservations:
     """``observe_paths`` request by request along its path: a few dozen Python steps a request against
-    the array form's ~100 numpy calls a batch, so the faster up to ~20 requests (on this CPU, a 5x4x8
-    tree: 8 us at one request against 131, 103 against 143 at 16; the adaptive policy observes every
-    verify step, on a host that bounds the step at one request)."""
+    the array form's ~100 numpy calls a batch, so the faster up to ~20 requests (a 5x4x8 tree on a
+    2-core x86 CPU: 8 us against 131 at one request, 103 against 143 at 16). The adaptive policy
+    observes every verify step, so at one request this is host time of every step."""
     shape = (max_depth, max_topk, max_topk)
     tried, accepted = np.zeros(shape), np.zeros(shape)
     for path, first, sibling in zip(accept_index.tolist(), next_token.tolist(), next_sibling.tolist()):

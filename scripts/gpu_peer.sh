@@ -183,7 +183,7 @@ case "$what" in
     done ;;
   lookup-profile)  # where an NGRAM step's host time goes: a cProfile and a GPU trace (busy share, top kernels) of one
     # more pass of each engine (PROFILE_RUNS, default "specdec:plain specdec:ngram") over PROFILE_DATASET at
-    # PROFILE_CONCURRENCY requests (default 1)
+    # PROFILE_CONCURRENCY requests (default 1); PROFILE_ARGS: more offline.py flags (e.g. --force lookup,plain)
     vllm_env  # (the gguf wheel's /tmp/site)
     [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
       || { tail "$OUT/export.log"; exit 1; }
@@ -191,7 +191,7 @@ case "$what" in
       ROWS=$OUT/profile_rows.jsonl LOG_TAG=profile run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json \
         --datasets "${PROFILE_DATASET:-summarization}" --concurrency "${PROFILE_CONCURRENCY:-1}" \
         --profile "$OUT/profile_${run#*:}.txt" \
-        --trace "$OUT/trace_${run#*:}.txt"
+        --trace "$OUT/trace_${run#*:}.txt" ${PROFILE_ARGS:-}
     done ;;
   decode)
     vllm_env

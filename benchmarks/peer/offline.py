@@ -419,10 +419,35 @@ def trace_device(fn, title: str) -> None:
     busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
     lines = [f"{e.self_device_time_total / 1e3:9.1f} ms {e.count:8d}x  {e.key[:110]}" for e in top]
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
     with open(TRACE, "a") as f:
         f.write(f"===== {title}: wall {wall_ms:.0f} ms, kernels {busy_ms:.0f} ms ({busy_ms / wall_ms:.0%})\n"
-                + "\n".join(lines) + "\n\n")
+                + "\n".join(lines) + "\n" + idle_gaps(spans) + "\n\n")
     print(f"trace, {title}: GPU busy {busy_ms / wall_ms:.0%} of {wall_ms:.0f} ms", file=sys.stderr, flush=True)
+
+
+# the GPU's idle gaps between kernels, in these bounds (us): where a step waited for the host
+GAP_BOUNDS_US = (5, 20, 50, 100, 200, 500, 1000)
+
+
+def idle_gaps(spans: list[tuple[float, float]]) -> str:
+    """How long the GPU sat idle between kernels (``spans``: [start, end] us of every kernel), by gap length:
+    a host-bound step shows as gaps of tens to hundreds of us between its kernels or before its first."""
+    if not spans:
+        return "idle gaps: no kernels"
+    spans.sort()
+    gaps, end = [], spans[0][1]
+    for start, stop in spans[1:]:
+        if start > end:
+            gaps.append(start - end)
+        end = max(end, stop)
+    edges = (0, *GAP_BOUNDS_US, float("inf"))
+    parts = []
+    for lo, hi in zip(edges, edges[1:]):
+        inside = [g for g in gaps if lo <= g < hi]
+        parts.append(f"{lo:g}-{hi:g} us: {len(inside)} gaps, {sum(inside) / 1e3:.1f} ms")
+    return (f"idle gaps over {(end - spans[0][0]) / 1e3:.0f} ms of kernels' span: {sum(gaps) / 1e3:.1f} ms idle; "
+            + "; ".join(parts))
 
 
 def decode_workload(model: str) -> str:

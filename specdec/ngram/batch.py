@@ -24,7 +24,7 @@ import dataclasses
 import numpy as np
 
 from specdec.ngram.config import NgramConfig
-from specdec.ngram.lookup import propose_ngram
+from specdec.ngram.lookup import latest_longest_match_end
 from specdec.ngram.tree import MAX_MATCHES, DraftTree, PackedTrees, build_tree
 
 
@@ -228,11 +228,14 @@ def pack_batch(trees: BatchTrees, roots: np.ndarray, n: int, *, out: np.ndarray 
 def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, cap: int,
                 per_row: bool) -> np.ndarray:
     """[bs] the tokens after each row's latest longest match (``history`` [bs, >= max length],
-    ``lengths`` [bs]), at most ``cap``; 0 without a match. ``per_row``: ``propose_ngram`` row by row
-    (small batches), else ``find_matches_batch`` (the same matches)."""
+    ``lengths`` [bs]), at most ``cap``; 0 without a match. ``per_row``: row by row
+    (``latest_longest_match_end``, small batches), else ``find_matches_batch`` (the same matches)."""
     if per_row:
-        return np.asarray([propose_ngram(history[i, : lengths[i]], min_n=min_n, max_n=max_n, k=cap).shape[0]
-                           for i in range(len(lengths))], dtype=np.int64)
+        reach = []
+        for i, length in enumerate(lengths.tolist()):
+            end = latest_longest_match_end(history[i, :length], min_n=min_n, max_n=max_n)
+            reach.append(min(length - 1 - end, cap) if end >= 0 else 0)
+        return np.asarray(reach, dtype=np.int64)
     if int(lengths.max(initial=0)) < 2:
         return np.zeros(len(lengths), dtype=np.int64)
     n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)

@@ -139,6 +139,27 @@ def test_expected_committed_from_reach(in_flight):
     assert policy.expected_committed(rows[:1], 5, reach[:1], in_flight) == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.parametrize("in_flight", [False, True])
+@pytest.mark.parametrize("with_reach", [True, False])
+def test_one_row_in_python_floats_equals_the_batch_arithmetic(in_flight, with_reach):
+    """``_drafted`` of one row (Python floats) equals the numpy path's over two copies of that row."""
+    rng = np.random.default_rng(int(in_flight) + 2 * int(with_reach))
+    policy = NgramPolicy(CONFIG, SIZES, 8)
+    for _ in range(50):
+        rows = rng.choice(8, size=3, replace=False)
+        drafted = rng.integers(0, 9, size=3)
+        policy.observe_accepts(rows, drafted, np.minimum(drafted, rng.integers(0, 9, size=3)))
+        policy.observe_drafts(rows, np.sort(rng.random((3, 9)) * 8, axis=1))
+        policy.observe_blind(rng.integers(0, 3, size=2).astype(float))
+        row, reach = int(rng.integers(8)), int(rng.integers(0, 12))
+        sizes = sorted(rng.choice(SIZES, size=int(rng.integers(1, 5)), replace=False).tolist())
+        one = policy._drafted(np.asarray([row]), sizes, np.asarray([reach]) if with_reach else None, in_flight)
+        two = policy._drafted(np.asarray([row, row]), sizes, np.asarray([reach, reach]) if with_reach else None,
+                              in_flight)
+        assert one[0] == pytest.approx(two[0], rel=1e-12) and one[1] == pytest.approx(two[1], rel=1e-12)
+        assert one[2].tolist() == two[2][:1].tolist()
+
+
 def _reach_worker(max_reqs: int):
     """An NgramWorker's reach lookup alone, over a host token history of ``max_reqs`` rows of 64."""
     from specdec.ngram.budget import DraftBudget

@@ -105,10 +105,14 @@ class SpecdecEngine:
         return dict(getattr(policy, "totals", {}))
 
     def explain(self, bs: int) -> str:
-        """Adaptive speculation's figures per candidate at ``bs`` and the last step's context ('' without,
-        and for NGRAM's policy, whose choice has no start-up profile to explain)."""
+        """Adaptive speculation's figures per candidate at ``bs`` and the last step's context (NGRAM's: its
+        learned step times; '' without adaptive speculation)."""
+        from specdec.ngram.policy import NgramPolicy
+
         worker = self.engine.worker
         policy = getattr(worker, "policy", None)
+        if isinstance(policy, NgramPolicy):  # its step times as learned, no start-up profile
+            return ", ".join(f"{name} {value:.3f}" for name, value in policy.explain(bs).items())
         if policy is None or not hasattr(policy, "explain"):
             return ""
         rows = policy.explain(bs, worker.context)

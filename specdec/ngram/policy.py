@@ -207,6 +207,14 @@ class NgramPolicy:
         self.chosen[pick] = self.chosen.get(pick, 0) + 1
         return 0 if pick == PLAIN else int(pick.removeprefix("ngram"))
 
+    def explain(self, bs: int) -> dict[str, float]:
+        """What the choice at ``bs`` rests on (diagnostics): each choice's step time as learned ("ms", a
+        prior where none was observed: "prior ms"), the drafted tokens' calibration and the blind rows' mean."""
+        out = {}
+        for name in [PLAIN] + [size_name(n) for n in self.sizes]:
+            out[f"{name} {'ms' if self.step_times.observed(name, bs) else 'prior ms'}"] = self.step_ms(name, bs)
+        return out | {"scale": self.scale(), "blind": self.blind_mean()}
+
     def guess(self, n: int) -> float | None:
         """The last choice's guess (unscaled) of drafted-and-accepted tokens a row for a verify of ``n``
         nodes a request, or of the largest size it scored at most ``n`` (None: it scored none)."""

@@ -273,3 +273,14 @@ def test_explorer_holds_a_runs_loss_to_its_share_of_served_time():
     assert runs(0.99, 1.0) == pytest.approx(2000 / 64, abs=2)
     far = runs(0.5, 3.0)  # a run loses 3 x 3 ms x 0.5 = 4.5 ms: every 225 steps of 1 ms
     assert far == pytest.approx(2000 / 226, abs=1.5)
+
+
+def test_explain_names_learned_and_prior_step_times():
+    policy = NgramPolicy(CONFIG, SIZES, 8)
+    for _ in range(30):
+        policy.observe_step(PLAIN, 1, 0.9)
+        policy.observe_step(size_name(9), 1, 1.8)
+    out = policy.explain(1)
+    assert out["plain ms"] == pytest.approx(0.9, rel=0.05) and out["ngram9 ms"] == pytest.approx(1.8, rel=0.05)
+    assert "ngram2 prior ms" in out and "ngram2 ms" not in out
+    assert out["scale"] == policy.scale() and out["blind"] == policy.blind_mean()

@@ -12,7 +12,7 @@ histories.
                          continuations merged a depth at a time (a node is the first match, by
                          recency, sharing its prefix), cut level by level; PROB: per request
     pack_batch           the verify's arrays, filled a node column at a time over the batch
-    match_reach          how many tokens follow each row's latest longest match (the policy's view)
+    match_ends           where each row's latest longest match ends (the policy's view)
 
 Shapes: bs rows, M = MAX_MATCHES ends a row, D = the largest draft-node limit of the batch.
 """
@@ -24,7 +24,6 @@ import dataclasses
 import numpy as np
 
 from specdec.ngram.config import NgramConfig
-from specdec.ngram.lookup import latest_longest_match_end
 from specdec.ngram.tree import MAX_MATCHES, DraftTree, PackedTrees, build_tree
 
 
@@ -225,18 +224,10 @@ def pack_batch(trees: BatchTrees, roots: np.ndarray, n: int, *, out: np.ndarray 
     return PackedTrees(tokens, mask, depth, next_token, next_sibling)  # mask as int64 0 / 1
 
 
-def match_reach(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int, cap: int,
-                per_row: bool) -> np.ndarray:
-    """[bs] the tokens after each row's latest longest match (``history`` [bs, >= max length],
-    ``lengths`` [bs]), at most ``cap``; 0 without a match. ``per_row``: row by row
-    (``latest_longest_match_end``, small batches), else ``find_matches_batch`` (the same matches)."""
-    if per_row:
-        reach = []
-        for i, length in enumerate(lengths.tolist()):
-            end = latest_longest_match_end(history[i, :length], min_n=min_n, max_n=max_n)
-            reach.append(min(length - 1 - end, cap) if end >= 0 else 0)
-        return np.asarray(reach, dtype=np.int64)
+def match_ends(history: np.ndarray, lengths: np.ndarray, *, min_n: int, max_n: int) -> np.ndarray:
+    """[bs] where each row's latest longest match ends (``history`` [bs, >= max length], ``lengths`` [bs]);
+    -1 without a match: ``find_matches_batch``'s, as ``lookup.latest_longest_match_end`` finds it row by row."""
     if int(lengths.max(initial=0)) < 2:
-        return np.zeros(len(lengths), dtype=np.int64)
+        return np.full(len(lengths), -1, dtype=np.int64)
     n, ends = find_matches_batch(history, lengths, min_n=min_n, max_n=max_n)
-    return np.minimum(np.where(n > 0, lengths - 1 - ends[:, 0], 0), cap)
+    return np.where(n > 0, ends[:, 0], -1)

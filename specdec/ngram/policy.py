@@ -5,8 +5,9 @@ expected committed tokens per millisecond of served step time (adaptive on, one 
     score(ngram n)   mean over the batch of E[committed | row, n] / ms(ngram n, bs)
 
 E[committed | row, n] from the row's acceptance rate p (accepted nodes over accepted nodes plus
-rejections, a decaying count that starts from the rate of all rows) and its draft depth d within
-n - 1 nodes. The depth, where the worker gives it (``reach``), is the row's own: how many tokens
+rejections, a decaying count that starts from the rate of all rows; counted on the row's lookup steps,
+and on its plain steps one shadow trial a step: the worker's ``_observe_shadow_trials``) and its draft
+depth d within n - 1 nodes. The depth, where the worker gives it (``reach``), is the row's own: how many tokens
 follow the latest longest match of its current tokens, a cheap chain lookup on the history the host
 has when it chooses:
 
@@ -248,6 +249,15 @@ class NgramPolicy:
         the depth of its first m nodes."""
         self.depth[rows] = DECAY * self.depth[rows] + (1 - DECAY) * depth
         self.all_depth = DECAY * self.all_depth + (1 - DECAY) * depth.mean(0)
+
+    def observe_trial(self, row: int, came: bool) -> None:
+        """One verified draft token of one row (the worker's shadow trial): ``observe_accepts`` of a one-node
+        draft, in Python floats."""
+        hit, miss = float(came), float(not came)
+        self.hits[row] = DECAY * self.hits[row] + hit
+        self.misses[row] = DECAY * self.misses[row] + miss
+        self.all_hits = DECAY * self.all_hits + hit
+        self.all_misses = DECAY * self.all_misses + miss
 
     def observe_accepts(self, rows: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """A read verify step: each row's verified draft depth and accepted draft tokens."""

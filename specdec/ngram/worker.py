@@ -58,10 +58,11 @@ from specdec.forward import CaptureHiddenMode, ForwardBatch, LogitsMode
 from specdec.host import KVMemory, SamplingInfo, TargetModelRunner, TokenHistory, step_slots
 from specdec.kernels import ngram_match, ngram_merge_buffer
 from specdec.eagle.served import PLAIN, LaunchClock
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, match_reach, pack_batch
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, match_ends, pack_batch
 from specdec.ngram.budget import DraftBudget
 from specdec.ngram.cache import NgramCache, with_cache_drafts
 from specdec.ngram.config import NgramConfig
+from specdec.ngram.lookup import latest_longest_match_end
 from specdec.ngram.policy import NgramPolicy, size_name
 from specdec.ngram.tree import pack_trees
 
@@ -156,6 +157,10 @@ class NgramWorker:
         self._clock = LaunchClock()
         self._reach_of = np.zeros(max_reqs, dtype=np.int64)  # [max_reqs] each row's last looked-up reach
         self._reach_age = 0  # choices since the last refresh
+        # each row's shadow trial (``_observe_shadow_trials``): the token its latest match predicts next, and the
+        # history position it predicts (-1: none pending)
+        self._shadow_token = np.zeros(max_reqs, dtype=np.int64)
+        self._shadow_at = np.full(max_reqs, -1, dtype=np.int64)
         # finished requests' windows, for rows whose own tokens draft less than their budget
         self.cache = NgramCache(capacity=ngram.cache_capacity, branch_length=ngram.cache_branch_length,
                                 min_n=ngram.min_match_window, max_n=ngram.max_match_window) \
@@ -205,6 +210,7 @@ class NgramWorker:
         if self.policy is not None:
             self.policy.reset(rows)
         self._reach_of[rows] = 0
+        self._shadow_at[rows] = -1
         self._clock.reset()  # a prefill between two decode steps is not the first one's cost
         self._choice = None
         return sample_after_prefill(logits, sampling, next_tokens)
@@ -364,6 +370,7 @@ class NgramWorker:
             if self.policy is not None:
                 # NOTE: a device chain's padding (its root repeated) is accepted where the target repeats it
                 self.policy.observe_accepts(rows, depth, np.minimum(accepted, depth))
+                self._shadow_at[rows] = -1  # (this verify was the trial)
                 if guess is not None:
                     got, blind = np.asarray(accepted, dtype=np.float64), guess[1]
                     self.policy.observe_outcome(guess[0], float(np.where(blind, 0.0, got).mean()))
@@ -415,28 +422,71 @@ class NgramWorker:
 
     def _reach(self, rows: np.ndarray, sync_history: Callable[[], None] | None = None) -> np.ndarray:
         """[bs] each row's reach (``_look_up_reach``), looked up again for the whole batch when due
-        (the history synced first): every step up to REACH_ROWS_PER_STEP rows, every
-        bs / REACH_ROWS_PER_STEP steps above (a row prefilled since reads 0 until then)."""
+        (the history synced first, and the shadow trials it settles observed): every step up to
+        REACH_ROWS_PER_STEP rows, every bs / REACH_ROWS_PER_STEP steps above (a row prefilled since
+        reads 0 until then)."""
         self._reach_age += 1
         if self._reach_age * REACH_ROWS_PER_STEP >= len(rows):
             self._reach_age = 0
             if sync_history is not None:
                 sync_history()
+            if self.policy is not None:
+                self._observe_shadow_trials(rows)
             self._reach_of[rows] = self._look_up_reach(rows)
         return self._reach_of[rows]
 
     def _look_up_reach(self, rows: np.ndarray) -> np.ndarray:
         """[bs] the tokens after each row's latest longest match in the history as it stands, up to the
         batch's node cap (0: no match): a chain lookup, the policy's view of what a lookup would find.
+        With the policy, each matched row's first draft token becomes its shadow trial.
         NOTE: not capped at the row's own budget, which shrinks after rejections and grows only after
         lookups: the acceptance rate prices a poor row, and a span it starts copying is seen at once."""
         lengths = self.history.num_tokens[rows]  # NOTE: 0 for a request whose prefill is not read yet
         cap = self.budget.node_cap(len(rows))
         if int(lengths.max()) < 2 or cap == 0:
             return np.zeros(len(rows), dtype=np.int64)
+        min_n, max_n = self.ngram.min_match_window, self.ngram.max_match_window
+        if len(rows) < BATCH_PATH_MIN_BS:  # row by row in Python: numpy's per-call cost is the larger one here
+            reach = []
+            for row, length in zip(rows.tolist(), lengths.tolist()):
+                tokens = self.history.token_ids[row, :length]
+                end = latest_longest_match_end(tokens, min_n=min_n, max_n=max_n)
+                if self.policy is not None:
+                    self._shadow_at[row] = length if end >= 0 else -1
+                    self._shadow_token[row] = tokens[end + 1] if end >= 0 else 0
+                reach.append(min(length - 1 - end, cap) if end >= 0 else 0)
+            return np.asarray(reach, dtype=np.int64)
         history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
-        return match_reach(history, lengths, min_n=self.ngram.min_match_window, max_n=self.ngram.max_match_window,
-                           cap=cap, per_row=len(rows) < BATCH_PATH_MIN_BS)
+        ends = match_ends(history, lengths, min_n=min_n, max_n=max_n)  # [bs], -1: no match
+        found = ends >= 0
+        if self.policy is not None:
+            self._shadow_at[rows] = np.where(found, lengths, -1)
+            self._shadow_token[rows] = history[np.arange(len(rows)), np.where(found, ends + 1, 0)]
+        return np.where(found, np.minimum(lengths - 1 - ends, cap), 0)
+
+    def _observe_shadow_trials(self, rows: np.ndarray) -> None:
+        """Each row's acceptance rate learned on plain steps too: where the token its match predicted at the last
+        reach lookup has been read since, and no verify of the row was read in between (which observed the
+        row itself), that prediction counts as one verified draft token, accepted if the token is the one
+        that came (the geometric model's trial). Without it a row's rate moves only on lookup steps, so a row
+        whose rate fell while its text was new stayed on plain steps when copying began again (on Spec-Bench
+        summarization, SmolLM2-135M: 1.57x plain decoding against 1.82x for a lookup every step, CPU replay
+        of the H200's step times)."""
+        if len(rows) < BATCH_PATH_MIN_BS:
+            for row in rows.tolist():
+                at = int(self._shadow_at[row])
+                if 0 <= at < self.history.num_tokens[row]:
+                    self.policy.observe_trial(row, bool(self.history.token_ids[row, at] == self._shadow_token[row]))
+                    self._shadow_at[row] = -1
+            return
+        at = self._shadow_at[rows]
+        due = (at >= 0) & (at < self.history.num_tokens[rows])
+        if not due.any():
+            return
+        rows, at = rows[due], at[due]
+        came = self.history.token_ids[rows, at].astype(np.int64) == self._shadow_token[rows]
+        self.policy.observe_accepts(rows, np.ones(len(rows), dtype=np.int64), came.astype(np.int64))
+        self._shadow_at[rows] = -1
 
     def _plan(self, rows: np.ndarray, max_size: int) -> tuple[int, BatchTrees, np.ndarray] | None:
         """This step's verify size n, the rows' trees and each one's drafted depth within n - 1

@@ -5,8 +5,9 @@ cumulative depths the policy reads."""
 import numpy as np
 import pytest
 
-from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_reach, pack_batch
+from specdec.ngram.batch import BatchTrees, build_trees_batch, build_trees_ref, find_matches_batch, match_ends, pack_batch
 from specdec.ngram.config import NgramConfig
+from specdec.ngram.lookup import latest_longest_match_end, propose_ngram_ref
 from specdec.ngram.tree import build_tree, find_matches, pack_trees
 
 
@@ -52,20 +53,18 @@ def test_batch_paths_equal_the_references(seed):
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_match_reach_batch_equals_per_row(seed):
-    """The policy's reach: the batch path and the per-row one agree, and equal the tokens that follow
-    the latest longest match (the chain lookup's draft length), capped."""
+def test_match_ends_of_the_batch_equal_each_rows(seed):
+    """The policy's view: the batch path's match ends equal the per-row search's (``latest_longest_match_end``),
+    and are where the host's own search (``propose_ngram_ref``) drafts after."""
     rng = np.random.default_rng(seed)
     for _ in range(60):
         config, history, lengths, _ = _random_case(rng)
-        cap = int(rng.integers(1, 14))
-        kw = dict(min_n=config.min_match_window, max_n=config.max_match_window, cap=cap)
-        rows = match_reach(history, lengths, per_row=True, **kw)
-        assert match_reach(history, lengths, per_row=False, **kw).tolist() == rows.tolist()
-        n, ends = find_matches_batch(history, lengths, **{k: kw[k] for k in ("min_n", "max_n")})
-        for b, length in enumerate(lengths):
-            want = min(int(length) - 1 - int(ends[b, 0]), cap) if length >= 2 and n[b] else 0
-            assert rows[b] == want
+        kw = dict(min_n=config.min_match_window, max_n=config.max_match_window)
+        ends = match_ends(history, lengths, **kw)
+        for b, length in enumerate(lengths.tolist()):
+            assert ends[b] == latest_longest_match_end(history[b, :length], **kw)
+            draft = propose_ngram_ref(history[b, :length], k=length, **kw)  # all that follows the match
+            assert ends[b] == (length - 1 - len(draft) if len(draft) else -1)
 
 
 def test_bfs_batch_of_the_module_example():

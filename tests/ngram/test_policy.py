@@ -11,6 +11,7 @@ from specdec.eagle import served
 from specdec.eagle.served import PLAIN, LaunchClock
 from specdec.ngram.config import NgramConfig
 from specdec.ngram.policy import NgramPolicy, size_name
+from specdec.ngram import worker as worker_module
 from specdec.ngram.worker import NgramWorker
 
 CONFIG = NgramConfig(num_draft_tokens=9, max_match_window=4)
@@ -165,8 +166,9 @@ def _reach_worker(max_reqs: int):
     from specdec.ngram.budget import DraftBudget
 
     worker = NgramWorker.__new__(NgramWorker)
-    worker.ngram, worker.budget = CONFIG, DraftBudget(CONFIG, max_reqs)
+    worker.ngram, worker.budget, worker.policy = CONFIG, DraftBudget(CONFIG, max_reqs), None
     worker._reach_of, worker._reach_age = np.zeros(max_reqs, dtype=np.int64), 0
+    worker._shadow_token, worker._shadow_at = np.zeros(max_reqs, dtype=np.int64), np.full(max_reqs, -1)
     worker.history = types.SimpleNamespace(token_ids=np.zeros((max_reqs, 64), dtype=np.int32),
                                            num_tokens=np.zeros(max_reqs, dtype=np.int64))
     return worker, worker.history
@@ -284,3 +286,46 @@ def test_explain_names_learned_and_prior_step_times():
     assert out["plain ms"] == pytest.approx(0.9, rel=0.05) and out["ngram9 ms"] == pytest.approx(1.8, rel=0.05)
     assert "ngram2 prior ms" in out and "ngram2 ms" not in out
     assert out["scale"] == policy.scale() and out["blind"] == policy.blind_mean()
+
+
+@pytest.mark.parametrize("batch_path", [False, True], ids=["per-row", "batch"])
+def test_plain_steps_teach_the_acceptance_rate_through_shadow_trials(batch_path, monkeypatch):
+    """A row's match predicts its next token at each reach lookup; once that token is read (a plain step),
+    the prediction counts as one verified draft token: a hit if it came, a rejection if not. A verify read
+    in between (which observes the row itself) cancels it. (Small batches run it in Python, larger ones in
+    numpy.)"""
+    if batch_path:
+        monkeypatch.setattr(worker_module, "BATCH_PATH_MIN_BS", 1)
+    worker, history = _reach_worker(2)
+    worker.policy = NgramPolicy(CONFIG, SIZES, 2)
+    rows = np.arange(2)
+    for row, predicted in [(0, 1), (1, 2)]:  # "5 6 7 8" matched earlier, then came ``predicted``
+        history.token_ids[row, :9] = [5, 6, 7, 8, predicted, 5, 6, 7, 8]
+    history.num_tokens[:] = 9
+    worker._reach(rows)
+    assert worker._shadow_at.tolist() == [9, 9] and worker._shadow_token.tolist() == [1, 2]
+    history.token_ids[:, 9] = [1, 3]  # row 0's prediction came, row 1's did not
+    history.num_tokens[:] = 10
+    worker._reach(rows)
+    assert worker.policy.hits.tolist() == [1.0, 0.0] and worker.policy.misses.tolist() == [0.0, 1.0]
+    # row 0's new suffix "8 1" matched (it predicts 5), row 1's "3" never occurred: no trial
+    assert worker._shadow_at.tolist() == [10, -1] and worker._shadow_token[0] == 5
+    worker._shadow_at[0] = -1  # a verify of row 0 was read: it observed the row itself
+    history.token_ids[:, 10] = 5
+    history.num_tokens[:] = 11
+    before = (worker.policy.hits.tolist(), worker.policy.misses.tolist())
+    worker._reach(rows)
+    assert (worker.policy.hits.tolist(), worker.policy.misses.tolist()) == before
+
+
+def test_a_trial_of_one_row_is_a_one_node_verify():
+    """``observe_trial`` (the shadow trials of small batches, Python floats) equals ``observe_accepts`` of one row
+    that verified one drafted token."""
+    one, many = NgramPolicy(CONFIG, SIZES, 4), NgramPolicy(CONFIG, SIZES, 4)
+    for step, came in enumerate([True, False, True, True, False]):
+        row = step % 3
+        one.observe_trial(row, came)
+        many.observe_accepts(np.asarray([row]), np.ones(1, dtype=np.int64), np.asarray([int(came)]))
+        assert one.hits.tolist() == pytest.approx(many.hits.tolist()) and one.misses.tolist() == pytest.approx(
+            many.misses.tolist())
+        assert (one.all_hits, one.all_misses) == pytest.approx((many.all_hits, many.all_misses))

@@ -469,9 +469,9 @@ class NgramWorker:
         reach lookup has been read since, and no verify of the row was read in between (which observed the
         row itself), that prediction counts as one verified draft token, accepted if the token is the one
         that came (the geometric model's trial). Without it a row's rate moves only on lookup steps, so a row
-        whose rate fell while its text was new stayed on plain steps when copying began again (on Spec-Bench
-        summarization, SmolLM2-135M: 1.57x plain decoding against 1.82x for a lookup every step, CPU replay
-        of the H200's step times)."""
+        whose rate fell while its text was new stayed on plain steps when copying began again (Spec-Bench
+        summarization, SmolLM2-135M, at one request: 1.57x plain decoding without the trials, 1.78x with them,
+        1.82x a lookup every step; ``benchmarks/ngram_policy_replay.py``, the H200's step times on CPU)."""
         if len(rows) < BATCH_PATH_MIN_BS:
             for row in rows.tolist():
                 at = int(self._shadow_at[row])

@@ -141,9 +141,6 @@ class PathObservations:
     accepted: np.ndarray
 
 
-WALK_MAX_REQUESTS = 16  # observe_paths walks each path in Python up to this many requests
-
-
 def observe_paths(
     accept_index: np.ndarray,  # [bs, S+1] local node of the accepted path at each depth, -1 past it
     next_token: np.ndarray,  # [bs, N] first (best-ranked) child of each node, -1 for leaves
@@ -153,52 +150,9 @@ def observe_paths(
     max_topk: int,
 ) -> PathObservations:
     """Which ranks each request's accepted path tried and accepted at every depth, by the rank of
-    the node it tried them under (module doc)."""
-    if next_token.shape[0] <= WALK_MAX_REQUESTS:
-        return _observe_walk(accept_index, next_token, next_sibling, max_depth=max_depth, max_topk=max_topk)
-    bs, n = next_token.shape
-    rows = np.arange(bs)
-    # rank of every node among its siblings (the root: 0), and each node's number of children
-    rank = np.zeros((bs, n), dtype=np.int64)
-    children = np.zeros((bs, n), dtype=np.int64)
-    cur = next_token.copy()  # [bs, N] the r-th child of each node, in round r
-    for r in range(max_topk):
-        b, p = np.nonzero(cur >= 0)
-        if b.size == 0:
-            break
-        child = cur[b, p]
-        rank[b, child] = r
-        children[b, p] += 1
-        cur = np.full_like(cur, -1)
-        cur[b, p] = next_sibling[b, child]
-    shape = (max_depth, max_topk, max_topk)
-    tried, accepted = np.zeros(shape), np.zeros(shape)
-    ranks = np.arange(max_topk)
-    one_hot = np.eye(max_topk)
-    depths = accept_index.shape[1] - 1
-    alive = np.ones(bs, dtype=bool)
-    for d in range(1, min(depths, max_depth) + 1):
-        parent = accept_index[:, d - 1]
-        child = accept_index[:, d]
-        under = one_hot[np.minimum(rank[rows, np.maximum(parent, 0)], max_topk - 1)]  # [bs, K] parent's rank
-        took = alive & (child >= 0)
-        r = np.where(took, rank[rows, np.maximum(child, 0)], -1)
-        # accepted at rank r: ranks < r tried and rejected, r tried and accepted; rejected at this
-        # depth: every child present was tried (censored beyond them)
-        stopped = alive & (child < 0) & (parent >= 0)
-        present = np.where(stopped, children[rows, np.maximum(parent, 0)], 0)
-        tried_here = (ranks[None] <= r[:, None]) | (ranks[None] < present[:, None])  # [bs, K]
-        tried[d - 1] += under.T @ tried_here
-        accepted[d - 1] += under.T @ (ranks[None] == r[:, None])
-        alive = took
-    return PathObservations(tried, accepted)
-
-
-def _observe_walk(accept_index, next_token, next_sibling, *, max_depth: int, max_topk: int) -> PathObservations:
-    """``observe_paths`` request by request along its path: a few dozen Python steps a request against
-    the array form's ~100 numpy calls a batch, so the faster up to ~20 requests (a 5x4x8 tree on a
-    2-core x86 CPU: 8 us against 131 at one request, 103 against 143 at 16). The adaptive policy
-    observes every verify step, so at one request this is host time of every step."""
+    the node it tried them under (module doc): a walk along each path, a few dozen Python steps a
+    request. The adaptive policy observes a few requests' paths of every verify step (the worker's
+    OBSERVED_PATHS_PER_STEP), host time of every step."""
     shape = (max_depth, max_topk, max_topk)
     tried, accepted = np.zeros(shape), np.zeros(shape)
     for path, first, sibling in zip(accept_index.tolist(), next_token.tolist(), next_sibling.tolist()):
@@ -214,7 +168,7 @@ def _observe_walk(accept_index, next_token, next_sibling, *, max_depth: int, max
             if child < 0:  # stopped here: every child present was tried
                 tried[d - 1, row, :rank] += 1
                 break
-            rank = rank if rank < max_topk else 0  # (a child past max_topk ranks 0, as in the array form)
+            rank = rank if rank < max_topk else 0  # (a child past max_topk ranks 0)
             tried[d - 1, row, :rank + 1] += 1
             accepted[d - 1, row, rank] += 1
             under = rank

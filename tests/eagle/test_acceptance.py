@@ -4,7 +4,6 @@ tree links, online statistics, and the policy's choices."""
 import numpy as np
 import pytest
 
-from specdec.eagle import acceptance
 from specdec.eagle.acceptance import AcceptanceModel, AcceptanceStats, observe_paths
 from specdec.eagle.policy import (
     PLAIN, AdaptivePolicy, SpecShape, StepCosts, StepTimeCalibration, candidate_shapes, graph_batch_sizes,
@@ -114,12 +113,9 @@ def _random_tree(rng, n: int, depth: int, k: int):
     return kids, next_token, next_sibling, path + [-1] * (depth + 1 - len(path))
 
 
-@pytest.mark.parametrize("walk_max", [0, 1000], ids=["arrays", "walk"])
-def test_observe_paths_counts_every_try_under_its_parents_rank(walk_max, monkeypatch):
-    """Random trees against a per-request walk: at each depth on the path, under the parent's rank,
-    ranks up to the accepted one tried and it accepted; where the path stops, every child tried.
-    Both forms of ``observe_paths`` (numpy over the batch, a Python walk for a few requests)."""
-    monkeypatch.setattr(acceptance, "WALK_MAX_REQUESTS", walk_max)
+def test_observe_paths_counts_every_try_under_its_parents_rank():
+    """Random trees against the trees' own ranks: at each depth on the path, under the parent's rank,
+    ranks up to the accepted one tried and it accepted; where the path stops, every child tried."""
     rng = np.random.default_rng(0)
     depth, k = 4, 3
     trees = [_random_tree(rng, int(rng.integers(2, 20)), depth, k) for _ in range(200)]
@@ -376,3 +372,20 @@ def test_adaptive_worker_revises_its_first_choice_under_overlap_scheduling(monke
         launched.append(worker.choose(1, [100]))
     assert launched[0] == SpecShape(5, 4, 8)
     assert launched[-256:].count(None) >= 256 - 4 * 3  # plain, the runner-up tried in runs of 3 steps
+
+
+def test_a_large_batch_observes_a_moving_window_of_paths():
+    """The adaptive policy takes the paths of at most OBSERVED_PATHS_PER_STEP requests a step, a window that moves
+    on each step, so every request of a batch is observed equally often; a small batch, all of them."""
+    from collections import Counter
+
+    from specdec.eagle.worker import OBSERVED_PATHS_PER_STEP as K, EAGLEWorker
+
+    worker = EAGLEWorker.__new__(EAGLEWorker)
+    worker._observed_from = 0
+    assert worker._observed_rows(list(range(K))) == list(range(K))
+    batch = list(range(2 * K + 3))
+    windows = [worker._observed_rows(batch) for _ in range(len(batch))]
+    assert windows[0] == batch[:K] and windows[1] == batch[K: 2 * K]
+    assert windows[2] == batch[2 * K:] + batch[: K - 3]  # it wraps around
+    assert set(Counter(r for w in windows for r in w).values()) == {K}  # every request K times in bs steps

@@ -8,7 +8,7 @@ tests check that a launch queues without a host sync.
 import pytest
 import torch
 
-from specdec.engine.decode import RESERVE_CHUNK
+from specdec.engine.decode import RESERVE_AHEAD, RESERVE_CHUNK
 
 from ..server.live import CharTokenizer
 from .helpers import assert_no_leak, engine, make_pair, prompts_of
@@ -83,8 +83,10 @@ def test_results_lag_one_step_and_finished_requests_release_after_the_step_past_
     # short is finished but step 2 still holds its KV slots
     assert short in sched.running and short.row >= 0 and short in sched.launched.reqs
     # step 2 was launched knowing only the prompt's 3 tokens: it may write up to 3 + 4 (step 1's
-    # tokens) + 4 (its tree): 11 positions, reserved in a whole chunk
-    assert 3 + 4 + 4 <= short.kv_alloc == RESERVE_CHUNK and short.kv_len == 7
+    # tokens) + 4 (its tree): 11 positions, within what step 1 reserved: its own 3 + 4 positions and
+    # RESERVE_AHEAD more, in whole chunks
+    assert 3 + 4 + 4 <= short.kv_alloc == -(-(3 + 4 + RESERVE_AHEAD) // RESERVE_CHUNK) * RESERVE_CHUNK
+    assert short.kv_len == 7
     spec.step()  # step 3 launched for long only; step 2 read: short's tokens dropped, short released
     assert short.output_ids == _outputs(engine(target), [[5, 6, 7]], _greedy([5]))[0]
     assert short not in sched.running and short.row == -1
@@ -95,9 +97,37 @@ def test_results_lag_one_step_and_finished_requests_release_after_the_step_past_
 
 
 @pytest.mark.parametrize("algorithm", [None, "EAGLE"])
+def test_reservations_of_many_requests_grow_together(algorithm, monkeypatch):
+    """Requests whose reservations run out at different steps share their growths: one ``alloc_extend`` for every
+    request near its end, about every RESERVE_AHEAD / (tokens a step) steps, not one a step; and the output is
+    plain decoding's."""
+    target, draft = make_pair("EAGLE", "mixed")
+    spec = dict(algorithm="EAGLE", shape=(3, 1, 4)) if algorithm else {}
+    prompts = prompts_of(list(range(3, 19)), target.config.vocab_size, seed=5)  # 16 requests, staggered ends
+    params = _greedy([64] * len(prompts))
+    expected = _outputs(engine(target), prompts, params)
+    eng = engine(target, draft if algorithm else None, overlap_schedule=True, max_running_requests=16, **spec)
+    memory, calls = eng.memory, []
+    alloc = memory.alloc_extend
+    monkeypatch.setattr(memory, "alloc_extend", lambda rows, *a, **kw: calls.append(len(rows)) or alloc(rows, *a, **kw))
+    reqs = [eng.make_request(input_ids=p, sampling_params=q) for p, q in zip(prompts, params)]
+    for req in reqs:
+        eng.add_request(req)
+    steps = 0
+    while eng.scheduler.has_work:
+        eng.step()
+        steps += 1
+    assert [r.output_ids for r in reqs] == expected
+    decode_calls = [n for n in calls if n > 0]
+    assert len(decode_calls) <= steps // 4, (len(decode_calls), steps)  # (chunks of 16 alone: about one a step)
+    assert max(decode_calls) > 1  # growths shared
+    assert_no_leak(eng)
+
+
+@pytest.mark.parametrize("algorithm", [None, "EAGLE"])
 def test_reservations_in_chunks_fall_back_to_exact_ends_in_a_full_pool(algorithm):
-    """Reservations grow RESERVE_CHUNK positions at a time, but a request that fills the pool to
-    within a chunk still decodes: the last growths take exactly what the step needs."""
+    """Reservations grow RESERVE_AHEAD positions ahead, in RESERVE_CHUNKs, but a request that fills the pool
+    to within a chunk still decodes: the last growths take exactly what the step needs."""
     target, draft = make_pair("EAGLE", "mixed")
     spec = dict(algorithm="EAGLE", shape=(3, 1, 4)) if algorithm else {}
     prompt, new = [5, 6, 7, 8, 9], 44

@@ -86,10 +86,19 @@ class EngineMetrics:
         self._shape_steps: dict[str, int] = {}
         self._steps = 0
         self._committed = 0
-        self._accepted: list[int] = [0] * num_draft_positions  # [num_steps], index i-1 = depth i
-        for i in range(1, num_draft_positions + 1):
-            self.accepted_at.labels(position=str(i))
-            self.accept_rate.labels(position=str(i)).set(0.0)
+        self._accepted: list[int] = []  # [num_steps], index i-1 = depth i
+        # each depth's labelled series, looked up once (a label lookup takes a lock and a dict; the engine
+        # process calls ``observe_verify`` every step)
+        self._accepted_at: list = []
+        self._accept_rate: list = []
+        self._add_depths(num_draft_positions)
+
+    def _add_depths(self, deepest: int) -> None:
+        for i in range(len(self._accepted) + 1, deepest + 1):
+            self._accepted.append(0)
+            self._accepted_at.append(self.accepted_at.labels(position=str(i)))
+            self._accept_rate.append(self.accept_rate.labels(position=str(i)))
+            self._accept_rate[-1].set(0.0)
 
     def observe_verify(self, accept_lengths: list[int]) -> None:
         """Count verify steps that accepted ``k`` draft tokens each (the server calls it once an engine
@@ -98,20 +107,21 @@ class EngineMetrics:
             return
         deepest = max(accept_lengths)
         if deepest > len(self._accepted):
-            for i in range(len(self._accepted) + 1, deepest + 1):
-                self.accept_rate.labels(position=str(i))
-            self._accepted.extend([0] * (deepest - len(self._accepted)))
-        for i in range(deepest):
-            reached = sum(k > i for k in accept_lengths)  # steps that accepted a token at depth i + 1
-            if reached:
-                self._accepted[i] += reached
-                self.accepted_at.labels(position=str(i + 1)).inc(reached)
+            self._add_depths(deepest)
+        at_depth = [0] * (deepest + 1)  # steps that accepted exactly k draft tokens
+        for k in accept_lengths:
+            at_depth[k] += 1
+        reached = 0  # steps that accepted a token at depth i + 1: those that accepted more than i
+        for i in range(deepest - 1, -1, -1):
+            reached += at_depth[i + 1]
+            self._accepted[i] += reached
+            self._accepted_at[i].inc(reached)
         self._committed += sum(accept_lengths) + len(accept_lengths)
         self._steps += len(accept_lengths)
         self.verify_steps.inc(len(accept_lengths))
         self.accept_length.set(self._committed / self._steps)
-        for i, n in enumerate(self._accepted):
-            self.accept_rate.labels(position=str(i + 1)).set(n / self._steps)
+        for rate, n in zip(self._accept_rate, self._accepted):
+            rate.set(n / self._steps)
 
     def observe_shapes(self, totals: dict[str, int]) -> None:
         """Bring the shape counters up to the engine's running totals (decode steps by shape)."""

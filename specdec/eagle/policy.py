@@ -127,15 +127,25 @@ class StepCosts:
     base_ctx: int = 0
     slope_far: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
     long_ctx: int = 0
+    # (name, bs) -> ``_coefficients``: the policy scores every shape before every decode step, and the
+    # interpolations cost more than the arithmetic (a profile is not changed once built)
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def step_ms(self, name: str, bs: int, ctx: float) -> float:
-        near = _per_token(self.slope.get(name), bs)
+        coefficients = self._cache.get((name, bs))
+        if coefficients is None:
+            coefficients = self._cache[(name, bs)] = self._coefficients(name, bs)
+        ms, near, far, far_from = coefficients
+        return ms + near * max(min(ctx, far_from) - self.base_ctx, 0.0) + far * max(ctx - far_from, 0.0)
+
+    def _coefficients(self, name: str, bs: int) -> tuple[float, float, float, float]:
+        """(ms at ``base_ctx``, ms a token of context up to ``far_from``, ms a token past it, ``far_from``)."""
+        near = _per_token(self.slope.get(name), bs) * bs
         ms = _interpolate(self.table[name], bs)
         far = self.slope_far.get(name)
         if not (far and self.long_ctx and bs <= max(far)):
-            return ms + near * bs * max(ctx - self.base_ctx, 0.0)
-        return (ms + near * bs * max(min(ctx, self.long_ctx) - self.base_ctx, 0.0)
-                + _per_token(far, bs) * bs * max(ctx - self.long_ctx, 0.0))
+            return ms, near, 0.0, float("inf")
+        return ms, near, _per_token(far, bs) * bs, float(self.long_ctx)
 
     def to_json(self) -> dict:
         def points(table: dict[str, dict[int, float]]) -> dict:

@@ -95,12 +95,12 @@ def table_slots(
 ) -> torch.Tensor:  # [bs * tokens] int64, request by request
     """The slots ``req_to_token`` holds for positions seq_len .. seq_len + tokens - 1 of each request
     (positions the host reserved ahead, read on the device without a host sync)."""
+    # NOTE: a flat index and ``torch.take``: as many launches as advanced indexing, half its host time
+    # (a step's slot lookup runs outside its graphs, on the host's critical path)
+    first = torch.add(seq_lens, req_pool_indices, alpha=req_to_token.shape[1])  # [bs] flat index of seq_len
     if tokens == 1:
-        # NOTE: a flat index and ``torch.take``: as many launches as advanced indexing, half its host time
-        # (a plain step's slot lookup runs outside its graph, on the host's critical path at one request)
-        return torch.take(req_to_token, torch.add(seq_lens, req_pool_indices, alpha=req_to_token.shape[1])).long()
-    positions = seq_lens[:, None] + shared_arange(tokens, seq_lens.device)  # [bs, tokens]
-    return req_to_token[req_pool_indices[:, None], positions].flatten().long()
+        return torch.take(req_to_token, first).long()
+    return torch.take(req_to_token, first[:, None] + shared_arange(tokens, seq_lens.device)).flatten().long()
 
 
 def step_slots(

@@ -65,7 +65,8 @@ def find_matches(history: np.ndarray, *, min_n: int, max_n: int) -> tuple[int, n
     """(n, ends): the longest n in [min_n, max_n] whose suffix occurs earlier, and the end
     positions of its latest ``MAX_MATCHES`` occurrences, latest first ((0, []) when none does).
 
-    Narrows the positions holding the last token one earlier token at a time, as ``propose_ngram``."""
+    Narrows the positions holding the last token one earlier token at a time (a tree needs several ends;
+    ``lookup.latest_longest_match_end``, the latest one alone, bisects over n instead)."""
     length = history.shape[0]
     candidates = np.flatnonzero(history[:-1] == history[-1])  # [c] ends of matches of length 1
     best_n, best = 0, candidates[:0]

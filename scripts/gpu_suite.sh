@@ -23,7 +23,8 @@
 #              "tests allreduce sweep"; each part fits one call):
 #              tests      tests/e2e/test_gpu_tensor_parallel.py, test_gpu_custom_all_reduce.py (and
 #                         test_gpu_device_index.py) at tp 2 and, on
-#                         four GPUs, tp 4 (~6 min on four); SIDE_TESTS="paths..." runs single-GPU tests at the same
+#                         four GPUs, tp 4 (~6 min on four); TP_TESTS_K: pytest's -k ("tp4 or ranks4": tp 4
+#                         alone); SIDE_TESTS="paths..." runs single-GPU tests at the same
 #                         time on the last GPU (correctness only: nothing timed shares the call)
 #              allreduce  benchmarks/bench_allreduce.py (NCCL vs one-shot latency by size) at 2 and 4 ranks
 #              gemm       benchmarks/bench_decode_kernels.py's GEMMs on one rank's shards at each tp > 1 of TP_SIZES,
@@ -116,8 +117,8 @@ if [ "$what" = tp ]; then
           side=$!
         fi
         timeout "${TP_TESTS_TIMEOUT:-480}" python3 -m pytest -m gpu -p no:cacheprovider -rs --durations=12 \
-          -o faulthandler_timeout=200 tests/e2e/test_gpu_custom_all_reduce.py tests/e2e/test_gpu_tensor_parallel.py \
-          tests/e2e/test_gpu_device_index.py \
+          -o faulthandler_timeout=200 ${TP_TESTS_K:+-k "$TP_TESTS_K"} tests/e2e/test_gpu_custom_all_reduce.py \
+          tests/e2e/test_gpu_tensor_parallel.py tests/e2e/test_gpu_device_index.py \
           2>&1 | tee "$OUT/gpu_tp_tests.log" | tail -30
         status=${PIPESTATUS[0]}
         if [ -n "$side" ]; then

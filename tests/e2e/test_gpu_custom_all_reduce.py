@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("kernel,name", [("torch", "one-shot"), ("push", "push")])
-@pytest.mark.parametrize("world_size", [n for n in (2, 4) if torch.cuda.device_count() >= n])
+@pytest.mark.parametrize("world_size", [n for n in (2, 4) if torch.cuda.device_count() >= n],
+                         ids=lambda n: f"ranks{n}")
 def test_one_shot_all_reduce_equals_nccl(tmp_path, world_size, kernel, name):
     output = tmp_path / "all_reduce.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}

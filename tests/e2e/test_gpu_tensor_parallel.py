@@ -13,6 +13,8 @@ Exact equality holds only between the one-shot all-reduce and NCCL at tp 2 (one 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -60,36 +62,46 @@ def _generate(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def plain_outputs(checkpoint, reference):
-    """Per (backend, tp size): plain greedy output with --tp-size N, checked against --tp-size 1."""
+    """(prompts, plain(backend, tp)): plain greedy output with --tp-size N, checked against --tp-size 1;
+    each computed when a test first asks (``-k tp4`` builds no tp 2 engine)."""
     prompts = prompts_of(LENGTHS, 999)
-    outputs = {}
-    for backend in BACKENDS:
-        one = _generate(Engine(checkpoint[0], device="cuda", attention_backend=backend), prompts)
-        for tp in TP_SIZES:
-            engine = Engine(checkpoint[0], device="cuda", attention_backend=backend, tp_size=tp)
-            try:
-                assert engine.cuda_graph_bytes > 0  # decode steps replay graphs, all-reduces captured in them
-                got = _generate(engine, prompts)
-                assert_no_leak(engine)
-            finally:
-                engine.shutdown()
-            assert_equal_or_near_tie(reference, prompts, got, one)
-            outputs[backend, tp] = got
-    return prompts, outputs
+
+    @functools.cache
+    def tp_one(backend: str) -> list[list[int]]:
+        engine = Engine(checkpoint[0], device="cuda", attention_backend=backend)
+        try:
+            return _generate(engine, prompts)
+        finally:
+            engine.shutdown()
+
+    @functools.cache
+    def plain(backend: str, tp: int) -> list[list[int]]:
+        engine = Engine(checkpoint[0], device="cuda", attention_backend=backend, tp_size=tp)
+        try:
+            assert engine.cuda_graph_bytes > 0  # decode steps replay graphs, all-reduces captured in them
+            got = _generate(engine, prompts)
+            assert_no_leak(engine)
+        finally:
+            engine.shutdown()
+        assert_equal_or_near_tie(reference, prompts, got, tp_one(backend))
+        return got
+
+    return prompts, plain
 
 
-@pytest.mark.parametrize("tp", TP_SIZES)
+@pytest.mark.parametrize("tp", TP_SIZES, ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gpu_tp_speculative_equals_plain(checkpoint, reference, plain_outputs, backend, spec, tp, tmp_path):
     prompts, plain = plain_outputs
+    want = plain(backend, tp)  # before this test's engine: one tp engine at a time
     path, head = checkpoint
     engine = Engine(path, device="cuda", attention_backend=backend, tp_size=tp, speculative_algorithm="EAGLE3",
                     speculative_draft_model_path=head, speculative_adaptive_profile=str(tmp_path / "costs.json"),
                     max_running_requests=8, **SPECS[spec])  # 8: adaptive profiles batch sizes 1-8 only
     try:
         got = _generate(engine, prompts)
-        assert_equal_or_near_tie(reference, prompts, got, plain[backend, tp])
+        assert_equal_or_near_tie(reference, prompts, got, want)
         steps = engine.scheduler.spec_shape_steps  # shape name (or "plain") -> decode steps
         assert steps and (spec.startswith("adaptive") or set(steps) == {"3x1x4"})
         assert_no_leak(engine)
@@ -97,7 +109,7 @@ def test_gpu_tp_speculative_equals_plain(checkpoint, reference, plain_outputs, b
         engine.shutdown()
 
 
-@pytest.mark.parametrize("tp", TP_SIZES)
+@pytest.mark.parametrize("tp", TP_SIZES, ids=lambda tp: f"tp{tp}")
 @pytest.mark.skipif("triton" not in BACKENDS, reason="needs the triton backend")
 def test_gpu_tp_custom_all_reduce_on_and_off(checkpoint, reference, plain_outputs, tp):
     """Two ranks sum a + b once, the same bits through the one-shot kernel or NCCL: tp 2 output with
@@ -105,6 +117,7 @@ def test_gpu_tp_custom_all_reduce_on_and_off(checkpoint, reference, plain_output
     run) and speculative with the head sharded. Four ranks sum in another order than NCCL's ring:
     equal under the near-tie rule. The head replicated equals plain under the near-tie rule."""
     prompts, plain = plain_outputs
+    default = plain("triton", tp)  # before this test's engines: one tp engine at a time
 
     def assert_same_sums(got, want):  # the one-shot all-reduce against NCCL's
         if tp == 2:
@@ -129,7 +142,7 @@ def test_gpu_tp_custom_all_reduce_on_and_off(checkpoint, reference, plain_output
             assert_no_leak(engine)
         finally:
             engine.shutdown()
-    assert_same_sums(runs["plain-nccl"], plain["triton", tp])
+    assert_same_sums(runs["plain-nccl"], default)
     assert_same_sums(runs["spec-shard-nccl"], runs["spec-shard"])
     for name in ("spec-shard", "spec-replicate"):
-        assert_equal_or_near_tie(reference, prompts, runs[name], plain["triton", tp])
+        assert_equal_or_near_tie(reference, prompts, runs[name], default)

@@ -189,7 +189,9 @@ class PushAllReduce:
                     epochs=self.epochs[channel * programs:(channel + 1) * programs], data_deltas=self.deltas[dtype],
                     flag_deltas=self.flag_deltas, rank=self.rank, world=self.world, region=region)
         if channel == self.CHANNEL_ROWS:
-            args["row_stride"] = region // self.max_rows  # the longest row a fused call takes
+            # the longest row a fused call takes; rows start 16-byte aligned (all_reduce_kernels.DELTA_ALIGN)
+            align = self.kernels.DELTA_ALIGN
+            args["row_stride"] = region // self.max_rows // align * align
         return args
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -301,7 +303,7 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
         handles = _rendezvous(tensors, group, group_name)
         if kernel == "push":  # NOTE: here, so that a failure is agreed on like the rendezvous's
             rank = dist.get_rank(group)
-            deltas.extend(_deltas(t, h, rank) for t, h in zip(tensors, handles))
+            deltas.extend(_deltas(t, h, rank, data=i < len(buffers)) for i, (t, h) in enumerate(zip(tensors, handles)))
 
     steps = (lambda: _allocate(buffers, flags, group_name, device, max_bytes,
                                push_world=size if kernel == "push" else 0),
@@ -323,11 +325,17 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
                          world=size, fallback=fallback, max_bytes=max_bytes, num_sms=num_sms)
 
 
-def _deltas(buf: torch.Tensor, handle: Any, rank: int) -> torch.Tensor:
-    """Every rank's address of ``buf`` (the rendezvous ``handle``'s) minus this rank's, in elements."""
+def _deltas(buf: torch.Tensor, handle: Any, rank: int, *, data: bool) -> torch.Tensor:
+    """Every rank's address of ``buf`` (the rendezvous ``handle``'s) minus this rank's, in elements;
+    ``data``: the push kernel's data, whose deltas it assumes are multiples of ``DELTA_ALIGN`` elements."""
+    from specdec.models.ops.all_reduce_kernels import DELTA_ALIGN
+
     ptrs = list(getattr(handle, "buffer_ptrs", None) or [])
     if len(ptrs) <= rank or ptrs[rank] != buf.data_ptr():
         raise RuntimeError("symmetric memory: the rendezvous mapped this rank's buffer at another address")
+    unit = buf.element_size() * (DELTA_ALIGN if data else 1)
+    if any((p - ptrs[rank]) % unit for p in ptrs):
+        raise RuntimeError(f"symmetric memory: peers' buffers are not {unit}-byte aligned to this rank's")
     return torch.tensor([(p - ptrs[rank]) // buf.element_size() for p in ptrs], dtype=torch.int64, device=buf.device)
 
 

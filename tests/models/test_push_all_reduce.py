@@ -50,11 +50,12 @@ def test_every_rank_gets_the_sum_in_rank_order(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
     """Fused calls of 1-5 rows (the most this buffer's flags allow) and of widths that change from call
-    to call (each row keeps its part of the slots: 1,000 elements here), between plain all-reduces (the
+    to call (each row keeps its part of the slots: 992 elements here, 5,000 / 5 rounded down to 16-element
+    alignment), between plain all-reduces (the
     two channels keep their own epochs): normed rows and stream equal the plain all-reduce's sum in
     rank order followed by ``add_rms_norm``'s kernel, bit for bit."""
-    shapes = [("norm", 1, 40), ("sum", 4097), ("norm", 5, 1000), ("norm", 3, 7), ("sum", 2048), ("norm", 5, 999),
-              ("norm", 2, 640), ("norm", 4, 1000)]
+    shapes = [("norm", 1, 40), ("sum", 4097), ("norm", 5, 992), ("norm", 3, 7), ("sum", 2048), ("norm", 5, 991),
+              ("norm", 2, 640), ("norm", 4, 992)]
     data, flags = ranks.shared_buffers(world, MAX_BYTES, torch.float32)
     calls, results = [], []
     for r in range(world):
@@ -94,8 +95,8 @@ def test_the_fused_norm_declines_what_it_cannot_fuse():
     small_gpu = ranks._reducer(0, 1, MAX_BYTES, data, flags, 2)
     assert small_gpu.add_rms_norm(x, x, w, 1e-6) is not None
     assert small_gpu.add_rms_norm(torch.zeros(3, 8), torch.zeros(3, 8), w, 1e-6) is None
-    assert reducer.add_rms_norm(torch.zeros(1, 1000), torch.zeros(1, 1000), torch.ones(1000), 1e-6) is not None
-    assert reducer.add_rms_norm(torch.zeros(1, 1001), torch.zeros(1, 1001), torch.ones(1001), 1e-6) is None
+    assert reducer.add_rms_norm(torch.zeros(1, 992), torch.zeros(1, 992), torch.ones(992), 1e-6) is not None
+    assert reducer.add_rms_norm(torch.zeros(1, 993), torch.zeros(1, 993), torch.ones(993), 1e-6) is None  # 16-aligned
     for args in [(torch.zeros(6, 8), torch.zeros(6, 8), w), (x.double(), x.double(), w.double()),
                  (x, x, w.double()), (x, torch.zeros(2, 4), w), (torch.zeros(2, 16)[:, ::2], x, w)]:
         assert reducer.add_rms_norm(*args, 1e-6) is None

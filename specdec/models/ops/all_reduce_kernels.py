@@ -59,6 +59,11 @@ from specdec.models.ops.triton_kernels import weighted_rms_norm
 
 BLOCK = 2048  # elements a program owns: 4 KiB of bf16; an 8B model's decode step (4096 x bs) uses 2 x bs programs
 NUM_WARPS = 4
+# every peer's data address minus this rank's is a multiple of this many elements (symmetric memory's
+# blocks are page-aligned; ``all_reduce._deltas`` checks), and so is a fused row's ``row_stride``: the
+# kernels store 16 bytes at a time to peer memory (2-byte stores where Triton cannot prove it)
+DELTA_ALIGN = 16
+_DELTA_ALIGN = tl.constexpr(DELTA_ALIGN)  # the kernels' view of it
 # at most this many programs a call (4 MiB of bf16), all resident at once on any GPU that runs this
 # (an H200 holds 16 of them on each of 132 SMs): a program waits for its peers' program of the same
 # number, which must not wait for a free SM behind programs that wait
@@ -71,7 +76,8 @@ def _push(x, offs, mask, data_ptr, data_deltas_ptr, epoch, region, RANK: tl.cons
     slot = ((epoch % 2) * WORLD + RANK) * region
     for r in tl.static_range(WORLD):
         if r != RANK:
-            tl.store(data_ptr + tl.load(data_deltas_ptr + r) + slot + offs, x, mask=mask)
+            delta = tl.multiple_of(tl.load(data_deltas_ptr + r), _DELTA_ALIGN)  # 16-byte stores to the peer
+            tl.store(data_ptr + delta + slot + offs, x, mask=mask)
 
 
 @triton.jit

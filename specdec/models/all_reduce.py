@@ -15,7 +15,9 @@ group at start-up (``choose_all_reduce``) and then called blindly from every row
                        each rank pushes its message into the others' buffers, one handshake, then
                        sums what arrived locally; double buffered, so no second barrier. Its
                        ``add_rms_norm`` fuses the residual add and RMSNorm after a row-parallel
-                       layer into the same kernel (``TPGroup.all_reduce_add_rms_norm``).
+                       layer into the same kernel (``TPGroup.all_reduce_add_rms_norm``). From three
+                       ranks on, messages of ``TWO_SHOT_MIN_BYTES`` or more go two-shot: each block
+                       is summed at one rank, which pushes the sum back (the same bits, fewer bytes).
 
 Equality: every rank sums ranks 0, 1, ..., tp-1 in that order, so all ranks hold the same bits.
 With two ranks the one sum a + b is the same float as NCCL's (addition commutes exactly); with
@@ -60,8 +62,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 __all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "PushAllReduce", "ONE_SHOT_MAX_BYTES",
-           "PEER_KERNEL", "PUSH_MAX_BYTES", "RENDEZVOUS_TIMEOUT", "choose_all_reduce", "exchanges_behind",
-           "one_shot_unavailable", "push_buffer_sizes", "register_group", "store_timeout"]
+           "PEER_KERNEL", "PUSH_MAX_BYTES", "RENDEZVOUS_TIMEOUT", "TWO_SHOT_MIN_BYTES", "choose_all_reduce",
+           "exchanges_behind", "one_shot_unavailable", "push_buffer_sizes", "register_group", "store_timeout"]
 
 # Messages up to this size take torch's one-shot kernel. 1 MiB covers an 8B model's decode step up to
 # bs 128 (128 x 4096 x 2 bytes) and its verify step up to 128 tree tokens; past ~1 MB the one-shot
@@ -72,6 +74,11 @@ __all__ = ["AllReduce", "DistAllReduce", "OneShotAllReduce", "PushAllReduce", "O
 ONE_SHOT_MAX_BYTES = 1 << 20
 # The push kernel's limit: it is twice as fast as NCCL up to 4 MiB (a verify of 4 tokens at bs 128), level at 8
 PUSH_MAX_BYTES = 4 << 20
+# From three ranks on, messages of at least this many bytes take the push kernel's two-shot mode (each
+# GPU pushes 2 (W - 1) / W x the message instead of W - 1 x, behind two handshakes instead of one; the
+# same bits). A first guess: the crossover is to be measured by benchmarks/bench_allreduce.py on the GPUs
+# (its "push two-shot" column, --world-size 3 and more).
+TWO_SHOT_MIN_BYTES = 256 << 10
 # torch's one-shot kernel dispatches on these (AT_DISPATCH_FLOAT_AND_BFLOAT16)
 ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
 _ALIGN = 16  # bytes: the kernel's widest vector; the fused copy needs message and view aligned to it
@@ -154,22 +161,29 @@ class PushAllReduce:
     Two channels share the buffers, each with its own part of data, flags and epochs, so each keeps
     the kernel's one-handshake protocol to itself: ``CHANNEL_BLOCKS`` (``__call__``: a program per
     block of elements) and ``CHANNEL_ROWS`` (``add_rms_norm``: a program per row, which the norm needs
-    whole; the two would map programs to different elements)."""
+    whole; the two would map programs to different elements). From three ranks on, messages of at
+    least ``two_shot_min_bytes`` take the kernels' two-shot mode (the same bits, less pushed); the two
+    modes share a channel's epochs and flags (the kernels' docstring says why that is safe): every
+    rank picks the same mode for a call, as it sees the same sizes."""
 
     name = "push"
     CHANNEL_BLOCKS, CHANNEL_ROWS = 0, 1
 
     def __init__(self, buffers: dict[torch.dtype, torch.Tensor], flags: torch.Tensor,
                  deltas: dict[torch.dtype, torch.Tensor], flag_deltas: torch.Tensor, *, rank: int, world: int,
-                 fallback: AllReduce, max_bytes: int, num_sms: int | None = None) -> None:
+                 fallback: AllReduce, max_bytes: int, num_sms: int | None = None,
+                 two_shot_min_bytes: int = TWO_SHOT_MIN_BYTES) -> None:
         """``num_sms``: the GPU's SMs (the least of the ranks'), the most rows a fused call takes, a
         program each (None: the flags' limit alone, the interpreter's); each row owns 1 / max_rows
-        of a slot, the longest row a fused call takes."""
+        of a slot, the longest row a fused call takes. ``two_shot_min_bytes``: the smallest message
+        of the two-shot mode, from three ranks on (NOTE: the same on every rank)."""
         from specdec.models.ops import all_reduce_kernels  # NOTE: imports triton
 
         self.kernels = all_reduce_kernels
         self.buffers, self.flags, self.deltas, self.flag_deltas = buffers, flags, deltas, flag_deltas
         self.rank, self.world, self.fallback, self.max_bytes = rank, world, fallback, max_bytes
+        # with two ranks the two-shot mode pushes as many bytes as the one-shot, behind two handshakes
+        self.two_shot_min_bytes = two_shot_min_bytes if world >= 3 else None
         self.device = flags.device
         self.max_programs = flags.numel() // (_PUSH_CHANNELS * world)
         self.max_rows = min(self.max_programs, num_sms or self.max_programs)  # a fused call's: a flag and an SM a row
@@ -200,7 +214,8 @@ class PushAllReduce:
         if buf is None or x.numel() * x.element_size() > self.max_bytes or not x.is_contiguous() \
                 or x.device != self.device:
             return self.fallback(x)
-        out = self.kernels.push_all_reduce(x.view(-1), **self._args[self.CHANNEL_BLOCKS, x.dtype])
+        out = self.kernels.push_all_reduce(x.view(-1), two_shot=self._two_shot(x),
+                                           **self._args[self.CHANNEL_BLOCKS, x.dtype])
         return out.view_as(x)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -212,7 +227,12 @@ class PushAllReduce:
                 or not (x.is_contiguous() and residual.is_contiguous()) or x.device != self.device \
                 or residual.shape != x.shape or residual.dtype != x.dtype or weight.dtype != x.dtype:
             return None
-        return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps, **args)
+        return self.kernels.push_all_reduce_add_rms_norm(x, residual, weight, eps, two_shot=self._two_shot(x),
+                                                         **args)
+
+    def _two_shot(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` (the whole message: rows x cols of a fused call) takes the two-shot mode."""
+        return self.two_shot_min_bytes is not None and x.numel() * x.element_size() >= self.two_shot_min_bytes
 
 
 _PUSH_CHANNELS = 2  # PushAllReduce's: blocks and rows
@@ -265,14 +285,16 @@ def one_shot_unavailable(device: Any, *, size: int, single_host: bool, peers: li
 
 
 def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, single_host: bool,
-                      peers: list[int], max_bytes: int | None = None, kernel: str = PEER_KERNEL) -> AllReduce:
+                      peers: list[int], max_bytes: int | None = None, kernel: str = PEER_KERNEL,
+                      two_shot_min_bytes: int = TWO_SHOT_MIN_BYTES) -> AllReduce:
     """The group's all-reduce: one-shot over peer memory (``kernel``: "torch" or "push", module
     docstring; messages up to ``max_bytes``, by default the kernel's ``ONE_SHOT_MAX_BYTES`` or
-    ``PUSH_MAX_BYTES``) where every rank can run it, else torch.distributed's (with a warning saying
-    why). Call on every rank at once, after the process group exists and before any CUDA graph is
-    captured. The ranks agree over NCCL after each step that can fail on its own (the checks, the
-    allocations, the catching up, the rendezvous), so no rank waits in a collective that the others
-    skip; a rendezvous that does not meet gives up after ``RENDEZVOUS_TIMEOUT``."""
+    ``PUSH_MAX_BYTES``; ``two_shot_min_bytes``: ``PushAllReduce``'s) where every rank can run it, else
+    torch.distributed's (with a warning saying why). Call on every rank at once, after the process
+    group exists and before any CUDA graph is captured. The ranks agree over NCCL after each step that
+    can fail on its own (the checks, the allocations, the catching up, the rendezvous), so no rank
+    waits in a collective that the others skip; a rendezvous that does not meet gives up after
+    ``RENDEZVOUS_TIMEOUT``."""
     fallback = DistAllReduce(group)
     if not enabled or size < 2 or torch.device(device).type != "cuda":
         return fallback  # the same on every rank: nothing to agree on
@@ -322,7 +344,8 @@ def choose_all_reduce(group: Any, device: Any, *, size: int, enabled: bool, sing
     if kernel == "torch":
         return OneShotAllReduce(group_name, buffers, fallback=fallback, max_bytes=max_bytes)
     return PushAllReduce(buffers, flags[0], dict(zip(buffers, deltas)), deltas[-1], rank=dist.get_rank(group),
-                         world=size, fallback=fallback, max_bytes=max_bytes, num_sms=num_sms)
+                         world=size, fallback=fallback, max_bytes=max_bytes, num_sms=num_sms,
+                         two_shot_min_bytes=two_shot_min_bytes)
 
 
 def _deltas(buf: torch.Tensor, handle: Any, rank: int, *, data: bool) -> torch.Tensor:

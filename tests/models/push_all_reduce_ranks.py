@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.models.all_reduce import PushAllReduce, push_buffer_sizes
+from specdec.models.all_reduce import TWO_SHOT_MIN_BYTES, PushAllReduce, push_buffer_sizes
 
 
 def _deltas(tensors: list[torch.Tensor], rank: int) -> torch.Tensor:
@@ -26,10 +26,12 @@ def _no_fallback(x: torch.Tensor) -> torch.Tensor:
     raise AssertionError(f"a message of {x.numel()} elements went to the fallback")
 
 
-def _reducer(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int | None) -> PushAllReduce:
+def _reducer(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int | None, *,
+             two_shot_min_bytes: int = TWO_SHOT_MIN_BYTES) -> PushAllReduce:
     dtype = data[rank].dtype
     return PushAllReduce({dtype: data[rank]}, flags[rank], {dtype: _deltas(data, rank)}, _deltas(flags, rank),
-                         rank=rank, world=world, fallback=_no_fallback, max_bytes=max_bytes, num_sms=num_sms)
+                         rank=rank, world=world, fallback=_no_fallback, max_bytes=max_bytes, num_sms=num_sms,
+                         two_shot_min_bytes=two_shot_min_bytes)
 
 
 def rank_main(rank: int, world: int, max_bytes: int, data: list, flags: list, messages: list, results: list) -> None:
@@ -40,13 +42,26 @@ def rank_main(rank: int, world: int, max_bytes: int, data: list, flags: list, me
 
 
 def rank_main_mixed(rank: int, world: int, max_bytes: int, data: list, flags: list, num_sms: int | None, calls: list,
-                    results: list) -> None:
+                    results: list, two_shot_min_bytes: int = TWO_SHOT_MIN_BYTES) -> None:
     """Rank ``rank``'s ``calls`` in order: ("sum", x) an all-reduce, ("norm", x, residual, weight, eps) a
     fused all-reduce + add_rms_norm (None where it does not apply); each call's outputs into
-    ``results[rank][i]`` (a list of tensors)."""
-    reducer = _reducer(rank, world, max_bytes, data, flags, num_sms)
-    for i, (kind, *args) in enumerate(calls[rank]):
+    ``results[rank][i]`` (a list of tensors). Messages of ``two_shot_min_bytes`` or more go two-shot
+    (from three ranks on)."""
+    reducer = _reducer(rank, world, max_bytes, data, flags, num_sms, two_shot_min_bytes=two_shot_min_bytes)
+    _run(reducer, calls[rank], results[rank])
+
+
+def rank_main_modes(rank: int, world: int, max_bytes: int, groups: list, calls: list, results: list) -> None:
+    """Rank ``rank``'s ``calls`` (as ``rank_main_mixed``'s) once per group of ``groups``: (data, flags,
+    two_shot_min_bytes), every group its own buffers and reducer; outputs into ``results[g][rank]``."""
+    for g, (data, flags, min_bytes) in enumerate(groups):
+        reducer = _reducer(rank, world, max_bytes, data, flags, None, two_shot_min_bytes=min_bytes)
+        _run(reducer, calls[rank], results[g][rank])
+
+
+def _run(reducer: PushAllReduce, calls: list, results: list) -> None:
+    for i, (kind, *args) in enumerate(calls):
         out = (reducer(*args),) if kind == "sum" else reducer.add_rms_norm(*args)
         assert out is not None, f"call {i} ({kind}, {tuple(args[0].shape)}) did not run fused"
-        for dst, src in zip(results[rank][i], out):
+        for dst, src in zip(results[i], out):
             dst.copy_(src)

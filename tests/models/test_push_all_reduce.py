@@ -2,8 +2,9 @@
 ``specdec.models.ops.all_reduce_kernels``) on CPU: two and three ranks as processes running Triton's
 interpreter over shared-memory buffers, a sequence of messages of changing sizes (so each program's
 epoch and parity move on unevenly), against the sum over ranks in rank order; and its fused
-all-reduce + add_rms_norm, mixed with plain all-reduces, against the two run one after the other.
-On GPUs: tests/e2e/test_gpu_custom_all_reduce.py."""
+all-reduce + add_rms_norm, mixed with plain all-reduces, against the two run one after the other;
+with three ranks, two-shot calls mixed with one-shot ones, and the two modes' bits compared. On
+GPUs: tests/e2e/test_gpu_custom_all_reduce.py."""
 
 from __future__ import annotations
 
@@ -57,22 +58,80 @@ def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
     shapes = [("norm", 1, 40), ("sum", 4097), ("norm", 5, 992), ("norm", 3, 7), ("sum", 2048), ("norm", 5, 991),
               ("norm", 2, 640), ("norm", 4, 992)]
     data, flags = ranks.shared_buffers(world, MAX_BYTES, torch.float32)
+    calls, results = _calls(world, shapes, torch.float32)
+    mp.spawn(ranks.rank_main_mixed, args=(world, MAX_BYTES, data, flags, None, calls, results), nprocs=world,
+             join=True)
+    _check_sums_and_norms(calls, results, shapes)
+
+
+def test_two_shot_calls_mixed_with_one_shot_calls():
+    """Three ranks, messages on both sides of ``two_shot_min_bytes`` (2,048 bytes: 512 fp32 elements)
+    one after the other on the same channels, so a program's calls change mode (two-shot, one-shot,
+    two-shot twice in a row for both parities): plain sums of 3 to 5,000 elements, fused calls of one
+    row (rank 0 owns it alone), of five (owners 0, 1, 2, 0, 1) and narrow one-shot ones. Every rank
+    holds the sum in rank order, and the fused calls that sum followed by ``add_rms_norm``, bit for bit."""
+    world, min_bytes = 3, 2048
+    shapes = [("sum", 5000), ("sum", 100), ("norm", 5, 992), ("sum", 4097), ("sum", 4097), ("norm", 3, 7),
+              ("norm", 1, 640), ("sum", 3), ("norm", 2, 992), ("norm", 2, 992), ("sum", 5000), ("norm", 4, 100)]
+    data, flags = ranks.shared_buffers(world, MAX_BYTES, torch.float32)
+    calls, results = _calls(world, shapes, torch.float32)
+    mp.spawn(ranks.rank_main_mixed, args=(world, MAX_BYTES, data, flags, None, calls, results, min_bytes),
+             nprocs=world, join=True)
+    _check_sums_and_norms(calls, results, shapes)
+
+
+def test_two_shot_gives_the_one_shot_bits():
+    """Three ranks, bf16: the same calls all two-shot and all one-shot (each mode on buffers of its
+    own) give the same bits on every rank, plain and fused (so the choice of mode is one of speed
+    alone), the plain sum the fp32 sum in rank order rounded once to bf16; and the two-shot calls'
+    flags show that every program passed through its owner only."""
+    world = 3
+    shapes = [("sum", 10000), ("norm", 4, 1000), ("sum", 3001), ("norm", 5, 2000)]
+    modes = {"two-shot": 0, "one-shot": MAX_BYTES + 1}
+    groups = [(*ranks.shared_buffers(world, MAX_BYTES, torch.bfloat16), min_bytes) for min_bytes in modes.values()]
+    calls, _ = _calls(world, shapes, torch.bfloat16)
+    results = [_calls(world, shapes, torch.bfloat16)[1] for _ in modes]
+    mp.spawn(ranks.rank_main_modes, args=(world, MAX_BYTES, groups, calls, results), nprocs=world, join=True)
+    two_shot, one_shot = results
+    flags = groups[0][1]  # the two-shot buffers' flags: program p's pass through its owner, rank p % 3
+    calls_made = [2, 2, 1, 1, 1]  # each program's plain calls: 10,000 and 3,001 elements
+    for r in range(world):
+        got = flags[r].view(-1, world)[:5]  # [program, source rank], the plain channel
+        for p, n in enumerate(calls_made):
+            owner = p % world
+            assert got[p].tolist() == [n if r != s and owner in (r, s) else 0 for s in range(world)], (r, p)
+    for i, (kind, *shape) in enumerate(shapes):
+        for r in range(world):
+            for got, expected in zip(two_shot[r][i], one_shot[0][i]):
+                assert torch.equal(got, expected), (i, kind, shape, r)
+        if kind == "sum":  # NOTE: one rounding of the fp32 sum: toward zero in the interpreter, to nearest on GPUs
+            exact = sum(calls[r][i][1].float() for r in range(world))  # 0 + x0 + x1 + x2 in fp32, as the kernel
+            assert ((one_shot[0][i][0].float() - exact).abs() <= exact.abs() * 2 ** -7).all(), (i, shape)
+
+
+def _calls(world: int, shapes: list, dtype: torch.dtype) -> tuple[list, list]:
+    """Every rank's calls of ``shapes`` (``rank_main_mixed``'s format: fresh inputs, the residual and
+    weight the same on every rank, as a model's are) and their outputs (NaN until written)."""
     calls, results = [], []
     for r in range(world):
         mine, outs = [], []
         for i, (kind, *shape) in enumerate(shapes):
-            x = rand(*shape, seed=100 * r + i).share_memory_()
+            x = rand(*shape, seed=100 * r + i, dtype=dtype).share_memory_()
             if kind == "sum":
                 mine.append(("sum", x))
-                outs.append([torch.full_like(x, float("nan")).share_memory_()])
-            else:  # the residual and weight are the same on every rank, as a model's are
-                residual, weight = rand(*shape, seed=1000 + i), rand(shape[1], seed=2000 + i)
+            else:
+                residual, weight = rand(*shape, seed=1000 + i, dtype=dtype), rand(shape[1], seed=2000 + i, dtype=dtype)
                 mine.append(("norm", x, residual, weight, 1e-6))
-                outs.append([torch.full_like(x, float("nan")).share_memory_() for _ in range(2)])
+            outs.append([torch.full_like(x, float("nan")).share_memory_() for _ in range(1 if kind == "sum" else 2)])
         calls.append(mine)
         results.append(outs)
-    mp.spawn(ranks.rank_main_mixed, args=(world, MAX_BYTES, data, flags, None, calls, results), nprocs=world,
-             join=True)
+    return calls, results
+
+
+def _check_sums_and_norms(calls: list, results: list, shapes: list) -> None:
+    """Every rank's outputs: the sum over ranks in rank order (fp32: exact), and for fused calls
+    ``add_rms_norm`` of it (normed rows and stream), bit for bit."""
+    world = len(calls)
     for i, (kind, *shape) in enumerate(shapes):
         total = calls[0][i][1].clone()
         for r in range(1, world):

@@ -76,9 +76,9 @@ ONE_SHOT_MAX_BYTES = 1 << 20
 PUSH_MAX_BYTES = 4 << 20
 # From three ranks on, messages of at least this many bytes take the push kernel's two-shot mode (each
 # GPU pushes 2 (W - 1) / W x the message instead of W - 1 x, behind two handshakes instead of one; the
-# same bits). A first guess: the crossover is to be measured by benchmarks/bench_allreduce.py on the GPUs
-# (its "push two-shot" column, --world-size 3 and more).
-TWO_SHOT_MIN_BYTES = 256 << 10
+# same bits). Four H200s, bf16, graph-replayed (benchmarks/results/2026-11-30-h200x4-scale): two-shot
+# 9.7 us at 256 KiB (one-shot 9.6), 11.0 at 512 KiB (12.6), 16.8 at 1 MiB (22.6), 34.7 at 4 MiB (59.0)
+TWO_SHOT_MIN_BYTES = 512 << 10
 # torch's one-shot kernel dispatches on these (AT_DISPATCH_FLOAT_AND_BFLOAT16)
 ONE_SHOT_DTYPES = (torch.bfloat16, torch.float32)
 _ALIGN = 16  # bytes: the kernel's widest vector; the fused copy needs message and view aligned to it

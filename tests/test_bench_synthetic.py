@@ -27,6 +27,7 @@ def test_tiny_sweep_reports_every_point(tmp_path):
         spread = p["step_ms_spread"]
         assert 0 < spread["p50"] <= spread["p90"] <= spread["max"] <= p["step_ms"] * p["decode_steps"]
         assert p["steady_tokens_per_s"] >= p["tokens_per_s"]  # the window less its pauses, if any
+        assert p["kernels_built"] == []  # the CPU builds no Triton kernel (a GPU's timed window should not)
     assert set(res["speculative"]) == {"3x1x4", "2x2x4"}
     for name, points in res["speculative"].items():
         for p in points:
@@ -176,6 +177,13 @@ def test_step_spread_tells_one_pause_from_a_steady_pace():
     assert steady["slow_steps"] == 0 and steady["slow_excess_ms"] == 0.0 and steady["p90"] == 14.5
     named = bench_synthetic.step_spread(np.array([10.0, 60.0, 10.0, 10.0]), ["3x1x4", "2x1x3", "plain", "3x1x4"])
     assert named["slow"] == [{"step": 1, "ms": 60.0, "shape": "2x1x3"}]
+
+
+def test_a_kernel_built_while_timed_is_named_on_the_points_line():
+    assert bench_synthetic._built_note([]) == ""
+    note = bench_synthetic._built_note([{"kernel": "specdec.kernels.triton.commit._commit_kernel(n: i32 16)",
+                                         "s": 0.118}, {"kernel": "specdec.x._rope_kernel(b: i32)", "s": 0.004}])
+    assert note == "  BUILT 2 kernel(s) while timed, 0.12 s: _commit_kernel, _rope_kernel"
 
 
 def test_profile_trace_needs_profile_device():

@@ -88,6 +88,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     from specdec.eagle.timing import PhaseTimer
     from specdec.engine.admission import decode_steps_during_prefill
     from specdec.engine.gc_heap import GCPauses
+    from specdec.engine.jit_watch import JitWatch
     from specdec.engine.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(settings.seed + bs)
@@ -121,7 +122,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     steps = 0
     ends = []  # host clock as each timed step returns
     read_shapes = []  # the shape of the step each timed step read (speculative engines)
-    with around_timed(), GCPauses() as gc_pauses:
+    with around_timed(), GCPauses() as gc_pauses, JitWatch() as built:
         _sync(device)
         t0 = time.perf_counter()
         # NOTE: each engine.step() reads one step; even speculation commits a token a step
@@ -148,12 +149,21 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     spread = step_spread(np.diff([t0] + ends) * 1e3, read_shapes or None)  # its rate without the pauses: report.add_steady
     point = {"batch_size": bs, "tokens_per_s": produced / elapsed, "step_ms": step_ms, "decode_steps": steps,
              "committed_per_request_step": produced / (bs * steps), "phases_ms": phases,
-             "step_ms_spread": spread, "gc": gc_pauses.to_json()}
+             "step_ms_spread": spread, "gc": gc_pauses.to_json(),
+             "kernels_built": [{"kernel": name, "s": round(seconds, 4)} for name, seconds in built.builds]}
     if shapes is not None:
         point["shapes"] = shapes
     if spec:  # rank 0's host: its wait for each step's read, and the rest of the step (its own work)
         point["host_ms"] = {"read_wait": read_wait, "busy": step_ms - read_wait}
     return point
+
+
+def _built_note(builds: list[dict]) -> str:
+    """The Triton kernels a timed window built or loaded (a warm-up that missed them: each stalls its step)."""
+    if not builds:
+        return ""
+    names = ", ".join(b["kernel"].split("(")[0].rsplit(".", 1)[-1] for b in builds[:4])
+    return f"  BUILT {len(builds)} kernel(s) while timed, {sum(b['s'] for b in builds):.2f} s: {names}"
 
 
 def step_spread(step_ms: np.ndarray, shapes: list[str | None] | None = None) -> dict:
@@ -339,8 +349,8 @@ def _run_policy(name: str, args: EngineArgs, settings: SyntheticSettings, batch_
             print(f"  bs={p['batch_size']:3d}  {p['tokens_per_s']:9.1f} tok/s  {p['step_ms']:7.2f} ms/step  "
                   f"{' '.join(f'{k}={v:.2f}' for k, v in p['phases_ms'].items())}{shapes}  gc {p['gc']['collections']}  "
                   f"steps p50 {spread['p50']:.2f} max {spread['max']:.2f} slow {spread['slow_steps']}"
-                  + "".join(f" [{s['step']}: {s['ms']:.0f} ms {s['shape']}]" for s in spread.get("slow", [])),
-                  flush=True)
+                  + "".join(f" [{s['step']}: {s['ms']:.0f} ms {s['shape']}]" for s in spread.get("slow", []))
+                  + _built_note(p.get("kernels_built", [])), flush=True)
         if name == "plain":
             results["plain"] = points
         elif name == ADAPTIVE:

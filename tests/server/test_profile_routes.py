@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specdec.server.profiler import ProfileConflict, ProfileOptions, StepProfiler
+from specdec.server.profiler import PROFILER_DIR_ENV, ProfileConflict, ProfileOptions, StepProfiler
 
 from ..e2e.helpers import engine, make_pair
 from .live import LiveServer, kv_is_free
@@ -59,9 +59,10 @@ def test_profiler_refuses_what_it_cannot_honor(tmp_path):
         assert not prof.active
 
 
-def test_start_and_stop_profile_through_the_server(tmp_path):
+def test_start_and_stop_profile_through_the_server(tmp_path, monkeypatch):
     """A profile of two steps writes its files by itself; one stopped by /stop_profile writes what it
     has; the requests served meanwhile are whole; bad fields are 400s naming them."""
+    monkeypatch.setenv(PROFILER_DIR_ENV, str(tmp_path / "default"))  # a body without output_dir writes here
     target, draft = make_pair("EAGLE", "mixed", seed=4)
     with LiveServer(engine(target, draft, algorithm="EAGLE", shape=(3, 1, 4), page_size=4)) as live, \
             httpx.Client(base_url=live.url, timeout=60) as client:
@@ -89,7 +90,7 @@ def test_start_and_stop_profile_through_the_server(tmp_path):
         r = client.post("/stop_profile")
         written = [Path(line) for line in r.text.splitlines()[1:]]
         assert r.status_code == 200 and [p.suffixes[-2:] for p in written] == [[".ops", ".txt"], [".json", ".gz"]]
-        assert all(p.exists() for p in written)
+        assert all(p.exists() and p.parent == tmp_path / "default" for p in written)
         r = client.post("/start_profile", json={"output_dir": str(tmp_path / "b"), "start_step": 10_000})
         assert r.status_code == 200
         r = client.post("/stop_profile")

@@ -51,10 +51,10 @@ def test_every_rank_gets_the_sum_in_rank_order(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_fused_norm_equals_the_all_reduce_then_add_rms_norm(world):
     """Fused calls of 1-5 rows (the most this buffer's flags allow) and of widths that change from call
-    to call (each row keeps its part of the slots: 992 elements here, 5,000 / 5 rounded down to 16-element
-    alignment), between plain all-reduces (the
-    two channels keep their own epochs): normed rows and stream equal the plain all-reduce's sum in
-    rank order followed by ``add_rms_norm``'s kernel, bit for bit."""
+    to call (each row keeps its part of the slots: 992 elements here, 5,000 / 5 rounded down to a
+    multiple of 16), between plain all-reduces (the two channels keep their own epochs): normed rows
+    and stream equal the plain all-reduce's sum in rank order followed by ``add_rms_norm``'s kernel,
+    bit for bit."""
     shapes = [("norm", 1, 40), ("sum", 4097), ("norm", 5, 992), ("norm", 3, 7), ("sum", 2048), ("norm", 5, 991),
               ("norm", 2, 640), ("norm", 4, 992)]
     data, flags = ranks.shared_buffers(world, MAX_BYTES, torch.float32)

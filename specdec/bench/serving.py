@@ -192,7 +192,7 @@ def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None
     """A specdec server's engine steps between two ``read_metrics`` readings: how many, their mean wall
     time, the prefill steps among them (and the prompt tokens they computed) and the mean of each kind,
     how many took longer than SLOW_STEP_S, the Triton kernels built meanwhile (each stalled its step;
-    ``specdec.engine.jit_watch``), and a speculative server's decode steps by shape (adaptive
+    ``specdec.kernels.jit_watch``), and a speculative server's decode steps by shape (adaptive
     speculation's choices; "plain": no draft tree). None for other servers."""
     name = "specdec:step_time_seconds"
     if not before or not after or f"{name}_count" not in after:

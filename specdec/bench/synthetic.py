@@ -88,7 +88,7 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     from specdec.eagle.timing import PhaseTimer
     from specdec.engine.admission import decode_steps_during_prefill
     from specdec.engine.gc_heap import GCPauses
-    from specdec.engine.jit_watch import JitWatch
+    from specdec.kernels.jit_watch import JitWatch
     from specdec.engine.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(settings.seed + bs)

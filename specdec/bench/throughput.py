@@ -186,7 +186,7 @@ def _run(engine, prompts: list[str], params: dict, plan: TimingPlan, *, desc: st
     spread of all of them, and their engine steps by kind (``steps``: prefill, or the decode step's
     choice, with the mean wall time of one)."""
     from specdec.engine.gc_heap import frozen_heap
-    from specdec.engine.jit_watch import JitWatch
+    from specdec.kernels.jit_watch import JitWatch
 
     steps = StepLog(engine)
     if plan.full_warmup:

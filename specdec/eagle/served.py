@@ -2,7 +2,8 @@
 policy (``specdec.eagle.policy``) and NGRAM's (``specdec.ngram.policy``) share.
 
     LaunchClock          a step's served time: from its launch to the next launch, handed over
-                         only where the step before it made the same choice in the same bucket
+                         only where the step before it made the same choice in the same bucket,
+                         and no Triton kernel was built in between
     StepTimeCalibration  served over reference milliseconds per choice and batch-size bucket
     RunnerUpExplorer     each bucket's runner-up run for a few steps in a row every so often, so
                          that every choice's figure stays current
@@ -16,6 +17,8 @@ different ones and choose differently; callers turn learning off under tensor pa
 from __future__ import annotations
 
 import time
+
+from specdec.kernels.jit_watch import builds_so_far
 
 PLAIN = "plain"
 
@@ -64,12 +67,19 @@ class LaunchClock:
     batch size of the same bucket; otherwise it is dropped (without this, a runner-up tried for
     one step was charged the leader's time, and the first choice was never revised: 0.68-0.88x
     plain decoding on the H200, 2026-11-28). Without overlap the rule costs one sample per switch.
+
+    An interval in which Triton built a kernel (``builds_so_far``: a variant's first launch in the
+    process, 0.1-1 s compiled, milliseconds from its disk cache) is dropped too: one such stall,
+    clipped to 4x the step and learnt with a few steps' weight, prices a choice out until its next
+    exploration (a sweep's first 2x1x3 step at tp 1 waited 123 ms: benchmarks/results/
+    2026-11-30-h200x4-scale).
     """
 
     def __init__(self) -> None:
         # the last launch: (choice, bs, context, launched at, whether the launch before it made the
         # same choice in the same bucket)
         self._last: tuple[str, int, float, float, bool] | None = None
+        self._builds = builds_so_far()  # Triton's builds up to the last launch
 
     def reset(self) -> None:
         """Forget the last launch: a prefill (or a step outside the policy) ran since."""
@@ -81,10 +91,11 @@ class LaunchClock:
         where it may be timed, else None. ``now``: the launch's ``time.perf_counter()`` if taken
         earlier (a launch that decides its choice after host work of its own)."""
         now = time.perf_counter() if now is None else now
+        builds, self._builds = self._builds, builds_so_far()
         timed, same = None, False
         if self._last is not None:
             last_name, last_bs, last_context, launched, same_as_before = self._last
-            if same_as_before:
+            if same_as_before and builds == self._builds:  # NOTE: no kernel built since the last launch
                 timed = (last_name, last_bs, last_context, (now - launched) * 1e3)
             same = last_name == name and bucket(last_bs) == bucket(bs)
         self._last = (name, bs, context, now, same)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from specdec.engine.engine import Engine
-from specdec.engine.jit_watch import JitWatch, log_build
+from specdec.kernels.jit_watch import JitWatch, log_build
 from specdec.engine.request import Request
 from specdec.engine.tp_worker import TPWorkerError
 from specdec.server.metrics import EngineMetrics

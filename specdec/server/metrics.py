@@ -26,7 +26,7 @@ Engine steps (``specdec:step_time_seconds`` times every one):
 
 Stalls:
 
-    specdec:kernel_builds_total           Triton kernel variants built while serving (``engine/jit_watch.py``):
+    specdec:kernel_builds_total           Triton kernel variants built while serving (``kernels/jit_watch.py``):
     specdec:kernel_build_seconds_total    each stalled the step that launched it for this long
 
 Example: three verify steps with k = 2, 0, 1 → accept_length (3 + 1 + 2) / 3 = 2.0,

@@ -353,6 +353,33 @@ def test_adaptive_worker_times_a_step_only_after_a_step_of_the_same_choice(monke
     assert seen[3:] == [(PLAIN, 5, 53.0, pytest.approx(2.0))]
 
 
+def test_a_step_that_waited_for_a_kernel_build_is_not_timed(monkeypatch):
+    """A Triton build between two launches (a variant's first launch in the process: 0.1-1 s) makes
+    that interval no step's cost: dropped, and the next interval is timed again."""
+    from specdec.eagle import served
+
+    builds = [0]
+    monkeypatch.setattr(served, "builds_so_far", lambda: builds[0])
+    monkeypatch.setattr(served.time, "perf_counter", iter([1.0, 1.002, 1.125, 1.127, 1.129]).__next__)
+    clock = served.LaunchClock()
+    timed = [clock.launch("2x1x3", 1)]
+    timed.append(clock.launch("2x1x3", 1))
+    builds[0] += 1  # the next 2x1x3 step built a kernel while it was launched
+    timed += [clock.launch("2x1x3", 1) for _ in range(3)]
+    assert timed == [None, None, None, ("2x1x3", 1, 0.0, pytest.approx(2.0)), ("2x1x3", 1, 0.0, pytest.approx(2.0))]
+
+
+def test_builds_so_far_counts_every_build_watched_or_not(monkeypatch):
+    """``jit_watch.builds_so_far``: the process's builds, with no watch open (what the clock reads)."""
+    from specdec.kernels import jit_watch
+
+    monkeypatch.setattr(jit_watch, "_total", 5)
+    monkeypatch.setattr(jit_watch, "_installed", True)
+    monkeypatch.setattr(jit_watch, "_open", [])
+    jit_watch._record("a_kernel(n: i32)", 0.2)
+    assert jit_watch.builds_so_far() == 6
+
+
 def test_adaptive_worker_revises_its_first_choice_under_overlap_scheduling(monkeypatch):
     """The start-up profile says the tree pays at bs 1, but served tree steps take 4.8x a plain
     step. Under overlap scheduling the interval from step N's launch to N+1's is the wait for step

@@ -6,8 +6,8 @@ import torch
 triton = pytest.importorskip("triton")
 from triton import knobs  # noqa: E402
 
-from specdec.engine import jit_watch  # noqa: E402
-from specdec.engine.jit_watch import JitWatch  # noqa: E402
+from specdec.kernels import jit_watch  # noqa: E402
+from specdec.kernels.jit_watch import JitWatch  # noqa: E402
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_a_new_specialization_of_a_real_kernel_is_seen():
 
 
 def test_a_compile_while_serving_is_a_warning_a_cache_load_a_debug_line(caplog):
-    with caplog.at_level("DEBUG", logger="specdec.engine.jit_watch"):
+    with caplog.at_level("DEBUG", logger="specdec.kernels.jit_watch"):
         jit_watch.log_build("fast(n: i32)", 0.003)
         jit_watch.log_build("slow(n: i32 16)", 0.4)
     assert [(r.levelname, "slow" in r.message) for r in caplog.records] == [("DEBUG", False), ("WARNING", True)]

@@ -16,6 +16,10 @@ built, ``jit_post_compile_hook`` after), which Triton calls only when a launch m
 in-memory kernel cache. Without Triton, or in its CPU interpreter (which builds nothing), it counts
 nothing. Several watches may be open at once (each engine of a process has its own); the hooks are
 installed once and chain any that were installed before.
+
+``builds_so_far()`` counts every build of the process since it was first called, watched or not:
+adaptive speculation's step clock (``specdec.eagle.served.LaunchClock``) drops a step that waited
+for one, which would otherwise be learnt as that choice's cost.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Callable
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
+_total = 0  # builds recorded since the hooks were installed (``builds_so_far``)
 _open: list["JitWatch"] = []
 _building: dict[object, float] = {}  # variant key -> perf_counter when its build began
 _installed = False
@@ -108,8 +113,17 @@ def _variant(hook_kwargs: dict) -> str:
     return f"{name}({', '.join(args)})"
 
 
+def builds_so_far() -> int:
+    """Kernel variants this process has built since its first call (0 without Triton)."""
+    if not _installed:  # NOTE: unlocked: once True it stays True
+        _install()
+    return _total
+
+
 def _record(name: str, seconds: float) -> None:
+    global _total
     with _lock:
+        _total += 1
         watches = list(_open)
     for watch in watches:
         watch._built(name, seconds)

@@ -88,8 +88,8 @@ def measure(engine, bs: int, settings: SyntheticSettings, vocab: int, *, around_
     from specdec.eagle.timing import PhaseTimer
     from specdec.engine.admission import decode_steps_during_prefill
     from specdec.engine.gc_heap import GCPauses
-    from specdec.kernels.jit_watch import JitWatch
     from specdec.engine.sampling import SamplingParams
+    from specdec.kernels.jit_watch import JitWatch
 
     gen = torch.Generator().manual_seed(settings.seed + bs)
     spec = engine.worker is not None

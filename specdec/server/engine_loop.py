@@ -25,9 +25,9 @@ from typing import Any, Callable
 import torch
 
 from specdec.engine.engine import Engine
-from specdec.kernels.jit_watch import JitWatch, log_build
 from specdec.engine.request import Request
 from specdec.engine.tp_worker import TPWorkerError
+from specdec.kernels.jit_watch import JitWatch, log_build
 from specdec.server.metrics import EngineMetrics
 from specdec.server.profiler import ProfileOptions, StepProfiler
 from specdec.server.stream import Event, InvalidRequest

@@ -232,17 +232,15 @@ class DecodeLauncher:
         it, in RESERVE_CHUNKs, where the pool has the pages; else the requests that must grow, to whole
         chunks or, in a full pool, to their exact ends (``pages_needed`` counts the exact ends only, so a
         full pool still takes the step)."""
-        if all(end <= r.kv_alloc for r, end in zip(reqs, ends)):
+        due = [(r, end) for r, end in zip(reqs, ends) if end > r.kv_alloc]
+        if not due:
             return
         ahead = [(r, self._chunked(end + RESERVE_AHEAD)) for r, end in zip(reqs, ends)]
         ahead = [(r, end) for r, end in ahead if end > r.kv_alloc]  # (a reservation at the context's end stays)
-        due = [(r, end) for r, end in zip(reqs, ends) if end > r.kv_alloc]
-        for grow in (ahead, [(r, self._chunked(end)) for r, end in due], due):  # the first the pool can hold
-            rows, starts = [r.row for r, _ in grow], [r.kv_alloc for r, _ in grow]
-            lengths = [end - start for (_, end), start in zip(grow, starts)]
-            if grow is due or self.memory.can_alloc(starts, lengths):
-                break
-        self.memory.alloc_extend(rows, starts, lengths)
+        chunked = [(r, self._chunked(end)) for r, end in due]
+        # the first the pool can hold; the exact ends whatever it holds (``pages_needed`` counted them)
+        grow = next((g for g in (ahead, chunked) if self.memory.can_alloc(*_growth(g)[1:])), due)
+        self.memory.alloc_extend(*_growth(grow))
         for req, end in grow:
             req.kv_alloc = end
 
@@ -381,3 +379,8 @@ def _exact(part: PartPlan, plan: StepPlan, previous: LaunchedStep | None) -> boo
         return part.step_tokens <= 1
     growth = previous.growth
     return all(growth.get(id(r), 0) <= 1 for r in part.reqs)
+
+
+def _growth(grow: list[tuple[Request, int]]) -> tuple[list[int], list[int], list[int]]:
+    """(rows, starts, lengths) of ``alloc_extend`` taking each request's reservation to its new end."""
+    return [r.row for r, _ in grow], [r.kv_alloc for r, _ in grow], [end - r.kv_alloc for r, end in grow]

@@ -4,8 +4,9 @@ At one request a small model's NGRAM step on a GPU costs what its host work and 
 a CPU run does not reproduce; its acceptance does not depend on the device. This runs the engine on CPU
 (greedy, overlap and adaptive on, as served) with a fake clock for the policy: each decode step advances it
 by the modeled time of what it ran, so the policy learns the GPU's step times while the model's tokens are
-real (a prefill step counts a plain step's time). Every prompt is run three times: every step plain, every step a lookup of the largest size, and the
-policy's choice; their modeled tokens a millisecond against plain decoding's are the figures.
+real (a prefill step counts a plain step's time). Every prompt is run three times: every step plain, every
+step a lookup of the largest size, and the policy's choice; their modeled tokens a millisecond against plain
+decoding's are the figures.
 
     python benchmarks/ngram_policy_replay.py --model /tmp/smollm2-bf16 --datasets summarization,humaneval
 

@@ -61,6 +61,19 @@ from specdec.kernels.commit import host_width
 
 # the accepted paths of a verify step the adaptive policy's statistics take, at most (``_observed_rows``)
 OBSERVED_PATHS_PER_STEP = 8
+# ``carve_int64``'s parts start at multiples of this many elements (128 bytes)
+CARVE_ALIGN = 16
+
+
+def carve_int64(sizes: list[int], device) -> list[torch.Tensor]:
+    """One int64 allocation cut into parts of ``sizes`` elements, each part 128-byte aligned.
+
+    NOTE: Triton compiles a kernel variant per pointer alignment (16 bytes or not); parts packed end to
+    end start at offsets that change with the batch size and the tree shape, so a kernel given them
+    would build a variant in the middle of serving."""
+    strides = [-(-n // CARVE_ALIGN) * CARVE_ALIGN for n in sizes]
+    flat = torch.empty(sum(strides), dtype=torch.int64, device=device)
+    return [part[:n] for part, n in zip(flat.split(strides), sizes)]
 
 
 class EAGLEWorker:
@@ -399,7 +412,7 @@ class EAGLEWorker:
         host = host_width(cfg.num_steps, cfg.num_draft_tokens, observe=self.observe_paths)
         in_graph = extend_graph is not None
         sizes = [bs * w] * 3 + [bs] * 2 + [bs * host] + ([] if in_graph else [bs * w] * 3 + [bs])
-        parts = torch.empty(sum(sizes), dtype=torch.int64, device=self.device).split(sizes)
+        parts = carve_int64(sizes, self.device)
         src, dst, nodes, next_tokens, next_seq_lens, host_rows = parts[:6]
         if in_graph:
             rows = extend_graph.runner.rows

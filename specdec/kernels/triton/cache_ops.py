@@ -29,7 +29,7 @@ def _check(flag: torch.Tensor, op: str) -> None:
 
 
 # --------------------------------------------------------------------------- assign_req_to_token
-@triton.jit
+@triton.jit(do_not_specialize=["loc_numel"])
 def _assign_kernel(table_ptr, rows_ptr, start_ptr, end_ptr, loc_ptr, error_ptr, max_reqs, ctx, loc_numel,
                    BLOCK: tl.constexpr):
     b = tl.program_id(0)
@@ -225,7 +225,7 @@ def draft_scratch_slots(parent_branch, ancestors_in, ancestors_out, slots_out, *
 
 
 # --------------------------------------------------------------------------- create_kv_indices
-@triton.jit
+@triton.jit(do_not_specialize=["out_numel"])
 def _gather_kernel(table_ptr, rows_ptr, lens_ptr, indptr_ptr, start_ptr, out_ptr, error_ptr, max_reqs, ctx,
                    out_numel, page_size, HAS_START: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0)
@@ -275,7 +275,7 @@ def create_kv_page_indices(req_to_token, req_pool_indices, seq_lens, page_indptr
 
 
 # --------------------------------------------------------------------------- create_kv_layout
-@triton.jit
+@triton.jit(do_not_specialize=["out_numel"])
 def _layout_kernel(table_ptr, rows_ptr, prefix_ptr, own_ptr, indptr_ptr, out_ptr, error_ptr, branches, width,
                    stride_own, max_reqs, ctx, out_numel, BLOCK: tl.constexpr):
     s = tl.program_id(0)  # attention sequence s = b * branches + j

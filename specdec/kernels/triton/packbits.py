@@ -13,7 +13,7 @@ import triton.language as tl
 from specdec.kernels.triton._common import custom_op, error_flag_for, raise_on_cpu
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["x_numel", "y_numel"])
 def _segment_packbits_kernel(x_ptr, in_indptr_ptr, out_indptr_ptr, y_ptr, error_ptr, x_numel, y_numel,
                              BLOCK: tl.constexpr):
     i = tl.program_id(0)

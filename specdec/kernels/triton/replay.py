@@ -18,7 +18,7 @@ from specdec.kernels.triton._common import custom_op, next_pow2
 _ROWS_BLOCK = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bs"])
 def _rows_kernel(keys_ptr, table_ptr, rows_ptr, bs, table_mask, seed_key,
                  HASH_POSITION: tl.constexpr, HASH_ROW: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

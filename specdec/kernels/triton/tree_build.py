@@ -27,7 +27,7 @@ _BUILD_ERRORS = {
 _MASK_OVERFLOW = 1 << 30
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bs", "mask_numel"])
 def _build_tree_kernel(
     parent_list_ptr, selected_ptr, seq_len_ptr, mask_ptr, positions_ptr, rindex_ptr, next_token_ptr,
     next_sibling_ptr, error_ptr, bs, mask_numel, parent_width, topk, n,

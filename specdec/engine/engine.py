@@ -398,12 +398,13 @@ class Engine:
 
     # ------------------------------------------------------------ requests
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The request's stop ids and, unless ``ignore_eos``, every end of sequence: the model config's
+        (with its generation config's) and the tokenizer's."""
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
-            eos = getattr(self.target_model.config, "eos_token_id", None)
+            stops.update(self.target_model.config.eos_token_ids)
             if self.tokenizer is not None and getattr(self.tokenizer, "eos_token_id", None) is not None:
-                eos = self.tokenizer.eos_token_id
-            stops.update(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
+                stops.add(self.tokenizer.eos_token_id)
         return frozenset(stops)
 
     def make_request(self, prompt: str | None = None, input_ids: list[int] | None = None,

@@ -142,9 +142,16 @@ def gguf_config(meta: GGUFMeta, *, tied: bool) -> LlamaConfig:
         "tie_word_embeddings": tied,
         "max_position_embeddings": int(meta.get(k("context_length"), 2048)),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "eos_token_id": _end_ids(meta),
         **extra,
     })
+
+
+def _end_ids(meta) -> int | tuple[int, ...] | None:
+    """The ids that end a generation, as llama.cpp reads them: end of sequence and end of turn."""
+    ids = [int(v) for v in (meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id"))
+           if v is not None]
+    return None if not ids else ids[0] if len(set(ids)) == 1 else tuple(dict.fromkeys(ids))
 
 
 def _hf_name(name: str, layer_names: dict[str, str]) -> str | None:

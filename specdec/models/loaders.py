@@ -21,7 +21,7 @@ from specdec.models.llama import LlamaConfig, LlamaForCausalLM, default_eagle3_l
 from specdec.models.parallel import SINGLE, TPGroup, draft_head_group, shard_state_dict
 from specdec.models.registry import build_target, config_from_hf
 from specdec.models.weights import (
-    assign_weights, random_state, read_config, read_state_dict, unpermute_rope, weight_names,
+    assign_weights, random_state, read_config, read_state_dict, read_target_hf_config, unpermute_rope, weight_names,
 )
 
 DraftModel = EagleDraftModel | Eagle3DraftModel
@@ -43,7 +43,7 @@ def read_target_config(path: str | Path) -> LlamaConfig:
     """The config of a target checkpoint (HF directory, llama2.c .bin, .gguf) without its weights."""
     path = Path(path)
     if path.is_dir():
-        return config_from_hf(read_config(path))
+        return config_from_hf(read_target_hf_config(path))
     if path.suffix == ".gguf":
         return read_gguf_config(path)
     return _llama2c_config(path)
@@ -101,7 +101,7 @@ def load_hf_target(
 ) -> LlamaForCausalLM:
     """An HF checkpoint directory of any registered architecture (``specdec.models.registry``)."""
     path = Path(path)
-    config = config_from_hf(read_config(path))
+    config = config_from_hf(read_target_hf_config(path))
     state = read_state_dict(path)
     # Old checkpoints carry rotary tables; tied checkpoints may still carry a copy of the head.
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

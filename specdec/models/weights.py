@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["read_config", "read_state_dict", "weight_names", "assign_weights", "random_state", "unpermute_rope"]
+__all__ = ["read_config", "read_target_hf_config", "read_state_dict", "weight_names", "assign_weights", "random_state", "unpermute_rope"]
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -23,6 +23,25 @@ def read_config(path: Path) -> dict[str, Any]:
     if not file.is_file():
         raise ValueError(f"{path}: no config.json")
     return json.loads(file.read_text())
+
+
+def read_target_hf_config(path: Path) -> dict[str, Any]:
+    """A target's ``config.json``, its ``eos_token_id`` widened by ``generation_config.json``'s: the
+    ids a chat model ends a turn with often stand only there (Gemma 3's ``<end_of_turn>``, Llama 3's
+    ``<|eot_id|>``), and HF's ``generate``, vLLM and SGLang all stop at them."""
+    config = read_config(path)
+    file = path / "generation_config.json"
+    if file.is_file():
+        extra = json.loads(file.read_text()).get("eos_token_id")
+        ids = [*as_id_list(config.get("eos_token_id")), *as_id_list(extra)]
+        if ids:
+            config["eos_token_id"] = list(dict.fromkeys(ids)) if len(set(ids)) > 1 else ids[0]
+    return config
+
+
+def as_id_list(ids: int | list[int] | None) -> list[int]:
+    """An ``eos_token_id`` field (one id, a list, or absent) as a list."""
+    return [] if ids is None else [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
 
 
 def _weight_files(path: Path) -> list[Path]:

@@ -18,7 +18,7 @@ from ..builders import StandaloneRunner, greedy_generate_reference, make_random_
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
-from specdec.models.gguf_loader import load_gguf_llama, load_gguf_tokenizer  # noqa: E402
+from specdec.models.gguf_loader import load_gguf_llama, load_gguf_tokenizer, read_gguf_config  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("c", "a"), ("ca", "t")]
@@ -48,7 +48,8 @@ def llama_cpp_permute(w: torch.Tensor, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, model, *, arch: str = "llama", skip_keys: tuple[str, ...] = ()) -> Path:
+def write_gguf(path: Path, model, *, arch: str = "llama", skip_keys: tuple[str, ...] = (),
+               eot: int | None = None) -> Path:
     c = model.config
     w = gguf.GGUFWriter(str(path), arch)
     kv = {
@@ -72,6 +73,8 @@ def write_gguf(path: Path, model, *, arch: str = "llama", skip_keys: tuple[str, 
     w.add_token_merges([" ".join(m) for m in MERGES])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if eot is not None:
+        w.add_eot_token_id(eot)
     w.add_add_bos_token(True)
     w.add_chat_template(CHAT_TEMPLATE)
     names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -129,6 +132,14 @@ def test_dtype_and_aux_layers(tmp_path):
     loaded = load_gguf_llama(path, dtype=torch.bfloat16, aux_hidden_layers=(1, 2, 3))
     assert loaded.lm_head_weight.dtype == torch.bfloat16 and loaded.aux_hidden_layers == (1, 2, 3)
     assert torch.equal(loaded.embed_tokens.weight, model.embed_tokens.weight.to(torch.bfloat16))
+
+
+def test_end_of_turn_ends_a_generation(tmp_path):
+    """llama.cpp ends at the end-of-turn token too (a chat GGUF's eos is often the document's end)."""
+    model = tiny_model(True)
+    assert read_gguf_config(write_gguf(tmp_path / "eos.gguf", model)).eos_token_ids == (2,)
+    assert read_gguf_config(write_gguf(tmp_path / "eot.gguf", model, eot=1)).eos_token_ids == (2, 1)
+    assert read_gguf_config(write_gguf(tmp_path / "same.gguf", model, eot=2)).eos_token_id == 2
 
 
 def test_tokenizer(tmp_path):

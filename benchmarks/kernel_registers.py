@@ -1,0 +1,85 @@
+"""A Triton kernel's registers, spills and shared memory on an H200 (sm_90a), from any machine.
+
+Triton compiles for a GPU it does not have (``triton.compile`` with a ``GPUTarget``), and its wheel
+ships NVIDIA's ``ptxas``, whose ``-v`` report is what the GPU would load. So a kernel change's register
+pressure can be checked on a CPU before a device call times it (a static figure, not a speed).
+
+    python benchmarks/kernel_registers.py specdec/attention/triton_kernels/verify_rows.py:_node_group_kernel \\
+        --ptr Q,K,V=bf16 --ptr O,LSE=fp32 --ptr kv_table,row_lens=i32 --ptr prefix_lens=i64 \\
+        --scalar sm_scale_log2=fp32 --warps 4 --stages 3 \\
+        GROUP=4 HEAD_DIM=128 BLOCK_D=128 BLOCK_H=16 BLOCK_N=128 NODES=4 PAIR=True SPAN=8 SPAN_P2=8 \\
+        DIRECT=False DOT_PRECISION=native
+
+Arguments not named as pointers, scalars or constexprs are i32 scalars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def load_kernel(spec: str):
+    path, name = spec.rsplit(":", 1)
+    module_spec = importlib.util.spec_from_file_location("kernel_module", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def constexpr_value(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+
+def named_types(items: list[str], prefix: str = "") -> dict[str, str]:
+    """``NAME[,NAME...]=TYPE`` items as {name: prefix + type}."""
+    out = {}
+    for item in items:
+        names, kind = item.split("=")
+        out.update({n: prefix + kind for n in names.split(",")})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernel", help="FILE:KERNEL (a @triton.jit function)")
+    parser.add_argument("constexprs", nargs="*", help="NAME=VALUE for each tl.constexpr argument")
+    parser.add_argument("--ptr", action="append", default=[], help="NAMES=DTYPE pointer arguments (bf16, fp32, i32...)")
+    parser.add_argument("--scalar", action="append", default=[], help="NAMES=DTYPE scalar arguments other than i32")
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability (90: H100 / H200)")
+    args = parser.parse_intermixed_args()
+
+    fn = load_kernel(args.kernel)
+    constexprs = dict(item.split("=", 1) for item in args.constexprs)
+    types = {**named_types(args.ptr, "*"), **named_types(args.scalar)}
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in fn.arg_names}
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(fn.arg_names.index(n),): constexpr_value(v) for n, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", args.arch, 32),
+                              options={"num_warps": args.warps, "num_stages": args.stages})
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([str(ptxas), "-v", "--gpu-name", f"sm_{args.arch}a", str(ptx), "-o",
+                                 str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True, check=True)
+    lines = [line.replace("ptxas info    :", "").strip() for line in (report.stdout + report.stderr).splitlines()
+             if "registers" in line or "spill" in line]
+    print(f"{fn.__name__} ({args.warps} warps, {args.stages} stages, sm_{args.arch}a): " + "; ".join(lines)
+          + f"; shared memory {compiled.metadata.shared} bytes")
+
+
+if __name__ == "__main__":
+    main()

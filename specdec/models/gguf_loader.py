@@ -27,7 +27,7 @@ from specdec.models.gguf_tokenizer import GGUFTokenizer, load_gguf_tokenizer
 from specdec.models.llama import LlamaForCausalLM
 from specdec.models.parallel import SINGLE, TPGroup
 from specdec.models.registry import build_target, resolve_gguf
-from specdec.models.weights import unpermute_rope
+from specdec.models.weights import merged_ids, unpermute_rope
 
 __all__ = ["load_gguf_target", "load_gguf_llama", "read_gguf_num_layers", "read_gguf_config", "gguf_config", "GGUFTokenizer",
            "load_gguf_tokenizer", "SUPPORTED_ARCHITECTURES"]
@@ -142,16 +142,10 @@ def gguf_config(meta: GGUFMeta, *, tied: bool) -> LlamaConfig:
         "tie_word_embeddings": tied,
         "max_position_embeddings": int(meta.get(k("context_length"), 2048)),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _end_ids(meta),
+        # llama.cpp ends a generation at the end of turn too
+        "eos_token_id": merged_ids(meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id")),
         **extra,
     })
-
-
-def _end_ids(meta) -> int | tuple[int, ...] | None:
-    """The ids that end a generation, as llama.cpp reads them: end of sequence and end of turn."""
-    ids = [int(v) for v in (meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id"))
-           if v is not None]
-    return None if not ids else ids[0] if len(set(ids)) == 1 else tuple(dict.fromkeys(ids))
 
 
 def _hf_name(name: str, layer_names: dict[str, str]) -> str | None:

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["read_config", "read_target_hf_config", "read_state_dict", "weight_names", "assign_weights", "random_state",
-           "unpermute_rope"]
+__all__ = ["read_config", "read_target_hf_config", "merged_ids", "read_state_dict", "weight_names", "assign_weights",
+           "random_state", "unpermute_rope"]
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -34,15 +34,16 @@ def read_target_hf_config(path: Path) -> dict[str, Any]:
     file = path / "generation_config.json"
     if file.is_file():
         extra = json.loads(file.read_text()).get("eos_token_id")
-        ids = [*as_id_list(config.get("eos_token_id")), *as_id_list(extra)]
-        if ids:
-            config["eos_token_id"] = list(dict.fromkeys(ids)) if len(set(ids)) > 1 else ids[0]
+        config["eos_token_id"] = merged_ids(config.get("eos_token_id"), extra)
     return config
 
 
-def as_id_list(ids: int | list[int] | None) -> list[int]:
-    """An ``eos_token_id`` field (one id, a list, or absent) as a list."""
-    return [] if ids is None else [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
+def merged_ids(*fields: int | list[int] | None) -> int | list[int] | None:
+    """``eos_token_id`` fields (each one id, a list, or absent) as one: their ids in order without repeats,
+    a single id as itself, none as None."""
+    ids = list(dict.fromkeys(int(i) for f in fields if f is not None
+                             for i in (f if isinstance(f, (list, tuple)) else [f])))
+    return None if not ids else ids[0] if len(ids) == 1 else ids
 
 
 def _weight_files(path: Path) -> list[Path]:

@@ -13,6 +13,15 @@ wins; among its matches, the latest (the most recent context repeats most). Work
     n = 2: "5 9" ends at p = 1 and p = 5      -> the latest, p = 5
     draft:  history[6 : 9] = 7 8 5
 
+A match close to the end leaves fewer than k tokens after it: in a repeat of period d < k (a run
+of one token, d = 1) the latest match ends d tokens before the end. With ``repeat`` the draft
+continues the repeat it found: past the history's end it reads its own tokens d back (the copy
+overlaps itself), k tokens in all::
+
+    history:   4  7  7  7  7        the longest n is 3: "7 7 7" ends at p = 3, d = L - 1 - p = 1
+    draft:     7                    (cut at the history's end)
+    repeat:    7  7  7              (k = 3)
+
 Drafts are only proposals: the target verifies every token, so any draft is lossless; a better
 draft only commits more tokens a step.
 """
@@ -22,8 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def propose_ngram(history: np.ndarray, *, min_n: int, max_n: int, k: int) -> np.ndarray:
-    """The draft after the longest latest match of the history's suffix ([<= k] of history's dtype)."""
+def propose_ngram(history: np.ndarray, *, min_n: int, max_n: int, k: int, repeat: bool = False) -> np.ndarray:
+    """The draft after the longest latest match of the history's suffix ([<= k] of history's dtype; with
+    ``repeat``, [k] wherever a match exists: the repeat continued past the history's end)."""
     _check(min_n, max_n, k)
     length = history.shape[0]
     if length < min_n + 1 or k == 0:
@@ -31,7 +41,8 @@ def propose_ngram(history: np.ndarray, *, min_n: int, max_n: int, k: int) -> np.
     end = latest_longest_match_end(history, min_n=min_n, max_n=max_n)
     if end < 0:
         return history[:0]
-    return history[end + 1: end + 1 + k]
+    after = history[end + 1:]  # [d], d >= 1: the match ends before the last token
+    return np.resize(after, k) if repeat and after.shape[0] < k else after[:k]  # resize: [k], after over and over
 
 
 def latest_longest_match_end(history: np.ndarray, *, min_n: int, max_n: int) -> int:
@@ -71,8 +82,9 @@ def latest_longest_match_end(history: np.ndarray, *, min_n: int, max_n: int) -> 
     return at // size + low - 1
 
 
-def propose_ngram_ref(history: np.ndarray, *, min_n: int, max_n: int, k: int) -> np.ndarray:
-    """The specification: every n from max_n down, every end position from the latest back."""
+def propose_ngram_ref(history: np.ndarray, *, min_n: int, max_n: int, k: int, repeat: bool = False) -> np.ndarray:
+    """The specification: every n from max_n down, every end position from the latest back; with
+    ``repeat``, draft token j is history[p + 1 + j] where that exists, else draft token j - d."""
     _check(min_n, max_n, k)
     tokens, length = history.tolist(), history.shape[0]
     for n in range(max_n, min_n - 1, -1):
@@ -81,7 +93,12 @@ def propose_ngram_ref(history: np.ndarray, *, min_n: int, max_n: int, k: int) ->
         suffix = tokens[length - n:]
         for p in range(length - 2, n - 2, -1):
             if tokens[p - n + 1: p + 1] == suffix:
-                return history[p + 1: p + 1 + k]
+                if not repeat:
+                    return history[p + 1: p + 1 + k]
+                draft: list[int] = []
+                for j in range(k):
+                    draft.append(tokens[p + 1 + j] if p + 1 + j < length else draft[j - (length - 1 - p)])
+                return np.array(draft, dtype=history.dtype)
     return history[:0]
 
 
@@ -96,12 +113,14 @@ class NgramLookup:
     """Chain drafts for a batch of requests, from each one's history rows.
 
     ``propose`` takes the layout serving engines keep on the host (vLLM's persistent batch):
-    ``token_ids`` [max_reqs, max_len] with each row's first ``num_tokens[i]`` tokens valid.
+    ``token_ids`` [max_reqs, max_len] with each row's first ``num_tokens[i]`` tokens valid. ``repeat``:
+    drafts continue a short repeat past the history's end (``propose_ngram``).
     """
 
-    def __init__(self, *, min_n: int = 1, max_n: int = 4, k: int = 4, max_len: int | None = None) -> None:
+    def __init__(self, *, min_n: int = 1, max_n: int = 4, k: int = 4, max_len: int | None = None,
+                 repeat: bool = False) -> None:
         _check(min_n, max_n, k)
-        self.min_n, self.max_n, self.k, self.max_len = min_n, max_n, k, max_len
+        self.min_n, self.max_n, self.k, self.max_len, self.repeat = min_n, max_n, k, max_len, repeat
 
     def propose(self, token_ids: np.ndarray, num_tokens: np.ndarray, rows: list[int] | None = None,
                 k: int | None = None) -> list[list[int]]:
@@ -111,6 +130,7 @@ class NgramLookup:
         for i in range(token_ids.shape[0]) if rows is None else rows:
             n = int(num_tokens[i])
             room = k if self.max_len is None else min(k, self.max_len - n)  # never past the context length
-            draft = propose_ngram(token_ids[i, :n], min_n=self.min_n, max_n=self.max_n, k=max(room, 0))
+            draft = propose_ngram(token_ids[i, :n], min_n=self.min_n, max_n=self.max_n, k=max(room, 0),
+                                  repeat=self.repeat)
             drafts.append(draft.tolist())
         return drafts

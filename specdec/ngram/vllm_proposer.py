@@ -7,8 +7,10 @@
 vLLM builds the class with its ``VllmConfig`` and, after each step, calls ``propose(sampled_token_ids,
 num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` (``vllm/v1/spec_decode/custom_class_proposer.py``,
 ``gpu_model_runner.propose_draft_token_ids``); it verifies the chain drafts with its own rejection
-sampler. Nothing here imports vLLM: the config is read by attribute, so CI drives the class through
-the same call without vLLM installed.
+sampler. Its drafts continue a short repeat past the history's end (``NgramLookup``'s ``repeat``): in
+a run of one token the latest match leaves one token after it, so a draft cut there would be one
+token a step. Nothing here imports vLLM: the config is read by attribute, so CI drives the class
+through the same call without vLLM installed.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class NgramProposer:
         self.k = int(spec.num_speculative_tokens)
         self.lookup = NgramLookup(min_n=getattr(spec, "prompt_lookup_min", None) or DEFAULT_MIN_N,
                                   max_n=getattr(spec, "prompt_lookup_max", None) or DEFAULT_MAX_N, k=self.k,
-                                  max_len=getattr(model, "max_model_len", None))
+                                  max_len=getattr(model, "max_model_len", None), repeat=True)
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None) -> list[list[int]]:

@@ -32,6 +32,23 @@ def test_worked_examples(history, min_n, max_n, k, expected):
     assert propose_ngram_ref(h, min_n=min_n, max_n=max_n, k=k).tolist() == expected
 
 
+@pytest.mark.parametrize("history, max_n, k, cut, repeated", [
+    # the module docstring's example: a run of one token, the latest match one token before the end
+    ([4, 7, 7, 7, 7], 4, 3, [7], [7, 7, 7]),
+    # period 2: "1 2 1 2" ends at 3, then 1 2 and the repeat on
+    ([1, 2, 1, 2, 1, 2], 4, 5, [1, 2], [1, 2, 1, 2, 1]),
+    # enough tokens after the match: the same draft
+    ([5, 9, 7, 2, 5, 9, 7, 8, 5, 9], 3, 3, [7, 8, 5], [7, 8, 5]),
+    # no match: nothing to repeat
+    ([1, 2, 3], 2, 4, [], []),
+])
+def test_repeat_continues_a_short_repeat(history, max_n, k, cut, repeated):
+    h = np.array(history, dtype=np.int64)
+    for fn in (propose_ngram, propose_ngram_ref):
+        assert fn(h, min_n=1, max_n=max_n, k=k).tolist() == cut
+        assert fn(h, min_n=1, max_n=max_n, k=k, repeat=True).tolist() == repeated
+
+
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("vocab", [2, 5, 50, 70000])
 def test_search_equals_the_reference(vocab, dtype):
@@ -45,6 +62,11 @@ def test_search_equals_the_reference(vocab, dtype):
         got = propose_ngram(h, min_n=min_n, max_n=max_n, k=k)
         assert np.array_equal(got, propose_ngram_ref(h, min_n=min_n, max_n=max_n, k=k)), (h, min_n, max_n, k)
         assert got.dtype == h.dtype
+        repeated = propose_ngram(h, min_n=min_n, max_n=max_n, k=k, repeat=True)
+        ref = propose_ngram_ref(h, min_n=min_n, max_n=max_n, k=k, repeat=True)
+        assert np.array_equal(repeated, ref), (h, min_n, max_n, k)
+        assert repeated.dtype == h.dtype and len(repeated) == (k if len(got) else 0)
+        assert np.array_equal(repeated[:len(got)], got)  # the cut draft, continued
 
 
 def test_bad_windows_are_refused():
@@ -82,4 +104,4 @@ def test_vllm_custom_proposer_contract():
     tokens[3, :2] = [1, 1]
     sampled = [[11], [7], [4], []]  # request 3 sampled nothing this step: no draft
     drafts = proposer.propose(sampled, np.array([6, 4, 15, 2]), tokens, slot_mappings=None)
-    assert drafts == [[12, 13, 10], [7], [0], []]
+    assert drafts == [[12, 13, 10], [7, 7, 7], [0], []]  # request 1's run continued past its end

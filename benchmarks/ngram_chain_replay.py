@@ -10,9 +10,11 @@ answers with specdec (plain decoding, CPU) and replays three rules on them, wind
     repeat   ``latest`` continued past the history's end (``repeat=True``: the vLLM drop-in's drafts)
 
     python benchmarks/ngram_chain_replay.py --model /tmp/gemma-bf16 --datasets translation,humaneval
+    python benchmarks/ngram_chain_replay.py --answers answers.jsonl   # a GPU run's answers instead
 
 (``--model``: a checkpoint ``benchmarks/peer/export_gguf.py`` exported; prompts as ``offline.py``'s lookup
-workload renders them.) A diagnostic of the drafts, not a speed figure.
+workload renders them. ``--answers``: the prompts and greedy answers a plain run of ``offline.py --answers``
+recorded, each workload's cells at ``--concurrency``.) A diagnostic of the drafts, not a speed figure.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import json
 import numpy as np
 
 from specdec.ngram.lookup import propose_ngram
+
+Answers = list[tuple[list[int], list[int]]]  # (prompt, greedy answer) token ids, a request each
 
 
 def earliest_longest(history: np.ndarray, *, min_n: int, max_n: int, k: int) -> np.ndarray:
@@ -44,8 +48,7 @@ RULES = {
 }
 
 
-def tokens_per_drafted_step(answers: list[tuple[list[int], list[int]]], rule, *, min_n: int, max_n: int,
-                            k: int) -> float:
+def tokens_per_drafted_step(answers: Answers, rule, *, min_n: int, max_n: int, k: int) -> float:
     """Committed tokens per step that drafted (accepted draft tokens + the target's own), over every answer."""
     steps = committed = 0
     for prompt, answer in answers:
@@ -61,7 +64,13 @@ def tokens_per_drafted_step(answers: list[tuple[list[int], list[int]]], rule, *,
     return committed / max(steps, 1)
 
 
-def greedy_answers(model: str, dataset: str, *, num_prompts: int, max_tokens: int) -> list[tuple[list[int], list[int]]]:
+def every_rule(answers: Answers, *, k: int) -> dict[str, float]:
+    """Tokens a drafted step for each rule and window ("latest[1,4]": ``latest`` with min_n 1, max_n 4)."""
+    return {f"{name}[1,{max_n}]": tokens_per_drafted_step(answers, rule, min_n=1, max_n=max_n, k=k)
+            for max_n in (4, 12) for name, rule in RULES.items()}
+
+
+def greedy_answers(model: str, dataset: str, *, num_prompts: int, max_tokens: int) -> Answers:
     import specdec
     from specdec.engine.chat import render_user_prompt
     from specdec.engine.embedded import load_rows
@@ -80,21 +89,40 @@ def greedy_answers(model: str, dataset: str, *, num_prompts: int, max_tokens: in
     return [(ids, list(r.output_ids)) for ids, r in zip(prompts, reqs)]
 
 
+def recorded_answers(path: str, concurrency: int, engine: str | None = None) -> dict[str, Answers]:
+    """Each workload's (prompt, answer) pairs from ``offline.py --answers`` lines at ``concurrency`` (of
+    ``engine``'s plain run, or of every engine's)."""
+    sets: dict[str, Answers] = {}
+    with open(path) as f:
+        for line in f:
+            cell = json.loads(line)
+            if cell["concurrency"] == concurrency and engine in (None, cell["engine"]):
+                sets.setdefault(cell["workload"], []).extend(zip(cell["prompts"], cell["answers"]))
+    return sets
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="generate the answers: this checkpoint, plain decoding on CPU")
+    source.add_argument("--answers", help="replay the answers offline.py --answers recorded")
+    parser.add_argument("--concurrency", type=int, default=1, help="--answers: the cells of this concurrency")
+    parser.add_argument("--engine", choices=["specdec", "vllm"], help="--answers: this engine's answers only")
     parser.add_argument("--datasets", default="summarization,rag,translation,humaneval")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--output", help="JSON of every dataset's figures")
     args = parser.parse_args()
+    if args.answers:
+        sets = recorded_answers(args.answers, args.concurrency, args.engine)
+    else:
+        sets = {dataset: greedy_answers(args.model, dataset, num_prompts=args.num_prompts, max_tokens=args.max_tokens)
+                for dataset in args.datasets.split(",")}
     results = {}
-    for dataset in args.datasets.split(","):
-        answers = greedy_answers(args.model, dataset, num_prompts=args.num_prompts, max_tokens=args.max_tokens)
-        results[dataset] = {f"{name}[1,{max_n}]": tokens_per_drafted_step(answers, rule, min_n=1, max_n=max_n, k=args.k)
-                            for max_n in (4, 12) for name, rule in RULES.items()}
-        print(dataset, " ".join(f"{key} {value:.2f}" for key, value in results[dataset].items()), flush=True)
+    for set_name, answers in sets.items():
+        results[set_name] = every_rule(answers, k=args.k)
+        print(set_name, " ".join(f"{key} {value:.2f}" for key, value in results[set_name].items()), flush=True)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(results, f, indent=1)

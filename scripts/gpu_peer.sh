@@ -23,7 +23,9 @@
 #                                            HumanEval and MT-bench second turns at 1 and 32 requests (default RUNS:
 #                                            "specdec:plain specdec:ngram vllm:plain vllm:ngram-k5 vllm:specdec-ngram-k5");
 #                                            LOOKUP_MODEL=gemma: Gemma-3-270M (a base model: no chat template, so
-#                                            no MT-bench second turns; pass --datasets in LOOKUP_ARGS)
+#                                            no MT-bench second turns; pass --datasets in LOOKUP_ARGS); LOOKUP_ARGS
+#                                            "--answers $OUT/answers.jsonl": the plain runs' prompts and greedy
+#                                            answers, for benchmarks/ngram_chain_replay.py --answers
 #   bash scripts/gpu_peer.sh lookup-profile  the host's cProfile and the GPU's busy share over one NGRAM / plain pass
 #                                            (PROFILE_RUNS, PROFILE_DATASET, PROFILE_CONCURRENCY: default 1)
 #   bash scripts/gpu_peer.sh decode RUNS     Llama-3.1-8B-shaped random bf16 weights, plain decode ms a step

@@ -47,3 +47,19 @@ def test_forced_plain_then_auto():
     assert picks and kinds - {"decode"} == picks  # labelled by the policy's picks ("decode": steps it was not asked)
     with pytest.raises(SystemExit, match="--force"):
         bench.force("3x1x4")
+
+
+def test_answers_record_each_cells_prompts_and_answers(tmp_path, monkeypatch):
+    """``--answers``: a timed cell appends its prompts and the answers whose digests its row reports."""
+    import hashlib
+    import json
+
+    bench, prompts = _bench_engine()
+    path = tmp_path / "answers.jsonl"
+    monkeypatch.setattr(offline, "ANSWERS", str(path))
+    rows = []
+    offline.run_cell(bench, prompts, 1, last=False, force="auto", workload="w", max_tokens=12, emit=rows.append)
+    (cell,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert cell["workload"] == "w" and cell["concurrency"] == 1 and cell["prompts"] == offline.cell_work(prompts, 1)
+    assert [hashlib.sha1(json.dumps(a).encode()).hexdigest()[:12] for a in cell["answers"]] == rows[0]["digests"]
+    assert all(0 < len(a) <= 12 for a in cell["answers"])

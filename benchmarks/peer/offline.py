@@ -54,6 +54,7 @@ FORCES: list[str] = ["auto"]  # --force: each cell once per choice (specdec eagl
 REPEATS = 1  # --repeats: each cell's passes (the choices of --force interleaved)
 WAITING: list[str] = []  # --waiting: each cell once per admission setting RATIO:STEPS (specdec)
 SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
+ANSWERS: str | None = None  # --answers: where a plain run appends each timed cell's prompts and greedy answers
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
 
@@ -353,8 +354,13 @@ def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str
         engine.force(force)
     work = cell_work(prompts, c)
     before = engine.spec_counters() if isinstance(engine, VLLMEngine) else None
+    answers: list[list[int]] | None = [] if ANSWERS else None
     with sync_debug(SYNC_DEBUG and last, f"{workload} c={c}"):
-        row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens)
+        row = closed_loop(engine, work, c, tag=f"{workload}-c{c}", max_tokens=max_tokens, answers=answers)
+    if answers is not None:  # what a drafter's lookups would have had to predict (benchmarks/ngram_chain_replay.py)
+        with open(ANSWERS, "a") as f:
+            f.write(json.dumps({"engine": engine.name, "workload": workload, "concurrency": c, "prompts": work,
+                                "answers": answers}) + "\n")
     if TRACE is not None and last:
         trace_device(lambda: closed_loop(engine, work, c, tag=f"trace-{workload}-c{c}", max_tokens=max_tokens),
                      f"{workload} c={c} force={force} {type(engine).__name__}")
@@ -532,11 +538,14 @@ def main() -> None:
                         "rows carry \"force\"")
     parser.add_argument("--repeats", type=int, default=1, help="diagnostics: each cell this many times (the "
                         "choices of --force interleaved), one row each")
+    parser.add_argument("--answers", help="plain runs: append each timed cell's prompts and greedy answers (token "
+                        "ids, JSON lines) to this file, for benchmarks/ngram_chain_replay.py --answers")
     parser.add_argument("--waiting", default="", help="diagnostics, specdec: each cell once per admission setting "
                         "RATIO:STEPS (--waiting-served-ratio, --max-waiting-tokens), comma-separated; rows carry it")
     args = parser.parse_args()
-    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS, WAITING
+    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS, WAITING, ANSWERS
     PROFILE, TRACE, FORCES, REPEATS = args.profile, args.trace, args.force.split(","), args.repeats
+    ANSWERS = args.answers if args.config == "plain" else None
     if TRACE:
         import torch
 

@@ -5,6 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SPEC = importlib.util.spec_from_file_location(
@@ -29,8 +30,6 @@ def test_tokens_per_drafted_step(answers, rule, expected):
 
 
 def test_vllms_rule_takes_the_earliest_occurrence():
-    import numpy as np
-
     history = np.array([1, 2, 8, 1, 2, 9, 1, 2])  # "1 2" ends at 1 and at 4: vLLM drafts after the first
     assert replay.earliest_longest(history, min_n=1, max_n=4, k=2).tolist() == [8, 1]
     assert replay.RULES["latest"](history, min_n=1, max_n=4, k=2).tolist() == [9, 1]

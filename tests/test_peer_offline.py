@@ -1,8 +1,10 @@
 """``benchmarks/peer/offline.py``'s diagnostics on specdec's NGRAM engine (CPU): ``--force plain`` makes
 every decode step plain and labels it so, ``auto`` hands the choice back to the policy (whose picks
-label the steps), and a tree shape is refused by name."""
+label the steps), a tree shape is refused by name, and ``--answers`` records what each timed cell answered."""
 
+import hashlib
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -51,9 +53,6 @@ def test_forced_plain_then_auto():
 
 def test_answers_record_each_cells_prompts_and_answers(tmp_path, monkeypatch):
     """``--answers``: a timed cell appends its prompts and the answers whose digests its row reports."""
-    import hashlib
-    import json
-
     bench, prompts = _bench_engine()
     path = tmp_path / "answers.jsonl"
     monkeypatch.setattr(offline, "ANSWERS", str(path))

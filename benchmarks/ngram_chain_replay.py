@@ -3,7 +3,8 @@
 A chain drafter's acceptance does not depend on the device: given a request's greedy answer, each step
 drafts k tokens from the history so far, the target accepts the longest prefix equal to the answer's
 next tokens, and the history advances by that prefix plus the target's own token. This generates the
-answers with specdec (plain decoding, CPU) and replays three rules on them, windows 1..4 and 1..12:
+answers with specdec (plain decoding, CPU), or reads those a GPU run recorded, and replays three rules on
+them, windows 1..4 and 1..12:
 
     vllm     the longest match up to max_n, its earliest occurrence (vLLM 0.26's ``ngram``, restated)
     latest   the longest match, its latest occurrence, cut at the history's end (``propose_ngram``)
@@ -43,7 +44,7 @@ def earliest_longest(history: np.ndarray, *, min_n: int, max_n: int, k: int) -> 
 
 RULES = {
     "vllm": earliest_longest,
-    "latest": lambda h, **kw: propose_ngram(h, **kw),
+    "latest": propose_ngram,
     "repeat": lambda h, **kw: propose_ngram(h, repeat=True, **kw),
 }
 

@@ -11,9 +11,11 @@
 # On the device, calls back to back (the machine stays warm ~30 s and /tmp survives); put .peer/tc where
 # an earlier call handed Triton's cache back (below):
 #   bash scripts/gpu_peer.sh lean | unlean   here: the SmolLM2 heads out of the tree for the puts, and back
-#   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK or .peer/gguf.K): copied to /tmp
+#   bash scripts/gpu_peer.sh put DIR...      carry DIR... (.vllm/pK, .peer/p-NN, .peer/g-NN): copied to /tmp
 #   bash scripts/gpu_peer.sh install [DIR..] the parts put (and DIR...) joined, checked, installed to /tmp/site
-#                                            (only the GGUF and the gguf wheel: a specdec-only run)
+#                                            (only the GGUF and the gguf wheel: a specdec-only run); it checks
+#                                            every GGUF it finds parts of, so put one model's parts whole
+#                                            before an install (SmolLM2's, install, run; then Gemma's, install)
 #   bash scripts/gpu_peer.sh chat RUNS       SmolLM2-135M-Instruct (the GGUF exported once to bf16, both
 #                                            engines load it) + our EAGLE-3 head, MT-bench at 1-128
 #                                            requests; RUNS: "specdec:plain specdec:eagle3 vllm:plain

@@ -12,6 +12,8 @@ them, windows 1..4 and 1..12:
 
     python benchmarks/ngram_chain_replay.py --model /tmp/gemma-bf16 --datasets translation,humaneval
     python benchmarks/ngram_chain_replay.py --answers answers.jsonl   # a GPU run's answers instead
+    python benchmarks/ngram_chain_replay.py --engine vllm --concurrency 32 \
+        --answers benchmarks/results/2026-12-01-h200-ngram-repeat/answers.jsonl.gz
 
 (``--model``: a checkpoint ``benchmarks/peer/export_gguf.py`` exported; prompts as ``offline.py``'s lookup
 workload renders them. ``--answers``: the prompts and greedy answers a plain run of ``offline.py --answers``
@@ -21,6 +23,7 @@ recorded, each workload's cells at ``--concurrency``.) A diagnostic of the draft
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 
 import numpy as np
@@ -92,9 +95,9 @@ def greedy_answers(model: str, dataset: str, *, num_prompts: int, max_tokens: in
 
 def recorded_answers(path: str, concurrency: int, engine: str | None = None) -> dict[str, Answers]:
     """Each workload's (prompt, answer) pairs from ``offline.py --answers`` lines at ``concurrency`` (of
-    ``engine``'s plain run, or of every engine's)."""
+    ``engine``'s plain run, or of every engine's); ``path`` may be gzipped (``.gz``: the committed records)."""
     sets: dict[str, Answers] = {}
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             cell = json.loads(line)
             if cell["concurrency"] == concurrency and engine in (None, cell["engine"]):

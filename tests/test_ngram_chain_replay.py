@@ -1,6 +1,7 @@
 """``benchmarks/ngram_chain_replay.py``: tokens a drafted step for each chain rule, on answers worked by hand,
 and the answers a plain run of ``offline.py --answers`` recorded."""
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -35,12 +36,14 @@ def test_vllms_rule_takes_the_earliest_occurrence():
     assert replay.RULES["latest"](history, min_n=1, max_n=4, k=2).tolist() == [9, 1]
 
 
-def test_recorded_answers_by_workload_and_concurrency(tmp_path):
-    path = tmp_path / "answers.jsonl"
+@pytest.mark.parametrize("name", ["answers.jsonl", "answers.jsonl.gz"])
+def test_recorded_answers_by_workload_and_concurrency(tmp_path, name):
+    path = tmp_path / name
     cells = [{"engine": "vllm", "workload": "a", "concurrency": 1, "prompts": [[1]], "answers": [[2]]},
              {"engine": "vllm", "workload": "a", "concurrency": 32, "prompts": [[3]], "answers": [[4]]},
              {"engine": "vllm", "workload": "b", "concurrency": 1, "prompts": [[5], [6]], "answers": [[7], [8]]}]
-    path.write_text("".join(json.dumps(c) + "\n" for c in cells))
+    text = "".join(json.dumps(c) + "\n" for c in cells)
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
     assert replay.recorded_answers(str(path), 1) == {"a": [([1], [2])], "b": [([5], [7]), ([6], [8])]}
     assert replay.recorded_answers(str(path), 32) == {"a": [([3], [4])]}
     assert replay.recorded_answers(str(path), 1, "specdec") == {}

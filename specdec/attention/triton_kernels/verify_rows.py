@@ -15,8 +15,8 @@ Two grids run that arithmetic:
   (``PAIR``), so each prefix tile is loaded once for up to twice that many nodes and multiplied in
   the decode kernel's ``tl.dot`` shape once per query tile; rows of a matrix product do not
   interact, so each row's scores and output are the decode step's. The tiles past the request's
-  prefix hold each node's own ancestors: there the program loads the tile from one node's list (all
-  its nodes' slots of the tile come in one load first) and multiplies it for the rows, in either
+  prefix hold each node's own ancestors: there the program loads the tile from one node's list and
+  multiplies it for the rows, in either
   query tile, of that node and of its ancestors (their lists are prefixes of it, and a row's entries
   past its own length lie outside its range), so once for a chain and at most once a leaf of the
   program's nodes for a tree, and keeps those rows. A row folds exactly the tiles of its own split range
@@ -106,7 +106,7 @@ def _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row, kv_len, sees,
     their parents, so the node taken is a leaf: a chain takes one list, a tree at most one a leaf."""
     own = tl.load(kv_table + row.to(tl.int64) * kv_row_stride + kv_len - 1, mask=sees, other=-1)
     take = tl.full(own.shape, -1, tl.int32)  # [BLOCK_H]
-    for j in tl.static_range(SPAN):
+    for j in tl.range(0, SPAN, num_stages=1):
         len_j = tl.sum(tl.where(offs_j == j, lens, 0), 0)
         holds = sees & (kv_len <= len_j)
         at = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + kv_len - 1, mask=holds, other=-2)
@@ -184,9 +184,6 @@ def _node_group_kernel(
     # fill the shared memory the decode plan sized for one loop), each list one load for both query tiles
     for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
         offs_n = start + tl.arange(0, BLOCK_N)
-        # [SPAN_P2, BLOCK_N] every node's slots here in one load (0 past a list's end)
-        slots = tl.load(kv_table + (first + offs_j).to(tl.int64)[:, None] * kv_row_stride + offs_n[None, :],
-                        mask=node_ok[:, None] & (offs_n[None, :] < lens[:, None]), other=0)
         visible0 = (offs_n[None, :] >= lo0[:, None]) & (offs_n[None, :] < hi0[:, None])
         take0 = _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row0, len0,
                             tl.max(visible0.to(tl.int32), 1) > 0, SPAN)
@@ -194,7 +191,10 @@ def _node_group_kernel(
             visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
             take1 = _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row1, len1,
                                 tl.max(visible1.to(tl.int32), 1) > 0, SPAN)
-        for j in tl.static_range(SPAN):
+        # NOTE: a loop, not unrolled (static_range): unrolled, its SPAN copies of two products spilled 8.7 KB a
+        # thread on sm_90a under the 8B shape's plan and 75 KB under MHA's (16 nodes a program; a GPU test's 32
+        # took 210 s to build), looped 2.3 and 1.9 KB (benchmarks/results/2026-12-01-sm90-registers)
+        for j in tl.range(0, SPAN, num_stages=1):
             mine0 = take0 == j  # [BLOCK_H]
             used0 = tl.max(mine0.to(tl.int32), 0)
             used = used0
@@ -204,7 +204,7 @@ def _node_group_kernel(
                 used = tl.maximum(used0, used1)
             if used > 0:
                 n_valid = offs_n < tl.sum(tl.where(offs_j == j, lens, 0), 0)
-                slot = tl.sum(tl.where(offs_j[:, None] == j, slots, 0), 0)  # [BLOCK_N] node j's row of slots
+                slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid, other=0)
                 k, v = load_kv_tile(K, V, slot.to(tl.int64), n_valid, kv_head, stride_ks, stride_kh, stride_vs,
                                     stride_vh, offs_d, d_valid)
                 if used0 > 0:

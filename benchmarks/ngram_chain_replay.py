@@ -8,7 +8,8 @@ them, windows 1..4 and 1..12:
 
     vllm     the longest match up to max_n, its earliest occurrence (vLLM 0.26's ``ngram``, restated)
     latest   the longest match, its latest occurrence, cut at the history's end (``propose_ngram``)
-    repeat   ``latest`` continued past the history's end (``repeat=True``: the vLLM drop-in's drafts)
+    repeat   ``latest`` continued past the history's end (``repeat=True``: the vLLM drop-in's drafts, and
+             the engine's NGRAM drafts)
 
     python benchmarks/ngram_chain_replay.py --model /tmp/gemma-bf16 --datasets translation,humaneval
     python benchmarks/ngram_chain_replay.py --answers answers.jsonl   # a GPU run's answers instead

@@ -5,9 +5,10 @@ positions in KV, then its root (the last committed token, not in KV yet), L = se
 all. The draft follows the longest latest match of the history's suffix, as the host's lookup
 (``specdec.ngram.lookup.propose_ngram``) finds it: the longest n in [min_n, max_n] whose last n tokens
 occur earlier, ending at p < L - 1, and among those the latest p (``latest_longest_match``); the
-draft is history[p + 1 : p + 1 + k] (k = ``chains``' width - 1, cut at the history's end). Each request's chain
-is its root, then its draft, then the root again past the draft's end (rows without a match: the root
-throughout; a valid token: the target verifies every node).
+draft is history[p + 1 : p + 1 + k] (k = ``chains``' width - 1), past the history's end the repeat of period
+L - 1 - p continued (``propose_ngram(..., repeat=True)``: in a run of one token the latest match ends one
+token before the end). Each request's chain is its root, then its draft; a row without a match holds its
+root throughout (a valid token: the target verifies every node) and drafts nothing.
 
 Reading the history from the KV slots keeps it right by construction: every forward of the n-gram
 worker writes each new token's id at its KV slot (``slot_tokens``), and a cached prefix shares the
@@ -22,6 +23,7 @@ import torch
 
 from specdec.kernels.common import INDEX_DTYPES, check_rows, check_tensor, ngram_merge_buffer, table_row
 from specdec.kernels.dispatch import select_impl
+from specdec.ngram.lookup import continuation
 
 __all__ = ["latest_longest_match", "ngram_merge_buffer", "ngram_match", "ngram_match_ref"]
 
@@ -71,7 +73,7 @@ def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots
             raise ValueError(f"seq_lens: request {b} has {seq_len} tokens, its row holds {table.shape[0]}")
         history = np.append(slot_tokens[table[:seq_len].long()].cpu().numpy().astype(np.int64), root)
         end = latest_longest_match(history, min_n=min_n, max_n=max_n)
-        draft = history[end + 1: end + 1 + k] if end >= 0 else history[:0]
+        draft = continuation(history, end, k, repeat=True) if end >= 0 else history[:0]
         chains[b] = root
         chains[b, 1: 1 + len(draft)] = torch.from_numpy(draft)
         draft_lens[b] = len(draft)

@@ -134,10 +134,13 @@ def build_trees_ref(history: np.ndarray, lengths: np.ndarray, config: NgramConfi
 
 
 def _continuations(history, lengths, ends, limits, width) -> tuple[np.ndarray, np.ndarray]:
-    """cont [bs, M, D]: history[b, ends[b, m] + 1 + j]; valid where the match exists, j < limits[b]
-    and the position is inside the row's history."""
-    pos = ends[:, :, None] + 1 + np.arange(width)  # [bs, M, D]
-    valid = (ends[:, :, None] >= 0) & (pos < lengths[:, None, None]) & (np.arange(width) < limits[:, None, None])
+    """cont [bs, M, D]: history[b, ends[b, m] + 1 + j], past the row's history the repeat continued
+    (``lookup.continuation``: j modulo d = lengths[b] - 1 - ends[b, m]); valid where the match exists
+    and j < limits[b]."""
+    j = np.arange(width)
+    period = np.maximum(lengths[:, None] - 1 - ends, 1)  # [bs, M] d (1 where no match)
+    pos = ends[:, :, None] + 1 + j % period[:, :, None]  # [bs, M, D]
+    valid = (ends[:, :, None] >= 0) & (j < limits[:, None, None])
     rows = np.arange(history.shape[0])[:, None, None]
     cont = history[rows, np.where(valid, pos, 0)].astype(np.int64)
     return cont, valid

@@ -41,6 +41,12 @@ def propose_ngram(history: np.ndarray, *, min_n: int, max_n: int, k: int, repeat
     end = latest_longest_match_end(history, min_n=min_n, max_n=max_n)
     if end < 0:
         return history[:0]
+    return continuation(history, end, k, repeat=repeat)
+
+
+def continuation(history: np.ndarray, end: int, k: int, *, repeat: bool) -> np.ndarray:
+    """The k tokens after a match ending at ``end`` < L - 1 ([<= k]: cut at the history's end; with
+    ``repeat``, [k]: the d = L - 1 - end tokens after it over and over, the repeat continued)."""
     after = history[end + 1:]  # [d], d >= 1: the match ends before the last token
     return np.resize(after, k) if repeat and after.shape[0] < k else after[:k]  # resize: [k], after over and over
 

@@ -8,8 +8,8 @@ E[committed | row, n] from the row's acceptance rate p (accepted nodes over acce
 rejections, a decaying count that starts from the rate of all rows; counted on the row's lookup steps,
 and on its plain steps one shadow trial a step: the worker's ``_observe_shadow_trials``) and its draft
 depth d within n - 1 nodes. The depth, where the worker gives it (``reach``), is the row's own: how many tokens
-follow the latest longest match of its current tokens, a cheap chain lookup on the history the host
-has when it chooses:
+a lookup would draft from the history the host has when it chooses (a cheap chain lookup: 0 without a match,
+past every size with one, since a draft continues the repeat it found past the history's end):
 
     history up to date      E = 1 + p + p^2 + ... + p^d              d = min(reach, n - 1)
     a step still in flight  E = 1 + p (p + p^2 + ... + p^d)          d = min(reach - 1, n - 1)

@@ -2,7 +2,9 @@
 
 Glossary: history = a request's tokens so far (prompt + output), its last token the root; a
 *match* of length n ends at p < L - 1 when history[p - n + 1 : p + 1] == history[L - n : L]
-(``specdec.ngram.lookup``); its *continuation* is history[p + 1 : p + 1 + depth]. The drafter
+(``specdec.ngram.lookup``); its *continuation* is history[p + 1 : p + 1 + depth], continued past the
+history's end as the repeat of period L - 1 - p it found (``lookup.continuation``: in a run of one token
+the latest match leaves one token after it, so a draft cut there would be one token long). The drafter
 takes the longest n in [min, max] that matches and merges the continuations of its latest
 matches into a trie (siblings distinct, as lossless tree sampling needs); the draft tree is a
 part of that trie, chosen as SGLang's n-gram cache chooses it:
@@ -31,6 +33,7 @@ import heapq
 import numpy as np
 
 from specdec.ngram.config import NgramConfig
+from specdec.ngram.lookup import continuation
 
 # matches of the longest n-gram whose continuations are merged (the latest ones): bounds the host's work
 MAX_MATCHES = 32
@@ -90,7 +93,7 @@ def build_tree(history: np.ndarray, config: NgramConfig, *, max_nodes: int) -> D
     if n == 0:
         return EMPTY
     if config.is_chain:  # the latest match's continuation: no trie needed
-        tokens = history[ends[0] + 1: ends[0] + 1 + max_nodes].tolist()
+        tokens = continuation(history, int(ends[0]), max_nodes, repeat=True).tolist()
         return DraftTree(tokens, list(range(len(tokens))))
     trie = _Trie.of(history, ends, depth=max_nodes)
     if config.match_type == "PROB":
@@ -112,7 +115,7 @@ class _Trie:
         trie = cls()
         for end in ends.tolist():  # latest first: a node's first children are the most recent
             node = 0
-            for token in history[end + 1: end + 1 + depth].tolist():
+            for token in continuation(history, end, depth, repeat=True).tolist():
                 child = trie.children[node].get(token)
                 if child is None:
                     child = len(trie.token)

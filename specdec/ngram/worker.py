@@ -416,7 +416,7 @@ class NgramWorker:
             max_size = int(self._receive())
         elif self.slot_tokens is not None and max_size:  # device lookups without the policy: the rows' reach
             # in the history read so far sizes the chain (0: no row has a match, a plain step)
-            longest = int(self._reach(rows, sync_history).max())
+            longest = min(int(self._reach(rows, sync_history).max()), self.budget.node_cap(len(rows)))
             max_size = min(self.budget.step_size(longest), max_size) if longest else 0
         return max_size
 
@@ -436,8 +436,10 @@ class NgramWorker:
         return self._reach_of[rows]
 
     def _look_up_reach(self, rows: np.ndarray) -> np.ndarray:
-        """[bs] the tokens after each row's latest longest match in the history as it stands, up to the
-        batch's node cap (0: no match): a chain lookup, the policy's view of what a lookup would find.
+        """[bs] how many tokens a lookup would draft for each row, as the policy sees it: 0 without a match in
+        the history as it stands (a chain lookup), else ``cap`` + 1, past the batch's node cap (a match's draft
+        continues its repeat past the history's end, ``lookup.continuation``, so it fills any size, with a
+        token to spare for a step in flight).
         With the policy, each matched row's first draft token becomes its shadow trial.
         NOTE: not capped at the row's own budget, which shrinks after rejections and grows only after
         lookups: the acceptance rate prices a poor row, and a span it starts copying is seen at once."""
@@ -454,7 +456,7 @@ class NgramWorker:
                 if self.policy is not None:
                     self._shadow_at[row] = length if end >= 0 else -1
                     self._shadow_token[row] = tokens[end + 1] if end >= 0 else 0
-                reach.append(min(length - 1 - end, cap) if end >= 0 else 0)
+                reach.append(cap + 1 if end >= 0 else 0)
             return np.asarray(reach, dtype=np.int64)
         history = self.history.token_ids[rows, : int(lengths.max())]  # [bs, longest]
         ends = match_ends(history, lengths, min_n=min_n, max_n=max_n)  # [bs], -1: no match
@@ -462,7 +464,7 @@ class NgramWorker:
         if self.policy is not None:
             self._shadow_at[rows] = np.where(found, lengths, -1)
             self._shadow_token[rows] = history[np.arange(len(rows)), np.where(found, ends + 1, 0)]
-        return np.where(found, np.minimum(lengths - 1 - ends, cap), 0)
+        return np.where(found, cap + 1, 0)
 
     def _observe_shadow_trials(self, rows: np.ndarray) -> None:
         """Each row's acceptance rate learned on plain steps too: where the token its match predicted at the last

@@ -47,7 +47,7 @@ def run(impl, batch: dict, k: int, *, lens_dtype=torch.int64, **kw) -> tuple[lis
 def expected(histories: list[list[int]], k: int, *, min_n: int, max_n: int):
     chains, lens = [], []
     for h in histories:
-        d = propose_ngram_ref(np.asarray(h), min_n=min_n, max_n=max_n, k=k).tolist()
+        d = propose_ngram_ref(np.asarray(h), min_n=min_n, max_n=max_n, k=k, repeat=True).tolist()
         chains.append([h[-1]] + d + [h[-1]] * (k - len(d)))
         lens.append(len(d))
     return chains, lens
@@ -59,6 +59,17 @@ def test_worked_example():
     histories = [[5, 9, 7, 2, 5, 9, 7, 8, 5, 9], [1, 2, 3, 4]]
     chains, lens = run(K.ngram_match_ref, kv_batch(histories), 3, min_n=1, max_n=3)
     assert chains == [[9, 7, 8, 5], [4, 4, 4, 4]] and lens == [3, 0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_repeat_continues_past_the_history(device):
+    """A run of 7s: the latest "7 7 7" ends one token before the end, so the draft continues the run (cut
+    there it would be one token); "1 2" of period two continues 1 2 1 2; "3 4 5" ends at 2 and 5: the
+    latest leaves 3 tokens, 3 4 5, continued to 3 4 5 3 4."""
+    histories = [[4, 7, 7, 7, 7], [5, 1, 2, 1, 2], [3, 4, 5, 3, 4, 5, 3, 4, 5]]
+    want = ([[7, 7, 7, 7, 7, 7], [2, 1, 2, 1, 2, 1], [5, 3, 4, 5, 3, 4]], [5, 5, 5])
+    for impl in (K.ngram_match_ref, triton_ngram.ngram_match):
+        assert run(impl, kv_batch(histories, device=device), 5, min_n=1, max_n=3) == want
 
 
 def random_histories(seed: int, longest: int = 90) -> list[list[int]]:

@@ -175,9 +175,9 @@ def _reach_worker(max_reqs: int):
 
 
 def test_reach_of_the_worker_rows():
-    """NgramWorker._reach: tokens after the latest longest match, capped at the batch's node cap
-    (not the row's budget); 0 without a match or a read prompt; the batch path (8+ rows) equals the
-    per-row one."""
+    """NgramWorker._reach: one past the batch's node cap where the row's history has a match (its draft
+    continues the repeat it found, so it fills any size; not capped by the row's budget), 0 without a match
+    or a read prompt; the batch path (8+ rows) equals the per-row one."""
     worker, history = _reach_worker(16)
     rows = [[5, 6, 7, 8, 9, 1, 2, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1, 2, 3], [4, 5, 6], []]
     for i, toks in enumerate(rows):
@@ -186,8 +186,8 @@ def test_reach_of_the_worker_rows():
     worker.budget.budget[:] = 1  # budgets shrunk by rejections: the reach is not capped by them
     cap = worker.budget.node_cap(4)
     assert cap == 8
-    # row 0: "5 6" ends at 1, 7 tokens after it; row 1: "1 2 3" ends at 2, 12 after it (capped); rows 2-3: none
-    assert worker._reach(np.arange(4)).tolist() == [7, 8, 0, 0]  # 4 rows: looked up at every choice
+    # row 0: "5 6" ends at 1 (7 tokens after it, then their repeat); row 1: "1 2 3" ends at 2; rows 2-3: none
+    assert worker._reach(np.arange(4)).tolist() == [9, 9, 0, 0]  # 4 rows: looked up at every choice
     for i in range(4, 12):  # 8 more rows of random tokens: the batch path
         toks = np.random.default_rng(i).integers(0, 5, size=40)
         history.token_ids[i, :40] = toks
@@ -213,7 +213,7 @@ def test_reach_syncs_the_history_first():
 
     history.token_ids[0, :5], history.num_tokens[0] = read_so_far[:5], 5  # stale: synced at the last lookup
     assert worker._reach(np.asarray([0]))[0] == 0
-    assert worker._reach(np.asarray([0]), sync_history=sync)[0] == 8  # 10 tokens, the cap at one row 8
+    assert worker._reach(np.asarray([0]), sync_history=sync)[0] == 9  # "9 8" matches: the cap at one row (8) + 1
 
 
 def _serve_overestimated(worker, now, *, steps, calibrate):

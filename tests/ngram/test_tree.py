@@ -60,8 +60,20 @@ def test_chain_equals_the_prompt_lookup(seed):
     for _ in range(50):
         history = rng.integers(0, 5, size=rng.integers(2, 40)).astype(np.int32)
         tree = build_tree(history, config, max_nodes=5)
-        assert tree.tokens == propose_ngram(history, min_n=1, max_n=3, k=5).tolist()
+        assert tree.tokens == propose_ngram(history, min_n=1, max_n=3, k=5, repeat=True).tolist()
         assert tree.parents == list(range(len(tree)))
+
+
+def test_drafts_continue_a_repeat_past_the_history():
+    """history 3 4 7 7 7 7: the longest match, "7 7 7", ends at 4 alone, one token before the end; cut
+    there a chain or the trie's one branch would be one token (7); continued, both are the run's."""
+    history = _h(3, 4, 7, 7, 7, 7)
+    chain = NgramConfig(num_draft_tokens=5, min_match_window=1, max_match_window=3, max_bfs_breadth=1)
+    assert build_tree(history, chain, max_nodes=4) == DraftTree([7, 7, 7, 7], [0, 1, 2, 3])
+    tree = NgramConfig(num_draft_tokens=5, min_match_window=1, max_match_window=3, max_bfs_breadth=3)
+    assert build_tree(history, tree, max_nodes=4) == DraftTree([7, 7, 7, 7], [0, 1, 2, 3])
+    # a period of two: "1 2" ends at 3, two before the end: 1 2 1 2 ... (cut: 1 2)
+    assert build_tree(_h(5, 1, 2, 1, 2), chain, max_nodes=4) == DraftTree([1, 2, 1, 2], [0, 1, 2, 3])
 
 
 @pytest.mark.parametrize("match_type", ["BFS", "PROB"])

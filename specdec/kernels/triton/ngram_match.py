@@ -4,7 +4,8 @@ Grid ``(bs, splits)``: program (b, s) walks the candidate end positions p < L - 
 in [s * span, (s + 1) * span), in blocks of BLOCK; for each p it counts how many of the tokens ending
 there equal the suffix's, from the last one back (at most MAX_N, each a gather through ``req_to_token``
 and ``slot_tokens``), and keeps the best key n * 2^32 + p over the p whose count n reaches MIN_N (the
-longest match, then the latest). The draft is then the tokens after that p, written after the root.
+longest match, then the latest). The draft is then the k tokens after that p (past the history's end the
+repeat it found, continued), written after the root.
 Every access is masked to its row; a request whose row or length is out of range drafts nothing
 (``error_flag`` on CPU, as the reference raises).
 
@@ -80,12 +81,14 @@ def _best_key(slot_tokens, table, seq_len, root, first, last, MIN_N: tl.constexp
 
 @triton.jit
 def _write_chain(slot_tokens, table, seq_len, root, best, chains, draft_lens, b, K, BLOCK_K: tl.constexpr):
-    """Request b's chain: its root, the draft after the match ``best`` ends (none where -1), the root again."""
+    """Request b's chain: its root, the K tokens after the match ``best`` ends (none where -1; past the
+    history's end its repeat continued), the root past the draft."""
     end = best % 4294967296  # the match's last position, where best >= 0
-    n_draft = tl.where(best >= 0, tl.minimum(K, seq_len - end), 0)
+    n_draft = tl.where(best >= 0, K, 0)
     offs_k = tl.arange(0, BLOCK_K)  # chain entry 1 + j holds draft token j
     in_draft = offs_k < n_draft
-    draft = _history(slot_tokens, table, end + 1 + offs_k, seq_len, root, in_draft)
+    period = seq_len - end  # d = L - 1 - end >= 1: draft token j is history[end + 1 + j % d]
+    draft = _history(slot_tokens, table, end + 1 + offs_k % period, seq_len, root, in_draft)
     chain = chains + b.to(tl.int64) * (K + 1)
     tl.store(chain, root)
     tl.store(chain + 1 + offs_k, tl.where(in_draft, draft, root), mask=offs_k < K)

@@ -23,7 +23,6 @@ import torch
 
 from specdec.kernels.common import INDEX_DTYPES, check_rows, check_tensor, ngram_merge_buffer, table_row
 from specdec.kernels.dispatch import select_impl
-from specdec.ngram.lookup import continuation
 
 __all__ = ["latest_longest_match", "ngram_merge_buffer", "ngram_match", "ngram_match_ref"]
 
@@ -73,7 +72,8 @@ def ngram_match_ref(slot_tokens, req_to_token, req_pool_indices, seq_lens, roots
             raise ValueError(f"seq_lens: request {b} has {seq_len} tokens, its row holds {table.shape[0]}")
         history = np.append(slot_tokens[table[:seq_len].long()].cpu().numpy().astype(np.int64), root)
         end = latest_longest_match(history, min_n=min_n, max_n=max_n)
-        draft = continuation(history, end, k, repeat=True) if end >= 0 else history[:0]
+        # [k] the tokens after the match, over and over past the history's end (np.resize cuts or repeats)
+        draft = np.resize(history[end + 1:], k) if end >= 0 else history[:0]
         chains[b] = root
         chains[b, 1: 1 + len(draft)] = torch.from_numpy(draft)
         draft_lens[b] = len(draft)

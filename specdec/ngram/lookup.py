@@ -48,7 +48,7 @@ def continuation(history: np.ndarray, end: int, k: int, *, repeat: bool) -> np.n
     """The k tokens after a match ending at ``end`` < L - 1 ([<= k]: cut at the history's end; with
     ``repeat``, [k]: the d = L - 1 - end tokens after it over and over, the repeat continued)."""
     after = history[end + 1:]  # [d], d >= 1: the match ends before the last token
-    return np.resize(after, k) if repeat and after.shape[0] < k else after[:k]  # resize: [k], after over and over
+    return np.resize(after, k) if repeat else after[:k]  # resize: [k], after cut or over and over
 
 
 def latest_longest_match_end(history: np.ndarray, *, min_n: int, max_n: int) -> int:

@@ -414,10 +414,9 @@ class NgramWorker:
             if self.cache is None:
                 self._reach(rows, sync_history)  # NOTE: the history synced as rank 0's choice synced it
             max_size = int(self._receive())
-        elif self.slot_tokens is not None and max_size:  # device lookups without the policy: the rows' reach
-            # in the history read so far sizes the chain (0: no row has a match, a plain step)
-            longest = min(int(self._reach(rows, sync_history).max()), self.budget.node_cap(len(rows)))
-            max_size = min(self.budget.step_size(longest), max_size) if longest else 0
+        elif self.slot_tokens is not None and max_size:  # device lookups without the policy: a match in the
+            # history read so far fills the largest size (its repeat continued); no row with one: a plain step
+            max_size = max_size if self._reach(rows, sync_history).any() else 0
         return max_size
 
     def _reach(self, rows: np.ndarray, sync_history: Callable[[], None] | None = None) -> np.ndarray:

@@ -7,17 +7,21 @@ of every request shuffled over the cache. By default, for bs in {1, 8, 64} and c
 backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same inputs in the
 same process; ``forward`` is timed (metadata is planned once per forward, outside the
 per-layer time), warm-up then median of CUDA-event timings, eagerly and replayed from a CUDA graph
-(the GPU time without launch overhead; torch_native is timed eagerly only).
+(the GPU time without launch overhead; torch_native is timed eagerly only). ``triton_extend`` is the
+triton backend with every verify on its extend kernel (no nodes as decode steps: the default path's
+cost of greedy answers equal to plain decoding, issue #41).
 
 The floor is the KV bytes a call must read (K and V of every visible entry, once) divided by the
 bandwidth of a large device-to-device copy measured in the same run.
 
 ``--static-bound L`` plans every call as a CUDA graph of a server does (triton only): from a length
-bound L (a server's context length) instead of the actual lengths, which stay at each case's context.
+bound L (a server's context length) instead of the actual lengths, which stay at each case's context;
+the plan (``init_forward_metadata``, once a forward, on the device alone) is then timed too, replayed.
 
     python benchmarks/bench_attention.py --output-dir benchmarks/results/attention
     python benchmarks/bench_attention.py --backends triton --static-bound 32768 --output-dir DIR
     python benchmarks/bench_attention.py --backends triton --batch-sizes 4 8 --tree-sizes 32 64
+    python benchmarks/bench_attention.py --backends triton triton_extend --static-bound 2048 --contexts 1024
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ CONTEXTS = (512, 4096)
 TREE_SIZES = (4, 8, 64)
 # torch_native materialises fp32 gathers and scores; skip it where they would pass this many bytes
 TORCH_NATIVE_MAX_BYTES = 12 * 2**30
+# measured beside the registered backends: name -> (backend, its arguments)
+VARIANTS = {"triton_extend": ("triton", {"verify_as_decode_max_rows": 0, "verify_rows_max_nodes": 0})}
+TRITON_NAMES = ("triton", *VARIANTS)
 
 
 def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -66,12 +73,15 @@ def make_batch(mode: ForwardMode, bs: int, ctx: int, n: int, seed: int = 0):
     cache.k_buffers[0].normal_()
     cache.v_buffers[0].normal_()
     kw = {}
+    depths = torch.zeros(bs * n, dtype=torch.int64)  # [bs * n] a node's ancestors (0: the root; decode: 0)
     if mode == ForwardMode.TARGET_VERIFY:
-        kw["tree_mask"] = torch.cat([random_tree_mask(n, gen).flatten() for _ in range(bs)]).cuda()
+        masks = [random_tree_mask(n, gen) for _ in range(bs)]
+        kw["tree_mask"] = torch.cat([m.flatten() for m in masks]).cuda()
+        depths = torch.cat([m.sum(1) - 1 for m in masks])
     batch = ForwardBatch(
         forward_mode=mode,
         input_ids=torch.zeros(bs * n, dtype=torch.int64, device="cuda"),
-        positions=torch.zeros(bs * n, dtype=torch.int64, device="cuda"),
+        positions=(ctx + depths).cuda(),  # NOTE: the verify-as-decode plans list each node's positions 0..its own
         out_cache_loc=table[:, ctx:].reshape(-1).long(),
         req_pool_indices=torch.arange(bs, device="cuda"),
         prefix_lens=torch.full((bs,), ctx, device="cuda"),
@@ -116,15 +126,23 @@ def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str]
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
     row = {"mode": mode.name, "bs": bs, "context": ctx,
            "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "static_bound": args.static_bound,
-           "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}}
+           "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}, "plan_us": {}}
     for name in backends:
         if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
             row["us"][name] = None
             continue
-        backend = create_attention_backend(name)
+        registered, kwargs = VARIANTS.get(name, (name, {}))
+        backend = create_attention_backend(registered, **kwargs)
         b = dataclasses.replace(batch, attn_backend=backend, attn_metadata=None)
         backend.init_forward_metadata(b)
         iters = args.iters if name != "torch_native" else max(3, args.iters // 5)
+        if args.static_bound:
+            try:
+                row["plan_us"][name] = graph_us(lambda: backend.init_forward_metadata(b), reps=iters,
+                                                warmup=args.warmup)
+            except RuntimeError:  # a plan that reads host lengths: not capturable
+                row["plan_us"][name] = None
+            backend.init_forward_metadata(b)  # NOTE: metadata of its own, not the freed graph pool's
         call = lambda: backend.forward(q, k, v, layer, b)  # noqa: E731
         row["us"][name] = event_us(call, reps=iters, warmup=args.warmup)
         if name != "torch_native":  # after its first call forward plans nothing on the host: capturable
@@ -146,10 +164,12 @@ def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
         head += [f"{b} us", f"{b} graph us"]
     head += ["torch_native us"] if "torch_native" in backends else []
     head += ["triton graph / floor"] + [f"triton / {b} (graph)" for b in others]
+    planned = [b for b in backends if any(r["plan_us"].get(b) is not None for r in rows)]
+    head += [f"{b} plan us" for b in planned]
     lines = [f"Copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s. Llama-3-8B heads (32/8/128), bf16, "
              "page_size 1, one layer's `forward` (K/V write + attention). `us`: eager call, launch overhead "
              "included; `graph us`: CUDA-graph replay (GPU time). `triton / x (graph)` divides the graph "
-             "times: > 1 means x is faster than triton.", "",
+             "times: > 1 means x is faster than triton; `plan us`: a forward's plan under `--static-bound`, replayed.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def fmt(x, spec):
@@ -165,6 +185,7 @@ def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
         cells += [fmt(us.get("torch_native"), ".1f")] if "torch_native" in backends else []
         cells += [fmt(g / r["floor_us"] if g else None, ".2f")]
         cells += [fmt(g / us[f"{b}_graph"] if g and us.get(f"{b}_graph") else None, ".2f") for b in others]
+        cells += [fmt(r["plan_us"].get(b), ".1f") for b in planned]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -186,8 +207,8 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")
-    if args.static_bound is not None and (args.static_bound < 1 or args.backends != ["triton"]):
-        raise SystemExit("--static-bound: a length >= 1, with --backends triton")
+    if args.static_bound is not None and (args.static_bound < 1 or not set(args.backends or ()) <= set(TRITON_NAMES)):
+        raise SystemExit(f"--static-bound: a length >= 1, with --backends among {', '.join(TRITON_NAMES)}")
     start = time.time()
     args.bandwidth = copy_bandwidth()
     wanted = args.backends or [b for b in ("torch_native", "flashinfer", "fa3") if b in available_backends()]

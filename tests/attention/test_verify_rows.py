@@ -18,6 +18,7 @@ from ..triton_env import import_kernels, kernel_devices, rand
 kernels = import_kernels("specdec.attention.triton_kernels.verify_rows")
 decode_attention_rows = kernels.decode_attention_rows
 decode_attention_rows_ref = kernels.decode_attention_rows_ref
+decode_plan = import_kernels("specdec.attention.triton_kernels.decode").decode_plan
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 D = 16
@@ -47,15 +48,15 @@ def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int, 
 
 
 def run(op, device, *, hq, hkv, prefixes, nodes, dtype, num_splits=None, plan_seqs=None, grouped=True, seed=0,
-        chain=False):
-    table, lens, prefix_lens = random_trees(prefixes, nodes, seed=seed, num_slots=max(prefixes) * 3 + 400, chain=chain)
-    num_slots = max(prefixes) * 3 + 400
-    k = rand(num_slots, hkv, D, dtype=dtype, device=device, seed=seed + 1)
-    v = rand(num_slots, hkv, D, dtype=dtype, device=device, seed=seed + 2)
-    q = rand(len(lens), hq, D, dtype=dtype, device=device, seed=seed + 3)
+        chain=False, head_dim=D):
+    num_slots = max(max(prefixes) * 3, sum(prefixes) + len(prefixes) * nodes) + 400
+    table, lens, prefix_lens = random_trees(prefixes, nodes, seed=seed, num_slots=num_slots, chain=chain)
+    k = rand(num_slots, hkv, head_dim, dtype=dtype, device=device, seed=seed + 1)
+    v = rand(num_slots, hkv, head_dim, dtype=dtype, device=device, seed=seed + 2)
+    q = rand(len(lens), hq, head_dim, dtype=dtype, device=device, seed=seed + 3)
     out = torch.full_like(q, float("nan"))
     extra = dict(nodes_per_seq=nodes, prefix_lens=prefix_lens.to(device)) if grouped else {}
-    op(q, k, v, table.to(device), lens.to(device), out, sm_scale=D**-0.5, max_kv_len=max(prefixes) + 1,
+    op(q, k, v, table.to(device), lens.to(device), out, sm_scale=head_dim**-0.5, max_kv_len=max(prefixes) + 1,
        plan_seqs=plan_seqs or len(prefixes), num_splits=num_splits, **extra)
     return out
 
@@ -101,6 +102,25 @@ def test_node_group_chains_equal_the_per_node_grid_bit_for_bit(device, num_split
     grouped = run(decode_attention_rows, device, **args)
     assert grouped.isfinite().all()
     assert torch.equal(grouped, run(decode_attention_rows, device, grouped=False, **args))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chain", [False, True])
+def test_node_groups_under_the_streaming_plan_equal_the_per_node_grid(chain):
+    """Llama-3-8B's heads (32 query, 8 KV, 128 wide) verifying 8-node trees and chains for 64 requests at
+    contexts of 0.3-1.1 k: the decode batch's unsplit streaming plan (64-entry tiles, its own warps), the
+    plan of the large-batch verify forwards."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    prefixes = torch.randint(300, 1100, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+    q = torch.empty(64 * 8, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    plan = decode_plan(q, k, max_kv_len=max(prefixes) + 1, plan_seqs=64, num_splits=None, window=None)
+    assert plan.splits == 1 and plan.block_n == 64  # the streaming plan
+    args = dict(hq=32, hkv=8, prefixes=prefixes, nodes=8, dtype=torch.bfloat16, chain=chain, head_dim=128)
+    grouped = run(decode_attention_rows, "cuda", **args)
+    assert grouped.isfinite().all()
+    assert torch.equal(grouped, run(decode_attention_rows, "cuda", grouped=False, **args))
 
 
 @pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))

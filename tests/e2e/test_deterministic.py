@@ -79,6 +79,39 @@ def test_prefix_cache_on_and_off_give_the_same_tokens():
     assert outputs[0] == outputs[1] and cached[0] >= 32 and cached[1] == 0
 
 
+def _ngram_outputs(breadth, prompts, **kw):
+    """Plain decoding and NGRAM (chains, or tries of ``breadth`` branches) over ``prompts`` in deterministic
+    mode, and NGRAM's accepted lengths."""
+    target, _ = make_pair("EAGLE3", "mixed", dtype=torch.bfloat16, seed=3)
+    common = dict(device=DEVICE, enable_deterministic_inference=True, **kw)
+    plain = _generate(engine(target.to(DEVICE), **common), prompts, max_new=30)
+    spec = engine(target, speculative_algorithm="NGRAM", speculative_num_draft_tokens=8,
+                  speculative_ngram_max_bfs_breadth=breadth, **common)
+    params = {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True}
+    outs = spec.generate(input_ids=prompts, sampling_params=params)
+    return plain, [o["output_ids"] for o in outs], [k for o in outs for k in o["meta_info"]["spec_accept_lengths"]]
+
+
+# prompts that repeat themselves (lookups match from the second copy on) and two that do not
+NGRAM_PROMPTS = PROMPTS + [[7, 81, 26, 5, 40] * 3 + [7, 81], [19, 64, 3, 88, 52, 11, 29, 70, 6] * 2]
+
+
+@pytest.mark.parametrize("breadth", [1, 3], ids=["chain", "trie"])
+def test_ngram_equals_plain_bit_for_bit(breadth):
+    plain, spec, accepts = _ngram_outputs(breadth, NGRAM_PROMPTS, attention_backend="torch_native", page_size=1)
+    assert spec == plain
+    assert max(accepts) > 1  # drafts were verified and accepted: the check is not vacuous
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("breadth", [1, 3], ids=["chain", "trie"])
+def test_gpu_ngram_equals_plain_bit_for_bit(breadth):
+    """NGRAM's sizes (up to 8 nodes, padded) replaying CUDA graphs, against plain decoding."""
+    plain, spec, accepts = _ngram_outputs(breadth, NGRAM_PROMPTS * 2, attention_backend="triton", page_size=16)
+    assert spec == plain
+    assert max(accepts) > 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(5, 4, 8), (3, 1, 4), (6, 8, 32)])
 def test_gpu_speculative_equals_plain_bit_for_bit(shape):

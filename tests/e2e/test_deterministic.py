@@ -92,7 +92,7 @@ def _ngram_outputs(breadth, prompts, **kw):
     return plain, [o["output_ids"] for o in outs], [k for o in outs for k in o["meta_info"]["spec_accept_lengths"]]
 
 
-# prompts that repeat themselves (lookups match from the second copy on) and two that do not
+# PROMPTS (the first repeats itself, the others do not) and two more that repeat: lookups match from a second copy on
 NGRAM_PROMPTS = PROMPTS + [[7, 81, 26, 5, 40] * 3 + [7, 81], [19, 64, 3, 88, 52, 11, 29, 70, 6] * 2]
 
 

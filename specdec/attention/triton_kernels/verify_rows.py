@@ -104,14 +104,13 @@ def _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row, kv_len, sees,
     its ancestors read a list their own lists are prefixes of (its entries past a row's length lie outside
     the row's [lo, hi): they add exactly nothing to it); -1 for rows that see nothing here. Nodes come after
     their parents, so the node taken is a leaf: a chain takes one list, a tree at most one a leaf."""
-    own = tl.load(kv_table + row.to(tl.int64) * kv_row_stride + kv_len - 1, mask=sees, other=-1)
-    take = tl.full(own.shape, -1, tl.int32)  # [BLOCK_H]
-    for j in tl.range(0, SPAN, num_stages=1):
-        len_j = tl.sum(tl.where(offs_j == j, lens, 0), 0)
-        holds = sees & (kv_len <= len_j)
-        at = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + kv_len - 1, mask=holds, other=-2)
-        take = tl.where(holds & (at == own), j, take)
-    return take
+    # NOTE: one gather of every span node's entry at each row's last position ([BLOCK_H, SPAN_P2]), not a
+    # load a node: the loads are independent, and in a loop their latencies added up in every program's tail
+    own = tl.load(kv_table + row.to(tl.int64) * kv_row_stride + kv_len - 1, mask=sees, other=-1)  # [BLOCK_H]
+    holds = sees[:, None] & (offs_j < SPAN)[None, :] & (kv_len[:, None] <= lens[None, :])
+    at = tl.load(kv_table + (first + offs_j).to(tl.int64)[None, :] * kv_row_stride + (kv_len - 1)[:, None],
+                 mask=holds, other=-2)
+    return tl.max(tl.where(holds & (at == own[:, None]), offs_j[None, :], -1), 1)
 
 
 @triton.jit
@@ -184,6 +183,10 @@ def _node_group_kernel(
     # fill the shared memory the decode plan sized for one loop), each list one load for both query tiles
     for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
         offs_n = start + tl.arange(0, BLOCK_N)
+        # every span node's slots in this tile ([SPAN_P2, BLOCK_N], a few KB), loaded at once: a node's
+        # K/V load below then waits for one load, not two in series
+        span_slots = tl.load(kv_table + (first + offs_j).to(tl.int64)[:, None] * kv_row_stride + offs_n[None, :],
+                             mask=node_ok[:, None] & (offs_n[None, :] < lens[:, None]), other=0)
         visible0 = (offs_n[None, :] >= lo0[:, None]) & (offs_n[None, :] < hi0[:, None])
         take0 = _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row0, len0,
                             tl.max(visible0.to(tl.int32), 1) > 0, SPAN)
@@ -204,7 +207,7 @@ def _node_group_kernel(
                 used = tl.maximum(used0, used1)
             if used > 0:
                 n_valid = offs_n < tl.sum(tl.where(offs_j == j, lens, 0), 0)
-                slot = tl.load(kv_table + (first + j).to(tl.int64) * kv_row_stride + offs_n, mask=n_valid, other=0)
+                slot = tl.sum(tl.where((offs_j == j)[:, None], span_slots, 0), 0)  # [BLOCK_N] node j's
                 k, v = load_kv_tile(K, V, slot.to(tl.int64), n_valid, kv_head, stride_ks, stride_kh, stride_vs,
                                     stride_vh, offs_d, d_valid)
                 if used0 > 0:

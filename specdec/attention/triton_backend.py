@@ -22,10 +22,11 @@ does. Verify batches run so when every request has the same tree of at most
 kernel under the tree mask. Measured on an H200 (benchmarks/results/2026-11-29-h200-verify-node-groups):
 SmolLM2's bf16 greedy answers with EAGLE-3 equal plain decoding's in 8/8, 80/80, 79/80, 122/128 and
 233/256 at 1-128 requests at once (vLLM 0.26 beside it: 8/8, 43/80, 36/80, 54/128, 123/256); on the
-8B shape at context 1 k an 8-node tree's attention takes 1.6-1.8x the extend kernel's at 8-64 requests
+8B shape at context 1 k an 8-node tree's attention takes 1.4-1.7x the extend kernel's at 8-64 requests
 and its step 4-9 % longer at 1-64, a 4-node chain's step 0-3 %; other warps or stages, or one query
 tile a program, made it no cheaper, and node groups of up to 16 nodes (NGRAM's 9 and 12) cost a 12-node
-tree 9-12 % a step at 8-64 requests, hence 8 (benchmarks/results/2026-12-01-h200-node-group-cost).
+tree 9-12 % a step at 8-64 requests, hence 8 (benchmarks/results/2026-12-01-h200-node-group-cost,
+2026-12-01-h200-verify-profile).
 
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose

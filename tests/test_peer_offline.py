@@ -62,3 +62,12 @@ def test_answers_record_each_cells_prompts_and_answers(tmp_path, monkeypatch):
     assert cell["workload"] == "w" and cell["concurrency"] == 1 and cell["prompts"] == offline.cell_work(prompts, 1)
     assert [hashlib.sha1(json.dumps(a).encode()).hexdigest()[:12] for a in cell["answers"]] == rows[0]["digests"]
     assert all(0 < len(a) <= 12 for a in cell["answers"])
+
+
+def test_one_request_cells_take_the_first_prompts(monkeypatch):
+    """``--one-request-prompts``: a one-request cell's prompts, the first of the set; larger cells unchanged."""
+    prompts = [[i] for i in range(20)]
+    assert offline.cell_work(prompts, 1) == prompts[:8]
+    monkeypatch.setattr(offline, "ONE_REQUEST_PROMPTS", 16)
+    assert offline.cell_work(prompts, 1) == prompts[:16]
+    assert offline.cell_work(prompts, 4) == prompts and len(offline.cell_work(prompts, 32)) == 64

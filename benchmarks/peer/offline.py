@@ -17,9 +17,10 @@ flight through each engine's own step API (``Engine.add_request`` / ``step``; vL
 
 Workloads:
 - ``chat``: MT-bench's 80 first turns in the model's chat template, greedy, until the end of turn or
-  256 tokens, at each ``--concurrency`` (one request at a time: the first 8 prompts; from 8 on: at
-  least 80 requests, the prompts repeated to twice the concurrency). First an untimed warm-up of
-  each concurrency's requests (32 tokens each: a cold kernel cache compiles there, not in timed passes). A row: tok/s,
+  256 tokens, at each ``--concurrency`` (one request at a time: the first 8 prompts, or
+  ``--one-request-prompts``; from 8 on: at least 80 requests, the prompts repeated to twice the
+  concurrency). First an untimed warm-up of each concurrency's requests (32 tokens each: a cold
+  kernel cache compiles there, not in timed passes). A row: tok/s,
   TTFT and TPOT medians, acceptance length (committed tokens per verify step), and a digest of each
   answer (greedy answers compared across configurations by ``report.py``).
 - ``lookup``: where n-gram drafts pay (``--datasets``: Spec-Bench's summarization, RAG and translation,
@@ -55,6 +56,7 @@ REPEATS = 1  # --repeats: each cell's passes (the choices of --force interleaved
 WAITING: list[str] = []  # --waiting: each cell once per admission setting RATIO:STEPS (specdec)
 SYNC_DEBUG = False  # --sync-debug: the largest concurrency's timed pass under torch's sync debug mode
 ANSWERS: str | None = None  # --answers: where a plain run appends each timed cell's prompts and greedy answers
+ONE_REQUEST_PROMPTS = 8  # --one-request-prompts: a one-request cell's prompts, the first of its set
 CHAT_PROMPTS = Path(__file__).resolve().parents[2] / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 MAX_TOKENS = 256
 
@@ -342,9 +344,9 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
 
 
 def cell_work(prompts: list[list[int]], c: int) -> list[list[int]]:
-    """The requests of a cell at concurrency ``c``: the first 8 prompts one at a time; else at least every
-    prompt, repeated to twice ``c``."""
-    return prompts[:8] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
+    """The requests of a cell at concurrency ``c``: the first ONE_REQUEST_PROMPTS prompts one at a time; else
+    at least every prompt, repeated to twice ``c``."""
+    return prompts[:ONE_REQUEST_PROMPTS] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
 
 
 def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str, workload: str, max_tokens: int,
@@ -501,6 +503,7 @@ def run_decode(engine, points: list[tuple[int, int]], *, workload: str, steps: i
 
 
 def main() -> None:
+    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS, WAITING, ANSWERS, ONE_REQUEST_PROMPTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=sorted(ENGINES), required=True)
     parser.add_argument("--config", default="plain",
@@ -540,10 +543,15 @@ def main() -> None:
                         "choices of --force interleaved), one row each")
     parser.add_argument("--answers", help="plain runs: append each timed cell's prompts and greedy answers (token "
                         "ids, JSON lines) to this file, for benchmarks/ngram_chain_replay.py --answers")
+    parser.add_argument("--one-request-prompts", type=int, default=ONE_REQUEST_PROMPTS,
+                        help="chat, lookup: a one-request cell's prompts, the first of each set (8: the records' "
+                             "'8/8' agreement; more resolve an A/B's few per cent: 8 SmolLM2 prompts take <1 s)")
     parser.add_argument("--waiting", default="", help="diagnostics, specdec: each cell once per admission setting "
                         "RATIO:STEPS (--waiting-served-ratio, --max-waiting-tokens), comma-separated; rows carry it")
     args = parser.parse_args()
-    global PROFILE, SYNC_DEBUG, TRACE, FORCES, REPEATS, WAITING, ANSWERS
+    if args.one_request_prompts < 1:
+        raise SystemExit(f"--one-request-prompts: expected a positive count, got {args.one_request_prompts}")
+    ONE_REQUEST_PROMPTS = args.one_request_prompts
     PROFILE, TRACE, FORCES, REPEATS = args.profile, args.trace, args.force.split(","), args.repeats
     ANSWERS = args.answers if args.config == "plain" else None
     if TRACE:

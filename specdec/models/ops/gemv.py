@@ -37,7 +37,9 @@ carry an FP8 copy of itself (e4m3, one fp32 scale per row). ``linear`` then read
 Measured and rejected (see the results README): fusing the RMSNorm or SiLU-and-mul into the GEMM
 as a prologue. Every program must recompute the prologue from the whole input row, so the input is
 re-read (from L2) once per program; at M = 1 that cost about what the separate kernel does, and at
-M >= 2 it lost by 10-300%.
+M >= 2 it lost by 10-300%. Prefetching each program's weight rows into L2 before PDL's wait
+(``cp.async.bulk.prefetch.L2``, 16 or 32 MiB a call), to overlap the kernel before: tp-2 decode at
+bs 1 2.96 -> 3.26 / 3.36 ms (benchmarks/results/2026-12-01-h200x2-tp2-floor).
 """
 
 from __future__ import annotations

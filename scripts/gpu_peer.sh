@@ -173,7 +173,8 @@ case "$what" in
       model-hosting-container-standards==0.1.16 httpx httpcore jmespath supervisor certifi
     du -sh .peer/mhcs ;;
   lean)  # here, before the puts: the SmolLM2 heads (27 MB) out of the tree into .lean/, so that a put carries
-    # the tree and two GGUF parts within a call's 64 MiB; `unlean` before a call that serves or tests
+    # the tree (19 MB lean on 2026-12-01) and GGUF parts within a call's 64 MiB: one 25 MB part, or p-01 with
+    # the 22 MB p-03; `unlean` before a call that serves or tests
     mkdir -p .lean && mv specdec/data/smollm2 .lean/ && du -sh --exclude=.git --exclude=.peer --exclude=.vllm \
       --exclude=.stash --exclude=.lean . ;;
   unlean) mv .lean/smollm2 specdec/data/ && rmdir .lean ;;

@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=3)
     parser.add_argument("--arch", type=int, default=90, help="compute capability (90: H100 / H200)")
+    parser.add_argument("--ptx", type=Path, help="also write the PTX here (which MMA instructions a tile takes)")
     args = parser.parse_intermixed_args()
 
     fn = load_kernel(args.kernel)
@@ -69,6 +70,8 @@ def main() -> None:
                        constexprs={(fn.arg_names.index(n),): constexpr_value(v) for n, v in constexprs.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", args.arch, 32),
                               options={"num_warps": args.warps, "num_stages": args.stages})
+    if args.ptx:
+        args.ptx.write_text(compiled.asm["ptx"])
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"

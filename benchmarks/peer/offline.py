@@ -346,7 +346,9 @@ def run_cells(engine, prompts: list[list[int]], concurrencies: list[int], *, wor
 def cell_work(prompts: list[list[int]], c: int) -> list[list[int]]:
     """The requests of a cell at concurrency ``c``: the first ONE_REQUEST_PROMPTS prompts one at a time; else
     at least every prompt, repeated to twice ``c``."""
-    return prompts[:ONE_REQUEST_PROMPTS] if c == 1 else [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
+    if c == 1:
+        return prompts[:ONE_REQUEST_PROMPTS]
+    return [prompts[i % len(prompts)] for i in range(max(len(prompts), 2 * c))]
 
 
 def run_cell(engine, prompts: list[list[int]], c: int, *, last: bool, force: str, workload: str, max_tokens: int,

@@ -192,7 +192,7 @@ def launch_config(device: torch.device, *, block_m: int, head_dim: int, elem_siz
 # replay, µs; 128 x 2 stages x 4 warps -> 64 x 3 x 2): bs 64 at context 1 k 101.0 -> 97.4, bs 128
 # 194.3 -> 187.7, bs 64 at 4 k 359.4 -> 359.2; bs 32 (1.9 programs an SM) 53.4 against 53.7, so it
 # keeps the default (benchmarks/results/2026-11-26-h100-attention-tiles). On an H200, 64 x 3 at 4 warps
-# (decode and node-group verify alike) spilled less but made 8B steps 2-6 % longer at bs 64-128
+# (decode and node-group verify alike) made 8B steps 2-6 % longer at bs 64-128
 # (benchmarks/results/2026-12-01-h200-verify-profile).
 STREAM_PROGRAMS_PER_SM = 3
 

@@ -194,9 +194,10 @@ def _node_group_kernel(
             visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
             take1 = _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row1, len1,
                                 tl.max(visible1.to(tl.int32), 1) > 0, SPAN)
-        # NOTE: a loop, not unrolled (static_range): unrolled, its SPAN copies of two products spilled 8.7 KB a
-        # thread on sm_90a under the 8B shape's plan and 75 KB under MHA's (16 nodes a program; a GPU test's 32
-        # took 210 s to build), looped 2.3 and 1.9 KB (benchmarks/results/2026-12-01-sm90-registers)
+        # NOTE: a loop, not unrolled (static_range): unrolled, one 8B layer's 8-node trees took 41 against 37 µs
+        # at bs 8 and 133 against 116 at bs 64 on an H200, and it builds 4x longer. A loop over the served lists
+        # alone, without the branch (Triton then pipelines its loads), was slower still: 46 and 152 µs
+        # (benchmarks/results/2026-12-01-h200-node-group-tail)
         for j in tl.range(0, SPAN, num_stages=1):
             mine0 = take0 == j  # [BLOCK_H]
             used0 = tl.max(mine0.to(tl.int32), 0)

@@ -14,11 +14,11 @@ TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): 
 requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
 graphs; eagerly unless the plans' bounds differ), and with the linear layers' one tiling for 1-8
 rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. A
-request's nodes share the decode kernel's query tile (4 nodes of 4 heads in 16 rows) and a program
-two such tiles, so a tree of up to 8 nodes under GQA 4 reads its prefix once, as the extend kernel
-does. Verify batches run so when every request has the same tree of at most
-``verify_rows_max_nodes`` nodes (VERIFY_ROWS_MAX_NODES), or when the batch has at most
-``verify_as_decode_max_rows`` nodes in all (VERIFY_AS_DECODE_MAX_ROWS); others run the extend
+request's nodes share the decode kernel's query tile (4 nodes of 4 heads in 16 rows, a program two
+such tiles; under the large batches' streaming plan one tile of up to 32 rows), so a tree of up to 8
+nodes under GQA 4 reads its prefix once, as the extend kernel does. Verify batches run so when every
+request has the same tree of at most ``verify_rows_max_nodes`` nodes (VERIFY_ROWS_MAX_NODES), or
+when the batch has at most ``verify_as_decode_max_rows`` nodes in all (VERIFY_AS_DECODE_MAX_ROWS); others run the extend
 kernel under the tree mask. Measured on an H200 (benchmarks/results/2026-11-29-h200-verify-node-groups):
 SmolLM2's bf16 greedy answers with EAGLE-3 equal plain decoding's in 8/8, 80/80, 79/80, 122/128 and
 233/256 at 1-128 requests at once (vLLM 0.26 beside it: 8/8, 43/80, 36/80, 54/128, 123/256); on the

@@ -18,7 +18,8 @@ from ..triton_env import import_kernels, kernel_devices, rand
 kernels = import_kernels("specdec.attention.triton_kernels.verify_rows")
 decode_attention_rows = kernels.decode_attention_rows
 decode_attention_rows_ref = kernels.decode_attention_rows_ref
-decode_plan = import_kernels("specdec.attention.triton_kernels.decode").decode_plan
+decode_kernels = import_kernels("specdec.attention.triton_kernels.decode")
+decode_plan = decode_kernels.decode_plan
 
 pytestmark = pytest.mark.usefixtures("triton_interpreter")
 D = 16
@@ -141,3 +142,30 @@ def test_node_groups_check_their_arguments():
         run(lambda *a, nodes_per_seq, **kw: decode_attention_rows(*a, nodes_per_seq=4, **kw), device, **args)
     with pytest.raises(ValueError, match="go together"):
         run(lambda *a, prefix_lens, **kw: decode_attention_rows(*a, prefix_lens=None, **kw), device, **args)
+
+
+@pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
+@pytest.mark.parametrize("streaming", [False, True], ids=["decode-tile", "streaming"])
+@pytest.mark.parametrize("hq, hkv, nodes, rows, pair", [(8, 2, 8, 32, False), (8, 2, 4, 16, False),
+                                                       (8, 2, 9, 32, True), (2, 2, 18, 32, False)],
+                         ids=["8-nodes-gqa4", "chain-gqa4", "9-nodes-gqa4", "18-nodes-mha"])
+def test_node_groups_take_one_tile_of_up_to_32_rows_when_streaming(device, streaming, hq, hkv, nodes, rows, pair,
+                                                                    monkeypatch):
+    """Under the streaming plan a tree of 8 nodes under GQA 4 is one 32-row query tile (one product a prefix
+    tile, not two 16-row ones), with the row sums as products in both grids; other plans keep the decode
+    kernel's 16 rows (two tiles a program past 4 nodes). Either way each row equals the per-node grid's bit
+    for bit."""
+    launched = []
+    kernel = kernels._node_group_kernel
+    monkeypatch.setattr(kernels, "_node_group_kernel", type("K", (), {
+        "__getitem__": lambda self, grid: lambda *a, **kw: launched.append(kw) or kernel[grid](*a, **kw)})())
+    plan = kernels.decode_plan
+    for module in (kernels, decode_kernels):  # the node groups' plan and the per-node grid's alike
+        monkeypatch.setattr(module, "decode_plan", lambda *a, **kw: plan(*a, **kw)._replace(streaming=streaming))
+    args = dict(hq=hq, hkv=hkv, prefixes=[40, 20], nodes=nodes, dtype=torch.float32)
+    grouped = run(decode_attention_rows, device, **args)
+    (kw,) = launched
+    if not streaming:
+        rows, pair = 16, nodes * hq // hkv > 16
+    assert (kw["BLOCK_H"], kw["PAIR"]) == (rows, pair)
+    assert torch.equal(grouped, run(decode_attention_rows, device, grouped=False, **args))

@@ -40,17 +40,29 @@ def mma(a, b, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr):
     """Fold one KV tile into the running (max, sum, acc) of each query row.
 
     qk [M, N] fp32 log2-scaled scores, -inf where not visible; v [N, D]. A row that has seen
     nothing visible yet keeps m = -inf, l = 0, acc = 0 (``m_safe`` avoids -inf - -inf = nan).
+
+    ``ROW_SUMS_BY_DOT``: each row's sum of the tile's weights is taken by the matrix unit, as the
+    product of the weights (rounded to v's dtype, as the value product takes them) with a column of
+    ones, instead of ``tl.sum``. A reduction's order follows how Triton lays the tile over its warps
+    (along the keys for a 16-row tile, along the rows for a 32-row one), a product's K order does
+    not: a row then gets the same bits in a query tile of any height (decode's 16 rows, node groups'
+    32 under the streaming plan, where both take it).
     """
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(qk - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if ROW_SUMS_BY_DOT:
+        ones = tl.full([qk.shape[1], 16], 1.0, tl.float32).to(v.dtype)  # [N, 16]: the narrowest product Triton takes
+        row_sums = tl.max(mma(p.to(v.dtype), ones, None, DOT_PRECISION), 1)  # 16 equal columns: exact
+    else:
+        row_sums = tl.sum(p, 1)
+    l_i = l_i * alpha + row_sums
     acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -79,7 +91,7 @@ def query_tile(q, K):
 
 @triton.jit
 def attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
-                d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+                d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr):
     """Fold one tile of KV entries into each query row's running softmax.
 
     q [M, D] as ``query_tile`` gives it (K and V tiles are cast to its dtype: a no-op but over an
@@ -88,7 +100,7 @@ def attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh, 
     2^31 / (num_kv_heads * head_dim) slots, hence int64 slots.
     """
     k, v = load_kv_tile(K, V, slot, n_valid, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid)
-    return fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION)
+    return fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION, ROW_SUMS_BY_DOT)
 
 
 @triton.jit
@@ -102,12 +114,13 @@ def load_kv_tile(K, V, slot, n_valid, kv_head, stride_ks, stride_kh, stride_vs, 
 
 
 @triton.jit
-def fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+def fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr,
+              ROW_SUMS_BY_DOT: tl.constexpr):
     """``attend_tile``'s arithmetic over loaded tiles (``load_kv_tile``), cast to the query's dtype:
     several query tiles can share one load and each get what ``attend_tile`` gives it."""
     qk = mma(q, k.to(q.dtype), None, DOT_PRECISION) * sm_scale_log2  # [M, N]
     qk = tl.where(visible, qk, float("-inf"))
-    return online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION)
+    return online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION, ROW_SUMS_BY_DOT)
 
 
 @triton.jit

@@ -62,7 +62,7 @@ def _decode_kernel(
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_TABLE: tl.constexpr,
+    DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_TABLE: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -98,7 +98,7 @@ def _decode_kernel(
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
         m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, ROW_SUMS_BY_DOT)
 
     o_ptrs = O + seq.to(tl.int64) * stride_os + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + seq.to(tl.int64) * stride_ls + head * stride_lh + split
@@ -162,6 +162,7 @@ class DecodePlan(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
+    streaming: bool = False  # a large unsplit grid's small tiles (``launch_config(streaming=True)``)
 
 
 def decode_plan(q: torch.Tensor, k_buffer: torch.Tensor, *, max_kv_len: int, plan_seqs: int,
@@ -175,9 +176,10 @@ def decode_plan(q: torch.Tensor, k_buffer: torch.Tensor, *, max_kv_len: int, pla
     cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize)
     splits, _ = plan_num_splits(plan_seqs * hkv, window_span(max_kv_len, window), device=q.device,
                                 tile=cfg.block_n, num_splits=num_splits)
-    if is_streaming_grid(q.device, plan_seqs * hkv, splits):
+    streaming = is_streaming_grid(q.device, plan_seqs * hkv, splits)
+    if streaming:
         cfg = launch_config(q.device, block_m=block_h, head_dim=d, elem_size=tiles.itemsize, streaming=True)
-    return DecodePlan(splits, block_h, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    return DecodePlan(splits, block_h, cfg.block_n, cfg.num_warps, cfg.num_stages, streaming)
 
 
 def launch_decode_grid(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, row_stride, out, *, sm_scale,
@@ -202,7 +204,7 @@ def launch_decode_grid(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, r
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
         BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
         DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
-        ROW_TABLE=row_table, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        ROW_TABLE=row_table, ROW_SUMS_BY_DOT=plan.streaming, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:
         merge_partials(partial, lse, out)

@@ -100,7 +100,7 @@ def _draft_decode_kernel(
         slot = tl.load(table + offs_n, mask=n_valid, other=0).to(tl.int64)
         m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, False)
 
     # each row's own ancestors (those in the window), one entry at a time, in the split holding the
     # prefix's end

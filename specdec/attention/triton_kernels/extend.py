@@ -150,7 +150,7 @@ def _extend_kernel(
         slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
         m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, visible, kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                    DOT_PRECISION)
+                                    DOT_PRECISION, False)
 
     # new tokens: causal or masked. A prefix range of one chunk: the split holding it runs them right
     # after it (one pass). A longer one: with NEW_SPLIT the last split runs them alone (its chunk lies
@@ -187,7 +187,7 @@ def _extend_kernel(
                 visible = visible & (kv_pos[None, :].to(tl.int32) > q_pos[:, None] - window)
             m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, visible & n_valid[None, :], kv_head, stride_ks,
                                         stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i,
-                                        acc, DOT_PRECISION)
+                                        acc, DOT_PRECISION, False)
 
     o_ptrs = O + token[:, None] * stride_ot + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + token * stride_lt + head * stride_lh + split

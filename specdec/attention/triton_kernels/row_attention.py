@@ -118,7 +118,7 @@ def _row_kernel(
             slot = tl.load(entries + offs_n, mask=n_valid, other=0).to(tl.int64)
             m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
                                         stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                        DOT_PRECISION)
+                                        DOT_PRECISION, False)
     o_ptrs = P + row.to(tl.int64) * stride_pr + head[:, None] * stride_ph + prog * stride_pp + offs_d[None, :]
     lse_ptrs = LSE + row.to(tl.int64) * stride_lr + head * stride_lh + prog
     store_rows(acc, m_i, l_i, o_ptrs, lse_ptrs, q_mask, h_valid, False)

@@ -10,11 +10,15 @@ Two grids run that arithmetic:
 * per node (``decode.py``'s kernel over a table of lists): every node reads its whole prefix, so a
   tree of n nodes reads its request's KV n times;
 * **node groups** (``nodes_per_seq`` given, global layers): a program holds nodes of one request in
-  the decode kernel's query tile (``BLOCK_H`` rows: ``BLOCK_H // GROUP`` nodes of GROUP heads each,
-  where the decode kernel pads its GROUP heads), and a tree larger than one tile in two such tiles
-  (``PAIR``), so each prefix tile is loaded once for up to twice that many nodes and multiplied in
-  the decode kernel's ``tl.dot`` shape once per query tile; rows of a matrix product do not
-  interact, so each row's scores and output are the decode step's. The tiles past the request's
+  a query tile (``BLOCK_H`` rows: ``BLOCK_H // GROUP`` nodes of GROUP heads each, where the decode
+  kernel pads its GROUP heads), and a tree larger than one tile in two such tiles (``PAIR``), so
+  each prefix tile is loaded once for up to twice that many nodes and multiplied once per query tile;
+  rows of a matrix product do not interact, so each row's scores and output are the decode step's.
+  The tile is the decode plan's (16 rows for GQA up to 16), except under the streaming plan (large
+  batches), where it holds up to NODE_TILE_ROWS rows: an 8-node tree under GQA 4 in one tile, so
+  each prefix tile is multiplied once. There both kernels take the softmax's row sums as products
+  (``online_softmax_step``'s ROW_SUMS_BY_DOT: a reduction's order follows the tile's height, a
+  product's does not). The tiles past the request's
   prefix hold each node's own ancestors: there the program loads the tile from one node's list and
   multiplies it for the rows, in either
   query tile, of that node and of its ancestors (their lists are prefixes of it, and a row's entries
@@ -59,6 +63,8 @@ from specdec.attention.triton_kernels.decode import (
 )
 from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
+
+NODE_TILE_ROWS = 32  # a node group's query tile under the streaming plan: (node, head) rows
 
 
 @triton.jit
@@ -114,9 +120,10 @@ def _tail_takes(kv_table, kv_row_stride, lens, offs_j, first, row, kv_len, sees,
 
 
 @triton.jit
-def _fold_rows(q, k, v, visible, mine, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+def _fold_rows(q, k, v, visible, mine, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr,
+               ROW_SUMS_BY_DOT: tl.constexpr):
     """``fold_tile`` for the tile rows in ``mine`` [BLOCK_H]; the others keep their state."""
-    m_j, l_j, acc_j = fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION)
+    m_j, l_j, acc_j = fold_tile(q, k, v, visible, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION, ROW_SUMS_BY_DOT)
     return tl.where(mine, m_j, m_i), tl.where(mine, l_j, l_i), tl.where(mine[:, None], acc_j, acc)
 
 
@@ -130,6 +137,7 @@ def _node_group_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NODES: tl.constexpr, PAIR: tl.constexpr,
     SPAN: tl.constexpr, SPAN_P2: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROW_SUMS_BY_DOT: tl.constexpr,
 ):
     # a program: NODES nodes of one request (a second NODES in a second query tile under PAIR): SPAN nodes
     # (SPAN_P2: the power of two from there)
@@ -175,10 +183,10 @@ def _node_group_kernel(
         k, v = load_kv_tile(K, V, slot, offs_n < t_hi, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d,
                             d_valid)
         visible0 = (offs_n[None, :] >= lo0[:, None]) & (offs_n[None, :] < hi0[:, None])
-        m0, l0, acc0 = fold_tile(q0, k, v, visible0, sm_scale_log2, m0, l0, acc0, DOT_PRECISION)
+        m0, l0, acc0 = fold_tile(q0, k, v, visible0, sm_scale_log2, m0, l0, acc0, DOT_PRECISION, ROW_SUMS_BY_DOT)
         if PAIR:
             visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
-            m1, l1, acc1 = fold_tile(q1, k, v, visible1, sm_scale_log2, m1, l1, acc1, DOT_PRECISION)
+            m1, l1, acc1 = fold_tile(q1, k, v, visible1, sm_scale_log2, m1, l1, acc1, DOT_PRECISION, ROW_SUMS_BY_DOT)
     # each node's ancestors: the tiles past the prefix (one or two, unpipelined: the prefix loop's buffers
     # fill the shared memory the decode plan sized for one loop), each list one load for both query tiles
     for start in tl.range(tl.maximum(t_lo, shared_end), t_hi, BLOCK_N, num_stages=1):
@@ -212,11 +220,12 @@ def _node_group_kernel(
                 k, v = load_kv_tile(K, V, slot.to(tl.int64), n_valid, kv_head, stride_ks, stride_kh, stride_vs,
                                     stride_vh, offs_d, d_valid)
                 if used0 > 0:
-                    m0, l0, acc0 = _fold_rows(q0, k, v, visible0, mine0, sm_scale_log2, m0, l0, acc0, DOT_PRECISION)
+                    m0, l0, acc0 = _fold_rows(q0, k, v, visible0, mine0, sm_scale_log2, m0, l0, acc0, DOT_PRECISION,
+                                              ROW_SUMS_BY_DOT)
                 if PAIR:
                     if used1 > 0:
                         m1, l1, acc1 = _fold_rows(q1, k, v, visible1, mine1, sm_scale_log2, m1, l1, acc1,
-                                                  DOT_PRECISION)
+                                                  DOT_PRECISION, ROW_SUMS_BY_DOT)
 
     _store_group(acc0, m0, l0, O, LSE, row0, head0, valid0, split, offs_d, d_valid, stride_os, stride_oh,
                  stride_osplit, stride_ls, stride_lh, DIRECT)
@@ -279,7 +288,15 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
         return
     plan = decode_plan(q, k_buffer, max_kv_len=max_kv_len, plan_seqs=plan_seqs, num_splits=num_splits, window=None)
     group = hq // hkv
-    nodes = max(1, plan.block_h // group)  # nodes a query tile holds
+    # under the streaming plan a query tile of up to NODE_TILE_ROWS rows, so a tree of 8 nodes under GQA 4 folds
+    # each prefix tile once (a row's bits do not depend on the tile's height: the row sums are products,
+    # ``online_softmax_step``). One 8B layer's 8-node trees at bs 64 on an H200: 120.5 -> 110.3 µs in the engine;
+    # the other plans keep the decode tile, where 32 rows cost 2-5 % at bs 8
+    # (benchmarks/results/2026-12-01-h200-node-group-tail)
+    block_h = plan.block_h
+    if plan.streaming:
+        block_h = max(block_h, min(NODE_TILE_ROWS, triton.next_power_of_2(nodes_per_seq * group)))
+    nodes = max(1, block_h // group)  # nodes a query tile holds
     pair = nodes_per_seq > nodes  # a program of two query tiles: its prefix tiles loaded once for both
     span = nodes * (2 if pair else 1)  # a program's nodes
     direct = plan.splits == 1
@@ -291,9 +308,9 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
-        GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=block_h, BLOCK_N=plan.block_n,
         NODES=nodes, PAIR=pair, SPAN=span, SPAN_P2=triton.next_power_of_2(span), DIRECT=direct,
-        DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
+        DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device), ROW_SUMS_BY_DOT=plan.streaming,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:

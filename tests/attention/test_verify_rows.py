@@ -115,7 +115,7 @@ def test_node_groups_under_the_streaming_plan_equal_the_per_node_grid(chain):
     q = torch.empty(64 * 8, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.empty(1, 8, 128, device="cuda", dtype=torch.bfloat16)
     plan = decode_plan(q, k, max_kv_len=max(prefixes) + 1, plan_seqs=64, num_splits=None, window=None)
-    assert plan.splits == 1 and plan.block_n == 64  # the streaming plan
+    assert plan.streaming and plan.splits == 1 and plan.block_n == 64  # 32-row node tiles, row sums by product
     args = dict(hq=32, hkv=8, prefixes=prefixes, nodes=8, dtype=torch.bfloat16, chain=chain, head_dim=128)
     grouped = run(decode_attention_rows, "cuda", **args)
     assert grouped.isfinite().all()

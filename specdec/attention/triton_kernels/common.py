@@ -57,6 +57,8 @@ def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr, ROW_S
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(qk - m_safe[:, None])
+    # NOTE: p is cast to v's dtype where each product takes it; one cast hoisted above the branch reorders the
+    # tl.sum path's instructions (its sm_90a PTX then differs from the kernels the GPU tests and A/Bs ran)
     if ROW_SUMS_BY_DOT:
         ones = tl.full([qk.shape[1], 16], 1.0, tl.float32).to(v.dtype)  # [N, 16]: the narrowest product Triton takes
         row_sums = tl.max(mma(p.to(v.dtype), ones, None, DOT_PRECISION), 1)  # 16 equal columns: exact

@@ -162,7 +162,7 @@ class DecodePlan(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
-    streaming: bool = False  # a large unsplit grid's small tiles (``launch_config(streaming=True)``)
+    streaming: bool  # a large unsplit grid's small tiles (``launch_config(streaming=True)``)
 
 
 def decode_plan(q: torch.Tensor, k_buffer: torch.Tensor, *, max_kv_len: int, plan_seqs: int,

@@ -30,6 +30,7 @@ from specdec.engine.sizing import default_kv_tokens, graph_batch_sizes, parse_dt
 from specdec.engine.standalone_setup import standalone_draft
 from specdec.engine.tp_worker import MirroredScheduler, TPWorkers, rank_device
 from specdec.forward import CaptureHiddenMode
+from specdec.models.ops.gemv import cublas_without_workspace
 from specdec.models.parallel import TPGroup
 
 
@@ -109,6 +110,8 @@ class Engine:
             TPGroup(rank=0, size=args.tp_size).check(read_target_config(args.model_path))
             self._tp_workers, tp_group = TPWorkers.start(args, type(self))
             args = dataclasses.replace(args, device=rank_device(args.device, 0))
+        if torch.device(args.device).type == "cuda":
+            cublas_without_workspace()  # no split-K: a token's rows equal at every M (decode, verify)
         _bind_current_device(torch.device(args.device))
         try:
             self._load(args, target_model, draft_model, tokenizer, tp_group or TPGroup())

@@ -18,6 +18,8 @@ in any order. A wrong index or an unwritten output is off by O(|ref|), far outsi
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,6 +206,19 @@ def test_a_tokens_row_is_the_same_bits_at_1_and_8_tokens(table_n):
     assert torch.equal(one[0], eight[0])
 
 
+def test_cublas_without_workspace_unless_the_user_set_one(monkeypatch):
+    """The engine's cuBLAS setting: no workspace (no split-K) by default; a CUBLAS_WORKSPACE_CONFIG
+    the user set stays, and the answer says whether cuBLAS then runs without a workspace."""
+    for name in ("CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"):
+        monkeypatch.setenv(name, "")  # NOTE: records the variable, so that teardown restores it
+        monkeypatch.delenv(name)
+    assert gemv.cublas_without_workspace() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:0"
+    assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "0"  # PyTorch's cuBLASLt share of it: none either
+    assert gemv.cublas_without_workspace()  # again: kept
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    assert not gemv.cublas_without_workspace() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
 @pytest.mark.parametrize("m", [33, 48, 64])
 def test_dispatch_wide_weights_to_64_tokens(kernel_on_cpu, m):
     """33..WIDE_MAX_TOKENS tokens: swap-AB tiles of 64 tokens for weights of N >= WIDE_N rows;
@@ -292,7 +307,6 @@ def test_pdl_only_on_hopper_and_switchable():
 def test_pdl_off_for_a_process_by_environment():
     """SPECDEC_PDL=0 switches PDL off at import (a process started with it, as tensor-parallel ranks
     inherit it); without it PDL is left to the GPU."""
-    import os
     import subprocess
     import sys
 
@@ -336,6 +350,27 @@ def test_gpu_fp32_logits_equal_the_widened_result(m):
     weight = weight.to(torch.bfloat16)
     logits = gemv.linear(x, weight, out_dtype=torch.float32)
     assert logits.dtype == torch.float32 and torch.equal(logits, gemv.linear(x, weight).float())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["qkv", "o", "gate_up", "down", "lm_head"])
+def test_gpu_a_tokens_row_is_the_same_bits_at_every_m(shape, monkeypatch):
+    """The default path (the Triton kernel up to its table's bound, cuBLAS past it, without a
+    workspace as the engine runs it): rows 0-7 at each M equal the same rows one at a time (a decode
+    step at bs 1) bit for bit. With cuBLAS's workspace, o at 33-48 rows and down at 33-288 split K and
+    differ (benchmarks/results/2026-12-01-h200-linear-rows)."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    assert gemv.cublas_without_workspace()  # in this process, after earlier tests' cuBLAS calls
+    n, k = SHAPES[shape]
+    x = rand(512, k, dtype=torch.bfloat16, device="cuda", seed=5)
+    weight = torch.randn(n, k, device="cuda", generator=torch.Generator("cuda").manual_seed(6)).mul_(k**-0.5)
+    weight = weight.to(torch.bfloat16)
+    one_at_a_time = torch.cat([gemv.linear(x[i:i + 1], weight) for i in range(8)])  # [8, N]
+    for m in (2, 8, 16, 32, 33, 48, 64, 65, 128, 288, 512):
+        rows = gemv.linear(x[:m], weight)[:8]
+        differing = (rows != one_at_a_time[:rows.shape[0]]).any(dim=1).nonzero().flatten().tolist()
+        assert not differing, f"{shape} at M = {m}: rows {differing} differ from M = 1"
 
 
 @pytest.mark.gpu

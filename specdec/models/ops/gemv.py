@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from typing import Iterator
 
 import torch
@@ -56,7 +57,7 @@ from specdec.models.ops import _HAS_TRITON
 from specdec.models.ops.batch_invariant import linear_batch_invariant
 
 __all__ = ["linear", "linear_ref", "linear_fp8_ref", "linear_w8a8_ref", "quantize_rows_fp8_ref",
-           "attach_fp8_copy_", "cublas_only", "plan", "MAX_TOKENS", "WIDE_MAX_TOKENS", "WIDE_N"]
+           "attach_fp8_copy_", "cublas_only", "cublas_without_workspace", "plan", "MAX_TOKENS", "WIDE_MAX_TOKENS", "WIDE_N"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
@@ -83,6 +84,36 @@ def cublas_only() -> Iterator[None]:
         yield
     finally:
         _enabled = saved
+
+
+CUBLAS_NO_WORKSPACE = ":0:0"  # CUBLAS_WORKSPACE_CONFIG: no workspace
+
+
+def cublas_without_workspace() -> bool:
+    """Give cuBLAS no workspace in this process (``CUBLAS_WORKSPACE_CONFIG=:0:0``), unless the user set
+    that variable; returns whether cuBLAS runs without one. The engine calls it on CUDA before loading.
+
+    With a workspace cuBLAS splits K where M leaves too few output tiles (Llama-3.1-8B's o_proj at 33-48
+    rows, down_proj at 33-288 on an H200), and a token's row then differs in the last bits from the
+    same row at another M: a verify's bs x nodes rows from the decode step's bs rows, so greedy
+    answers with speculation part from plain decoding's at near-ties. Without one, at every M from 1 to
+    2,048 each row of those shapes has the bits of the Triton kernel's row at M = 1; cuBLAS's time per
+    shape moved by -10 to +10 %, whole 8B decode and verify steps not beyond their spread, and the
+    captured graphs take 60-190 MiB less (benchmarks/results/2026-12-01-h200-linear-rows).
+
+    NOTE: PyTorch's ``torch.use_deterministic_algorithms(True)`` accepts only ``:4096:8`` / ``:16:8``;
+    a user who needs it sets one of those, which this keeps.
+    """
+    current = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if current is not None:
+        return current == CUBLAS_NO_WORKSPACE
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_NO_WORKSPACE
+    # PyTorch hands cuBLASLt (``torch._scaled_mm``, GEMMs with a bias) a share of the same workspace: none
+    # too, asked for explicitly, else it warns once that it cut the default 1 MiB to nothing
+    os.environ.setdefault("CUBLASLT_WORKSPACE_SIZE", "0")
+    if torch.cuda.is_initialized():
+        torch._C._cuda_clearCublasWorkspaces()  # NOTE: the next call's workspace follows the variable
+    return True
 
 
 @functools.cache

@@ -138,6 +138,8 @@ def per_shape(m: int, args) -> list[dict]:
             runs[name] = lambda w, config=config: gemv_kernels.gemv(x, w, None, config, out_dtype=dt,
                                                                      round_out=False)
         for name, fn in runs.items():
+            if args.runs and name not in args.runs:
+                continue
             try:
                 samples = time_calls(lambda fn=fn: [fn(w) for w in weights], replays=args.replays,
                                      repeats=args.repeats)
@@ -194,6 +196,7 @@ def main() -> None:
     parser.add_argument("--no-sweep", action="store_true", help="only default, cublas and bi's own launch")
     parser.add_argument("--check", action="store_true", help="first, each candidate launch's bits (check_bits)")
     parser.add_argument("--per-shape", action="store_true", help="each weight shape alone (per_shape), then stop")
+    parser.add_argument("--runs", nargs="+", default=None, help="--per-shape: only these rows (default, cublas, det, ...)")
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

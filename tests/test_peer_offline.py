@@ -71,3 +71,13 @@ def test_one_request_cells_take_the_first_prompts(monkeypatch):
     monkeypatch.setattr(offline, "ONE_REQUEST_PROMPTS", 16)
     assert offline.cell_work(prompts, 1) == prompts[:16]
     assert offline.cell_work(prompts, 4) == prompts and len(offline.cell_work(prompts, 32)) == 64
+
+
+def test_flush_prefix_cache_drops_what_the_answers_cached():
+    """Before the MT-bench second turns, the engine that wrote the first answers drops their KV (its decode
+    steps' bits), so that it prefills the first turns as the engines reading the answers do."""
+    bench, prompts = _bench_engine()
+    _decode_all(bench, prompts, "t")
+    assert bench.engine.scheduler.cache.cached_pages > 0
+    bench.flush_prefix_cache()
+    assert bench.engine.scheduler.cache.cached_pages == 0

@@ -152,6 +152,9 @@ class SpecdecEngine:
         for rid in rids:
             self.reqs.pop(rid, None)
 
+    def flush_prefix_cache(self) -> None:
+        self.engine.flush_cache()
+
 
 class VLLMEngine:
     """vLLM's ``LLM`` with its defaults; ``config``: plain or eagle3-kN (EAGLE-3, N speculative tokens)."""
@@ -218,6 +221,9 @@ class VLLMEngine:
     def forget(self, rids: list[str]) -> None:
         for rid in rids:
             self.outputs.pop(rid, None)
+
+    def flush_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
 
 
 ENGINES = {"specdec": SpecdecEngine, "vllm": VLLMEngine}
@@ -306,6 +312,9 @@ def dataset_prompts(engine, model: str, dataset: str, *, num_prompts: int, max_t
         firsts = [tok.encode(render_user_prompt(tok, r["turns"][0])) for r in rows]
         ids: list[list[int]] = []
         closed_loop(engine, firsts, len(firsts), tag="turn1", max_tokens=max_tokens, answers=ids)
+        # NOTE: the engines that read the file prefill the first turns; this one must too, not reuse the KV
+        # its decode steps wrote (other bits: its greedy answers would part from theirs for the harness's sake)
+        engine.flush_prefix_cache()
         turn1_cache.write_text(json.dumps([tok.decode(a[:-1] if a and a[-1] == tok.eos_token_id else a)
                                            for a in ids]))
     answers = json.loads(turn1_cache.read_text())

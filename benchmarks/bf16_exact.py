@@ -1,17 +1,20 @@
 """Greedy speculative output against plain decoding, prompt by prompt (issue #41).
 
 For each mode (``default``; ``deterministic``: ``--enable-deterministic-inference``) and each
-concurrency, the same MT-bench chat prompts run through a plain engine and an EAGLE-3 engine,
-greedy; a prompt counts as identical when the two answers' token ids are equal. Rows as issue #41
-asks for ``exact.json``: ``{"mode", "workload", "concurrency", "identical", "total"}``, plus where
-each differing answer first parts (token index) and the seconds each engine took.
+concurrency, the same chat prompts (MT-bench, or another embedded set: ``--dataset``) run through a
+plain engine and an EAGLE-3 engine (or NGRAM's: ``--algorithm NGRAM``), greedy; a prompt counts
+as identical when the two answers' token ids are equal. Rows as issue #41 asks for ``exact.json``:
+``{"mode", "workload", "concurrency", "identical", "total"}``, plus where each differing answer first
+parts (token index) and the seconds each engine took.
 
     python benchmarks/bf16_exact.py --model smollm2 --dtype bfloat16 --num-prompts 8 --max-new-tokens 64
     python benchmarks/bf16_exact.py --model /tmp/smollm2-bf16 --device cuda --concurrency 1 80 \
         --modes default deterministic --json $OUT/exact.json
+    python benchmarks/bf16_exact.py --model /tmp/smollm2-bf16 --device cuda --algorithm NGRAM \
+        --dataset summarization --concurrency 1 32 --max-new-tokens 256 --gaps --engine-arg disable_radix_cache=true
 
 Concurrency 1 runs the first ``--num-prompts`` prompts one at a time; a larger one runs that many
-prompts (MT-bench's 80 repeated as needed) at once.
+prompts (the set's rows repeated as needed) at once.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HEAD = ROOT / "specdec" / "data" / "smollm2" / "eagle3_head"
-PROMPTS = ROOT / "specdec" / "data" / "prompts" / "mt_bench.jsonl"
 
 
 def model_path(name: str) -> str:
@@ -40,11 +42,12 @@ def model_path(name: str) -> str:
     return str(path)
 
 
-def chat_ids(tokenizer, count: int) -> list[list[int]]:
-    """The first ``count`` MT-bench first turns in the chat template (repeated past 80)."""
+def chat_ids(tokenizer, count: int, dataset: str = "mt_bench") -> list[list[int]]:
+    """The first ``count`` first turns of an embedded prompt set in the chat template (repeated past its end)."""
     from specdec.engine.chat import render_user_prompt
+    from specdec.engine.embedded import load_rows
 
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    rows = load_rows(dataset)
     ids = [tokenizer.encode(render_user_prompt(tokenizer, r["turns"][0])) for r in rows]
     return [ids[i % len(ids)] for i in range(count)]
 
@@ -80,7 +83,9 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
                  max_running_requests=max(args.concurrency), disable_cuda_graph=args.disable_cuda_graph)
     if mode == "deterministic":
         flags["enable_deterministic_inference"] = True
-    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=args.head)
+    flags.update({k: json.loads(v) for k, v in (a.split("=", 1) for a in args.engine_arg)})
+    spec = (dict(speculative_algorithm="NGRAM") if args.algorithm == "NGRAM" else
+            dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=args.head))
     for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
         if getattr(args, name) is not None:
             spec[name] = getattr(args, name)
@@ -89,7 +94,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
     for kind, extra in (("plain", {}), ("spec", spec)):
         engine = specdec.Engine(path, **flags, **extra)
         for c in args.concurrency:
-            prompts = chat_ids(engine.tokenizer, args.num_prompts if c == 1 else c)
+            prompts = chat_ids(engine.tokenizer, args.num_prompts if c == 1 else c, args.dataset)
             t0 = time.time()
             outputs[kind, c], gaps[kind, c] = generate(engine, prompts, c, args.max_new_tokens,
                                                        top2=kind == "plain" and args.gaps)
@@ -98,7 +103,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
     rows = []
     for c in args.concurrency:
         diffs = [first_difference(a, b) for a, b in zip(outputs["plain", c], outputs["spec", c])]
-        rows.append({"mode": mode, "workload": "smollm2-mtbench", "concurrency": c,
+        rows.append({"mode": mode, "workload": f"smollm2-{args.dataset.replace('_', '')}", "concurrency": c,
+                     "algorithm": args.algorithm, "engine_args": args.engine_arg,
                      "identical": sum(d is None for d in diffs), "total": len(diffs),
                      "first_difference": diffs,
                      # plain decoding's top-2 logprob gap where the answers part (near 0: a near-tie)
@@ -123,6 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1])
     ap.add_argument("--modes", nargs="+", default=["default"], choices=["default", "deterministic"])
+    ap.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"],
+                    help="the speculative engine's --speculative-algorithm (EAGLE3 with --head)")
+    ap.add_argument("--dataset", default="mt_bench", help="an embedded prompt set's first turns (mt_bench, "
+                    "summarization, rag, translation, humaneval, ...)")
+    ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="another engine setting for both engines (JSON value), e.g. disable_radix_cache=true")
     ap.add_argument("--speculative-num-steps", type=int, default=None)
     ap.add_argument("--speculative-eagle-topk", type=int, default=None)
     ap.add_argument("--speculative-num-draft-tokens", type=int, default=None)

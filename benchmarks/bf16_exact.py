@@ -109,12 +109,13 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
                      "first_difference": diffs,
                      # plain decoding's top-2 logprob gap where the answers part (near 0: a near-tie)
                      "gap_at_first_difference": None if gaps["plain", c] is None else
-                     [None if d is None or d >= len(g) else round(g[d], 5) for d, g in zip(diffs, gaps["plain", c])], "max_new_tokens": args.max_new_tokens,
+                     [None if d is None or d >= len(g) else round(g[d], 5) for d, g in zip(diffs, gaps["plain", c])],
+                     "max_new_tokens": args.max_new_tokens,
                      "seconds": {"plain": seconds["plain", c], "spec": seconds["spec", c]},
                      "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend})
         print(f"{mode:13s} c={c:3d}: identical {rows[-1]['identical']}/{rows[-1]['total']}  first differences "
-              f"{[d for d in diffs if d is not None]}  gaps {rows[-1]['gap_at_first_difference']}  (plain {seconds['plain', c]} s, spec {seconds['spec', c]} s)",
-              flush=True)
+              f"{[d for d in diffs if d is not None]}  gaps {rows[-1]['gap_at_first_difference']}  "
+              f"(plain {seconds['plain', c]} s, spec {seconds['spec', c]} s)", flush=True)
     return rows
 
 

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--deterministic", action="store_true", help="under --enable-deterministic-inference")
     ap.add_argument("--blas", default=None, choices=["cublas", "cublaslt"], help="torch's preferred BLAS library")
     ap.add_argument("--no-reduced-precision-reduction", action="store_true",
-                    help="cuBLAS's split-K partials summed in fp32 (torch's allow_bf16_reduced_precision_reduction off)")
+                    help="cuBLAS's split-K partials summed in fp32 (allow_bf16_reduced_precision_reduction off)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

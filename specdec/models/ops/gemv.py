@@ -57,7 +57,8 @@ from specdec.models.ops import _HAS_TRITON
 from specdec.models.ops.batch_invariant import linear_batch_invariant
 
 __all__ = ["linear", "linear_ref", "linear_fp8_ref", "linear_w8a8_ref", "quantize_rows_fp8_ref",
-           "attach_fp8_copy_", "cublas_only", "cublas_without_workspace", "plan", "MAX_TOKENS", "WIDE_MAX_TOKENS", "WIDE_N"]
+           "attach_fp8_copy_", "cublas_only", "cublas_without_workspace", "plan", "MAX_TOKENS",
+           "WIDE_MAX_TOKENS", "WIDE_N"]
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value

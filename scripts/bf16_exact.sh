@@ -10,7 +10,12 @@
 #                                    greedy, 256 tokens, 8 prompts one at a time and 80 at once, default and
 #                                    deterministic
 #   *.log                            each step's output
-# PATHS (default "paths-bs1 paths-bs8 paths-det-bs8") picks the diagnosis runs; EXACT_CONCURRENCY (default "1 80")
+# PATHS (default "paths-bs1 paths-bs8 paths-det-bs8") picks the diagnosis runs; EXACT_CONCURRENCY (default "1 80"),
+# EXACT_MODES (default "default deterministic"), EXACT_DATASETS (default mt_bench; each other set writes
+# exact-SET.json, every set's output goes to exact.log), EXACT_ARGS (more bf16_exact.py flags), e.g. NGRAM's
+# agreement with the first differing token's top-2 gap, prefix cache off:
+#   PATHS= EXACT_MODES=default EXACT_CONCURRENCY="1 32" EXACT_DATASETS="summarization humaneval" \
+#     EXACT_ARGS="--algorithm NGRAM --gaps --engine-arg disable_radix_cache=true" bash scripts/bf16_exact.sh
 # Needs the SmolLM2 GGUF put and installed first (scripts/gpu_peer.sh put .peer/p-0N ...; install), as for
 # gpu_peer.sh chat: it exports the GGUF once to /tmp/smollm2-bf16. About 3-5 minutes on an H200.
 #   bash scripts/bf16_exact.sh
@@ -35,8 +40,13 @@ for name in ${PATHS-paths-bs1 paths-bs8 paths-det-bs8}; do  # PATHS="": no diagn
     paths-det-bs8) paths paths-det-bs8 --batch-size 8 --enable-deterministic-inference ;;
   esac
 done
-timeout 420 python3 benchmarks/bf16_exact.py --model $SMOL --device cuda --dtype bfloat16 --concurrency ${EXACT_CONCURRENCY:-1 80} \
-  --num-prompts 8 --max-new-tokens 256 --modes default deterministic --json "$OUT/exact.json" \
-  > "$OUT/exact.log" 2>&1 || echo "!! bf16_exact exited $?"
-grep -E "identical" "$OUT/exact.log"
+for set in ${EXACT_DATASETS:-mt_bench}; do
+  name=$([ "$set" = mt_bench ] && echo exact || echo "exact-$set")
+  echo "== $set" >> "$OUT/exact.log"
+  timeout ${EXACT_TIMEOUT:-420} python3 benchmarks/bf16_exact.py --model $SMOL --device cuda --dtype bfloat16 \
+    --concurrency ${EXACT_CONCURRENCY:-1 80} --num-prompts 8 --max-new-tokens 256 --dataset "$set" \
+    --modes ${EXACT_MODES:-default deterministic} ${EXACT_ARGS:-} --json "$OUT/$name.json" \
+    >> "$OUT/exact.log" 2>&1 || echo "!! bf16_exact ($set) exited $?"
+done
+grep -E "^== |identical" "$OUT/exact.log"
 exit 0

@@ -196,7 +196,8 @@ def main() -> None:
     parser.add_argument("--no-sweep", action="store_true", help="only default, cublas and bi's own launch")
     parser.add_argument("--check", action="store_true", help="first, each candidate launch's bits (check_bits)")
     parser.add_argument("--per-shape", action="store_true", help="each weight shape alone (per_shape), then stop")
-    parser.add_argument("--runs", nargs="+", default=None, help="--per-shape: only these rows (default, cublas, det, ...)")
+    parser.add_argument("--runs", nargs="+", default=None,
+                        help="--per-shape: only these rows (default, cublas, det, ...)")
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

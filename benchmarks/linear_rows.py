@@ -6,6 +6,8 @@ verify's bs x nodes, a prefill group's prompt tokens. For each weight shape and 
 ``specdec.models.ops.gemv.linear`` (the default path, or deterministic inference's with
 ``--deterministic``) on M rows and compares the first rows with the same rows computed one at a time
 (M = 1, a decode step at bs 1): how many differ and by how much, and which kernel served M.
+cuBLAS runs as PyTorch starts it unless ``--as-engine`` (without a workspace, as the engine runs it:
+``gemv.cublas_without_workspace``) or the environment says otherwise.
 
     python benchmarks/linear_rows.py --shapes smollm2 llama-3.1-8b --json $OUT/linear_rows.json
 """
@@ -67,9 +69,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--blas", default=None, choices=["cublas", "cublaslt"], help="torch's preferred BLAS library")
     ap.add_argument("--no-reduced-precision-reduction", action="store_true",
                     help="cuBLAS's split-K partials summed in fp32 (allow_bf16_reduced_precision_reduction off)")
+    ap.add_argument("--as-engine", action="store_true", help="cuBLAS without a workspace, as the engine runs it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.as_engine:
+        gemv.cublas_without_workspace()
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
     if args.no_reduced_precision_reduction:
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             for layer, (n, k) in SHAPES[model].items():
                 for row in check_shape(n, k, args.m, device=args.device, seed=args.seed):
                     results.append({"model": model, "layer": layer, "n": n, "k": k,
-                                    "deterministic": args.deterministic, "blas": args.blas,
+                                    "deterministic": args.deterministic, "blas": args.blas, "as_engine": args.as_engine,
                                     "reduced_precision_reduction": not args.no_reduced_precision_reduction, **row})
                     r = results[-1]
                     print(f"{model:13s} {layer:8s} M={r['m']:5d} {r['kernel']:26s} rows differing "

@@ -11,10 +11,13 @@ parts (token index) and the seconds each engine took.
     python benchmarks/bf16_exact.py --model /tmp/smollm2-bf16 --device cuda --concurrency 1 80 \
         --modes default deterministic --json $OUT/exact.json
     python benchmarks/bf16_exact.py --model /tmp/smollm2-bf16 --device cuda --algorithm NGRAM \
-        --dataset summarization --concurrency 1 32 --max-new-tokens 256 --gaps --engine-arg disable_radix_cache=true
+        --dataset summarization translation --concurrency 1 32 --max-new-tokens 256 --gaps \
+        --engine-arg disable_radix_cache=true
 
 Concurrency 1 runs the first ``--num-prompts`` prompts one at a time; a larger one runs that many
-prompts (the set's rows repeated as needed) at once.
+prompts (the set's rows repeated as needed) at once, and, with 1 among the concurrencies, also counts how
+many of the first prompts each engine answers as it did alone (``plain_equal_to_alone``,
+``spec_equal_to_alone``: what the batch's company alone changes).
 """
 
 from __future__ import annotations
@@ -90,32 +93,44 @@ def run_mode(args: argparse.Namespace, mode: str) -> list[dict]:
         if getattr(args, name) is not None:
             spec[name] = getattr(args, name)
     path = model_path(args.model)
+    cells = [(d, c) for d in args.dataset for c in args.concurrency]
     outputs, seconds, gaps = {}, {}, {}
     for kind, extra in (("plain", {}), ("spec", spec)):
         engine = specdec.Engine(path, **flags, **extra)
-        for c in args.concurrency:
-            prompts = chat_ids(engine.tokenizer, args.num_prompts if c == 1 else c, args.dataset)
+        for d, c in cells:
+            prompts = chat_ids(engine.tokenizer, args.num_prompts if c == 1 else c, d)
             t0 = time.time()
-            outputs[kind, c], gaps[kind, c] = generate(engine, prompts, c, args.max_new_tokens,
-                                                       top2=kind == "plain" and args.gaps)
-            seconds[kind, c] = round(time.time() - t0, 1)
+            outputs[kind, d, c], gaps[kind, d, c] = generate(engine, prompts, c, args.max_new_tokens,
+                                                             top2=kind == "plain" and args.gaps)
+            seconds[kind, d, c] = round(time.time() - t0, 1)
         engine.shutdown()
     rows = []
-    for c in args.concurrency:
-        diffs = [first_difference(a, b) for a, b in zip(outputs["plain", c], outputs["spec", c])]
-        rows.append({"mode": mode, "workload": f"smollm2-{args.dataset.replace('_', '')}", "concurrency": c,
-                     "algorithm": args.algorithm, "engine_args": args.engine_arg,
-                     "identical": sum(d is None for d in diffs), "total": len(diffs),
-                     "first_difference": diffs,
-                     # plain decoding's top-2 logprob gap where the answers part (near 0: a near-tie)
-                     "gap_at_first_difference": None if gaps["plain", c] is None else
-                     [None if d is None or d >= len(g) else round(g[d], 5) for d, g in zip(diffs, gaps["plain", c])],
-                     "max_new_tokens": args.max_new_tokens,
-                     "seconds": {"plain": seconds["plain", c], "spec": seconds["spec", c]},
-                     "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend})
-        print(f"{mode:13s} c={c:3d}: identical {rows[-1]['identical']}/{rows[-1]['total']}  first differences "
-              f"{[d for d in diffs if d is not None]}  gaps {rows[-1]['gap_at_first_difference']}  "
-              f"(plain {seconds['plain', c]} s, spec {seconds['spec', c]} s)", flush=True)
+    for d, c in cells:
+        plain, spec_out, plain_gaps = outputs["plain", d, c], outputs["spec", d, c], gaps["plain", d, c]
+        diffs = [first_difference(a, b) for a, b in zip(plain, spec_out)]
+        row = {"mode": mode, "workload": f"smollm2-{d.replace('_', '')}", "concurrency": c,
+               "algorithm": args.algorithm, "engine_args": args.engine_arg,
+               "identical": sum(i is None for i in diffs), "total": len(diffs),
+               "first_difference": diffs,
+               # plain decoding's top-2 logprob gap where the answers part (near 0: a near-tie)
+               "gap_at_first_difference": None if plain_gaps is None else
+               [None if i is None or i >= len(g) else round(g[i], 5) for i, g in zip(diffs, plain_gaps)],
+               "max_new_tokens": args.max_new_tokens,
+               "seconds": {"plain": seconds["plain", d, c], "spec": seconds["spec", d, c]},
+               "device": args.device, "dtype": args.dtype, "attention_backend": args.attention_backend}
+        if c > 1 and ("plain", d, 1) in outputs:
+            # each engine against itself one request at a time (the first prompts of both runs):
+            # how far a batch's company alone moves its answers
+            for kind in ("plain", "spec"):
+                alone = outputs[kind, d, 1]
+                row[f"{kind}_equal_to_alone"] = [sum(a == b for a, b in zip(alone, outputs[kind, d, c])),
+                                                 min(len(alone), c)]
+        rows.append(row)
+        alone_note = "".join(f"  {k} = alone {row[f'{k}_equal_to_alone'][0]}/{row[f'{k}_equal_to_alone'][1]}"
+                             for k in ("plain", "spec") if f"{k}_equal_to_alone" in row)
+        print(f"{mode:13s} {d:14s} c={c:3d}: identical {row['identical']}/{row['total']}{alone_note}  first "
+              f"differences {[i for i in diffs if i is not None]}  gaps {row['gap_at_first_difference']}  "
+              f"(plain {seconds['plain', d, c]} s, spec {seconds['spec', d, c]} s)", flush=True)
     return rows
 
 
@@ -132,8 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", nargs="+", default=["default"], choices=["default", "deterministic"])
     ap.add_argument("--algorithm", default="EAGLE3", choices=["EAGLE3", "NGRAM"],
                     help="the speculative engine's --speculative-algorithm (EAGLE3 with --head)")
-    ap.add_argument("--dataset", default="mt_bench", help="an embedded prompt set's first turns (mt_bench, "
-                    "summarization, rag, translation, humaneval, ...)")
+    ap.add_argument("--dataset", nargs="+", default=["mt_bench"], help="embedded prompt sets' first turns "
+                    "(mt_bench, summarization, rag, translation, humaneval, ...), each through the same two engines")
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="another engine setting for both engines (JSON value), e.g. disable_radix_cache=true")
     ap.add_argument("--speculative-num-steps", type=int, default=None)

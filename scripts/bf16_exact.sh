@@ -11,9 +11,12 @@
 #                                    deterministic
 #   *.log                            each step's output
 # PATHS (default "paths-bs1 paths-bs8 paths-det-bs8") picks the diagnosis runs; EXACT_CONCURRENCY (default "1 80"),
-# EXACT_MODES (default "default deterministic"), EXACT_DATASETS (default mt_bench; each other set writes
-# exact-SET.json, every set's output goes to exact.log), EXACT_ARGS (more bf16_exact.py flags), e.g. NGRAM's
-# agreement with the first differing token's top-2 gap, prefix cache off:
+# EXACT_MODES (default "default deterministic"), EXACT_DATASETS (default mt_bench; several run through the same
+# two engines), EXACT_ARGS (more bf16_exact.py flags), EXACT_VARIANTS (default head: the tree as it is; else parts
+# joined by +: splits1, every attention kernel in one split, no split plan that follows the batch; nodes16, verify
+# node groups up to 16 nodes; noradix, the prefix cache off; each variant but head writes exact-VARIANT.json, all
+# output goes to exact.log; the log's "==" line shows each overlay's changed lines),
+# e.g. NGRAM's agreement with the first differing token's top-2 gap, prefix cache off:
 #   PATHS= EXACT_MODES=default EXACT_CONCURRENCY="1 32" EXACT_DATASETS="summarization humaneval" \
 #     EXACT_ARGS="--algorithm NGRAM --gaps --engine-arg disable_radix_cache=true" bash scripts/bf16_exact.sh
 # Needs the SmolLM2 GGUF put and installed first (scripts/gpu_peer.sh put .peer/p-0N ...; install), as for
@@ -40,13 +43,32 @@ for name in ${PATHS-paths-bs1 paths-bs8 paths-det-bs8}; do  # PATHS="": no diagn
     paths-det-bs8) paths paths-det-bs8 --batch-size 8 --enable-deterministic-inference ;;
   esac
 done
-for set in ${EXACT_DATASETS:-mt_bench}; do
-  name=$([ "$set" = mt_bench ] && echo exact || echo "exact-$set")
-  echo "== $set" >> "$OUT/exact.log"
-  timeout ${EXACT_TIMEOUT:-420} python3 benchmarks/bf16_exact.py --model $SMOL --device cuda --dtype bfloat16 \
-    --concurrency ${EXACT_CONCURRENCY:-1 80} --num-prompts 8 --max-new-tokens 256 --dataset "$set" \
-    --modes ${EXACT_MODES:-default deterministic} ${EXACT_ARGS:-} --json "$OUT/$name.json" \
-    >> "$OUT/exact.log" 2>&1 || echo "!! bf16_exact ($set) exited $?"
+variant_args() {  # variant_args VARIANT DIR: DIR's specdec with VARIANT's changes, echoes its extra flags
+  local file=$2/specdec/attention/triton_backend.py part
+  for part in ${1//+/ }; do
+    case $part in
+      head) ;;
+      splits1) sed -i 's/^        self.num_splits = num_splits$/        self.num_splits = num_splits or 1/' $file ;;
+      nodes16) sed -i 's/^VERIFY_ROWS_MAX_NODES = 8$/VERIFY_ROWS_MAX_NODES = 16/' $file ;;
+      noradix) echo "--engine-arg disable_radix_cache=true" ;;
+      *) echo "!! unknown variant part $part" >&2; return 1 ;;
+    esac
+  done
+}
+for variant in ${EXACT_VARIANTS:-head}; do
+  dir=$PWD name=exact
+  if [ $variant != head ]; then
+    dir=/tmp/variant-$variant name=exact-$variant
+    rm -rf $dir && mkdir -p $dir && cp -r specdec benchmarks $dir/
+  fi
+  extra=$(variant_args $variant $dir) || continue
+  echo "== $variant: ${EXACT_DATASETS:-mt_bench}; $(diff specdec/attention/triton_backend.py \
+    $dir/specdec/attention/triton_backend.py | grep '^>' | tr -s ' ') $extra" >> "$OUT/exact.log"
+  (cd $dir && PYTHONPATH="$dir:/tmp/site" timeout ${EXACT_TIMEOUT:-420} python3 benchmarks/bf16_exact.py \
+    --model $SMOL --device cuda --dtype bfloat16 --concurrency ${EXACT_CONCURRENCY:-1 80} --num-prompts 8 \
+    --max-new-tokens 256 --dataset ${EXACT_DATASETS:-mt_bench} --modes ${EXACT_MODES:-default deterministic} \
+    ${EXACT_ARGS:-} $extra --json "$OUT/$name.json") >> "$OUT/exact.log" 2>&1 \
+    || echo "!! bf16_exact ($variant) exited $?"
 done
 grep -E "^== |identical" "$OUT/exact.log"
 exit 0

@@ -3,9 +3,9 @@
 Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), bf16, page_size 1 with the slots
 of every request shuffled over the cache. By default, for bs in {1, 8, 64} and context in
 {512, 4096}: DECODE (one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes
-(random trees; ``--batch-sizes``, ``--contexts``, ``--tree-sizes`` choose others). Every available
-backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same inputs in the
-same process; ``forward`` is timed (metadata is planned once per forward, outside the
+(random trees, or chains with ``--chains``; ``--batch-sizes``, ``--contexts``, ``--tree-sizes``
+choose others). Every available backend (triton, torch_native, flashinfer, fa3; or ``--backends``)
+runs on the same inputs in the same process; ``forward`` is timed (metadata is planned once per forward, outside the
 per-layer time), warm-up then median of CUDA-event timings, eagerly and replayed from a CUDA graph
 (the GPU time without launch overhead; torch_native is timed eagerly only). ``triton_extend`` is the
 triton backend with every verify on its extend kernel (no nodes as decode steps: the default path's
@@ -52,9 +52,10 @@ VARIANTS = {"triton_extend": ("triton", {"verify_as_decode_max_rows": 0, "verify
 TRITON_NAMES = ("triton", *VARIANTS)
 
 
-def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
-    """[n, n] bool ancestors-and-self mask of a random tree (node i's parent is uniform in 0..i-1)."""
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+def random_tree_mask(n: int, gen: torch.Generator, *, chain: bool = False) -> torch.Tensor:
+    """[n, n] bool ancestors-and-self mask of a random tree (node i's parent is uniform in 0..i-1), or
+    of a chain (node i's parent is i - 1: NGRAM's default drafts)."""
+    parents = [-1] + [i - 1 if chain else int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
     mask = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
         j = i
@@ -64,7 +65,7 @@ def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
     return mask
 
 
-def make_batch(mode: ForwardMode, bs: int, ctx: int, n: int, seed: int = 0):
+def make_batch(mode: ForwardMode, bs: int, ctx: int, n: int, seed: int = 0, *, chains: bool = False):
     """(batch, layer, q, k, v): bs requests of ``ctx`` cached tokens and ``n`` new ones each."""
     gen = torch.Generator().manual_seed(seed)
     num_slots = bs * (ctx + n)
@@ -75,7 +76,7 @@ def make_batch(mode: ForwardMode, bs: int, ctx: int, n: int, seed: int = 0):
     kw = {}
     depths = torch.zeros(bs * n, dtype=torch.int64)  # [bs * n] a node's ancestors (0: the root; decode: 0)
     if mode == ForwardMode.TARGET_VERIFY:
-        masks = [random_tree_mask(n, gen) for _ in range(bs)]
+        masks = [random_tree_mask(n, gen, chain=chains) for _ in range(bs)]
         kw["tree_mask"] = torch.cat([m.flatten() for m in masks]).cuda()
         depths = torch.cat([m.sum(1) - 1 for m in masks])
     batch = ForwardBatch(
@@ -119,13 +120,14 @@ def library_versions() -> dict:
 
 
 def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str], args) -> dict:
-    batch, layer, q, k, v = make_batch(mode, bs, ctx, n)
+    batch, layer, q, k, v = make_batch(mode, bs, ctx, n, chains=args.chains)
     if args.static_bound:  # the plan of a captured graph: lengths on the device, grids sized by the bound
         batch = dataclasses.replace(batch, prefix_lens_cpu=None, extend_lens_cpu=None,
                                     static_max_seq_len=max(args.static_bound, ctx + n))
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
     row = {"mode": mode.name, "bs": bs, "context": ctx,
-           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "static_bound": args.static_bound,
+           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "chains": args.chains,
+           "static_bound": args.static_bound,
            "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}, "plan_us": {}}
     for name in backends:
         if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
@@ -206,6 +208,7 @@ def main() -> None:
                         help="cached tokens per request")
     parser.add_argument("--tree-sizes", type=int, nargs="+", default=list(TREE_SIZES),
                         help="TARGET_VERIFY node counts (0 alone: decode only)")
+    parser.add_argument("--chains", action="store_true", help="verify chains, not random trees")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")

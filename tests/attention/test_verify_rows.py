@@ -106,17 +106,18 @@ def test_node_group_chains_equal_the_per_node_grid_bit_for_bit(device, num_split
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nodes", [8, 12])
 @pytest.mark.parametrize("chain", [False, True])
-def test_node_groups_under_the_streaming_plan_equal_the_per_node_grid(chain):
-    """Llama-3-8B's heads (32 query, 8 KV, 128 wide) verifying 8-node trees and chains for 64 requests at
-    contexts of 0.3-1.1 k: the decode batch's unsplit streaming plan (64-entry tiles, its own warps), the
-    plan of the large-batch verify forwards."""
+def test_node_groups_under_the_streaming_plan_equal_the_per_node_grid(chain, nodes):
+    """Llama-3-8B's heads (32 query, 8 KV, 128 wide) verifying 8- and 12-node trees and chains for 64 requests
+    at contexts of 0.3-1.1 k: the decode batch's unsplit streaming plan (64-entry tiles, its own warps), the
+    plan of the large-batch verify forwards (12 nodes: two programs a request)."""
     prefixes = torch.randint(300, 1100, (64,), generator=torch.Generator().manual_seed(1)).tolist()
-    q = torch.empty(64 * 8, 32, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.empty(64 * nodes, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.empty(1, 8, 128, device="cuda", dtype=torch.bfloat16)
     plan = decode_plan(q, k, max_kv_len=max(prefixes) + 1, plan_seqs=64, num_splits=None, window=None)
     assert plan.streaming and plan.splits == 1 and plan.block_n == 64  # 32-row node tiles, row sums by product
-    args = dict(hq=32, hkv=8, prefixes=prefixes, nodes=8, dtype=torch.bfloat16, chain=chain, head_dim=128)
+    args = dict(hq=32, hkv=8, prefixes=prefixes, nodes=nodes, dtype=torch.bfloat16, chain=chain, head_dim=128)
     grouped = run(decode_attention_rows, "cuda", **args)
     assert grouped.isfinite().all()
     assert torch.equal(grouped, run(decode_attention_rows, "cuda", grouped=False, **args))
@@ -147,14 +148,14 @@ def test_node_groups_check_their_arguments():
 @pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
 @pytest.mark.parametrize("streaming", [False, True], ids=["decode-tile", "streaming"])
 @pytest.mark.parametrize("hq, hkv, nodes, rows, pair", [(8, 2, 8, 32, False), (8, 2, 4, 16, False),
-                                                       (8, 2, 9, 32, True), (2, 2, 18, 32, False)],
-                         ids=["8-nodes-gqa4", "chain-gqa4", "9-nodes-gqa4", "18-nodes-mha"])
+                                                       (8, 2, 12, 32, False), (2, 2, 18, 32, False)],
+                         ids=["8-nodes-gqa4", "chain-gqa4", "12-nodes-gqa4", "18-nodes-mha"])
 def test_node_groups_take_one_tile_of_up_to_32_rows_when_streaming(device, streaming, hq, hkv, nodes, rows, pair,
                                                                     monkeypatch):
     """Under the streaming plan a tree of 8 nodes under GQA 4 is one 32-row query tile (one product a prefix
-    tile, not two 16-row ones), with the row sums as products in both grids; other plans keep the decode
-    kernel's 16 rows (two tiles a program past 4 nodes). Either way each row equals the per-node grid's bit
-    for bit."""
+    tile, not two 16-row ones), with the row sums as products in both grids, and a larger one takes more
+    programs of one such tile (two would spill at the plan's 2 warps); other plans keep the decode kernel's
+    16 rows (two tiles a program past 4 nodes). Either way each row equals the per-node grid's bit for bit."""
     launched = []
     kernel = kernels._node_group_kernel
     monkeypatch.setattr(kernels, "_node_group_kernel", type("K", (), {

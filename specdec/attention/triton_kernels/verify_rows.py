@@ -16,9 +16,9 @@ Two grids run that arithmetic:
   rows of a matrix product do not interact, so each row's scores and output are the decode step's.
   The tile is the decode plan's (16 rows for GQA up to 16), except under the streaming plan (large
   batches), where it holds up to NODE_TILE_ROWS rows: an 8-node tree under GQA 4 in one tile, so
-  each prefix tile is multiplied once. There both kernels take the softmax's row sums as products
-  (``online_softmax_step``'s ROW_SUMS_BY_DOT: a reduction's order follows the tile's height, a
-  product's does not). The tiles past the request's
+  each prefix tile is multiplied once (a larger tree takes more programs, not a second tile). There
+  both kernels take the softmax's row sums as products (``online_softmax_step``'s ROW_SUMS_BY_DOT: a
+  reduction's order follows the tile's height, a product's does not). The tiles past the request's
   prefix hold each node's own ancestors: there the program loads the tile from one node's list and
   multiplies it for the rows, in either
   query tile, of that node and of its ancestors (their lists are prefixes of it, and a row's entries
@@ -297,7 +297,10 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, prefix_lens, 
     if plan.streaming:
         block_h = max(block_h, min(NODE_TILE_ROWS, triton.next_power_of_2(nodes_per_seq * group)))
     nodes = max(1, block_h // group)  # nodes a query tile holds
-    pair = nodes_per_seq > nodes  # a program of two query tiles: its prefix tiles loaded once for both
+    # a program of two query tiles (its prefix tiles loaded once for both), but not of two widened streaming
+    # tiles: at the plan's 2 warps their accumulators spill. One 8B layer's 12-node chains at bs 64 on an H200:
+    # 276 -> 149 µs, random 12-node trees 312 -> 175 (benchmarks/results/2026-12-01-h200-ngram-agreement)
+    pair = nodes_per_seq > nodes and block_h == plan.block_h
     span = nodes * (2 if pair else 1)  # a program's nodes
     direct = plan.splits == 1
     partial, lse = split_buffers(out, plan.splits)

@@ -13,9 +13,10 @@
 # PATHS (default "paths-bs1 paths-bs8 paths-det-bs8") picks the diagnosis runs; EXACT_CONCURRENCY (default "1 80"),
 # EXACT_MODES (default "default deterministic"), EXACT_DATASETS (default mt_bench; several run through the same
 # two engines), EXACT_ARGS (more bf16_exact.py flags), EXACT_VARIANTS (default head: the tree as it is; else parts
-# joined by +: splits1, every attention kernel in one split, no split plan that follows the batch; nodes16, verify
-# node groups up to 16 nodes; noradix, the prefix cache off; each variant but head writes exact-VARIANT.json, all
-# output goes to exact.log; the log's "==" line shows each overlay's changed lines),
+# joined by +: splits1, every attention kernel in one split, no split plan that follows the batch; nodes8, node
+# groups for verify trees of up to 8 nodes only (before 2026-12-01); noradix, the prefix cache off; each variant
+# but head writes exact-VARIANT.json, + written -, all output goes to exact.log; its "==" lines show each
+# overlay's changed lines),
 # e.g. NGRAM's agreement with the first differing token's top-2 gap, prefix cache off:
 #   PATHS= EXACT_MODES=default EXACT_CONCURRENCY="1 32" EXACT_DATASETS="summarization humaneval" \
 #     EXACT_ARGS="--algorithm NGRAM --gaps --engine-arg disable_radix_cache=true" bash scripts/bf16_exact.sh
@@ -48,17 +49,21 @@ variant_args() {  # variant_args VARIANT DIR: DIR's specdec with VARIANT's chang
   for part in ${1//+/ }; do
     case $part in
       head) ;;
-      splits1) sed -i 's/^        self.num_splits = num_splits$/        self.num_splits = num_splits or 1/' $file ;;
-      nodes16) sed -i 's/^VERIFY_ROWS_MAX_NODES = 8$/VERIFY_ROWS_MAX_NODES = 16/' $file ;;
+      splits1) edit "$file" '^        self.num_splits = num_splits$' 's/num_splits$/num_splits or 1/' || return 1 ;;
+      nodes8) edit "$file" '^VERIFY_ROWS_MAX_NODES = 16$' 's/= 16$/= 8/' || return 1 ;;
       noradix) echo "--engine-arg disable_radix_cache=true" ;;
       *) echo "!! unknown variant part $part" >&2; return 1 ;;
     esac
   done
 }
+edit() {  # edit FILE LINE SED: SED on FILE's lines matching LINE, an error if none does (the tree moved on)
+  grep -q "$2" "$1" || { echo "!! no line $2 in $1" >&2; return 1; }
+  sed -i "/$2/$3" "$1"
+}
 for variant in ${EXACT_VARIANTS:-head}; do
   dir=$PWD name=exact
   if [ $variant != head ]; then
-    dir=/tmp/variant-$variant name=exact-$variant
+    dir=/tmp/variant-${variant//+/-} name=exact-${variant//+/-}  # NOTE: $OUT returns no names with +
     rm -rf $dir && mkdir -p $dir && cp -r specdec benchmarks $dir/
   fi
   extra=$(variant_args $variant $dir) || continue

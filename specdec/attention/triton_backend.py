@@ -25,11 +25,11 @@ equal plain decoding's in 8/8, 80/80, 79/80, 122/128 and 233/256 at 1-128 reques
 beside it: 8/8, 43/80, 36/80, 54/128, 123/256); on the 8B shape at context 1 k an 8-node tree's
 attention takes 1.4-1.7x the extend kernel's at 8-64 requests and its step 4-9 % longer at 1-64, a
 4-node chain's step 0-3 %; other warps or stages, or one query tile a program, made it no cheaper
-(benchmarks/results/2026-12-01-h200-node-group-cost, 2026-12-01-h200-verify-profile). Trees of 9-16 nodes (NGRAM's chains of 9 and 12) take node groups too:
-with the extend kernel they parted NGRAM's answers from plain decoding's in 17-28 of 32 prompts at 32
-requests in each of five sets, with node groups in 0-6 (SmolLM2, H200), for 1.05-1.42x the extend
-kernel's attention for a 12-node chain on the 8B shape at 1-64 requests
-(benchmarks/results/2026-12-01-h200-ngram-agreement).
+(benchmarks/results/2026-12-01-h200-node-group-cost, 2026-12-01-h200-verify-profile). Trees of 9-16
+nodes (NGRAM's chains of 9 and 12) take node groups too: with the extend kernel they parted NGRAM's
+answers from plain decoding's in 17-28 of 32 prompts at 32 requests in each of five sets, with node
+groups in 0-6 (SmolLM2, H200), for 1.05-1.42x the extend kernel's attention for a 12-node chain on the
+8B shape at 1-64 requests (benchmarks/results/2026-12-01-h200-ngram-agreement).
 
 Two planners: the ``RaggedLayout`` from host lengths (eager forwards), and, when the batch carries
 ``static_max_seq_len`` (CUDA-graph capture), the ``StaticLayout`` built on the device alone, whose

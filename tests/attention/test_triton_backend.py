@@ -947,3 +947,23 @@ def test_verify_runs_as_decode_steps_up_to_the_caps():
     assert plan("verify_chain", verify_as_decode_max_rows=10, verify_rows_max_nodes=4) is VerifyRowsMetadata
     assert plan("verify_chain", verify_as_decode_max_rows=9, verify_rows_max_nodes=5) is VerifyRowsMetadata
     assert plan("verify_mixed") is TritonMetadata  # trees of 7 and 12 nodes
+
+
+def test_ngram_default_chains_verify_as_decode_steps_at_any_batch():
+    """NGRAM's default verify (a chain of ``DEFAULT_MAX_MATCH_WINDOW`` = 12 nodes) runs as decode steps by
+    default past the row cap too (6 requests: 72 rows): on the extend kernel its bf16 answers parted from
+    plain decoding's far more often (benchmarks/results/2026-12-01-h200-ngram-agreement); trees past 16 nodes
+    take the extend kernel."""
+    from specdec.attention.triton_backend import TritonMetadata, VerifyRowsMetadata
+    from specdec.ngram.config import DEFAULT_MAX_MATCH_WINDOW
+
+    def plan(nodes):
+        chain = tuple(range(-1, nodes - 1))
+        sc = Scenario(V, (5, 9, 0, 14, 3, 7), (nodes,) * 6, trees=(chain,) * 6)
+        batch = make_problem(sc, page_size=1, dtype=torch.float32).batch
+        create_attention_backend("triton").init_forward_metadata(batch)
+        return type(batch.attn_metadata)
+
+    assert plan(DEFAULT_MAX_MATCH_WINDOW) is VerifyRowsMetadata
+    assert plan(16) is VerifyRowsMetadata
+    assert plan(17) is TritonMetadata

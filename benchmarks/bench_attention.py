@@ -4,8 +4,10 @@ Llama-3-8B head shape (32 query heads, 8 KV heads, head_dim 128), bf16, page_siz
 of every request shuffled over the cache. By default, for bs in {1, 8, 64} and context in
 {512, 4096}: DECODE (one token per request) and TARGET_VERIFY with N in {4, 8, 64} tree nodes
 (random trees, or chains with ``--chains``; ``--batch-sizes``, ``--contexts``, ``--tree-sizes``
-choose others). Every available backend (triton, torch_native, flashinfer, fa3; or ``--backends``)
-runs on the same inputs in the same process; ``forward`` is timed (metadata is planned once per forward, outside the
+choose others); with ``--prefill Q ...`` also EXTEND, the target's prefill of Q new tokens a request
+over the context as its cached prefix (causal; planned from host lengths, as a server's prefill is).
+Every available backend (triton, torch_native, flashinfer, fa3; or ``--backends``) runs on the same
+inputs in the same process; ``forward`` is timed (metadata is planned once per forward, outside the
 per-layer time), warm-up then median of CUDA-event timings, eagerly and replayed from a CUDA graph
 (the GPU time without launch overhead; torch_native is timed eagerly only). ``triton_extend`` is the
 triton backend with every verify on its extend kernel (no nodes as decode steps: the default path's
@@ -22,6 +24,7 @@ the plan (``init_forward_metadata``, once a forward, on the device alone) is the
     python benchmarks/bench_attention.py --backends triton --static-bound 32768 --output-dir DIR
     python benchmarks/bench_attention.py --backends triton --batch-sizes 4 8 --tree-sizes 32 64
     python benchmarks/bench_attention.py --backends triton triton_extend --static-bound 2048 --contexts 1024
+    python benchmarks/bench_attention.py --backends triton --tree-sizes 0 --prefill 1 16 256 --contexts 1024 8192
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def make_batch(mode: ForwardMode, bs: int, ctx: int, n: int, seed: int = 0, *, c
         masks = [random_tree_mask(n, gen, chain=chains) for _ in range(bs)]
         kw["tree_mask"] = torch.cat([m.flatten() for m in masks]).cuda()
         depths = torch.cat([m.sum(1) - 1 for m in masks])
+    elif mode == ForwardMode.EXTEND:  # causal new tokens after the cached context
+        depths = torch.arange(n).repeat(bs)
     batch = ForwardBatch(
         forward_mode=mode,
         input_ids=torch.zeros(bs * n, dtype=torch.int64, device="cuda"),
@@ -121,13 +126,14 @@ def library_versions() -> dict:
 
 def bench_case(mode: ForwardMode, bs: int, ctx: int, n: int, backends: list[str], args) -> dict:
     batch, layer, q, k, v = make_batch(mode, bs, ctx, n, chains=args.chains)
-    if args.static_bound:  # the plan of a captured graph: lengths on the device, grids sized by the bound
+    if args.static_bound and mode != ForwardMode.EXTEND:  # a captured graph's plan (prefill runs eagerly)
         batch = dataclasses.replace(batch, prefix_lens_cpu=None, extend_lens_cpu=None,
                                     static_max_seq_len=max(args.static_bound, ctx + n))
     kv_bytes = bs * (ctx + n) * HKV * D * DTYPE.itemsize * 2
     row = {"mode": mode.name, "bs": bs, "context": ctx,
-           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None, "chains": args.chains,
-           "static_bound": args.static_bound,
+           "num_draft_tokens": n if mode == ForwardMode.TARGET_VERIFY else None,
+           "new_tokens": n if mode == ForwardMode.EXTEND else None, "chains": args.chains,
+           "static_bound": args.static_bound if mode != ForwardMode.EXTEND else None,
            "kv_bytes": kv_bytes, "floor_us": kv_bytes / args.bandwidth * 1e6, "us": {}, "plan_us": {}}
     for name in backends:
         if name == "torch_native" and torch_native_bytes(bs, ctx, n) > TORCH_NATIVE_MAX_BYTES:
@@ -181,7 +187,7 @@ def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
     for r in rows:
         us = r["us"]
         t, g = us.get("triton"), us.get("triton_graph")
-        cells = [r["mode"], str(r["bs"]), str(r["context"]), fmt(r["num_draft_tokens"], "d"),
+        cells = [r["mode"], str(r["bs"]), str(r["context"]), fmt(r["num_draft_tokens"] or r.get("new_tokens"), "d"),
                  f"{r['kv_bytes'] / 1e6:.1f}", f"{r['floor_us']:.1f}", fmt(t, ".1f"), fmt(g, ".1f")]
         for b in others:
             cells += [fmt(us.get(b), ".1f"), fmt(us.get(f"{b}_graph"), ".1f")]
@@ -209,6 +215,8 @@ def main() -> None:
     parser.add_argument("--tree-sizes", type=int, nargs="+", default=list(TREE_SIZES),
                         help="TARGET_VERIFY node counts (0 alone: decode only)")
     parser.add_argument("--chains", action="store_true", help="verify chains, not random trees")
+    parser.add_argument("--prefill", type=int, nargs="+", default=[], metavar="Q",
+                        help="also EXTEND: Q new prompt tokens a request over the context as a cached prefix")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_attention needs a CUDA device")
@@ -222,6 +230,8 @@ def main() -> None:
     cases = [(ForwardMode.DECODE, bs, ctx, 1) for bs in args.batch_sizes for ctx in args.contexts]
     cases += [(ForwardMode.TARGET_VERIFY, bs, ctx, n)
               for bs in args.batch_sizes for ctx in args.contexts for n in args.tree_sizes if n > 0]
+    cases += [(ForwardMode.EXTEND, bs, ctx, n)
+              for bs in args.batch_sizes for ctx in args.contexts for n in args.prefill]
     rows = [bench_case(*case, backends, args) for case in progress(cases, desc="attention", unit="cases")]
     args.output_dir.mkdir(parents=True, exist_ok=True)
     result = {**run_metadata(),

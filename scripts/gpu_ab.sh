@@ -16,6 +16,10 @@
 # AB_ARGS (more `specdec bench --synthetic` flags), AB_ARGS_NAME (flags for variant NAME only, e.g.
 # AB_ARGS_fp8="--speculative-draft-model-quantization fp8" with fp8=.). Writes $OUT/ab_NAME.json /
 # .log; prints each point's step time and phases.
+# AB_RUN: any other command instead of the sweep, run per variant through bash with AB_OUT set to
+# $OUT/ab_NAME/ (its log in $OUT/ab_NAME.log), e.g. the target's prefill per layer:
+#   AB_RUN='python3 benchmarks/bench_attention.py --backends triton --tree-sizes 0 --prefill 1 16 256
+#           --output-dir $AB_OUT' bash scripts/gpu_ab.sh main=. oneplan=.stash/oneplan
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
@@ -40,6 +44,13 @@ for spec in "$@"; do
     done
     cp -r "$dir/." .
     echo "$name: $(cd "$dir" && find . -type f | wc -l) file(s) over the tree"
+  fi
+  if [ -n "${AB_RUN:-}" ]; then
+    mkdir -p "$OUT/ab_$name"
+    AB_OUT="$OUT/ab_$name" timeout "${AB_TIMEOUT:-200}" bash -c "$AB_RUN" > "$OUT/ab_$name.log" 2>&1 || status=1
+    tail -n "${AB_TAIL:-20}" "$OUT/ab_$name.log" | sed "s/^/$name  /"
+    restore
+    continue
   fi
   own_args="AB_ARGS_$name"
   timeout "${AB_TIMEOUT:-200}" python3 -m specdec.cli bench --synthetic "${AB_SHAPE:-llama-3.1-8b}" \

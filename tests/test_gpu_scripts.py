@@ -1,5 +1,6 @@
 """The device scripts' own logic, on CPU: ``scripts/triton_cache.sh`` hands a grown Triton cache back in
-parts that fit a call's returned files, and unpacks those parts (or one whole archive) on the next machine."""
+parts that fit a call's returned files, and unpacks those parts (or one whole archive) on the next machine;
+``scripts/gpu_ab.sh`` runs each variant over the tree and leaves the tree as it was."""
 
 import os
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "triton_cache.sh"
+AB_SCRIPT = SCRIPT.with_name("gpu_ab.sh")
 
 
 def _bash(cwd: Path, body: str, **env: str) -> subprocess.CompletedProcess:
@@ -53,3 +55,23 @@ def test_a_cache_that_would_not_fit_is_not_handed_back(machine, tmp_path):
     done = _bash(tree, f'cp {tmp_path}/k.bin "$TRITON_CACHE_DIR/k.cubin"; return_triton_cache', **env)
     assert "not handed back: 3 parts, room for 2" in done.stdout
     assert sorted(p.name for p in out.iterdir()) == [f"r{i}.json" for i in range(6)]
+
+
+def test_ab_runs_each_variant_over_the_tree_and_restores_it(tmp_path):
+    """AB_RUN per variant: a replaced file and an added one are seen by that variant's run alone."""
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "kernel.py").write_text("main\n")
+    variant = tmp_path / "variant" / "pkg"
+    variant.mkdir(parents=True)
+    (variant / "kernel.py").write_text("variant\n")
+    (variant / "added.py").write_text("added\n")
+    run = "cat pkg/kernel.py; ls pkg; echo > $AB_OUT/done"
+    subprocess.run(["bash", str(AB_SCRIPT), "a=.", f"v={variant.parent}", "b=."], cwd=tree, check=True,
+                   capture_output=True, env={**os.environ, "OUT": str(out), "AB_RUN": run})
+    assert (out / "ab_a.log").read_text().split() == ["main", "kernel.py"]
+    assert (out / "ab_v.log").read_text().split() == ["variant", "added.py", "kernel.py"]
+    assert (out / "ab_b.log").read_text() == (out / "ab_a.log").read_text()
+    assert all((out / f"ab_{name}" / "done").exists() for name in "avb")
+    assert sorted(p.name for p in (tree / "pkg").iterdir()) == ["kernel.py"]
+    assert (tree / "pkg" / "kernel.py").read_text() == "main\n"

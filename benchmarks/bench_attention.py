@@ -187,7 +187,7 @@ def markdown(rows: list[dict], backends: list[str], bandwidth: float) -> str:
     for r in rows:
         us = r["us"]
         t, g = us.get("triton"), us.get("triton_graph")
-        cells = [r["mode"], str(r["bs"]), str(r["context"]), fmt(r["num_draft_tokens"] or r.get("new_tokens"), "d"),
+        cells = [r["mode"], str(r["bs"]), str(r["context"]), fmt(r["num_draft_tokens"] or r["new_tokens"], "d"),
                  f"{r['kv_bytes'] / 1e6:.1f}", f"{r['floor_us']:.1f}", fmt(t, ".1f"), fmt(g, ".1f")]
         for b in others:
             cells += [fmt(us.get(b), ".1f"), fmt(us.get(f"{b}_graph"), ".1f")]

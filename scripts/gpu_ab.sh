@@ -19,7 +19,7 @@
 # AB_RUN: any other command instead of the sweep, run per variant through bash with AB_OUT set to
 # $OUT/ab_NAME/ (its log in $OUT/ab_NAME.log), e.g. the target's prefill per layer:
 #   AB_RUN='python3 benchmarks/bench_attention.py --backends triton --tree-sizes 0 --prefill 1 16 256
-#           --output-dir $AB_OUT' bash scripts/gpu_ab.sh main=. oneplan=.stash/oneplan
+#           --output-dir $AB_OUT' bash scripts/gpu_ab.sh main=. prefill=.stash/prefill
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
@@ -49,15 +49,15 @@ for spec in "$@"; do
     mkdir -p "$OUT/ab_$name"
     AB_OUT="$OUT/ab_$name" timeout "${AB_TIMEOUT:-200}" bash -c "$AB_RUN" > "$OUT/ab_$name.log" 2>&1 || status=1
     tail -n "${AB_TAIL:-20}" "$OUT/ab_$name.log" | sed "s/^/$name  /"
-    restore
-    continue
+  else
+    own_args="AB_ARGS_$name"
+    timeout "${AB_TIMEOUT:-200}" python3 -m specdec.cli bench --synthetic "${AB_SHAPE:-llama-3.1-8b}" \
+      --configs "${AB_CONFIGS:-6,8,32;3,1,4}" --batch-sizes "${AB_BS:-1,2,8,16,32,64}" \
+      $([ -n "${AB_ADAPTIVE:-}" ] || echo --skip-adaptive) \
+      --context-len "${AB_CTX:-1024}" --decode-steps "${AB_STEPS:-32}" --warmup-steps 2 ${AB_ARGS:-} ${!own_args:-} \
+      --output "$OUT/ab_$name.json" > "$OUT/ab_$name.log" 2>&1 || status=1
+    grep -E "^[0-9a-z]+: engine|bs=|Speedup" "$OUT/ab_$name.log" | sed "s/^/$name  /"
   fi
-  own_args="AB_ARGS_$name"
-  timeout "${AB_TIMEOUT:-200}" python3 -m specdec.cli bench --synthetic "${AB_SHAPE:-llama-3.1-8b}" \
-    --configs "${AB_CONFIGS:-6,8,32;3,1,4}" --batch-sizes "${AB_BS:-1,2,8,16,32,64}" $([ -n "${AB_ADAPTIVE:-}" ] || echo --skip-adaptive) \
-    --context-len "${AB_CTX:-1024}" --decode-steps "${AB_STEPS:-32}" --warmup-steps 2 ${AB_ARGS:-} ${!own_args:-} \
-    --output "$OUT/ab_$name.json" > "$OUT/ab_$name.log" 2>&1 || status=1
-  grep -E "^[0-9a-z]+: engine|bs=|Speedup" "$OUT/ab_$name.log" | sed "s/^/$name  /"
   restore
 done
 exit "$status"

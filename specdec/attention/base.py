@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import NamedTuple
 
 import torch
 
@@ -65,6 +66,14 @@ def static_plan_key(mode: ForwardMode, num_seqs: int, q_len: int, own: int) -> t
     return mode, num_seqs, q_len, own
 
 
+class ChunkRule(NamedTuple):
+    """Where a chunked prefill cuts a prompt (``AttentionBackend.prefill_chunk_rule``): at multiples of
+    ``align`` positions, leaving a chunk and a rest of at least ``least`` tokens each."""
+
+    align: int = 1
+    least: int = 1
+
+
 class AttentionBackend(abc.ABC):
     name: str = "abstract"
     # whether static forwards (batches that carry ``static_max_seq_len``) can be captured as CUDA
@@ -78,6 +87,15 @@ class AttentionBackend(abc.ABC):
     supports_sliding_window: bool = False
     # whether the KV cache may hold FP8 values (``specdec.attention.kv_dtype``)
     supports_fp8_kv_cache: bool = False
+    # whether a prefill of one new token a request plans otherwise than a decode step of the same batch
+    # (a row's bits then its own request's alone): it replays prefill graphs of its own, not the decode
+    # graphs (``ModelRunner``)
+    prefill_apart_from_decode: bool = False
+
+    def prefill_chunk_rule(self, device: torch.device) -> ChunkRule:
+        """Where a chunked prefill cuts a prompt, where it can: a prompt prefilled in chunks so cut takes the
+        bits of the same prompt prefilled whole (the default: no such promise, cut anywhere)."""
+        return ChunkRule()
 
     def plan_static(self, plan: StaticPlan) -> None:
         """Plan a static forward before its graph is captured or replayed (host-planned backends)."""

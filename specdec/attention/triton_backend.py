@@ -9,6 +9,21 @@ each branch's ancestors; it needs no slot list. Otherwise one query row per sequ
 (DECODE, a one-token DRAFT_EXTEND) runs the split-KV decode kernel, and everything else the extend
 kernel (prefix unmasked, new tokens causal or under TARGET_VERIFY's tree mask, passed as it is).
 
+The target's prefill (EXTEND) plans a request's rows so that they take the same bits whatever other
+kinds of request its step holds: a request of one new token (a prompt the prefix cache holds but for
+its last token) as a row over its own list (``row_attention``, fixed position splits; on the one-token
+prefill graphs too, ``prefill_apart_from_decode``); a fresh prompt, or one of ``prefill_one_pass_min_q``
+new tokens or more over a cached prefix, through the extend kernel's one pass (one launch configuration,
+no KV split; ``skip`` leaves it the other requests), which folds a row's entries in tiles from position
+0: a prompt the scheduler cuts at tile boundaries into chunks that long (``prefill_chunk_rule``) takes
+in chunks the bits it takes prefilled whole. Fewer new tokens over a cached prefix (a conversation's next
+turn) take the extend kernel's plan by such requests of the step alone (a split prefix: one pass over a
+long prefix at small batch cost 10x, 255 against 25 µs a layer for 16 tokens over 8192 on an H200).
+Planned by the group, as a decode step of the group's size, a cached prompt's first token took other
+bits in each engine: NGRAM's greedy answers equalled plain decoding's in 42 of 80 MT-bench second turns
+at 32 requests on an H200, in 73 with the prefix cache off
+(benchmarks/results/2026-12-01-h200-ngram-agreement-vs-vllm).
+
 TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): over its own KV list
 (prefix, ancestors, itself; built on the device) with the split plan of the decode batch of as many
 requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
@@ -57,10 +72,12 @@ and chain verify at bs 1 0.6-1.3% slower (benchmarks/results/2026-11-26-h100-wid
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+import numpy as np
 import torch
 
-from specdec.attention.base import AttentionBackend, AttentionLayer
+from specdec.attention.base import AttentionBackend, AttentionLayer, ChunkRule
 from specdec.attention.layout import build_ragged_layout, build_static_layout
 from specdec.attention.rowwise import RowKV, plan_row_kv
 from specdec.attention.triton_kernels import (
@@ -71,8 +88,8 @@ from specdec.attention.triton_kernels import (
     row_attention,
     store_kv,
 )
-from specdec.attention.triton_kernels.common import check_device
-from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled
+from specdec.attention.triton_kernels.common import check_device, widest_kv_tile
+from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled, to_device
 
 VERIFY_AS_DECODE_MAX_ROWS = 64
 VERIFY_ROWS_MAX_NODES = 16
@@ -111,6 +128,25 @@ class VerifyRowsMetadata:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlannedPrefill:
+    """Prefill requests of a few new tokens over a cached prefix: the extend kernel planned by them alone."""
+
+    tokens: torch.Tensor | None  # [T] int64 their packed query rows (None: every row)
+    extend: TritonMetadata  # their layout alone
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillMetadata:
+    # the requests of the extend kernel's one pass, the others skipped; None: none such
+    extend: TritonMetadata | None
+    skip: torch.Tensor | None  # [bs] int8 the requests the one pass leaves (None: none such)
+    planned: PlannedPrefill | None  # the few new tokens over a cached prefix (None: none such)
+    # the one-token requests' rows over their own lists (``row_attention``); None: none such
+    rows: RowKV | None
+    row_tokens: torch.Tensor | None  # [R] int64 which packed rows those are (None: every row)
+
+
+@dataclasses.dataclass(frozen=True)
 class DraftStepMetadata:
     # [bs] table row and cached tokens of each request
     req_pool_indices: torch.Tensor
@@ -127,6 +163,13 @@ class TritonBackend(AttentionBackend):
     supports_fp8_kv_cache = True
     supports_deterministic = True
     supports_sliding_window = True
+    prefill_apart_from_decode = True
+
+    def prefill_chunk_rule(self, device: torch.device) -> ChunkRule:
+        """The extend kernel's one pass folds a row's entries in tiles from position 0; a chunk that starts
+        on a tile boundary folds its prefix in the tiles the whole prompt's causal pass folds, and one of
+        ``prefill_one_pass_min_q`` tokens or more over a prefix runs the one pass (module docstring)."""
+        return ChunkRule(align=widest_kv_tile(device), least=prefill_one_pass_min_q(device))
 
     def __init__(self, *, num_splits: int | None = None,
                  verify_as_decode_max_rows: int = VERIFY_AS_DECODE_MAX_ROWS,
@@ -157,23 +200,13 @@ class TritonBackend(AttentionBackend):
         if batch.forward_mode == ForwardMode.TARGET_VERIFY and self._verifies_as_decode(batch):
             batch.attn_metadata = _plan_verify_rows(batch)
             return
+        if batch.forward_mode == ForwardMode.EXTEND:
+            batch.attn_metadata = _plan_prefill(batch)
+            return
         if batch.static_max_seq_len is not None:
             batch.attn_metadata = self._plan_static(batch)
             return
-        layout = build_ragged_layout(batch)
-        prefix_lens = [kv - q for q, kv in zip(layout.q_lens, layout.kv_lens)]
-        mask, mask_indptr = _tree_mask(batch, layout.q_lens)
-        batch.attn_metadata = TritonMetadata(
-            qo_indptr=layout.qo_indptr.to(torch.int32),
-            kv_indptr=layout.kv_indptr.to(torch.int32),
-            kv_indices=layout.kv_indices.to(torch.int32),
-            mask=mask,
-            mask_indptr=mask_indptr,
-            max_q_len=max(layout.q_lens, default=0),
-            max_kv_len=max(layout.kv_lens, default=0),
-            max_prefix_len=max(prefix_lens, default=0),
-            use_decode=mask is None and all(q == 1 for q in layout.q_lens),
-        )
+        batch.attn_metadata = _plan_ragged(batch)
 
     def _verifies_as_decode(self, batch: ForwardBatch) -> bool:
         """Whether a verify batch's nodes run as decode steps (module docstring)."""
@@ -223,6 +256,8 @@ class TritonBackend(AttentionBackend):
         elif isinstance(md, RowKV):
             row_attention(q3, k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out, sm_scale=layer.scaling,
                           max_kv_len=md.max_kv_len, window=window)
+        elif isinstance(md, PrefillMetadata):
+            _prefill_attention(q3, k_buf, v_buf, out, md, layer, window, batch.positions)
         elif md.use_decode:
             # NOTE: with one row per sequence, sequence s is packed query row s (qo_indptr = 0..n), and its
             # query is at its list's last position (what the window counts back from)
@@ -234,6 +269,118 @@ class TritonBackend(AttentionBackend):
                              max_prefix_len=md.max_prefix_len, num_splits=self.num_splits, window=window,
                              positions=batch.positions)
         return out.view(-1, hq * d)
+
+
+def _plan_ragged(batch: ForwardBatch) -> TritonMetadata:
+    """An eager batch's layout and plan bounds from its host lengths."""
+    layout = build_ragged_layout(batch)
+    mask, mask_indptr = _tree_mask(batch, layout.q_lens)
+    return _metadata(layout.qo_indptr, layout.kv_indptr, layout.kv_indices, layout.q_lens, layout.kv_lens,
+                     mask, mask_indptr)
+
+
+def _metadata(qo_indptr, kv_indptr, kv_indices, q_lens: list[int], kv_lens: list[int], mask=None, mask_indptr=None
+              ) -> TritonMetadata:
+    """TritonMetadata of a layout (device offsets and slots; host lengths for the bounds)."""
+    return TritonMetadata(
+        qo_indptr=qo_indptr.to(torch.int32),
+        kv_indptr=kv_indptr.to(torch.int32),
+        kv_indices=kv_indices.to(torch.int32),
+        mask=mask,
+        mask_indptr=mask_indptr,
+        max_q_len=max(q_lens, default=0),
+        max_kv_len=max(kv_lens, default=0),
+        max_prefix_len=max((kv - q for q, kv in zip(q_lens, kv_lens)), default=0),
+        use_decode=mask is None and all(q == 1 for q in q_lens),
+    )
+
+
+def prefill_one_pass_min_q(device: torch.device) -> int:
+    """New tokens from which a prefill request over a cached prefix runs the extend kernel's one pass
+    (four of the widest KV tiles: 512 on a GPU); fewer take the plan that splits the prefix."""
+    return 4 * widest_kv_tile(device)
+
+
+def _plan_prefill(batch: ForwardBatch) -> PrefillMetadata:
+    """The target's prefill (module docstring): a request of one new token (a cached prompt's last; every
+    request of a captured one-token prefill) as a row over its own list; one of fewer than
+    ``prefill_one_pass_min_q`` over a cached prefix through the extend kernel planned by such requests
+    alone; the others through its one pass."""
+    if batch.static_max_seq_len is not None:
+        if batch.num_tokens != batch.batch_size:
+            raise ValueError("triton: a captured prefill takes one new token a request")
+        return PrefillMetadata(extend=None, skip=None, planned=None, rows=plan_row_kv(batch), row_tokens=None)
+    device = batch.input_ids.device
+    q_lens = batch.host_extend_lens()
+    if all(q == 1 for q in q_lens):
+        return PrefillMetadata(extend=None, skip=None, planned=None, rows=plan_row_kv(batch), row_tokens=None)
+    layout = build_ragged_layout(batch)
+    min_q = prefill_one_pass_min_q(device)
+    planned = [1 < q < min_q and kv > q for q, kv in zip(q_lens, layout.kv_lens)]
+    one_pass = [q > 1 and not p for q, p in zip(q_lens, planned)]
+    extend = skip = None
+    if any(one_pass):
+        extend = _metadata(layout.qo_indptr, layout.kv_indptr, layout.kv_indices, q_lens, layout.kv_lens)
+        if not all(one_pass):
+            skip = to_device([int(not x) for x in one_pass], torch.int8, device)
+    token_starts = list(itertools.accumulate(q_lens, initial=0))
+    rows = row_tokens = None
+    singles = [s for s, q in enumerate(q_lens) if q == 1]
+    if singles:
+        row_tokens = to_device([token_starts[s] for s in singles], torch.int64, device)
+        every = plan_row_kv(batch)
+        rows = dataclasses.replace(every, row_list=every.row_list[row_tokens], row_lens=every.row_lens[row_tokens])
+    seqs = [s for s, p in enumerate(planned) if p]
+    if len(seqs) == len(q_lens):  # (the usual such step: its layout as it is, no rows to gather)
+        whole = _metadata(layout.qo_indptr, layout.kv_indptr, layout.kv_indices, q_lens, layout.kv_lens)
+        return PrefillMetadata(extend=None, skip=None, planned=PlannedPrefill(tokens=None, extend=whole), rows=None,
+                               row_tokens=None)
+    return PrefillMetadata(extend=extend, skip=skip, planned=_planned_prefill(layout, seqs, token_starts) if seqs
+                           else None, rows=rows, row_tokens=row_tokens)
+
+
+def _planned_prefill(layout, seqs: list[int], token_starts: list[int]) -> PlannedPrefill:
+    """Sequences ``seqs`` of ``layout`` as a layout of their own, and their packed rows."""
+    device = layout.qo_indptr.device
+    kv_starts = list(itertools.accumulate(layout.kv_lens, initial=0))
+    q_lens = [layout.q_lens[s] for s in seqs]
+    kv_lens = [layout.kv_lens[s] for s in seqs]
+    tokens = np.concatenate([np.arange(token_starts[s], token_starts[s + 1]) for s in seqs])
+    entries = np.concatenate([np.arange(kv_starts[s], kv_starts[s + 1]) for s in seqs])
+    md = _metadata(to_device(list(itertools.accumulate(q_lens, initial=0)), torch.int64, device),
+                   to_device(list(itertools.accumulate(kv_lens, initial=0)), torch.int64, device),
+                   layout.kv_indices[to_device(entries.tolist(), torch.int64, device)], q_lens, kv_lens)
+    return PlannedPrefill(tokens=to_device(tokens.tolist(), torch.int64, device), extend=md)
+
+
+def _prefill_attention(q3, k_buf, v_buf, out, md: PrefillMetadata, layer: AttentionLayer, window, positions) -> None:
+    """``forward`` of a prefill (``_plan_prefill``): the one pass's requests, the planned ones (their rows
+    gathered), then the one-token rows."""
+    if md.extend is not None:
+        e = md.extend
+        extend_attention(q3, k_buf, v_buf, e.qo_indptr, e.kv_indptr, e.kv_indices, None, None, out,
+                         sm_scale=layer.scaling, max_q_len=e.max_q_len, max_prefix_len=e.max_prefix_len,
+                         window=window, positions=positions, one_plan=True, skip=md.skip)
+    if md.planned is not None:
+        tokens, e = md.planned.tokens, md.planned.extend
+        q_part = q3 if tokens is None else q3[tokens]
+        part = out if tokens is None else torch.empty_like(q_part, dtype=out.dtype)
+        extend_attention(q_part, k_buf, v_buf, e.qo_indptr, e.kv_indptr, e.kv_indices, None, None, part,
+                         sm_scale=layer.scaling, max_q_len=e.max_q_len, max_prefix_len=e.max_prefix_len,
+                         window=window)
+        if tokens is not None:
+            out.index_copy_(0, tokens, part)
+    if md.rows is None:
+        return
+    r = md.rows
+    if md.row_tokens is None:
+        row_attention(q3, k_buf, v_buf, r.kv_table, r.row_list, r.row_lens, out, sm_scale=layer.scaling,
+                      max_kv_len=r.max_kv_len, window=window)
+        return
+    part = torch.empty(md.row_tokens.shape[0], *out.shape[1:], dtype=out.dtype, device=out.device)
+    row_attention(q3[md.row_tokens], k_buf, v_buf, r.kv_table, r.row_list, r.row_lens, part,
+                  sm_scale=layer.scaling, max_kv_len=r.max_kv_len, window=window)
+    out.index_copy_(0, md.row_tokens, part)
 
 
 def _same_tree_size(batch: ForwardBatch) -> bool:

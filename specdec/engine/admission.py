@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from specdec.attention.base import ChunkRule
 from specdec.engine.request import Request
 
 # SGLang's defaults: the initial ratio, its floor as a fraction of it, and the decay steps
@@ -113,10 +114,16 @@ def decode_steps_during_prefill(num_prompt_tokens: int, chunk_tokens: int | None
     return 0 if chunk_tokens is None else max(-(-num_prompt_tokens // chunk_tokens) - 1, 0)
 
 
-def chunk_request(req: Request, tokens: list[int], start: int, budget: float) -> PrefillChunk:
-    """The next chunk of ``req``: from ``start`` to its end, or ``budget`` tokens if fewer."""
-    length = int(min(len(tokens) - start, budget))
-    return PrefillChunk(req, tokens, start, length)
+def chunk_request(req: Request, tokens: list[int], start: int, budget: float, rule: ChunkRule = ChunkRule()
+                  ) -> PrefillChunk | None:
+    """The next chunk of ``req``: from ``start`` to its end, or, if ``budget`` ends before, to the last
+    multiple of ``rule.align`` positions within it that leaves a chunk and a rest of ``rule.least`` tokens
+    or more (None: no such position)."""
+    rest = len(tokens) - start
+    if rest <= budget:
+        return PrefillChunk(req, tokens, start, rest)
+    end = min(start + int(budget), len(tokens) - rule.least) // rule.align * rule.align
+    return PrefillChunk(req, tokens, start, end - start) if end - start >= rule.least else None
 
 
 def retract_order(reqs: list[Request]) -> list[Request]:

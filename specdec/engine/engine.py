@@ -307,7 +307,8 @@ class Engine:
                                    waiting_served_ratio=args.waiting_served_ratio,
                                    max_waiting_tokens=args.max_waiting_tokens,
                                    decode_admission=args.enable_decode_admission,
-                                   tokenizer=self.tokenizer, token_table=token_table)
+                                   tokenizer=self.tokenizer, token_table=token_table,
+                                   chunk_rule=backend.prefill_chunk_rule(torch.device(device)))
         self._ids = itertools.count()
         self._grammar_backend = None
         self._finished: dict[str, Request] = {}

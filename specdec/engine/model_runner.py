@@ -9,7 +9,9 @@ allocator never hands out. A backend that plans on the host (FlashInfer) is plan
 batch's host lengths before each replay; a batch without them runs eagerly.
 
 A prefill (EXTEND) forward of one token a request (its prompt cached but for the last token) replays
-the decode graph. With ``capture_prefill_graphs``, any other prefill of up to
+a graph of its own where the backend plans it apart from a decode step (triton: each row over its own
+list, whatever the batch; up to ONE_TOKEN_PREFILL_GRAPH_MAX_BS requests, the rest eagerly), else the
+decode graph. With ``capture_prefill_graphs``, any other prefill of up to
 ``--piecewise-cuda-graph-max-tokens`` tokens replays the model body as pieces between its attention
 calls, which run eagerly (``specdec.cuda_graph.piecewise``); its logits are computed eagerly after.
 Anything else (longer prefills, batches past the largest captured size) runs eagerly.
@@ -25,6 +27,10 @@ from specdec.cuda_graph import CudaGraphRunner, StaticInput, padded_lengths
 from specdec.cuda_graph.piecewise import PiecewiseGraphRunner
 from specdec.forward import CaptureHiddenMode, ForwardBatch, ForwardMode, LogitsMode, LogitsOutput
 from specdec.models.ops.topk import argmax
+
+# one-token prefills (cached prompts admitted together) replay their own graphs up to this many requests:
+# such groups are small, and each captured size costs startup time and graph memory
+ONE_TOKEN_PREFILL_GRAPH_MAX_BS = 32
 
 
 class ModelRunner:
@@ -86,13 +92,17 @@ class ModelRunner:
         pool=None,
         use_graphs: bool = True,
     ) -> int:
-        """Capture DECODE graphs at ``batch_sizes`` and a TARGET_VERIFY graph per tree size of
-        ``verify_sizes`` (tokens a request -> its batch sizes); returns their bytes. ``slot_tokens``:
+        """Capture DECODE graphs at ``batch_sizes`` (and, for a backend that plans them apart, one-token
+        prefill graphs at those up to ONE_TOKEN_PREFILL_GRAPH_MAX_BS) and a TARGET_VERIFY graph per tree
+        size of ``verify_sizes`` (tokens a request -> its batch sizes); returns their bytes. ``slot_tokens``:
         the graphs record their input tokens there (``ForwardBatch.slot_tokens``) and replay only
         for batches that ask for exactly that."""
         device = self.kv_cache.device
         self.graph_slot_tokens = slot_tokens
         kinds = [(ForwardMode.DECODE, decode_hidden, 1, batch_sizes)]
+        one_token_sizes = [b for b in batch_sizes if b <= ONE_TOKEN_PREFILL_GRAPH_MAX_BS]
+        if self.attn_backend.prefill_apart_from_decode and one_token_sizes:  # one-token prefills (``_graph_for``)
+            kinds.append((ForwardMode.EXTEND, decode_hidden, 1, one_token_sizes))
         kinds += [(ForwardMode.TARGET_VERIFY, CaptureHiddenMode.FULL, n, sizes) for n, sizes in verify_sizes.items()]
         total = 0
         for mode, hidden, tokens, sizes in kinds:
@@ -183,9 +193,12 @@ class ModelRunner:
         mode, hidden, tokens = batch.forward_mode, batch.capture_hidden_mode, batch.num_tokens // bs
         if mode == ForwardMode.EXTEND and tokens == 1:
             # one new token a request (a prompt cached up to its last token: a repeated prompt, a parallel
-            # sample's twin) is a decode step's forward: its graph, not eager attention between pieces
-            # (with one token a request, capturing every token's hidden state captures the last one's)
-            mode, hidden = ForwardMode.DECODE, min(hidden, CaptureHiddenMode.LAST)
+            # sample's twin) replays a graph, not eager attention between pieces: the one-token prefill's
+            # own, or the decode step's where the backend plans both alike (with one token a request,
+            # capturing every token's hidden state captures the last one's)
+            hidden = min(hidden, CaptureHiddenMode.LAST)
+            if not self.attn_backend.prefill_apart_from_decode:
+                mode = ForwardMode.DECODE
         graph = self.graphs.get((mode, hidden, tokens))
         if graph is None or (batch.logits_mode, batch.logits_dtype) != _graph_logits(mode) or not graph.can_run(bs):
             return None

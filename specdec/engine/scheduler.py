@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from specdec.attention.base import ChunkRule
 from specdec.engine.admission import KVPromise, NewTokenRatio, PrefillChunk, chunk_request, fill_ids, retract_order
 from specdec.engine.decode import DecodeLauncher, LaunchedStep
 from specdec.engine.memory import PagedKVMemory
@@ -74,6 +75,7 @@ class Scheduler:
         decode_admission: bool = False,
         tokenizer: Any = None,
         token_table=None,
+        chunk_rule: ChunkRule = ChunkRule(),
     ) -> None:
         """``prefix_cache``: default none (``NoPrefixCache``); ``chunked_prefill_size``: most
         prompt tokens per prefill step (None: no limit); ``waiting_served_ratio`` and
@@ -83,11 +85,15 @@ class Scheduler:
         prompt is cached but for its last token join the decode step (``_joins_decode``);
         ``tokenizer``: decodes output tails for stop strings (``specdec.engine.stop_strings``);
         ``token_table``: the requests' tokens the n-gram worker drafts from
-        (``specdec.engine.ngram_setup.TokenTable``)."""
+        (``specdec.engine.ngram_setup.TokenTable``); ``chunk_rule``: where a chunked prompt is cut (the
+        attention backend's ``prefill_chunk_rule``), if a full chunk can always follow it: its chunks then
+        take the bits of the prompt prefilled whole."""
         self.memory = memory
         self.tokenizer = tokenizer
         self.cache = prefix_cache if prefix_cache is not None else NoPrefixCache(memory)
         self.chunked_prefill_size = chunked_prefill_size
+        full = chunked_prefill_size or float("inf")
+        self.chunk_rule = chunk_rule if full >= 2 * chunk_rule.least + chunk_rule.align else ChunkRule()
         self.new_token_ratio = NewTokenRatio(schedule_conservativeness)
         self.waiting_served_ratio = waiting_served_ratio
         self.max_waiting_tokens = max_waiting_tokens
@@ -285,7 +291,7 @@ class Scheduler:
         chunks: list[PrefillChunk] = []
         if self.chunked is not None:
             req = self.chunked
-            chunk = chunk_request(req, fill_ids(req), req.kv_len, budget)
+            chunk = chunk_request(req, fill_ids(req), req.kv_len, budget, self.chunk_rule)
             if room < 0 and not idle:
                 return []  # decode first: it may finish or release requests, or retract this one
             self.chunked = req if not chunk.is_last else None
@@ -304,8 +310,10 @@ class Scheduler:
                 + hit.unlocked_pages * self.memory.page_size
             if need > room and (chunks or not idle):
                 break  # wait for KV (an idle engine admits anyway: a request alone always fits)
+            if chunk_request(req, tokens, hit.tokens, budget, self.chunk_rule) is None:
+                break  # the budget reaches no cut the rule allows: next step
             self.waiting.popleft()
-            chunk = chunk_request(req, tokens, self._admit(req, tokens), budget)
+            chunk = chunk_request(req, tokens, self._admit(req, tokens), budget, self.chunk_rule)
             self.chunked = req if not chunk.is_last else None
             chunks.append(chunk)
             budget -= chunk.length

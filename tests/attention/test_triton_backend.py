@@ -551,6 +551,85 @@ def test_extend_kernel_matches_ref(masked, num_splits, new_split, bound):
     torch.testing.assert_close(out, ref, atol=FLOOR, rtol=0)
 
 
+# a prefill batch's sequences (new rows, cached prefix): a prompt recomputed over a long cached prefix, a
+# fresh prompt, a chunk after a short prefix, one long new block (several query tiles)
+ONE_PLAN_SEQS = [(1, 300), (12, 0), (5, 7), (40, 3)]
+
+
+def _one_plan_rows(seqs, k, v, q_of, slots_of, dtype, window):
+    """extend_attention(one_plan=True) over ``seqs`` (indices into ONE_PLAN_SEQS), causal: each one's rows."""
+    q_lens = [ONE_PLAN_SEQS[s][0] for s in seqs]
+    kv_lens = [sum(ONE_PLAN_SEQS[s]) for s in seqs]
+    q = torch.cat([q_of[s] for s in seqs]).to(dtype)
+    out = torch.full_like(q, float("nan"))
+    tk.extend_attention(q, k.to(dtype), v.to(dtype), _indptr(q_lens), _indptr(kv_lens),
+                        torch.cat([slots_of[s] for s in seqs]), None, None, out, sm_scale=0.25,
+                        max_q_len=max(q_lens), max_prefix_len=max(ONE_PLAN_SEQS[s][1] for s in seqs),
+                        window=window, one_plan=True)
+    return dict(zip(seqs, out.split(q_lens)))
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_extend_one_plan_rows_depend_on_their_own_sequence_alone(dtype, window):
+    """A prefill's rows get the same bits alone and beside any other sequences (the planned path's split
+    count and tiles follow the batch: without a window, the recomputed prompt's row over its 300 cached
+    entries took other bits alone than beside the others, in bf16 and fp32 alike), and equal the specification."""
+    gen = torch.Generator().manual_seed(11)
+    k = _rand((400, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((400, 2, 16), gen, torch.float32, DEVICE)
+    perm = torch.randperm(400, generator=gen).to(torch.int32).to(DEVICE)
+    slots_of, q_of, used = {}, {}, 0
+    for s, (n, prefix) in enumerate(ONE_PLAN_SEQS):
+        slots_of[s], used = perm[used : used + n + prefix], used + n + prefix
+        q_of[s] = _rand((n, 4, 16), gen, torch.float32, DEVICE)
+    batches = [[0, 1, 2, 3], [3, 2, 1, 0], [0, 1], [2, 0]] + [[s] for s in range(len(ONE_PLAN_SEQS))]
+    rows = [_one_plan_rows(b, k, v, q_of, slots_of, dtype, window) for b in batches]
+    for s in range(len(ONE_PLAN_SEQS)):
+        mine = [r[s] for r in rows if s in r]
+        assert len(mine) >= 2 and all(torch.equal(m, mine[0]) for m in mine), f"sequence {s}"
+    alone = {s: rows[len(batches) - len(ONE_PLAN_SEQS) + s][s] for s in range(len(ONE_PLAN_SEQS))}
+    q_lens = [n for n, _ in ONE_PLAN_SEQS]
+    kv_lens = [n + p for n, p in ONE_PLAN_SEQS]
+    q = torch.cat([q_of[s] for s in range(len(ONE_PLAN_SEQS))]).to(dtype)
+    ref = torch.full_like(q, float("nan"))
+    tk.extend_attention_ref(q, k.to(dtype), v.to(dtype), _indptr(q_lens), _indptr(kv_lens),
+                            torch.cat([slots_of[s] for s in range(len(ONE_PLAN_SEQS))]), None, None, ref,
+                            sm_scale=0.25, max_q_len=max(q_lens), max_prefix_len=300, window=window)
+    got = torch.cat([alone[s] for s in range(len(ONE_PLAN_SEQS))])
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, atol=FLOOR, rtol=0)
+    else:
+        torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_extend_one_plan_skip_leaves_those_rows():
+    """``skip``: the marked sequences' rows keep what ``out`` held (another kernel's), the others equal ref."""
+    gen = torch.Generator().manual_seed(3)
+    k, v, q, slots = _extend_inputs(gen)
+    skip = torch.tensor([0, 1, 1, 0], dtype=torch.int8, device=DEVICE)
+    args = (q, k, v, _indptr(EXTEND_Q_LENS), _indptr(EXTEND_KV_LENS), slots, None, None)
+    kw = dict(sm_scale=0.25, max_q_len=max(EXTEND_Q_LENS), max_prefix_len=max(EXTEND_PREFIX), one_plan=True,
+              skip=skip)
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    tk.extend_attention(*args, out, **kw)
+    tk.extend_attention_ref(*args, ref, **kw)
+    kept = torch.cat([torch.full((n,), bool(s)) for n, s in zip(EXTEND_Q_LENS, skip.tolist())]).to(DEVICE)
+    assert out[kept].isnan().all() and not out[~kept].isnan().any()
+    torch.testing.assert_close(out[~kept], ref[~kept], atol=FLOOR, rtol=0)
+    with pytest.raises(ValueError, match="skip needs one_plan"):
+        tk.extend_attention(*args, out, **{**kw, "one_plan": False})
+
+
+def test_extend_one_plan_refuses_a_split_plan():
+    gen = torch.Generator().manual_seed(0)
+    k, v, q, slots = _extend_inputs(gen)
+    with pytest.raises(ValueError, match="one_plan"):
+        tk.extend_attention(q, k, v, _indptr(EXTEND_Q_LENS), _indptr(EXTEND_KV_LENS), slots, None, None,
+                            torch.empty_like(q), sm_scale=0.25, max_q_len=9, max_prefix_len=40, num_splits=2,
+                            one_plan=True)
+
+
 @pytest.mark.parametrize("bound", [None, 4096], ids=["bound=longest", "bound=4096"])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 @pytest.mark.parametrize("topk, hq", [(1, 4), (3, 4), (8, 4), (5, 16)])  # 5 x 8 = 40 rows: two 32-row m-blocks on CPU

@@ -227,6 +227,11 @@ def is_streaming_grid(device: torch.device, num_ctas: int, num_splits: int, *, b
             and num_ctas >= STREAM_PROGRAMS_PER_SM * _sm_count(device))
 
 
+def widest_kv_tile(device: torch.device) -> int:
+    """A multiple of every ``launch_config`` KV tile width (powers of two up to it) on ``device``."""
+    return 128 if device.type == "cuda" else 16
+
+
 def max_block_m(device: torch.device) -> int:
     """Most (query row, head) pairs per extend tile: 128 on a GPU, 32 in the interpreter."""
     return 128 if device.type == "cuda" else 32

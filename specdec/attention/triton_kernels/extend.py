@@ -12,6 +12,11 @@ still spreads over every split. A prefix of one chunk's length or less is one pa
 at small batch (``plan_extend_splits``), in a split of its own (``NEW_SPLIT``, the last one), off
 the prefix chunks' critical path.
 
+A plan that follows the batch gives a row other bits in another batch. The target's prefill takes
+``one_plan`` instead: the largest query tile, one split, the new tokens in the prefix's tile width,
+whatever else the batch holds, so a prompt's rows (over the same cached prefix) get the same bits alone
+or beside any others (``skip``: sequences whose rows another kernel computes).
+
 Grid ``(num_seqs, num_kv_heads, m_blocks * num_splits)``. The tile's rows are (query row, query
 head) pairs of one KV head, row-major by query row, so each K/V tile is read once per KV head:
 
@@ -52,6 +57,7 @@ from specdec.attention.triton_kernels.common import (
     tile_dtype,
     extend_block_m,
     launch_config,
+    max_block_m,
     plan_extend_splits,
     split_chunk,
     store_rows,
@@ -89,7 +95,7 @@ def _rows_window(POSITIONS, token, row, row_valid, prefix_len, kv_len, window, H
 
 @triton.jit(do_not_specialize=["window"])
 def _extend_kernel(
-    Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr, POSITIONS,
+    Q, K, V, O, LSE, qo_indptr, kv_indptr, kv_indices, MASK, mask_indptr, POSITIONS, SKIP,
     sm_scale_log2, num_splits, window,
     stride_qt, stride_qh,
     stride_ks, stride_kh, stride_vs, stride_vh,
@@ -98,9 +104,12 @@ def _extend_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NEW: tl.constexpr,
     HAS_MASK: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, NEW_SPLIT: tl.constexpr,
-    WINDOWED: tl.constexpr,
+    WINDOWED: tl.constexpr, HAS_SKIP: tl.constexpr,
 ):
     seq = tl.program_id(0)
+    if HAS_SKIP:  # computed elsewhere (``extend_attention``'s ``skip``)
+        if tl.load(SKIP + seq) != 0:
+            return
     kv_head = tl.program_id(1)
     m_block = tl.program_id(2) // num_splits
     split = tl.program_id(2) % num_splits
@@ -212,6 +221,8 @@ def extend_attention(
     new_split: bool | None = None,
     window: int | None = None,
     positions: torch.Tensor | None = None,  # [num_tokens] int position of each query row
+    one_plan: bool = False,
+    skip: torch.Tensor | None = None,  # [num_seqs] int8: nonzero, the sequence's rows are left as they are
 ) -> None:
     """Attention of each sequence's query rows over its prefix and (causal / masked) new tokens,
     with a sliding ``window`` only over entries at positions > the row's - window (module docstring).
@@ -221,7 +232,17 @@ def extend_attention(
     block of a sequence whose prefix spans several chunks runs in a split of its own (None: the
     planner decides, ``plan_extend_splits``). ``positions`` is read only under a window with a mask
     (a tree node's position is the prefix plus its depth; a causal row's is the prefix plus its index).
+
+    ``one_plan``: the same launch whatever else the batch holds (the largest query tile, one KV split,
+    the new tokens in the prefix's tiles), so a row's bits depend on its own sequence alone: a prompt
+    prefilled alone or beside any others, over the same cached prefix, gets the same result. The
+    target's prefill runs so (``triton_backend``); ``num_splits`` and ``new_split`` must then be None.
+    ``skip`` (with ``one_plan`` only) leaves some sequences' rows to another kernel.
     """
+    if one_plan and (num_splits is not None or new_split is not None):
+        raise ValueError("extend_attention: one_plan fixes the split plan; num_splits and new_split must be None")
+    if skip is not None and not one_plan:
+        raise ValueError("extend_attention: skip needs one_plan (a split plan's merge would write every row)")
     _check_inputs(q, k_buffer, v_buffer, kv_indptr, kv_indices, out)
     num_tokens, hq, d = q.shape
     hkv = k_buffer.shape[1]
@@ -229,6 +250,8 @@ def extend_attention(
     check_tensor("qo_indptr", qo_indptr, dtype=torch.int32, shape=(num_seqs + 1,), device=q.device)
     if (mask is None) != (mask_indptr is None):
         raise ValueError("mask and mask_indptr: give both or neither")
+    if skip is not None:
+        check_tensor("skip", skip, dtype=torch.int8, shape=(num_seqs,), device=q.device)
     if mask is not None:
         check_tensor("mask", mask, dtype=torch.uint8, dim=1, device=q.device)
         check_tensor("mask_indptr", mask_indptr, dtype=torch.int64, shape=(num_seqs + 1,), device=q.device)
@@ -243,15 +266,18 @@ def extend_attention(
     tiles = tile_dtype(q.dtype, k_buffer.dtype)
     span = window_span(max_prefix_len, window)
     # NOTE: tl.dot needs >= 16 rows; a verify tile (N nodes x group heads) is often smaller than the cap
-    block_m = extend_block_m(q.device, rows=max_q_len * group, num_seqs=num_seqs, num_kv_heads=hkv,
-                             max_prefix_len=span)
+    if one_plan:
+        block_m, num_splits, new_split = max_block_m(q.device), 1, False
+    else:
+        block_m = extend_block_m(q.device, rows=max_q_len * group, num_seqs=num_seqs, num_kv_heads=hkv,
+                                 max_prefix_len=span)
     cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize)
     m_blocks = triton.cdiv(max_q_len * group, block_m)
     splits, _, new_split = plan_extend_splits(num_seqs * hkv * m_blocks, span, max_q_len * group,
                                               device=q.device, tile=cfg.block_n, block_m=block_m,
                                               num_splits=num_splits, new_split=new_split)
     splits += int(new_split)
-    if is_streaming_grid(q.device, num_seqs * hkv * m_blocks, splits, block_m=block_m):
+    if not one_plan and is_streaming_grid(q.device, num_seqs * hkv * m_blocks, splits, block_m=block_m):
         cfg = launch_config(q.device, block_m=block_m, head_dim=d, elem_size=tiles.itemsize, streaming=True)
     direct = splits == 1
     partial, lse = split_buffers(out, splits)
@@ -259,16 +285,16 @@ def extend_attention(
     _extend_kernel[(num_seqs, hkv, m_blocks * splits)](
         q, k_buffer, v_buffer, partial, lse, qo_indptr, kv_indptr, kv_indices,
         mask if has_mask else kv_indices, mask_indptr if has_mask else kv_indptr,
-        positions if windowed and has_mask else qo_indptr,
+        positions if windowed and has_mask else qo_indptr, skip if skip is not None else qo_indptr,
         sm_scale * LOG2E, splits, window_arg(window),
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_M=block_m, BLOCK_N=cfg.block_n,
-        BLOCK_NEW=new_block_n(max_q_len, cfg.block_n),
+        BLOCK_NEW=cfg.block_n if one_plan else new_block_n(max_q_len, cfg.block_n),
         HAS_MASK=has_mask, DIRECT=direct, DOT_PRECISION=dot_precision(tiles, q.device), NEW_SPLIT=new_split,
-        WINDOWED=windowed, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WINDOWED=windowed, HAS_SKIP=skip is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not direct:
         merge_partials(partial, lse, out)
@@ -292,6 +318,8 @@ def extend_attention_ref(
     new_split: bool | None = None,
     window: int | None = None,
     positions: torch.Tensor | None = None,
+    one_plan: bool = False,
+    skip: torch.Tensor | None = None,
 ) -> None:
     """Specification of ``extend_attention``, one sequence at a time in fp32.
 
@@ -299,12 +327,15 @@ def extend_attention_ref(
     j iff ``j <= i`` (mask None) or ``mask[i, j]`` of the sequence's [q, q] block; with a ``window``
     only those at positions > its own - window, where prefix entry e is at position e, and row i and
     new entry j at p + i and p + j (mask None) or at the given ``positions`` of rows i and j. The
-    plan arguments do not change the result.
+    plan arguments do not change the result; a sequence ``skip`` marks keeps its rows in ``out``.
     """
     group = q.shape[1] // k_buffer.shape[1]
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    skipped = skip.tolist() if skip is not None else [0] * (len(qo) - 1)
     mp = mask_indptr.tolist() if mask_indptr is not None else None
     for s in range(len(qo) - 1):
+        if skipped[s]:
+            continue
         n, kv = qo[s + 1] - qo[s], kvp[s + 1] - kvp[s]
         p = kv - n
         slots = kv_indices[kvp[s] : kvp[s + 1]].long()

@@ -21,8 +21,10 @@ turn) take the extend kernel's plan by such requests of the step alone (a split 
 long prefix at small batch cost 10x, 255 against 25 µs a layer for 16 tokens over 8192 on an H200).
 Planned by the group, as a decode step of the group's size, a cached prompt's first token took other
 bits in each engine: NGRAM's greedy answers equalled plain decoding's in 42 of 80 MT-bench second turns
-at 32 requests on an H200, in 73 with the prefix cache off
-(benchmarks/results/2026-12-01-h200-ngram-agreement-vs-vllm).
+at 32 requests on an H200, 70 of 80 planned as here, same call; the other four sets within 2 either way
+(benchmarks/results/2026-12-01-h200-prefill-one-plan). The cost: a cached prompt's one-token rows take
+``row_attention``'s time, not the decode kernel's (bs 1 over 8192 entries 38 against 24 µs a layer of the
+8B, bs 32 over 1024 52 against 45); other prefills' within 1 %.
 
 TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): over its own KV list
 (prefix, ancestors, itself; built on the device) with the split plan of the decode batch of as many

@@ -1,11 +1,12 @@
 """The target's prefill through the triton backend gives each request the same bits alone and beside
-other requests: with the prefix cache holding a prompt, its last token is recomputed over the cached
-entries in whatever group of prompts is admitted with it (a row over its own list, ``row_attention``;
-eagerly or on the one-token prefill graphs), a fresh prompt takes the extend kernel's one pass, and a few new
-tokens over a cached prompt (a conversation's next turn) its plan by such requests alone. A request's first
-output token and its logprobs must not depend on the other kinds of request beside it. On CPU the kernels run interpreted (a few cases: minutes);
-the one-token prefill graphs run on the GPU. A prompt prefilled in chunks cut by the backend's ``prefill_chunk_rule`` takes
-the bits of the prompt prefilled whole."""
+other kinds of request: with the prefix cache holding a prompt, its last token is recomputed over the
+cached entries in whatever group of prompts is admitted with it (a row over its own list,
+``row_attention``; eagerly or on the one-token prefill graphs), a fresh prompt takes the extend kernel's
+one pass, and a few new tokens over a cached prompt (a conversation's next turn) its plan by such requests
+alone. A request's first output token and its logprobs must not depend on the other kinds beside it. On
+CPU the kernels run interpreted (a few cases: minutes); the one-token prefill graphs run on the GPU. A
+prompt prefilled in chunks cut by the backend's ``prefill_chunk_rule`` takes the bits of the prompt
+prefilled whole."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from ..triton_env import import_kernels
 
 import_kernels("specdec.attention.triton_backend")
 
+from specdec.cuda_graph.runner import CudaGraphRunner  # noqa: E402
 from specdec.forward import ForwardMode  # noqa: E402
 
 from .helpers import assert_no_leak, engine, make_pair, prompts_of  # noqa: E402
@@ -76,6 +77,24 @@ def _check_first_tokens(graphs):
     assert _first_tokens(other, [fresh2 + more, turn, fresh])[1] == _first_tokens(eng, [turn])[0]
     assert_no_leak(eng)
     assert_no_leak(other)
+
+
+def test_cached_prompts_last_tokens_replay_the_one_token_prefill_graph(monkeypatch):
+    """Two cached prompts' last tokens take the one-token prefill graph (its padded static path, eagerly on
+    CPU), not the decode graph."""
+    target, _ = make_pair("EAGLE", "random", dtype=torch.bfloat16, seed=5)
+    prompts = prompts_of([12, 9], target.config.vocab_size, seed=9)
+    eng = engine(target.to(DEVICE), attention_backend="triton", device=DEVICE, cuda_graph_max_bs=2)
+    if DEVICE == "cpu":
+        eng.capture_cuda_graphs([1, 2], use_graphs=False)
+    _first_tokens(eng, prompts)  # prefilled whole (eagerly): now cached
+    modes = {id(graph): key[0] for key, graph in eng.runner.graphs.items()}
+    calls, call = [], CudaGraphRunner.__call__
+    monkeypatch.setattr(CudaGraphRunner, "__call__",
+                        lambda self, bs, **kw: calls.append((modes.get(id(self)), bs)) or call(self, bs, **kw))
+    _first_tokens(eng, prompts)
+    assert calls == [(ForwardMode.EXTEND, 2)]
+    assert_no_leak(eng)
 
 
 def test_a_fresh_prompts_rows_alone_and_beside_a_longer_one():

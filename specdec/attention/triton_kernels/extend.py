@@ -12,10 +12,11 @@ still spreads over every split. A prefix of one chunk's length or less is one pa
 at small batch (``plan_extend_splits``), in a split of its own (``NEW_SPLIT``, the last one), off
 the prefix chunks' critical path.
 
-A plan that follows the batch gives a row other bits in another batch. The target's prefill takes
-``one_plan`` instead: the largest query tile, one split, the new tokens in the prefix's tile width,
-whatever else the batch holds, so a prompt's rows (over the same cached prefix) get the same bits alone
-or beside any others (``skip``: sequences whose rows another kernel computes).
+A plan that follows the batch gives a row other bits in another batch. The target's prefill of a fresh
+prompt, or of a long chunk over a cached prefix (``triton_backend``), takes ``one_plan`` instead: the
+largest query tile, one split, the new tokens in the prefix's tile width, whatever else the batch holds,
+so a prompt's rows (over the same cached prefix) get the same bits alone or beside any others (``skip``:
+sequences whose rows another kernel computes).
 
 Grid ``(num_seqs, num_kv_heads, m_blocks * num_splits)``. The tile's rows are (query row, query
 head) pairs of one KV head, row-major by query row, so each K/V tile is read once per KV head:

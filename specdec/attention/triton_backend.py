@@ -317,14 +317,14 @@ def _plan_prefill(batch: ForwardBatch) -> PrefillMetadata:
     if all(q == 1 for q in q_lens):
         return PrefillMetadata(extend=None, skip=None, planned=None, rows=plan_row_kv(batch), row_tokens=None)
     layout = build_ragged_layout(batch)
+    whole = _metadata(layout.qo_indptr, layout.kv_indptr, layout.kv_indices, q_lens, layout.kv_lens)
     min_q = prefill_one_pass_min_q(device)
     planned = [1 < q < min_q and kv > q for q, kv in zip(q_lens, layout.kv_lens)]
+    if all(planned):  # (the usual such step: its layout as it is, no rows to gather)
+        return PrefillMetadata(extend=None, skip=None, planned=PlannedPrefill(tokens=None, extend=whole), rows=None,
+                               row_tokens=None)
     one_pass = [q > 1 and not p for q, p in zip(q_lens, planned)]
-    extend = skip = None
-    if any(one_pass):
-        extend = _metadata(layout.qo_indptr, layout.kv_indptr, layout.kv_indices, q_lens, layout.kv_lens)
-        if not all(one_pass):
-            skip = to_device([int(not x) for x in one_pass], torch.int8, device)
+    skip = None if all(one_pass) else to_device([int(not x) for x in one_pass], torch.int8, device)
     token_starts = list(itertools.accumulate(q_lens, initial=0))
     rows = row_tokens = None
     singles = [s for s, q in enumerate(q_lens) if q == 1]
@@ -333,12 +333,9 @@ def _plan_prefill(batch: ForwardBatch) -> PrefillMetadata:
         every = plan_row_kv(batch)
         rows = dataclasses.replace(every, row_list=every.row_list[row_tokens], row_lens=every.row_lens[row_tokens])
     seqs = [s for s, p in enumerate(planned) if p]
-    if len(seqs) == len(q_lens):  # (the usual such step: its layout as it is, no rows to gather)
-        whole = _metadata(layout.qo_indptr, layout.kv_indptr, layout.kv_indices, q_lens, layout.kv_lens)
-        return PrefillMetadata(extend=None, skip=None, planned=PlannedPrefill(tokens=None, extend=whole), rows=None,
-                               row_tokens=None)
-    return PrefillMetadata(extend=extend, skip=skip, planned=_planned_prefill(layout, seqs, token_starts) if seqs
-                           else None, rows=rows, row_tokens=row_tokens)
+    return PrefillMetadata(extend=whole if any(one_pass) else None, skip=skip,
+                           planned=_planned_prefill(layout, seqs, token_starts) if seqs else None,
+                           rows=rows, row_tokens=row_tokens)
 
 
 def _planned_prefill(layout, seqs: list[int], token_starts: list[int]) -> PlannedPrefill:
@@ -364,25 +361,26 @@ def _prefill_attention(q3, k_buf, v_buf, out, md: PrefillMetadata, layer: Attent
                          sm_scale=layer.scaling, max_q_len=e.max_q_len, max_prefix_len=e.max_prefix_len,
                          window=window, positions=positions, one_plan=True, skip=md.skip)
     if md.planned is not None:
-        tokens, e = md.planned.tokens, md.planned.extend
-        q_part = q3 if tokens is None else q3[tokens]
-        part = out if tokens is None else torch.empty_like(q_part, dtype=out.dtype)
-        extend_attention(q_part, k_buf, v_buf, e.qo_indptr, e.kv_indptr, e.kv_indices, None, None, part,
-                         sm_scale=layer.scaling, max_q_len=e.max_q_len, max_prefix_len=e.max_prefix_len,
-                         window=window)
-        if tokens is not None:
-            out.index_copy_(0, tokens, part)
-    if md.rows is None:
+        e = md.planned.extend
+        _on_rows(md.planned.tokens, q3, out, lambda q, o: extend_attention(
+            q, k_buf, v_buf, e.qo_indptr, e.kv_indptr, e.kv_indices, None, None, o, sm_scale=layer.scaling,
+            max_q_len=e.max_q_len, max_prefix_len=e.max_prefix_len, window=window))
+    if md.rows is not None:
+        r = md.rows
+        _on_rows(md.row_tokens, q3, out, lambda q, o: row_attention(
+            q, k_buf, v_buf, r.kv_table, r.row_list, r.row_lens, o, sm_scale=layer.scaling,
+            max_kv_len=r.max_kv_len, window=window))
+
+
+def _on_rows(tokens: torch.Tensor | None, q3: torch.Tensor, out: torch.Tensor, attend) -> None:
+    """``attend(q, o)`` over packed rows ``tokens`` of ``q3`` into those of ``out`` (gathered and scattered
+    back), or over every row in place (None)."""
+    if tokens is None:
+        attend(q3, out)
         return
-    r = md.rows
-    if md.row_tokens is None:
-        row_attention(q3, k_buf, v_buf, r.kv_table, r.row_list, r.row_lens, out, sm_scale=layer.scaling,
-                      max_kv_len=r.max_kv_len, window=window)
-        return
-    part = torch.empty(md.row_tokens.shape[0], *out.shape[1:], dtype=out.dtype, device=out.device)
-    row_attention(q3[md.row_tokens], k_buf, v_buf, r.kv_table, r.row_list, r.row_lens, part,
-                  sm_scale=layer.scaling, max_kv_len=r.max_kv_len, window=window)
-    out.index_copy_(0, md.row_tokens, part)
+    part = torch.empty(tokens.shape[0], *out.shape[1:], dtype=out.dtype, device=out.device)
+    attend(q3[tokens], part)
+    out.index_copy_(0, tokens, part)
 
 
 def _same_tree_size(batch: ForwardBatch) -> bool:

@@ -124,9 +124,8 @@ class VerifyRowsMetadata:
     # the decode batch whose split plan the rows take: its requests and longest KV list (host ints)
     plan_seqs: int
     plan_max_kv_len: int
-    # nodes a request (request-major rows) and [bs] the prefix their lists share: node groups
+    # nodes a request (request-major rows): node groups
     nodes_per_seq: int
-    prefix_lens: torch.Tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +253,7 @@ class TritonBackend(AttentionBackend):
         elif isinstance(md, VerifyRowsMetadata):
             decode_attention_rows(q3, k_buf, v_buf, md.rows.kv_table, md.rows.row_lens, out, sm_scale=layer.scaling,
                                   max_kv_len=md.plan_max_kv_len, plan_seqs=md.plan_seqs, num_splits=self.num_splits,
-                                  window=window, nodes_per_seq=md.nodes_per_seq, prefix_lens=md.prefix_lens)
+                                  window=window, nodes_per_seq=md.nodes_per_seq)
         elif isinstance(md, RowKV):
             row_attention(q3, k_buf, v_buf, md.kv_table, md.row_list, md.row_lens, out, sm_scale=layer.scaling,
                           max_kv_len=md.max_kv_len, window=window)
@@ -404,8 +403,7 @@ def _plan_verify_rows(batch: ForwardBatch) -> VerifyRowsMetadata:
     else:
         bound = max(batch.host_prefix_lens(), default=0)
     return VerifyRowsMetadata(rows=plan_row_kv(batch), plan_seqs=batch.batch_size, plan_max_kv_len=bound + 1,
-                              nodes_per_seq=batch.num_tokens // max(batch.batch_size, 1),
-                              prefix_lens=batch.prefix_lens)
+                              nodes_per_seq=batch.num_tokens // max(batch.batch_size, 1))
 
 
 def _tree_mask(

@@ -26,7 +26,7 @@ D = 16
 
 
 def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int, chain: bool = False):
-    """(kv_table [bs * nodes, stride] int32, row_lens [bs * nodes] int32, prefix_lens [bs]): request b's
+    """(kv_table [bs * nodes, stride] int32, row_lens [bs * nodes] int32): request b's
     nodes list its prefix's slots, then their ancestors' and their own (node 0 the root, each other
     node's parent an earlier node; under ``chain`` the one before it)."""
     gen = torch.Generator().manual_seed(seed)
@@ -45,18 +45,18 @@ def random_trees(prefixes: list[int], nodes: int, *, seed: int, num_slots: int, 
             row = own[:prefix] + path[::-1]
             table[b * nodes + i, : len(row)] = torch.tensor(row, dtype=torch.int32)
             lens.append(len(row))
-    return table, torch.tensor(lens, dtype=torch.int32), torch.tensor(prefixes, dtype=torch.int64)
+    return table, torch.tensor(lens, dtype=torch.int32)
 
 
 def run(op, device, *, hq, hkv, prefixes, nodes, dtype, num_splits=None, plan_seqs=None, grouped=True, seed=0,
         chain=False, head_dim=D):
     num_slots = max(max(prefixes) * 3, sum(prefixes) + len(prefixes) * nodes) + 400
-    table, lens, prefix_lens = random_trees(prefixes, nodes, seed=seed, num_slots=num_slots, chain=chain)
+    table, lens = random_trees(prefixes, nodes, seed=seed, num_slots=num_slots, chain=chain)
     k = rand(num_slots, hkv, head_dim, dtype=dtype, device=device, seed=seed + 1)
     v = rand(num_slots, hkv, head_dim, dtype=dtype, device=device, seed=seed + 2)
     q = rand(len(lens), hq, head_dim, dtype=dtype, device=device, seed=seed + 3)
     out = torch.full_like(q, float("nan"))
-    extra = dict(nodes_per_seq=nodes, prefix_lens=prefix_lens.to(device)) if grouped else {}
+    extra = dict(nodes_per_seq=nodes) if grouped else {}
     op(q, k, v, table.to(device), lens.to(device), out, sm_scale=head_dim**-0.5, max_kv_len=max(prefixes) + 1,
        plan_seqs=plan_seqs or len(prefixes), num_splits=num_splits, **extra)
     return out
@@ -68,7 +68,7 @@ CASES = [  # (hq, hkv, prefixes, nodes): GQA group, where prefixes end, tree siz
     (8, 2, [50, 20], 9),  # three tiles: two programs a request, the second's second tile empty
     (3, 1, [33, 100], 7),  # group 3: 5 nodes a tile (one row left empty), then 2
     (8, 1, [40], 4),  # group 8: 2 nodes a tile
-    (2, 2, [20, 31, 0], 18),  # MHA: 16 nodes a tile, then 2; a tree deeper than a tile
+    (2, 2, [20, 31, 0], 16),  # MHA: 16 nodes a tile; a chain as deep as the decode kernel's tail
 ]
 
 
@@ -141,15 +141,44 @@ def test_node_groups_check_their_arguments():
     args = dict(hq=4, hkv=2, prefixes=[5, 6], nodes=3, dtype=torch.float32)
     with pytest.raises(ValueError, match="nodes_per_seq=4"):
         run(lambda *a, nodes_per_seq, **kw: decode_attention_rows(*a, nodes_per_seq=4, **kw), device, **args)
-    with pytest.raises(ValueError, match="go together"):
-        run(lambda *a, prefix_lens, **kw: decode_attention_rows(*a, prefix_lens=None, **kw), device, **args)
+
+
+@pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
+def test_trees_past_the_decode_tail_run_the_per_node_grid(device, monkeypatch):
+    """A tree of more than DECODE_TAIL nodes may have a node whose body passes its request's prefix: it runs the
+    per-node grid, not node groups."""
+    launches = []
+    launch = kernels._launch_node_groups
+    monkeypatch.setattr(kernels, "_launch_node_groups", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    args = dict(hq=2, hkv=2, prefixes=[20, 31, 0], nodes=kernels.DECODE_TAIL + 2, dtype=torch.float32, chain=True)
+    out = run(decode_attention_rows, device, **args)
+    assert launches == []
+    assert torch.equal(out, run(decode_attention_rows, device, grouped=False, **args))
+    torch.testing.assert_close(out, run(decode_attention_rows_ref, device, grouped=False, **args), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_node_groups_fold_several_nodes_tails_in_one_tile(device, block_n, dtype, monkeypatch):
+    """With KV tiles wider than DECODE_TAIL (a GPU's: 64 or 128 entries) one tile holds several nodes' tails side
+    by side, and a row's product with it takes its own node's columns among others' zeros: still the decode
+    step's bits (the interpreter's 16-entry tiles widened here for both grids)."""
+    plan = kernels.decode_plan
+    for module in (kernels, decode_kernels):
+        monkeypatch.setattr(module, "decode_plan", lambda *a, **kw: plan(*a, **kw)._replace(block_n=block_n))
+    for hq, hkv, prefixes, nodes in (CASES[1], CASES[3], CASES[5]):
+        args = dict(hq=hq, hkv=hkv, prefixes=prefixes, nodes=nodes, dtype=dtype)
+        assert torch.equal(run(decode_attention_rows, device, **args),
+                           run(decode_attention_rows, device, grouped=False, **args))
 
 
 @pytest.mark.parametrize("device", kernel_devices(kernels._node_group_kernel))
 @pytest.mark.parametrize("streaming", [False, True], ids=["decode-tile", "streaming"])
 @pytest.mark.parametrize("hq, hkv, nodes, rows, pair", [(8, 2, 8, 32, False), (8, 2, 4, 16, False),
-                                                       (8, 2, 12, 32, False), (2, 2, 18, 32, False)],
-                         ids=["8-nodes-gqa4", "chain-gqa4", "12-nodes-gqa4", "18-nodes-mha"])
+                                                       (8, 2, 12, 32, False), (2, 2, 16, 16, False)],
+                         ids=["8-nodes-gqa4", "chain-gqa4", "12-nodes-gqa4", "16-nodes-mha"])
 def test_node_groups_take_one_tile_of_up_to_32_rows_when_streaming(device, streaming, hq, hkv, nodes, rows, pair,
                                                                     monkeypatch):
     """Under the streaming plan a tree of 8 nodes under GQA 4 is one 32-row query tile (one product a prefix

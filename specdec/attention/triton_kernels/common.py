@@ -292,6 +292,29 @@ def split_chunk(length, num_splits, TILE: tl.constexpr):
     return tl.cdiv(tl.cdiv(length, num_splits), TILE) * TILE
 
 
+# a decode row folds its list's last DECODE_TAIL entries as one tile of their own, after the tiles its splits cut
+# from the entries before them (``decode_ranges``). A verify node of depth < DECODE_TAIL (any node of a tree of
+# up to DECODE_TAIL nodes) then has its ancestors and itself in that tile alone, and every tile before it inside
+# its request's prefix, which the request's nodes read once for all (``verify_rows.py``'s node groups)
+DECODE_TAIL = 16
+
+
+@triton.jit
+def decode_ranges(kv_len, win_lo, split, num_splits, BLOCK_N: tl.constexpr, TAIL: tl.constexpr):
+    """A decode row's part in ``split`` of its entries [win_lo, kv_len): the body's [lo, hi) (the body,
+    [win_lo, tail_lo), cut over the splits in whole tiles, ``split_chunk``), the tail's start ``tail_lo``
+    (``kv_len - TAIL``, or ``win_lo``) and whether this split folds the tail after its body part (the last
+    split with body entries; split 0 when there are none). Scalars, or [rows] vectors for rows of their own
+    lengths."""
+    tail_lo = tl.maximum(kv_len - TAIL, win_lo)
+    body = tail_lo - win_lo
+    chunk = split_chunk(body, num_splits, BLOCK_N)
+    lo = win_lo + split * chunk
+    hi = tl.minimum(lo + chunk, tail_lo)
+    tail_split = tl.where(body > 0, tl.cdiv(body, tl.maximum(chunk, 1)) - 1, 0)
+    return lo, hi, tail_lo, split == tail_split
+
+
 def plan_num_splits(
     num_ctas: int, split_len: int, *, device: torch.device, tile: int, num_splits: int | None = None
 ) -> tuple[int, int]:

@@ -2,27 +2,33 @@
 
 Grid ``(num_seqs, num_kv_heads, num_splits)``. A program loads the ``group = num_heads /
 num_kv_heads`` query heads that share its KV head as the rows of one tile (padded to 16 rows for
-``tl.dot``), so each K/V tile is read once per KV head, not once per query head. Split ``s`` covers
-KV entries ``[s * chunk, (s + 1) * chunk)`` of its sequence, where the sequence's own ``chunk`` is
-its length over the split count, rounded up to whole tiles (``split_chunk``); with one split the
-program writes the output directly, otherwise partials that ``merge_partials`` combines.
+``tl.dot``), so each K/V tile is read once per KV head, not once per query head. A sequence's last
+DECODE_TAIL (16) entries are its tail, folded as one tile of their own; the entries before them, its
+body, are cut over the splits: split ``s`` covers body entries ``[s * chunk, (s + 1) * chunk)``, where
+the sequence's own ``chunk`` is its body over the split count, rounded up to whole tiles
+(``split_chunk``), and the last split with body entries (split 0 if none) folds the tail after them
+(``decode_ranges``). With one split the program writes the output directly, otherwise partials that
+``merge_partials`` combines. The tail is what lets a verify tree's nodes share every other tile
+(``verify_rows.py``): it holds a node's ancestors and itself.
 
 The host plans the split count from a length bound (``max_kv_len``: the batch's longest sequence,
 or under CUDA graphs the captured bound, often the server's whole context length); each sequence
 then spreads its own entries over every split, so a short sequence under a long bound still takes
 all the programs the plan gave it, one or two tiles each, instead of filling the first split alone.
 
-Example, 2 sequences with kv lens 9 and 2, tiles of 2 entries, 3 splits:
+Example, 2 sequences with kv lens 9 and 2, tiles of 2 entries, 3 splits, a tail of 2 entries (for
+the example; it is 16):
     kv_indptr = [0, 9, 11]    kv_indices = [40 41 9 3 12 5 6 20 21 | 7 8]
-    seq 0 (chunk 4): split 0 reads slots 40 41 9 3, split 1 12 5 6 20, split 2 21
-    seq 1 (chunk 2): split 0 reads slots 7 8, splits 1 and 2 are empty (lse = -inf, weight 0 in the merge)
+    seq 0 (body 7, chunk 4): split 0 reads slots 40 41 9 3, split 1 12 5 6 and then its tail 20 21,
+      split 2 nothing (lse = -inf, weight 0 in the merge)
+    seq 1 (body 0): split 0 reads its tail 7 8, splits 1 and 2 nothing
 
 Sliding windows (``window``, a local layer's): the query sits at the last entry's position and sees
-the last ``window`` entries alone, so the range the splits cut starts there, not at 0, and a local
-layer reads at most ``window`` entries whatever the context (the plan is sized by ``min(bound,
-window)``, ``window_span``). The same example at window 5:
-    seq 0: entries 4..8 (chunk 2): split 0 reads slots 12 5, split 1 6 20, split 2 21
-    seq 1: both entries (chunk 2), as without a window
+the last ``window`` entries alone, so the body starts there, not at 0, and a local layer reads at
+most ``window`` entries whatever the context (the plan is sized by ``min(bound, window)``,
+``window_span``). The same example at window 5:
+    seq 0: entries 4..8 (body 4..6, chunk 2): split 0 reads slots 12 5, split 1 6 and the tail 20 21
+    seq 1: both entries, its tail, as without a window
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import triton.language as tl
 
 from specdec.attention.triton_kernels.common import (
     attend_tile,
+    DECODE_TAIL,
+    decode_ranges,
     head_dim_block,
     LOG2E,
     check_device,
@@ -44,7 +52,6 @@ from specdec.attention.triton_kernels.common import (
     is_streaming_grid,
     launch_config,
     plan_num_splits,
-    split_chunk,
     store_rows,
     window_arg,
     window_span,
@@ -61,7 +68,7 @@ def _decode_kernel(
     stride_os, stride_oh, stride_osplit,
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr,
     DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_TABLE: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -76,9 +83,7 @@ def _decode_kernel(
     # the query is at the last entry's position: it sees entries [kv_len - window, kv_len), which the
     # splits cut (the whole list without a window: NO_WINDOW)
     win_lo = tl.maximum(kv_len - window, 0)
-    chunk_len = split_chunk(kv_len - win_lo, tl.num_programs(2), BLOCK_N)
-    lo = win_lo + split * chunk_len
-    hi = tl.minimum(lo + chunk_len, kv_len)
+    lo, hi, tail_lo, folds_tail = decode_ranges(kv_len, win_lo, split, tl.num_programs(2), BLOCK_N, TAIL)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -99,6 +104,13 @@ def _decode_kernel(
         m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
                                     DOT_PRECISION, ROW_SUMS_BY_DOT)
+    if folds_tail:  # the last TAIL entries as one tile, its row sums as products (``decode_ranges``)
+        offs_t = tail_lo + tl.arange(0, TAIL)
+        t_valid = offs_t < kv_len
+        slot = tl.load(kv_indices + kv_start + offs_t, mask=t_valid, other=0).to(tl.int64)
+        m_i, l_i, acc = attend_tile(q, K, V, slot, t_valid, t_valid[None, :], kv_head, stride_ks, stride_kh,
+                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                    DOT_PRECISION, True)
 
     o_ptrs = O + seq.to(tl.int64) * stride_os + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + seq.to(tl.int64) * stride_ls + head * stride_lh + split
@@ -202,7 +214,7 @@ def launch_decode_grid(q, k_buffer, v_buffer, kv_indptr, kv_indices, row_lens, r
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, BLOCK_D=head_dim_block(d),
-        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n,
+        BLOCK_H=plan.block_h, BLOCK_N=plan.block_n, TAIL=DECODE_TAIL,
         DIRECT=direct, DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device),
         ROW_TABLE=row_table, ROW_SUMS_BY_DOT=plan.streaming, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

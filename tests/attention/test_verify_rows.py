@@ -162,9 +162,10 @@ def test_trees_past_the_decode_tail_run_the_per_node_grid(device, monkeypatch):
 @pytest.mark.parametrize("block_n", [32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_node_groups_fold_several_nodes_tails_in_one_tile(device, block_n, dtype, monkeypatch):
-    """With KV tiles wider than DECODE_TAIL (a GPU's: 64 or 128 entries) one tile holds several nodes' tails side
-    by side, and a row's product with it takes its own node's columns among others' zeros: still the decode
-    step's bits (the interpreter's 16-entry tiles widened here for both grids)."""
+    """With KV tiles wider than DECODE_TAIL (a GPU's: 64 or 128 entries) the bodies fold in those tiles and, in 16-bit
+    tiles on a GPU, one tile holds several nodes' tails side by side, a row's product with it taking its own node's
+    columns among others' zeros: still the decode step's bits (the interpreter's 16-entry tiles widened here for
+    both grids; there and in fp32 a node's tail is a tile of its own)."""
     plan = kernels.decode_plan
     for module in (kernels, decode_kernels):
         monkeypatch.setattr(module, "decode_plan", lambda *a, **kw: plan(*a, **kw)._replace(block_n=block_n))

@@ -111,7 +111,8 @@ def _node_group_kernel(
     stride_os, stride_oh, stride_osplit,
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, NODES: tl.constexpr, PAIR: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, TAIL_N: tl.constexpr, NODES: tl.constexpr,
+    PAIR: tl.constexpr,
     SPAN: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr,
 ):
     # a program: NODES nodes of one request (a second NODES in a second query tile under PAIR): SPAN nodes
@@ -159,13 +160,13 @@ def _node_group_kernel(
         if PAIR:
             visible1 = (offs_n[None, :] >= lo1[:, None]) & (offs_n[None, :] < hi1[:, None])
             m1, l1, acc1 = fold_tile(q1, k, v, visible1, sm_scale_log2, m1, l1, acc1, DOT_PRECISION, ROW_SUMS_BY_DOT)
-    # the tails: the span's nodes' last TAIL entries side by side (node j's in columns j*TAIL ..), BLOCK_N
+    # the tails: the span's nodes' last TAIL entries side by side (node j's in columns j*TAIL ..), TAIL_N
     # columns a tile, a row seeing its own node's alone; unpipelined: the body loop's buffers fill the shared
     # memory the decode plan sized for one loop
     if tails > 0:
-        for c in tl.range(0, SPAN * TAIL, BLOCK_N, num_stages=1):
-            offs_c = c + tl.arange(0, BLOCK_N)
-            node = offs_c // TAIL  # [BLOCK_N] within the span
+        for c in tl.range(0, SPAN * TAIL, TAIL_N, num_stages=1):
+            offs_c = c + tl.arange(0, TAIL_N)
+            node = offs_c // TAIL  # [TAIL_N] within the span
             node_len = tl.load(row_lens + first + node, mask=(node < SPAN) & (first + node < end), other=0)
             pos = tl.maximum(node_len - TAIL, 0) + offs_c % TAIL
             n_valid = pos < node_len
@@ -249,6 +250,10 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, out, nodes_pe
     # 276 -> 149 µs, random 12-node trees 312 -> 175 (benchmarks/results/2026-12-01-h200-ngram-agreement)
     pair = nodes_per_seq > nodes and block_h == plan.block_h
     span = nodes * (2 if pair else 1)  # a program's nodes
+    precision = dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device)
+    # the nodes' tails, side by side, in tiles of the plan's width, but for products of fp32 tiles (the FMA units'
+    # over columns others' than the decode kernel's 16 took other bits: H200, triton 3.6), one node's a tile
+    tail_tile = plan.block_n if precision == "native" else DECODE_TAIL
     direct = plan.splits == 1
     partial, lse = split_buffers(out, plan.splits)
     _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, span), hkv, plan.splits)](
@@ -259,8 +264,8 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, out, nodes_pe
         partial.stride(0), partial.stride(1), partial.stride(2),
         lse.stride(0), lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_D=head_dim_block(d), BLOCK_H=block_h, BLOCK_N=plan.block_n,
-        TAIL=DECODE_TAIL, NODES=nodes, PAIR=pair, SPAN=span, DIRECT=direct,
-        DOT_PRECISION=dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device), ROW_SUMS_BY_DOT=plan.streaming,
+        TAIL=DECODE_TAIL, TAIL_N=tail_tile, NODES=nodes, PAIR=pair, SPAN=span, DIRECT=direct,
+        DOT_PRECISION=precision, ROW_SUMS_BY_DOT=plan.streaming,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if not direct:

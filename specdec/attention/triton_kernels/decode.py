@@ -43,7 +43,6 @@ from specdec.attention.triton_kernels.common import (
     attend_tile,
     DECODE_TAIL,
     decode_ranges,
-    fold_tile,
     head_dim_block,
     LOG2E,
     check_device,
@@ -52,7 +51,6 @@ from specdec.attention.triton_kernels.common import (
     tile_dtype,
     is_streaming_grid,
     launch_config,
-    load_kv_tile,
     plan_num_splits,
     store_rows,
     window_arg,
@@ -96,12 +94,6 @@ def _decode_kernel(
     q = tl.load(Q + seq.to(tl.int64) * stride_qs + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
     q = query_tile(q, K)
 
-    # the tail's tile (``decode_ranges``), loaded before the body's loop so that its loads wait behind the loop's
-    offs_t = tail_lo + tl.arange(0, TAIL)
-    t_valid = (offs_t < kv_len) & folds_tail
-    t_slot = tl.load(kv_indices + kv_start + offs_t, mask=t_valid, other=0).to(tl.int64)
-    t_k, t_v = load_kv_tile(K, V, t_slot, t_valid, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid)
-
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -112,8 +104,13 @@ def _decode_kernel(
         m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
                                     stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
                                     DOT_PRECISION, ROW_SUMS_BY_DOT)
-    if folds_tail:  # the tail after the body, its row sums as products (``verify_rows.py``: a wider tile's there)
-        m_i, l_i, acc = fold_tile(q, t_k, t_v, t_valid[None, :], sm_scale_log2, m_i, l_i, acc, DOT_PRECISION, True)
+    if folds_tail:  # the last TAIL entries as one tile, its row sums as products (``decode_ranges``)
+        offs_t = tail_lo + tl.arange(0, TAIL)
+        t_valid = offs_t < kv_len
+        slot = tl.load(kv_indices + kv_start + offs_t, mask=t_valid, other=0).to(tl.int64)
+        m_i, l_i, acc = attend_tile(q, K, V, slot, t_valid, t_valid[None, :], kv_head, stride_ks, stride_kh,
+                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
+                                    DOT_PRECISION, True)
 
     o_ptrs = O + seq.to(tl.int64) * stride_os + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + seq.to(tl.int64) * stride_ls + head * stride_lh + split

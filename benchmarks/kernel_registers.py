@@ -5,11 +5,11 @@ ships NVIDIA's ``ptxas``, whose ``-v`` report is what the GPU would load. So a k
 pressure can be checked on a CPU before a device call times it (a static figure, not a speed).
 
     python benchmarks/kernel_registers.py specdec/attention/triton_kernels/verify_rows.py:_node_group_kernel \\
-        --ptr Q,K,V=bf16 --ptr O,LSE=fp32 --ptr kv_table,row_lens=i32 --ptr prefix_lens=i64 \\
+        --ptr Q,K,V=bf16 --ptr O,LSE=fp32 --ptr kv_table,row_lens=i32 \\
         --scalar sm_scale_log2=fp32 --warps 4 --stages 3 \\
         --div16 stride_qs,stride_qh,stride_ks,stride_kh,stride_vs,stride_vh,stride_os,stride_oh,stride_osplit,stride_ls \\
-        GROUP=4 HEAD_DIM=128 BLOCK_D=128 BLOCK_H=16 BLOCK_N=128 NODES=4 PAIR=True SPAN=8 SPAN_P2=8 \\
-        DIRECT=False DOT_PRECISION=native
+        GROUP=4 HEAD_DIM=128 BLOCK_D=128 BLOCK_H=16 BLOCK_N=128 TAIL=16 TAIL_N=128 NODES=4 PAIR=True SPAN=8 \\
+        DIRECT=False DOT_PRECISION=native ROW_SUMS_BY_DOT=False
 
 Arguments not named as pointers, scalars or constexprs are i32 scalars. As at a launch, pointers are
 taken 16-byte aligned and the i32 scalars named by ``--div16`` as multiples of 16: Triton specializes on

@@ -30,19 +30,22 @@ TARGET_VERIFY runs each tree node as a decode step (``decode_attention_rows``): 
 (prefix, ancestors, itself; built on the device) with the split plan of the decode batch of as many
 requests. A node's attention is then the decode step's of the same token bit for bit (under CUDA
 graphs; eagerly unless the plans' bounds differ), and with the linear layers' one tiling for 1-8
-rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. A
-request's nodes share the decode kernel's query tile (4 nodes of 4 heads in 16 rows, a program two
-such tiles; under the large batches' streaming plan one tile of up to 32 rows), so a tree of up to 8
-nodes under GQA 4 reads its prefix once, as the extend kernel does, one of up to 16 twice. Verify
-batches run so when every request has the same tree of at most ``verify_rows_max_nodes`` nodes
-(VERIFY_ROWS_MAX_NODES), or when the batch has at most ``verify_as_decode_max_rows`` nodes in all
-(VERIFY_AS_DECODE_MAX_ROWS); others run the extend kernel under the tree mask. Measured on an H200
+rows (``specdec.models.ops.gemv``) the whole verify forward of a node is the decode step's. The decode
+kernel folds a list's last 16 entries as a tile of their own (its tail), so a node of a tree of up to 16
+nodes has its ancestors in its tail alone and the rest of its list inside the prefix. A request's nodes
+share the decode kernel's query tile (4 nodes of 4 heads in 16 rows, a program two such tiles; under the
+large batches' streaming plan one tile of up to 32 rows) and each prefix tile's load, as the extend kernel
+does, then fold their tails side by side in one more tile. Verify batches run so when every request has
+the same tree of at most ``verify_rows_max_nodes`` nodes (VERIFY_ROWS_MAX_NODES), or when the batch has at
+most ``verify_as_decode_max_rows`` nodes in all (VERIFY_AS_DECODE_MAX_ROWS; trees of more than 16 nodes
+then run a grid a node); others run the extend kernel under the tree mask. Measured on an H200
 (benchmarks/results/2026-11-29-h200-verify-node-groups): SmolLM2's bf16 greedy answers with EAGLE-3
 equal plain decoding's in 8/8, 80/80, 79/80, 122/128 and 233/256 at 1-128 requests at once (vLLM 0.26
 beside it: 8/8, 43/80, 36/80, 54/128, 123/256); on the 8B shape at context 1 k an 8-node tree's
-attention takes 1.4-1.7x the extend kernel's at 8-64 requests and its step 4-9 % longer at 1-64, a
-4-node chain's step 0-3 %; other warps or stages, or one query tile a program, made it no cheaper
-(benchmarks/results/2026-12-01-h200-node-group-cost, 2026-12-01-h200-verify-profile). Trees of 9-16
+attention takes 1.1-1.4x the extend kernel's at 8-64 requests (1.3-1.6x before the tail tile) and its
+step 1-10 % longer at 1-64, a 4-node chain's step within its spread
+(benchmarks/results/2026-12-02-h200-decode-tail; other warps or stages, or one query tile a program,
+made it no cheaper: 2026-12-01-h200-node-group-cost, 2026-12-01-h200-verify-profile). Trees of 9-16
 nodes (NGRAM's chains of 9 and 12) take node groups too: with the extend kernel they parted NGRAM's
 answers from plain decoding's in 17-28 of 32 prompts at 32 requests in each of five sets, with node
 groups in 0-6 (SmolLM2, H200), for 1.05-1.42x the extend kernel's attention for a 12-node chain on the

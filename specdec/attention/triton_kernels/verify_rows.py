@@ -18,8 +18,9 @@ that arithmetic:
   which every node lists alike: each body tile is loaded once, from the first node's list, and
   multiplied once a query tile; rows of a matrix product do not interact, and a row sees exactly its
   own body's range (per-row masks), so each row's scores and output are the decode step's. The
-  tails follow as tiles of the decode plan's width holding the nodes' tails side by side (node j's
-  in columns ``j * DECODE_TAIL ..``), a row seeing its own node's columns alone: its scores are its
+  tails follow as tiles of the decode plan's width (16-bit tiles on a GPU; fp32 and the interpreter
+  take one node's a tile) holding the nodes' tails side by side (node j's in columns
+  ``j * DECODE_TAIL ..``), a row seeing its own node's columns alone: its scores are its
   own columns' products, and the products with the others' columns (zero weights) add exact zeros
   to its sums, which both kernels take as products (``online_softmax_step``'s ROW_SUMS_BY_DOT), so
   the row keeps the bits of the decode kernel's one tail tile. The query tile is the decode plan's
@@ -111,9 +112,9 @@ def _node_group_kernel(
     stride_os, stride_oh, stride_osplit,
     stride_ls, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, TAIL_N: tl.constexpr, NODES: tl.constexpr,
-    PAIR: tl.constexpr,
-    SPAN: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, TAIL_N: tl.constexpr,
+    NODES: tl.constexpr, PAIR: tl.constexpr, SPAN: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROW_SUMS_BY_DOT: tl.constexpr,
 ):
     # a program: NODES nodes of one request (a second NODES in a second query tile under PAIR): SPAN nodes
     programs = tl.cdiv(nodes_per_seq, SPAN)
@@ -251,9 +252,12 @@ def _launch_node_groups(q, k_buffer, v_buffer, kv_table, row_lens, out, nodes_pe
     pair = nodes_per_seq > nodes and block_h == plan.block_h
     span = nodes * (2 if pair else 1)  # a program's nodes
     precision = dot_precision(tile_dtype(q.dtype, k_buffer.dtype), q.device)
-    # the nodes' tails, side by side, in tiles of the plan's width, but for products of fp32 tiles (the FMA units'
-    # over columns others' than the decode kernel's 16 took other bits: H200, triton 3.6), one node's a tile
-    tail_tile = plan.block_n if precision == "native" else DECODE_TAIL
+    # the nodes' tails side by side in tiles of up to the plan's width; for fp32 tiles one node's a tile: there the
+    # FMA units' products over 128 columns took other bits than the decode kernel's over its 16 (H200, triton 3.6;
+    # benchmarks/results/2026-12-02-h200-decode-tail)
+    tail_tile = DECODE_TAIL
+    if precision == "native":
+        tail_tile = min(plan.block_n, triton.next_power_of_2(span * DECODE_TAIL))
     direct = plan.splits == 1
     partial, lse = split_buffers(out, plan.splits)
     _node_group_kernel[(num_seqs * triton.cdiv(nodes_per_seq, span), hkv, plan.splits)](

@@ -60,6 +60,16 @@ from specdec.attention.triton_kernels.merge import merge_partials, split_buffers
 from specdec.kernels.common import check_tensor
 
 
+@triton.jit
+def _attend_entries(q, K, V, slots, offs_n, end, kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid,
+                    sm_scale_log2, m_i, l_i, acc, DOT_PRECISION: tl.constexpr, ROW_SUMS_BY_DOT: tl.constexpr):
+    """``attend_tile`` over a sequence's entries ``offs_n`` [N] (``slots``: its slot list), those before ``end``."""
+    n_valid = offs_n < end
+    slot = tl.load(slots + offs_n, mask=n_valid, other=0).to(tl.int64)
+    return attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh, stride_vs, stride_vh,
+                       offs_d, d_valid, sm_scale_log2, m_i, l_i, acc, DOT_PRECISION, ROW_SUMS_BY_DOT)
+
+
 @triton.jit(do_not_specialize=["window"])
 def _decode_kernel(
     Q, K, V, O, LSE, kv_indptr, kv_indices, row_lens, kv_row_stride, sm_scale_log2, window,
@@ -98,19 +108,13 @@ def _decode_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < hi
-        slot = tl.load(kv_indices + kv_start + offs_n, mask=n_valid, other=0).to(tl.int64)
-        m_i, l_i, acc = attend_tile(q, K, V, slot, n_valid, n_valid[None, :], kv_head, stride_ks, stride_kh,
-                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                    DOT_PRECISION, ROW_SUMS_BY_DOT)
+        m_i, l_i, acc = _attend_entries(q, K, V, kv_indices + kv_start, start + tl.arange(0, BLOCK_N), hi, kv_head,
+                                        stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2,
+                                        m_i, l_i, acc, DOT_PRECISION, ROW_SUMS_BY_DOT)
     if folds_tail:  # the last TAIL entries as one tile, its row sums as products (``decode_ranges``)
-        offs_t = tail_lo + tl.arange(0, TAIL)
-        t_valid = offs_t < kv_len
-        slot = tl.load(kv_indices + kv_start + offs_t, mask=t_valid, other=0).to(tl.int64)
-        m_i, l_i, acc = attend_tile(q, K, V, slot, t_valid, t_valid[None, :], kv_head, stride_ks, stride_kh,
-                                    stride_vs, stride_vh, offs_d, d_valid, sm_scale_log2, m_i, l_i, acc,
-                                    DOT_PRECISION, True)
+        m_i, l_i, acc = _attend_entries(q, K, V, kv_indices + kv_start, tail_lo + tl.arange(0, TAIL), kv_len,
+                                        kv_head, stride_ks, stride_kh, stride_vs, stride_vh, offs_d, d_valid,
+                                        sm_scale_log2, m_i, l_i, acc, DOT_PRECISION, True)
 
     o_ptrs = O + seq.to(tl.int64) * stride_os + head[:, None] * stride_oh + split * stride_osplit + offs_d[None, :]
     lse_ptrs = LSE + seq.to(tl.int64) * stride_ls + head * stride_lh + split

@@ -495,13 +495,14 @@ def _indptr(lens):
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 7])
 def test_decode_kernel_matches_ref(num_splits, bound):
     """Split counts planned or forced, from the longest sequence or from a bound far past every
-    length (CUDA graphs at a server's context length): each sequence spreads over the splits."""
+    length (CUDA graphs at a server's context length): each sequence spreads over the splits. Lengths
+    around the kernel's 16-entry tail: no body, a body of one entry, a body of a tile and one."""
     gen = torch.Generator().manual_seed(num_splits or 0)
-    lens = [5, 1, 37, 20, 2]
-    k = _rand((120, 2, 16), gen, torch.float32, DEVICE)
-    v = _rand((120, 2, 16), gen, torch.float32, DEVICE)
+    lens = [5, 1, 37, 20, 2, 16, 17, 33]
+    k = _rand((160, 2, 16), gen, torch.float32, DEVICE)
+    v = _rand((160, 2, 16), gen, torch.float32, DEVICE)
     q = _rand((len(lens), 4, 16), gen, torch.float32, DEVICE)
-    slots = torch.randperm(120, generator=gen)[: sum(lens)].to(torch.int32).to(DEVICE)
+    slots = torch.randperm(160, generator=gen)[: sum(lens)].to(torch.int32).to(DEVICE)
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     args = (q, k, v, _indptr(lens), slots)
     kw = dict(sm_scale=0.3, max_kv_len=bound or max(lens), num_splits=num_splits)

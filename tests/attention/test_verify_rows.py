@@ -2,7 +2,7 @@
 tiles) against the per-node grid, bit for bit, and both against the reference.
 
 Random trees of several requests over shuffled slots: prefixes that end inside a tile, on a tile's
-edge and past several tiles, trees deeper than a tile's tail, node groups that fill a query tile,
+edge and past several tiles, a chain as deep as the decode kernel's tail, node groups that fill a query tile,
 leave it part empty, take a program's two query tiles or several programs (GQA groups 1-8), one or
 several KV splits.
 CPU runs the kernels interpreted (16-entry tiles); the GPU test compiles them (the tensor-core

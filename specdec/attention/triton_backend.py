@@ -93,11 +93,13 @@ from specdec.attention.triton_kernels import (
     row_attention,
     store_kv,
 )
-from specdec.attention.triton_kernels.common import check_device, widest_kv_tile
+from specdec.attention.triton_kernels.common import DECODE_TAIL, check_device, widest_kv_tile
 from specdec.forward import ForwardBatch, ForwardMode, batch_invariant_enabled, to_device
 
 VERIFY_AS_DECODE_MAX_ROWS = 64
-VERIFY_ROWS_MAX_NODES = 16
+# node groups serve trees whose nodes all fit the decode kernel's tail; a larger tree at any batch size would
+# run a grid a node
+VERIFY_ROWS_MAX_NODES = DECODE_TAIL
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,8 +90,8 @@ def _decode_kernel(
     else:
         kv_start = tl.load(kv_indptr + seq)
         kv_len = tl.load(kv_indptr + seq + 1) - kv_start
-    # the query is at the last entry's position: it sees entries [kv_len - window, kv_len), which the
-    # splits cut (the whole list without a window: NO_WINDOW)
+    # the query is at the last entry's position: it sees entries [kv_len - window, kv_len) (the whole list
+    # without a window: NO_WINDOW), cut into the splits' body parts and the tail (``decode_ranges``)
     win_lo = tl.maximum(kv_len - window, 0)
     lo, hi, tail_lo, folds_tail = decode_ranges(kv_len, win_lo, split, tl.num_programs(2), BLOCK_N, TAIL)
 
